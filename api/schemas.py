@@ -1,0 +1,151 @@
+"""Request and response shapes, named as OpenAI names them."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, field_validator
+
+from storage.batches import ENDPOINTS, batch_errors
+from storage.models import Batch, File
+
+
+class FileObject(BaseModel):
+    id: str
+    object: Literal["file"] = "file"
+    bytes: int
+    created_at: int
+    filename: str
+    purpose: str
+    status: str = "processed"
+    status_details: str | None = None
+    expires_at: int | None = None
+
+    @classmethod
+    def of(cls, row: File) -> FileObject:
+        return cls(
+            id=row.id,
+            bytes=row.bytes,
+            created_at=row.created_at,
+            filename=row.filename,
+            purpose=row.purpose,
+        )
+
+
+class FileList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[FileObject]
+    first_id: str | None = None
+    last_id: str | None = None
+    has_more: bool = False
+
+
+class FileDeleted(BaseModel):
+    id: str
+    object: Literal["file"] = "file"
+    deleted: bool = True
+
+
+class BatchCreate(BaseModel):
+    input_file_id: str
+    endpoint: str
+    completion_window: str = "24h"
+    metadata: dict[str, str] | None = None
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint_known(cls, value: str) -> str:
+        if value not in ENDPOINTS:
+            raise ValueError(f"must be one of {', '.join(ENDPOINTS)}")
+        return value
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_small(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        if value is None:
+            return value
+        if len(value) > 16:
+            raise ValueError("at most 16 key-value pairs")
+        for key, item in value.items():
+            if len(key) > 64 or len(item) > 512:
+                raise ValueError("keys are at most 64 characters and values at most 512")
+        return value
+
+
+class RequestCounts(BaseModel):
+    total: int
+    completed: int
+    failed: int
+
+
+class BatchObject(BaseModel):
+    id: str
+    object: Literal["batch"] = "batch"
+    endpoint: str
+    model: str | None = None
+    errors: dict[str, Any] | None = None
+    input_file_id: str
+    completion_window: str
+    status: str
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    created_at: int
+    in_progress_at: int | None = None
+    expires_at: int | None = None
+    finalizing_at: int | None = None
+    completed_at: int | None = None
+    failed_at: int | None = None
+    expired_at: int | None = None
+    cancelling_at: int | None = None
+    cancelled_at: int | None = None
+    request_counts: RequestCounts
+    metadata: dict[str, str] | None = None
+    cost: dict[str, Any] | None = Field(default=None, description="Backfill extension: the job's cost block.")
+
+    @classmethod
+    def of(cls, row: Batch, *, cost: dict[str, Any] | None = None) -> BatchObject:
+        return cls(
+            id=row.id,
+            endpoint=row.endpoint,
+            model=row.model,
+            errors=batch_errors(row.errors),
+            input_file_id=row.input_file_id,
+            completion_window=row.completion_window,
+            status=row.status,
+            output_file_id=row.output_file_id,
+            error_file_id=row.error_file_id,
+            created_at=row.created_at,
+            in_progress_at=row.in_progress_at,
+            expires_at=row.expires_at,
+            finalizing_at=row.finalizing_at,
+            completed_at=row.completed_at,
+            failed_at=row.failed_at,
+            expired_at=row.expired_at,
+            cancelling_at=row.cancelling_at,
+            cancelled_at=row.cancelled_at,
+            request_counts=RequestCounts(
+                total=row.request_total, completed=row.request_completed, failed=row.request_failed
+            ),
+            metadata=row.metadata_,
+            cost=cost,
+        )
+
+
+class BatchList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[BatchObject]
+    first_id: str | None = None
+    last_id: str | None = None
+    has_more: bool = False
+
+
+class ModelObject(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "backfill"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelObject]

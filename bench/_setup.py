@@ -1,0 +1,79 @@
+"""Shared setup for benchmarks: a throwaway embedded (or Postgres) Backfill and the demo model."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent
+OUT = ROOT / "out"
+
+
+def prepare_env(*, database_url: str | None = None, models: dict[str, Any] | None = None) -> Path:
+    """Point Backfill at a fresh data dir (and optionally Postgres); build the demo model once."""
+    OUT.mkdir(exist_ok=True)
+    for name, sub in (("TMPDIR", "tmp"), ("VLLM_CACHE_ROOT", "vllm-cache"), ("TORCHINDUCTOR_CACHE_DIR", "inductor")):
+        (OUT / sub).mkdir(exist_ok=True)
+        os.environ.setdefault(name, str(OUT / sub))
+    tempfile.tempdir = None
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    data = Path(tempfile.mkdtemp(prefix="bench-", dir=OUT))
+    os.environ["BACKFILL_DATA_DIR"] = str(data)
+    if database_url:
+        os.environ["BACKFILL_DATABASE_URL"] = database_url
+    from worker.demo_model import build_demo_model
+
+    model_dir = build_demo_model(OUT / "models" / "backfill-demo")
+    registry = models or {"backfill-demo": {"path": str(model_dir), "max_num_seqs": 64, "max_model_len": 2048}}
+    os.environ["BACKFILL_MODELS"] = json.dumps(registry)
+    from worker.cli import migrate_database
+
+    migrate_database()
+    return model_dir
+
+
+def submit(lines: list[dict[str, Any]], *, tenant: str = "bench", endpoint: str = "/v1/chat/completions") -> str:
+    """Upload + create + ingest a batch through the storage layer; return its id."""
+    from storage.batches import create_batch
+    from storage.blobs import get_blob_store
+    from storage.db import transaction
+    from storage.files import create_file
+    from storage.settings import get_settings
+    from storage.tenants import get_or_create_tenant
+    from worker.ingest import ingest_batch
+
+    data = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+    with transaction() as session:
+        tenant_row = get_or_create_tenant(session, name=tenant)
+        source = create_file(
+            session, get_blob_store(), tenant_id=tenant_row.id, filename="bench.jsonl", purpose="batch", chunks=[data]
+        )
+        batch = create_batch(
+            session,
+            tenant_id=tenant_row.id,
+            input_file_id=source.id,
+            endpoint=endpoint,
+            completion_window="24h",
+            model="backfill-demo",
+            metadata=None,
+        )
+    with transaction() as session:
+        ingest_batch(session, get_blob_store(), get_settings(), batch_id=batch.id)
+    return batch.id
+
+
+def chat_line(i: int, max_tokens: int) -> dict[str, Any]:
+    return {
+        "custom_id": f"r{i}",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {
+            "model": "backfill-demo",
+            "messages": [{"role": "user", "content": f"Write a function number {i} that adds two numbers."}],
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+        },
+    }

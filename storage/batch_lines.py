@@ -1,0 +1,175 @@
+"""JSONL input lines (`BatchRequestLine`): split a byte stream into lines and check each one.
+
+Per-line problems are data (`LineError`), never exceptions: validation reports every bad line.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+BOM = "\ufeff"
+
+
+@dataclass(frozen=True)
+class LineError:
+    """One bad line: OpenAI's batch error entry {code, message, param, line}."""
+
+    line: int
+    code: str
+    message: str
+    param: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "param": self.param, "line": self.line}
+
+
+@dataclass(frozen=True)
+class ParsedLine:
+    """A valid line, ready to become a queue row."""
+
+    line: int
+    custom_id: str
+    model: str
+    url: str
+    body: dict[str, Any]
+
+
+def iter_lines(chunks: Iterable[bytes], *, max_line_bytes: int) -> Iterator[tuple[int, bytes | None]]:
+    """Yield (line number, raw bytes) for each line; None for a line longer than `max_line_bytes`.
+
+    Handles CRLF, a missing final newline, and never holds more than one over-long line's prefix.
+    """
+    buffer = bytearray()
+    number = 0
+    too_long = False
+    for chunk in chunks:
+        start = 0
+        while True:
+            end = chunk.find(b"\n", start)
+            if end < 0:
+                if not too_long:
+                    buffer += chunk[start:]
+                    if len(buffer) > max_line_bytes:
+                        too_long = True
+                        buffer.clear()
+                break
+            number += 1
+            if too_long or len(buffer) + (end - start) > max_line_bytes:
+                yield number, None
+            else:
+                buffer += chunk[start:end]
+                yield number, bytes(buffer.removesuffix(b"\r"))
+            buffer.clear()
+            too_long = False
+            start = end + 1
+    if too_long:
+        yield number + 1, None
+    elif buffer.strip():
+        yield number + 1, bytes(buffer.removesuffix(b"\r"))
+
+
+def decode_line(raw: bytes, *, first: bool) -> str:
+    """UTF-8 text of a line, without a leading byte-order mark on the first line."""
+    text = raw.decode("utf-8")
+    return text.removeprefix(BOM) if first else text
+
+
+class LineChecker:
+    """Checks lines one at a time, remembering custom_ids and the file's model across lines."""
+
+    def __init__(self, *, endpoint: str, max_requests: int) -> None:
+        self.endpoint = endpoint
+        self.max_requests = max_requests
+        self.custom_ids: set[str] = set()
+        self.model: str | None = None
+        self.count = 0
+
+    def check(self, number: int, raw: bytes | None, *, max_line_bytes: int) -> ParsedLine | LineError | None:
+        """A ParsedLine, a LineError, or None for a blank line (skipped)."""
+        if raw is None:
+            return LineError(number, "line_too_large", f"Line {number} is longer than {max_line_bytes} bytes.")
+        try:
+            text = decode_line(raw, first=number == 1)
+        except UnicodeDecodeError:
+            return LineError(number, "invalid_encoding", f"Line {number} is not valid UTF-8.")
+        if not text.strip():
+            return None
+        self.count += 1
+        if self.count == self.max_requests + 1:
+            return LineError(number, "too_many_requests", f"The file has more than {self.max_requests} requests.")
+        try:
+            item = json.loads(text)
+        except ValueError as error:
+            return LineError(number, "invalid_json", f"Line {number} is not valid JSON: {error}.")
+        if not isinstance(item, dict):
+            return LineError(number, "invalid_json", f"Line {number} must be a JSON object.")
+        return self._check_fields(number, item)
+
+    def _check_fields(self, number: int, item: dict[str, Any]) -> ParsedLine | LineError:
+        custom_id = item.get("custom_id")
+        if not isinstance(custom_id, str) or not custom_id:
+            return LineError(number, "missing_required_parameter", "Missing 'custom_id'.", "custom_id")
+        if len(custom_id) > 512:
+            return LineError(number, "invalid_custom_id", "'custom_id' is longer than 512 characters.", "custom_id")
+        if custom_id in self.custom_ids:
+            return LineError(number, "duplicate_custom_id", f"Duplicate custom_id '{custom_id}'.", "custom_id")
+        self.custom_ids.add(custom_id)
+        if item.get("method") != "POST":
+            return LineError(number, "invalid_method", "'method' must be 'POST'.", "method")
+        if item.get("url") != self.endpoint:
+            message = f"'url' is {item.get('url')!r} but the batch endpoint is '{self.endpoint}'."
+            return LineError(number, "mismatched_url", message, "url")
+        body = item.get("body")
+        if not isinstance(body, dict):
+            return LineError(number, "invalid_body", "'body' must be a JSON object.", "body")
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            return LineError(number, "missing_required_parameter", "Missing 'body.model'.", "body.model")
+        if self.model is None:
+            self.model = model
+        elif model != self.model:
+            message = f"Model '{model}' differs from '{self.model}': one batch serves one model."
+            return LineError(number, "mismatched_model", message, "body.model")
+        return ParsedLine(number, custom_id, model, self.endpoint, body)
+
+
+def check_utf8_jsonl(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """Pass chunks through, raising ValueError if the stream is not UTF-8 or does not start like JSONL."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    seen_first = False
+    for chunk in chunks:
+        try:
+            text = decoder.decode(chunk)
+        except UnicodeDecodeError:
+            raise ValueError("The file is not UTF-8 text: upload a JSONL file for purpose 'batch'.") from None
+        if not seen_first and text.lstrip(BOM + " \t\r\n"):
+            seen_first = True
+            if not text.lstrip(BOM + " \t\r\n").startswith("{"):
+                raise ValueError("The file is not JSONL: each line must be a JSON object.")
+        yield chunk
+    try:
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        raise ValueError("The file is not UTF-8 text: upload a JSONL file for purpose 'batch'.") from None
+
+
+def peek_model(chunks: Iterable[bytes], *, max_line_bytes: int) -> str | None:
+    """The `body.model` of the first parseable line, or None (validation then reports why)."""
+    for number, raw in iter_lines(chunks, max_line_bytes=max_line_bytes):
+        if raw is None:
+            return None
+        try:
+            text = decode_line(raw, first=number == 1)
+            if not text.strip():
+                continue
+            item = json.loads(text)
+        except ValueError:
+            return None
+        body = item.get("body") if isinstance(item, dict) else None
+        model = body.get("model") if isinstance(body, dict) else None
+        return model if isinstance(model, str) else None
+    return None

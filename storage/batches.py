@@ -1,0 +1,137 @@
+"""Batches: create, read, list, cancel; counts move with their requests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from storage import lifecycle
+from storage.clock import now
+from storage.errors import BatchNotFound
+from storage.ids import new_id
+from storage.models import Batch, BatchRequest
+from storage.settings import window_seconds
+
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+
+
+def create_batch(
+    session: Session,
+    *,
+    tenant_id: str,
+    input_file_id: str,
+    endpoint: str,
+    completion_window: str,
+    model: str | None,
+    metadata: dict[str, str] | None,
+) -> Batch:
+    """Record a new batch in `validating`; ingest validates its file and fills the queue."""
+    created = now()
+    batch = Batch(
+        id=new_id("batch_"),
+        tenant_id=tenant_id,
+        input_file_id=input_file_id,
+        endpoint=endpoint,
+        completion_window=completion_window,
+        model=model,
+        status=lifecycle.VALIDATING,
+        metadata_=metadata,
+        created_at=created,
+        expires_at=created + window_seconds(completion_window),
+        request_total=0,
+        request_completed=0,
+        request_failed=0,
+    )
+    session.add(batch)
+    session.flush()
+    return batch
+
+
+def get_batch(session: Session, *, tenant_id: str | None, batch_id: str, lock: bool = False) -> Batch:
+    """The tenant's batch (any tenant's when tenant_id is None), or BatchNotFound."""
+    query = select(Batch).where(Batch.id == batch_id)
+    if lock:
+        query = query.with_for_update()
+    batch = session.scalar(query)
+    if batch is None or (tenant_id is not None and batch.tenant_id != tenant_id):
+        raise BatchNotFound(f"No batch found with id '{batch_id}'.", param="batch_id")
+    return batch
+
+
+def list_batches(session: Session, *, tenant_id: str, after: str | None, limit: int) -> list[Batch]:
+    """The tenant's batches newest first, `limit + 1` rows so callers can tell if more exist."""
+    query = select(Batch).where(Batch.tenant_id == tenant_id)
+    if after:
+        anchor = session.get(Batch, after)
+        if anchor is not None and anchor.tenant_id == tenant_id:
+            query = query.where(
+                (Batch.created_at < anchor.created_at)
+                | ((Batch.created_at == anchor.created_at) & (Batch.id < anchor.id))
+            )
+    query = query.order_by(Batch.created_at.desc(), Batch.id.desc()).limit(limit + 1)
+    return list(session.scalars(query))
+
+
+def cancel_batch(session: Session, *, tenant_id: str, batch_id: str) -> Batch:
+    """Move the batch to `cancelling` and turn its queued requests into cancelled error lines.
+
+    Requests already in the engine are aborted by their worker when it next renews its lease.
+    """
+    batch = get_batch(session, tenant_id=tenant_id, batch_id=batch_id, lock=True)
+    lifecycle.transition(batch, lifecycle.CANCELLING)
+    close_open_requests(
+        session,
+        batch=batch,
+        statuses=(lifecycle.REQ_QUEUED,),
+        status=lifecycle.REQ_CANCELLED,
+        code="batch_cancelled",
+        message="The batch was cancelled before this request ran.",
+    )
+    return batch
+
+
+def close_open_requests(
+    session: Session, *, batch: Batch, statuses: tuple[str, ...], status: str, code: str, message: str
+) -> int:
+    """End the batch's requests in `statuses` as error lines with `code`; return how many."""
+    result = session.execute(
+        update(BatchRequest)
+        .where(BatchRequest.batch_id == batch.id, BatchRequest.status.in_(statuses))
+        .values(
+            status=status,
+            error_code=code,
+            error_message=message,
+            lease_owner=None,
+            lease_expires_at=None,
+            finished_at=now(),
+        )
+        .execution_options(synchronize_session=False)
+    )
+    count = int(result.rowcount or 0)  # type: ignore[attr-defined]
+    if count:
+        session.flush()
+        add_counts(session, batch_id=batch.id, completed=0, failed=count)
+        session.refresh(batch)
+    return count
+
+
+def add_counts(session: Session, *, batch_id: str, completed: int, failed: int) -> None:
+    """Move a batch's live request counts (an atomic increment, safe with concurrent workers)."""
+    session.execute(
+        update(Batch)
+        .where(Batch.id == batch_id)
+        .values(
+            request_completed=Batch.request_completed + completed,
+            request_failed=Batch.request_failed + failed,
+        )
+        .execution_options(synchronize_session=False)
+    )
+
+
+def batch_errors(errors: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+    """OpenAI's `errors` object for a batch, or None."""
+    if not errors:
+        return None
+    return {"object": "list", "data": errors}

@@ -1,0 +1,120 @@
+"""Objects in S3 (or MinIO, or moto) through boto3: multipart uploads with checksums."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import ClientError
+
+from storage.blobs import StoredBlob
+
+
+class S3BlobStore:
+    """Uploads buffer one part at a time (bounded memory); each part carries a SHA-256 checksum."""
+
+    def __init__(
+        self,
+        *,
+        bucket: str,
+        endpoint_url: str | None,
+        region: str = "us-east-1",
+        multipart_threshold: int = 16 * 1024 * 1024,
+        client: Any = None,
+    ) -> None:
+        self.bucket = bucket
+        self.part_bytes = multipart_threshold
+        self.client = client or boto3.client(
+            "s3",
+            endpoint_url=endpoint_url,
+            region_name=region,
+            config=Config(retries={"max_attempts": 5, "mode": "standard"}, signature_version="s3v4"),
+        )
+
+    def ensure_bucket(self) -> None:
+        """Create the bucket if it does not exist (development and tests)."""
+        try:
+            self.client.head_bucket(Bucket=self.bucket)
+        except ClientError:
+            self.client.create_bucket(Bucket=self.bucket)
+
+    def put_stream(self, key: str, chunks: Iterable[bytes]) -> StoredBlob:
+        """Upload chunks to `key`: one PUT if small, else a multipart upload part by part."""
+        digest = hashlib.sha256()
+        size = 0
+        buffer = bytearray()
+        upload_id: str | None = None
+        parts: list[dict[str, Any]] = []
+        try:
+            for chunk in chunks:
+                digest.update(chunk)
+                size += len(chunk)
+                buffer += chunk
+                while len(buffer) >= self.part_bytes:
+                    if upload_id is None:
+                        upload_id = self.client.create_multipart_upload(
+                            Bucket=self.bucket, Key=key, ChecksumAlgorithm="SHA256"
+                        )["UploadId"]
+                    part = bytes(buffer[: self.part_bytes])
+                    del buffer[: self.part_bytes]
+                    parts.append(self._upload_part(key, upload_id, len(parts) + 1, part))
+            if upload_id is None:
+                self.client.put_object(Bucket=self.bucket, Key=key, Body=bytes(buffer), ChecksumSHA256=_b64sha(buffer))
+            else:
+                if buffer or not parts:
+                    parts.append(self._upload_part(key, upload_id, len(parts) + 1, bytes(buffer)))
+                self.client.complete_multipart_upload(
+                    Bucket=self.bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
+                )
+        except BaseException:
+            if upload_id is not None:
+                self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+            raise
+        return StoredBlob(key=key, size=size, sha256=digest.hexdigest())
+
+    def _upload_part(self, key: str, upload_id: str, number: int, data: bytes) -> dict[str, Any]:
+        checksum = _b64sha(data)
+        response = self.client.upload_part(
+            Bucket=self.bucket,
+            Key=key,
+            UploadId=upload_id,
+            PartNumber=number,
+            Body=data,
+            ChecksumSHA256=checksum,
+        )
+        return {"PartNumber": number, "ETag": response["ETag"], "ChecksumSHA256": checksum}
+
+    def open_stream(self, key: str, *, chunk_bytes: int = 1024 * 1024) -> Iterator[bytes]:
+        """Yield the object in chunks of at most `chunk_bytes`."""
+        body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"]
+        try:
+            yield from body.iter_chunks(chunk_size=chunk_bytes)
+        finally:
+            body.close()
+
+    def presign(self, key: str, *, expires_seconds: int = 3600) -> str | None:
+        """A time-limited GET URL for people fetching results straight from S3."""
+        url: str = self.client.generate_presigned_url(
+            "get_object", Params={"Bucket": self.bucket, "Key": key}, ExpiresIn=expires_seconds
+        )
+        return url
+
+    def delete(self, key: str) -> None:
+        """Remove the object (S3 deletes are idempotent)."""
+        self.client.delete_object(Bucket=self.bucket, Key=key)
+
+    def exists(self, key: str) -> bool:
+        """True if the object is stored."""
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=key)
+        except ClientError:
+            return False
+        return True
+
+
+def _b64sha(data: bytes | bytearray) -> str:
+    return base64.b64encode(hashlib.sha256(data).digest()).decode()

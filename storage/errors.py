@@ -1,0 +1,64 @@
+"""Typed failures with a stable code and an HTTP status; the API renders OpenAI's envelope."""
+
+from __future__ import annotations
+
+
+class BackfillError(Exception):
+    """Base error: `code` is stable, `status` is the HTTP status, `param` names the bad field."""
+
+    status = 400
+    code = "invalid_request_error"
+    type = "invalid_request_error"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+
+
+class InvalidRequest(BackfillError):
+    """The request is malformed or refers to something unusable."""
+
+
+class Unauthorized(BackfillError):
+    status = 401
+    code = "invalid_api_key"
+    type = "invalid_request_error"
+
+
+class PermissionDenied(BackfillError):
+    status = 403
+    code = "permission_denied"
+
+
+class NotFound(BackfillError):
+    status = 404
+    code = "not_found"
+
+
+class FileNotFound(NotFound):
+    code = "file_not_found"
+
+
+class BatchNotFound(NotFound):
+    code = "batch_not_found"
+
+
+class IllegalTransition(BackfillError):
+    status = 409
+    code = "invalid_state"
+
+
+class BatchNotCancellable(IllegalTransition):
+    code = "batch_not_cancellable"
+
+
+class UploadTooLarge(BackfillError):
+    status = 413
+    code = "file_too_large"
+
+
+class ModelNotFound(InvalidRequest):
+    code = "model_not_found"

@@ -1,0 +1,66 @@
+"""Every batch status change goes through `transition`: it checks the move and stamps `*_at`."""
+
+from __future__ import annotations
+
+from storage.clock import now
+from storage.errors import BatchNotCancellable, IllegalTransition
+from storage.models import Batch
+
+VALIDATING = "validating"
+FAILED = "failed"
+IN_PROGRESS = "in_progress"
+FINALIZING = "finalizing"
+COMPLETED = "completed"
+EXPIRED = "expired"
+CANCELLING = "cancelling"
+CANCELLED = "cancelled"
+
+TERMINAL = frozenset({FAILED, COMPLETED, EXPIRED, CANCELLED})
+
+# Completed batches pass through `finalizing` while their files are written. Expired and cancelled
+# batches write their partial files while still `in_progress`/`cancelling`, then move straight on.
+ALLOWED: dict[str, frozenset[str]] = {
+    VALIDATING: frozenset({IN_PROGRESS, FAILED, CANCELLING, EXPIRED}),
+    IN_PROGRESS: frozenset({FINALIZING, CANCELLING, EXPIRED}),
+    FINALIZING: frozenset({COMPLETED}),
+    CANCELLING: frozenset({CANCELLED}),
+    FAILED: frozenset(),
+    COMPLETED: frozenset(),
+    EXPIRED: frozenset(),
+    CANCELLED: frozenset(),
+}
+
+_STAMP = {
+    IN_PROGRESS: "in_progress_at",
+    FAILED: "failed_at",
+    FINALIZING: "finalizing_at",
+    COMPLETED: "completed_at",
+    EXPIRED: "expired_at",
+    CANCELLING: "cancelling_at",
+    CANCELLED: "cancelled_at",
+}
+
+
+def can_transition(current: str, target: str) -> bool:
+    """True if a batch in `current` may move to `target`."""
+    return target in ALLOWED.get(current, frozenset())
+
+
+def transition(batch: Batch, target: str) -> None:
+    """Move `batch` to `target`, stamping its timestamp; raise IllegalTransition otherwise."""
+    if not can_transition(batch.status, target):
+        error = BatchNotCancellable if target == CANCELLING else IllegalTransition
+        raise error(f"Cannot move batch {batch.id} from status '{batch.status}' to '{target}'.")
+    batch.status = target
+    setattr(batch, _STAMP[target], now())
+
+
+# Request (queue row) statuses.
+REQ_QUEUED = "queued"
+REQ_RUNNING = "running"
+REQ_COMPLETED = "completed"
+REQ_FAILED = "failed"
+REQ_EXPIRED = "expired"
+REQ_CANCELLED = "cancelled"
+REQ_TERMINAL = frozenset({REQ_COMPLETED, REQ_FAILED, REQ_EXPIRED, REQ_CANCELLED})
+REQ_OPEN = frozenset({REQ_QUEUED, REQ_RUNNING})

@@ -1,0 +1,177 @@
+"""Backfill settings: one prefix (BACKFILL_), read once through get_settings()."""
+
+from __future__ import annotations
+
+import json
+import re
+from decimal import Decimal
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings.exceptions import SettingsError as PydanticSettingsError
+
+
+class SettingsError(RuntimeError):
+    """A setting is missing or malformed; the message names the BACKFILL_ variable."""
+
+
+class ModelSpec(BaseModel):
+    """One served model: where its weights live and how the engine should run it."""
+
+    path: str
+    runner: str = "generate"  # "generate" or "pooling"
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    max_num_seqs: int = Field(default=64, ge=1)
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    max_model_len: int | None = Field(default=None, ge=1)
+    dtype: str = "auto"
+    enforce_eager: bool = True
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    kv_cache_memory_bytes: int | None = Field(default=None, ge=1)
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("runner")
+    @classmethod
+    def _runner_known(cls, value: str) -> str:
+        if value not in {"generate", "pooling"}:
+            raise ValueError("runner must be 'generate' or 'pooling'")
+        return value
+
+
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def window_seconds(window: str) -> int:
+    """Parse a completion window such as '24h', '90m' or '7d' into seconds."""
+    unit = window[-1:]
+    number = window[:-1]
+    if unit not in _DURATION_UNITS or not number.isdigit() or int(number) <= 0:
+        raise ValueError(f"bad completion window {window!r}: use a number and s, m, h or d, e.g. '24h'")
+    return int(number) * _DURATION_UNITS[unit]
+
+
+class Settings(BaseSettings):
+    """Every knob of Backfill. Unset database/objects/broker means the embedded default."""
+
+    model_config = SettingsConfigDict(env_prefix="BACKFILL_", extra="ignore")
+
+    data_dir: Path = Path("./.backfill")
+    database_url: str | None = None
+    redis_url: str | None = None
+    s3_endpoint_url: str | None = None
+    s3_bucket: str | None = None
+    s3_region: str = "us-east-1"
+    s3_multipart_threshold_bytes: int = Field(default=16 * 1024 * 1024, ge=5 * 1024 * 1024)
+
+    # Upload and batch limits (OpenAI's defaults).
+    upload_max_bytes: int = Field(default=200 * 1024 * 1024, ge=1)
+    batch_max_requests: int = Field(default=50_000, ge=1)
+    line_max_bytes: int = Field(default=1024 * 1024, ge=1)
+    stream_chunk_bytes: int = Field(default=1024 * 1024, ge=4096)
+
+    # Completion windows offered -> discount (fraction of list price). "24h" is always offered.
+    completion_windows: dict[str, Decimal] = Field(default_factory=lambda: {"24h": Decimal("0.5")})
+
+    # Prices: the node's rent and the online list prices that batch discounts are taken from.
+    gpu_count: int = Field(default=8, ge=1)
+    gpu_hour_usd: Decimal = Field(default=Decimal("3.99"), gt=0)
+    price_book: dict[str, Any] = Field(default_factory=dict)
+    prefill_weight: Decimal = Field(default=Decimal("0.2"), ge=0, le=1)
+
+    # Models served: name -> spec. Empty means the embedded demo model under data_dir.
+    models: dict[str, ModelSpec] = Field(default_factory=dict)
+    worker_model: str | None = None
+
+    # Worker and queue.
+    lease_seconds: int = Field(default=120, ge=5)
+    run_task_seconds: int = Field(default=300, ge=5)
+    engine_run_max_seconds: int = Field(default=600, ge=5)  # cost attribution closes a run at least this often
+    broker_visibility_timeout_seconds: int = Field(default=3600, ge=60)
+    reap_interval_seconds: int = Field(default=15, ge=1)
+    inflight_per_seq: int = Field(default=2, ge=1)
+
+    @field_validator("price_book", "models", mode="before")
+    @classmethod
+    def _parse_json(cls, value: Any) -> Any:
+        return json.loads(value) if isinstance(value, str) else value
+
+    @field_validator("completion_windows", mode="before")
+    @classmethod
+    def _parse_windows(cls, value: Any) -> Any:
+        return json.loads(value) if isinstance(value, str) else value
+
+    @field_validator("completion_windows")
+    @classmethod
+    def _windows_valid(cls, value: dict[str, Decimal]) -> dict[str, Decimal]:
+        for window, discount in value.items():
+            window_seconds(window)
+            if not Decimal(0) <= discount < Decimal(1):
+                raise ValueError(f"discount for {window!r} must be in [0, 1)")
+        return {"24h": Decimal("0.5"), **value}
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_known(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("postgresql", "sqlite")):
+            raise ValueError("must start with postgresql:// or sqlite://")
+        return value
+
+    @model_validator(mode="after")
+    def _s3_complete(self) -> Settings:
+        if self.s3_endpoint_url and not self.s3_bucket:
+            raise ValueError("BACKFILL_S3_BUCKET is required when BACKFILL_S3_ENDPOINT_URL is set")
+        return self
+
+    @property
+    def embedded(self) -> bool:
+        """True when no broker is configured: the worker runs inside the API process."""
+        return self.redis_url is None
+
+    @property
+    def sqlalchemy_url(self) -> str:
+        """The database URL, defaulting to a SQLite file under data_dir."""
+        if self.database_url:
+            url = self.database_url
+            if url.startswith("postgresql://"):
+                url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
+            return url
+        return f"sqlite:///{(self.data_dir / 'backfill.db').resolve()}"
+
+    def served_models(self) -> dict[str, ModelSpec]:
+        """The model registry; the embedded default serves the locally built demo model."""
+        if self.models:
+            return self.models
+        return {"backfill-demo": ModelSpec(path=str((self.data_dir / "models" / "backfill-demo").resolve()))}
+
+    def current_worker_model(self) -> str:
+        """The model this worker serves: the setting, or the only/first registry entry."""
+        models = self.served_models()
+        name = self.worker_model or next(iter(models))
+        if name not in models:
+            raise SettingsError(f"BACKFILL_WORKER_MODEL={name!r} is not in BACKFILL_MODELS")
+        return name
+
+
+def _describe(error: ValidationError) -> str:
+    parts = []
+    for item in error.errors():
+        field = ".".join(str(p) for p in item["loc"]) or "settings"
+        name = f"BACKFILL_{field.split('.')[0].upper()}" if item["loc"] else "BACKFILL_*"
+        parts.append(f"{name}: {item['msg']}")
+    return "; ".join(parts)
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """Read and validate settings once; raise SettingsError naming the bad variable."""
+    try:
+        return Settings()
+    except ValidationError as error:
+        raise SettingsError(f"invalid setting: {_describe(error)}") from None
+    except PydanticSettingsError as error:  # a complex value that is not JSON
+        match = re.search(r'field "(\w+)"', str(error))
+        name = f"BACKFILL_{match.group(1).upper()}" if match else "a BACKFILL_ variable"
+        raise SettingsError(f"invalid setting: {name}: not valid JSON") from None

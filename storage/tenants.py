@@ -1,0 +1,57 @@
+"""Tenants and their API keys; only a key's SHA-256 is stored."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from storage.clock import now
+from storage.errors import Unauthorized
+from storage.ids import new_id
+from storage.models import ApiKey, Tenant
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: the tenant every query is scoped to, and whether the key is an admin key."""
+
+    tenant_id: str
+    is_admin: bool
+
+
+def hash_key(key: str) -> str:
+    """SHA-256 of an API key (keys are random, so a slow hash adds nothing)."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def get_or_create_tenant(session: Session, *, name: str) -> Tenant:
+    """The tenant called `name`, created if new."""
+    tenant = session.scalar(select(Tenant).where(Tenant.name == name))
+    if tenant is None:
+        tenant = Tenant(id=new_id("tenant_"), name=name, created_at=now())
+        session.add(tenant)
+        session.flush()
+    return tenant
+
+
+def create_api_key(session: Session, *, tenant_name: str, is_admin: bool = False) -> str:
+    """Create a key for the tenant and return it; it is never shown again."""
+    tenant = get_or_create_tenant(session, name=tenant_name)
+    key = "sk-bf-" + secrets.token_urlsafe(32)
+    session.add(
+        ApiKey(id=new_id("key_"), tenant_id=tenant.id, key_hash=hash_key(key), is_admin=is_admin, created_at=now())
+    )
+    session.flush()
+    return key
+
+
+def authenticate(session: Session, *, key: str) -> Principal:
+    """The principal for a bearer key, or Unauthorized."""
+    row = session.scalar(select(ApiKey).where(ApiKey.key_hash == hash_key(key), ApiKey.revoked_at.is_(None)))
+    if row is None:
+        raise Unauthorized("Incorrect API key provided.")
+    return Principal(tenant_id=row.tenant_id, is_admin=row.is_admin)

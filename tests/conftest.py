@@ -1,0 +1,195 @@
+"""Shared fixtures: real Postgres, the moto S3 server over HTTP, a live API server on a free port.
+
+A test picks its backend with the `backend` fixture ("embedded": SQLite + a local folder;
+"postgres": Postgres + S3). Settings are process-wide, so fixtures reset every cached factory.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import sqlalchemy as sa
+
+os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+PG_ADMIN_URL = os.environ.get("BACKFILL_TEST_PG_ADMIN", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+BACKFILL_ENV = [name for name in os.environ if name.startswith("BACKFILL_")]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def reset_caches() -> None:
+    """Forget every cached settings-derived object (settings, engine, sessionmaker, blob store, waker)."""
+    from storage import wakeups
+    from storage.blobs import get_blob_store
+    from storage.db import get_engine, get_sessionmaker
+    from storage.settings import get_settings
+
+    try:
+        get_engine().dispose()
+    except Exception:
+        pass
+    for cached in (get_settings, get_engine, get_sessionmaker, get_blob_store, wakeups._default_waker):
+        cached.cache_clear()
+    wakeups._waker.clear()
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint() -> Iterator[str]:
+    """A real S3 endpoint over HTTP: moto's standalone server."""
+    from moto.server import ThreadedMotoServer
+
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """A fresh Postgres database for this test session, dropped at the end."""
+    name = f"backfill_test_{uuid.uuid4().hex[:8]}"
+    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    except sa.exc.OperationalError as error:  # pragma: no cover - CI starts Postgres
+        pytest.fail(f"Postgres is not reachable at {PG_ADMIN_URL}: {error}")
+    yield f"postgresql://postgres@127.0.0.1:5432/{name}"
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@dataclass
+class Backend:
+    name: str
+    env: dict[str, str]
+
+
+def configure(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> None:
+    """Apply BACKFILL_* settings for one test and reset cached factories."""
+    for name in list(os.environ):
+        if name.startswith("BACKFILL_"):
+            monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    reset_caches()
+
+
+def _truncate_all() -> None:
+    from storage.db import get_engine
+    from storage.models import Base
+
+    engine = get_engine()
+    with engine.begin() as conn:
+        if engine.dialect.name == "postgresql":
+            names = ", ".join(table.name for table in Base.metadata.sorted_tables)
+            conn.execute(sa.text(f"TRUNCATE {names} CASCADE"))
+        else:
+            for table in reversed(Base.metadata.sorted_tables):
+                conn.execute(table.delete())
+
+
+_migrated: set[str] = set()
+
+
+@pytest.fixture(params=["embedded", "postgres"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Backend]:
+    """Settings for one backend, migrated with Alembic and emptied before the test."""
+    env = {"BACKFILL_DATA_DIR": str(tmp_path / "data"), **getattr(request, "param_env", {})}
+    extra = request.node.get_closest_marker("backfill_env")
+    if extra:
+        env.update(extra.args[0])
+    if request.param == "postgres":
+        env["BACKFILL_DATABASE_URL"] = request.getfixturevalue("pg_url")
+        env["BACKFILL_S3_ENDPOINT_URL"] = request.getfixturevalue("moto_endpoint")
+        env["BACKFILL_S3_BUCKET"] = "backfill-test"
+    configure(monkeypatch, env)
+    from storage.settings import get_settings
+    from worker.cli import migrate_database
+
+    url = get_settings().sqlalchemy_url
+    if url not in _migrated:
+        migrate_database()
+        _migrated.add(url)
+    _truncate_all()
+    if request.param == "postgres":
+        from storage.blobs import get_blob_store
+
+        get_blob_store().ensure_bucket()  # type: ignore[attr-defined]
+    yield Backend(request.param, env)
+    reset_caches()
+
+
+@dataclass
+class LiveServer:
+    base_url: str
+    worker: object | None
+
+    def client(self, key: str):  # type: ignore[no-untyped-def]
+        import openai
+
+        return openai.OpenAI(api_key=key, base_url=f"{self.base_url}/v1", max_retries=0, timeout=60)
+
+
+def start_server(*, with_worker: bool) -> tuple[LiveServer, callable]:  # type: ignore[valid-type]
+    """Run the real API (uvicorn) in a thread, optionally with the embedded worker."""
+    import uvicorn
+
+    from api.app import create_app
+    from storage.settings import get_settings
+    from worker.embedded import EmbeddedWorker
+
+    worker = None
+    if with_worker:
+        worker = EmbeddedWorker(reap_interval_seconds=get_settings().reap_interval_seconds)
+        worker.start()
+    port = free_port()
+    config = uvicorn.Config(create_app(), host="127.0.0.1", port=port, log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    else:  # pragma: no cover
+        raise RuntimeError("API did not start")
+
+    def stop() -> None:
+        server.should_exit = True
+        thread.join(10)
+        if worker is not None:
+            worker.shutdown()
+
+    return LiveServer(f"http://127.0.0.1:{port}", worker), stop
+
+
+def make_key(tenant: str, *, admin: bool = False) -> str:
+    from storage.db import transaction
+    from storage.tenants import create_api_key
+
+    with transaction() as session:
+        return create_api_key(session, tenant_name=tenant, is_admin=admin)

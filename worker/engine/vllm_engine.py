@@ -1,0 +1,385 @@
+"""The vLLM adapter: the only module that imports vLLM.
+
+One in-process v1 `LLMEngine`, loaded once and kept warm, fed continuously: `add()` renders and submits
+a request at once, `step()` runs one scheduler iteration and hands back whatever finished in it. vLLM's
+scheduler does the continuous batching; this module only translates OpenAI bodies in and out.
+Not thread-safe: call it from one thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from storage.settings import ModelSpec
+from worker.engine import EngineRequest, EngineResult, EngineStats, error_result
+from worker.engine.bodies import (
+    EMBEDDINGS_URL,
+    Body,
+    BodyError,
+    ChatBody,
+    Choice,
+    CompletionBody,
+    EmbeddingBody,
+    chat_completion,
+    embedding_list,
+    parse_body,
+    server_error,
+    text_completion,
+)
+
+logger = logging.getLogger(__name__)
+
+# Logprobs can be -inf, which JSON cannot carry; vLLM's server clamps the same way.
+_MIN_LOGPROB = -9999.0
+
+
+def _set_env_defaults(spec: ModelSpec) -> None:
+    """vLLM reads these at import; a deployment's own values win."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: step() runs the model
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    if spec.kv_cache_memory_bytes is None:
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; without it CPU start-up refuses
+
+
+@dataclass
+class _InFlight:
+    """A submitted request: its parsed body and the engine requests it fanned out to."""
+
+    request_id: str
+    body: Body
+    started: float
+    engine_ids: list[str]
+    done: dict[str, Any] = field(default_factory=dict)
+
+
+class VllmEngine:
+    """The Engine protocol on an in-process vLLM v1 LLMEngine."""
+
+    def __init__(self, model_name: str, spec: ModelSpec) -> None:
+        _set_env_defaults(spec)
+        from vllm import EngineArgs, LLMEngine
+
+        args = EngineArgs(
+            model=spec.path,
+            runner=spec.runner,  # type: ignore[arg-type]
+            tensor_parallel_size=spec.tensor_parallel_size,
+            max_num_seqs=spec.max_num_seqs,
+            max_num_batched_tokens=spec.max_num_batched_tokens,
+            max_model_len=spec.max_model_len,  # type: ignore[arg-type]
+            dtype=spec.dtype,  # type: ignore[arg-type]
+            enforce_eager=spec.enforce_eager,
+            gpu_memory_utilization=spec.gpu_memory_utilization,
+            kv_cache_memory_bytes=spec.kv_cache_memory_bytes,
+            disable_log_stats=True,  # stats() reads the scheduler directly
+            **spec.extra,
+        )
+        started = time.monotonic()
+        self._engine = LLMEngine.from_engine_args(args)
+        self.load_seconds = time.monotonic() - started
+        self.model_name = model_name
+        self.max_num_seqs: int = self._engine.vllm_config.scheduler_config.max_num_seqs
+        self._model_config = self._engine.model_config
+        self._max_model_len: int = self._model_config.max_model_len
+        self._tasks = set(self._engine.get_supported_tasks())
+        self._defaults: dict[str, Any] = self._model_config.get_diff_sampling_param()
+        self._inflight: dict[str, _InFlight] = {}
+        self._owner: dict[str, str] = {}  # engine request id -> our request id
+        self._renderer = self._engine.renderer
+        if "generate" in self._tasks:
+            self._tokenizer = self._engine.get_tokenizer()
+            self._renderer.warmup(self._chat_params())
+
+    # -- the Engine protocol ---------------------------------------------------------------------
+
+    def add(self, request: EngineRequest) -> EngineResult | None:
+        """Render and submit a request; a body that cannot run comes back as an error result."""
+        from vllm.exceptions import VLLMClientError
+
+        rid = request.request_id
+        try:
+            if rid in self._inflight:
+                raise BodyError(f"request {rid!r} is already in flight", code="duplicate_request")
+            body = parse_body(request.url, request.body)
+            self._check_endpoint(request.url)
+            prepared = self._prepare(rid, body)
+        except BodyError as error:
+            return error.to_result(rid)
+        except (VLLMClientError, ValueError, TypeError, LookupError) as error:
+            return _invalid(rid, error)
+        except Exception as error:  # a template or tokenizer failure on this body alone
+            logger.exception("rendering request %s failed", rid)
+            return error_result(rid, 400, f"could not render the request: {error}", code="invalid_value")
+        return self._submit(rid, body, prepared)
+
+    def step(self) -> list[EngineResult]:
+        """Run one engine iteration; return the requests that finished in it."""
+        outputs = self._engine.step()
+        now = time.monotonic()
+        results: list[EngineResult] = []
+        for output in outputs:
+            owner = self._owner.pop(output.request_id, None) if output.finished else None
+            if owner is None:  # still running, or aborted before this step
+                continue
+            flight = self._inflight[owner]
+            flight.done[output.request_id] = output
+            if len(flight.done) == len(flight.engine_ids):
+                del self._inflight[owner]
+                results.append(self._finish(flight, now))
+        if self._inflight and not self._engine.has_unfinished_requests():
+            results.extend(self._drop_lost())
+        return results
+
+    def abort(self, request_ids: list[str]) -> None:
+        """Forget requests and free their sequences in the engine at once; they yield no result."""
+        engine_ids: list[str] = []
+        for rid in request_ids:
+            flight = self._inflight.pop(rid, None)
+            if flight is not None:
+                engine_ids.extend(flight.engine_ids)
+                for engine_id in flight.engine_ids:
+                    self._owner.pop(engine_id, None)
+        if engine_ids:
+            self._engine.abort_request(engine_ids)
+
+    def stats(self) -> EngineStats:
+        """The scheduler's own counts of sequences (n>1 choices and embedding inputs count singly).
+
+        With the in-process engine (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) the LLMEngine holds an
+        InprocClient whose `engine_core` is the EngineCore itself; its scheduler's
+        `get_request_counts()` returns `(len(running), len(waiting) + len(kv_holding_waiting))`, the
+        same numbers vLLM exports as `vllm:num_requests_running` / `vllm:num_requests_waiting`.
+        Preempted sequences go back to `waiting`. With a multiprocess engine the scheduler lives in
+        another process, so we fall back to an estimate from what is in flight.
+        """
+        core = getattr(self._engine.engine_core, "engine_core", None)
+        extra: dict[str, Any] = {"requests_in_flight": len(self._inflight)}
+        if core is None:
+            sequences = len(self._owner)
+            running = min(sequences, self.max_num_seqs)
+            return EngineStats(running=running, waiting=sequences - running, extra={**extra, "estimated": True})
+        running, waiting = core.scheduler.get_request_counts()
+        extra["kv_cache_usage"] = core.scheduler.get_kv_cache_usage()
+        return EngineStats(running=running, waiting=waiting, extra=extra)
+
+    def has_unfinished(self) -> bool:
+        """True while a submitted request has neither finished nor been aborted."""
+        return bool(self._inflight)
+
+    def close(self) -> None:
+        """Abort everything and release the engine's workers."""
+        self.abort(list(self._inflight))
+        self._engine.engine_core.shutdown()
+
+    # -- requests in ---------------------------------------------------------------------------
+
+    def _check_endpoint(self, url: str) -> None:
+        wanted = "embed" if url == EMBEDDINGS_URL else "generate"
+        if wanted not in self._tasks:
+            raise BodyError(f"model {self.model_name!r} does not serve {url}", code="unsupported_endpoint", param="url")
+
+    def _chat_params(self) -> Any:
+        from vllm.renderers import ChatParams
+
+        # What LLM.chat() passes for a plain Hugging Face tokenizer.
+        kwargs = {"add_generation_prompt": True, "continue_final_message": False, "tools": None, "tokenize": False}
+        return ChatParams(chat_template=None, chat_template_content_format="auto", chat_template_kwargs=kwargs)
+
+    def _prepare(self, rid: str, body: Body) -> list[tuple[str, Any, Any]]:
+        """(engine id, rendered prompt, params) for each engine request this body becomes."""
+        if isinstance(body, EmbeddingBody):
+            from vllm import PoolingParams
+
+            params = PoolingParams(task="embed", dimensions=body.dimensions)
+            return [(f"{rid}#{i}", self._render_plain(item), params) for i, item in enumerate(body.inputs())]
+        if isinstance(body, ChatBody):
+            # The template writes BOS itself, so the tokenizer adds no special tokens (as in LLM.chat()).
+            _, (prompt,) = self._renderer.render_chat([body.conversation()], self._chat_params())
+        else:
+            prompt = self._render_plain(body.single_prompt())
+        return [(rid, prompt, self._sampling_params(body, len(prompt["prompt_token_ids"])))]
+
+    def _render_plain(self, item: str | list[int]) -> Any:
+        from vllm.renderers.inputs.preprocess import parse_model_prompt
+
+        raw = {"prompt": item} if isinstance(item, str) else {"prompt_token_ids": list(item)}
+        (prompt,) = self._renderer.render_cmpl([parse_model_prompt(self._model_config, raw)])
+        return prompt
+
+    def _sampling_params(self, body: ChatBody | CompletionBody, prompt_tokens: int) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+
+        room = self._max_model_len - prompt_tokens
+        if room < 1:
+            raise BodyError(
+                f"This model's maximum context length is {self._max_model_len} tokens, "
+                f"but the prompt has {prompt_tokens} tokens, leaving no room for output.",
+                code="context_length_exceeded",
+                param="messages" if isinstance(body, ChatBody) else "prompt",
+            )
+        # Like vLLM's server: an output cap beyond the context is clamped, not refused.
+        limit = body.output_limit() or self._defaults.get("max_tokens") or room
+        values: dict[str, Any] = {
+            **{k: v for k, v in self._defaults.items() if k != "max_tokens"},
+            "n": body.n,
+            "max_tokens": min(limit, room),
+            "min_tokens": body.min_tokens,
+            "stop": body.stop_list(),
+            "ignore_eos": body.ignore_eos,
+            "logprobs": body.logprob_count(),
+            "output_kind": RequestOutputKind.FINAL_ONLY,
+        }
+        for name in ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty"):
+            if (value := getattr(body, name)) is not None:
+                values[name] = value
+        if body.logit_bias:
+            values["logit_bias"] = {int(token): bias for token, bias in body.logit_bias.items()}
+        if body.response_format is not None and body.response_format.type != "text":
+            schema = body.response_format.json_schema
+            values["structured_outputs"] = (
+                StructuredOutputsParams(json=schema.schema_)
+                if body.response_format.type == "json_schema" and schema is not None
+                else StructuredOutputsParams(json_object=True)
+            )
+        return SamplingParams(**values)
+
+    def _submit(self, rid: str, body: Body, prepared: list[tuple[str, Any, Any]]) -> EngineResult | None:
+        from vllm.exceptions import VLLMClientError
+
+        added: list[str] = []
+        try:
+            for engine_id, prompt, params in prepared:
+                self._engine.add_request(engine_id, prompt, params)
+                added.append(engine_id)
+        except Exception as error:
+            if added:
+                self._engine.abort_request(added)
+            if isinstance(error, (VLLMClientError, ValueError, TypeError)):
+                return _invalid(rid, error)
+            logger.exception("engine refused request %s", rid)
+            return server_error(rid, f"the engine could not accept the request: {error}")
+        self._inflight[rid] = _InFlight(rid, body, time.monotonic(), [engine_id for engine_id, _, _ in prepared])
+        self._owner.update((engine_id, rid) for engine_id, _, _ in prepared)
+        return None
+
+    # -- results out ---------------------------------------------------------------------------
+
+    def _finish(self, flight: _InFlight, now: float) -> EngineResult:
+        try:
+            result = self._result(flight)
+        except Exception as error:  # one bad sequence must not take the batch down
+            logger.exception("building the result of %s failed", flight.request_id)
+            result = server_error(flight.request_id, f"the engine failed on this request: {error}")
+        result.engine_seconds = now - flight.started
+        return result
+
+    def _result(self, flight: _InFlight) -> EngineResult:
+        outputs = [flight.done[engine_id] for engine_id in flight.engine_ids]
+        problem = next((o.error for o in outputs if getattr(o, "error", None) is not None), None)
+        if problem is not None:
+            return server_error(flight.request_id, f"the engine failed on this request: {problem.message}")
+        body = flight.body
+        prompt_tokens = sum(len(o.prompt_token_ids or ()) for o in outputs)
+        if isinstance(body, EmbeddingBody):
+            vectors = [o.outputs.data.float().tolist() for o in outputs]
+            response = embedding_list(
+                model=self.model_name,
+                vectors=vectors,
+                encoding_format=body.encoding_format,
+                prompt_tokens=prompt_tokens,
+            )
+            return EngineResult(flight.request_id, 200, response, prompt_tokens=prompt_tokens)
+        completions = sorted(outputs[0].outputs, key=lambda c: c.index)
+        if any(c.finish_reason not in ("stop", "length") for c in completions):
+            reasons = sorted({str(c.finish_reason) for c in completions})
+            return server_error(flight.request_id, f"the engine ended the request early ({', '.join(reasons)})")
+        choices = [self._choice(c, body) for c in completions]
+        build = chat_completion if isinstance(body, ChatBody) else text_completion
+        response = build(
+            response_id=uuid.uuid4().hex, model=self.model_name, choices=choices, prompt_tokens=prompt_tokens
+        )
+        completion_tokens = sum(choice.token_count for choice in choices)
+        return EngineResult(
+            flight.request_id, 200, response, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens
+        )
+
+    def _choice(self, completion: Any, body: ChatBody | CompletionBody) -> Choice:
+        logprobs = None
+        if completion.logprobs is not None and body.logprob_count() is not None:
+            if isinstance(body, ChatBody):
+                logprobs = self._chat_logprobs(completion, body.top_logprobs or 0)
+            else:
+                logprobs = self._completion_logprobs(completion)
+        return Choice(
+            text=completion.text,
+            finish_reason=str(completion.finish_reason),
+            token_count=len(completion.token_ids),
+            logprobs=logprobs,
+        )
+
+    def _token_text(self, token_id: int, logprob: Any) -> str:
+        text = getattr(logprob, "decoded_token", None)
+        return text if text is not None else str(self._tokenizer.decode([token_id]))
+
+    def _ranked(self, position: dict[int, Any]) -> list[tuple[str, float]]:
+        ranked = sorted(position.items(), key=lambda item: -item[1].logprob)
+        return [(self._token_text(tid, lp), max(lp.logprob, _MIN_LOGPROB)) for tid, lp in ranked]
+
+    def _chat_logprobs(self, completion: Any, top: int) -> dict[str, Any]:
+        content = []
+        for token_id, position in zip(completion.token_ids, completion.logprobs, strict=False):
+            chosen = position[token_id]
+            token = self._token_text(token_id, chosen)
+            content.append(
+                {
+                    "token": token,
+                    "logprob": max(chosen.logprob, _MIN_LOGPROB),
+                    "bytes": list(token.encode("utf-8")),
+                    "top_logprobs": [
+                        {"token": text, "logprob": value, "bytes": list(text.encode("utf-8"))}
+                        for text, value in self._ranked(position)[:top]
+                    ],
+                }
+            )
+        return {"content": content, "refusal": None}
+
+    def _completion_logprobs(self, completion: Any) -> dict[str, Any]:
+        tokens: list[str] = []
+        token_logprobs: list[float] = []
+        top_logprobs: list[dict[str, float]] = []
+        offsets: list[int] = []
+        offset = 0
+        for token_id, position in zip(completion.token_ids, completion.logprobs, strict=False):
+            chosen = position[token_id]
+            token = self._token_text(token_id, chosen)
+            tokens.append(token)
+            token_logprobs.append(max(chosen.logprob, _MIN_LOGPROB))
+            top_logprobs.append(dict(self._ranked(position)))  # top k plus the chosen token, as vLLM does
+            offsets.append(offset)
+            offset += len(token)
+        return {
+            "tokens": tokens,
+            "token_logprobs": token_logprobs,
+            "top_logprobs": top_logprobs,
+            "text_offset": offsets,
+        }
+
+    def _drop_lost(self) -> list[EngineResult]:
+        """The engine holds nothing yet requests are in flight: fail them rather than wait forever."""
+        lost = list(self._inflight.values())
+        self._inflight.clear()
+        self._owner.clear()
+        logger.error("engine lost %d requests", len(lost))
+        return [server_error(f.request_id, "the engine dropped this request") for f in lost]
+
+
+def _invalid(rid: str, error: Exception) -> EngineResult:
+    message = str(error)
+    code = "context_length_exceeded" if "context length" in message else "invalid_value"
+    return error_result(rid, 400, message, code=code, param=getattr(error, "parameter", None))

@@ -1,0 +1,149 @@
+"""Finalize: once every request of a batch is terminal, write output.jsonl and errors.jsonl.
+
+Three short steps, so no transaction spans the upload: mark `finalizing`, stream the files, then record
+them and the end state. File ids are derived from the batch id, so a re-run after a crash overwrites
+the same objects instead of leaving a second copy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from storage import lifecycle
+from storage.batch_requests import open_count
+from storage.batches import get_batch
+from storage.blobs import BlobStore
+from storage.clock import now
+from storage.db import transaction
+from storage.models import BatchRequest, File
+
+log = logging.getLogger(__name__)
+
+CHUNK_BYTES = 1024 * 1024
+_SUCCESS = (lifecycle.REQ_COMPLETED,)
+_FAILURE = (lifecycle.REQ_FAILED, lifecycle.REQ_EXPIRED, lifecycle.REQ_CANCELLED)
+
+
+def finalize_batch(blobs: BlobStore, *, batch_id: str) -> str | None:
+    """Write the result files of a batch whose requests are all terminal; return its end status."""
+    with transaction() as session:
+        batch = get_batch(session, tenant_id=None, batch_id=batch_id, lock=True)
+        if batch.status not in (lifecycle.IN_PROGRESS, lifecycle.CANCELLING, lifecycle.FINALIZING):
+            return None
+        if open_count(session, batch_id=batch_id):
+            return None
+        target = _end_state(session, status=batch.status, batch_id=batch_id)
+        if target == lifecycle.COMPLETED and batch.status == lifecycle.IN_PROGRESS:
+            lifecycle.transition(batch, lifecycle.FINALIZING)
+        tenant_id = batch.tenant_id
+    written = {
+        kind: _write(blobs, batch_id=batch_id, kind=kind, statuses=statuses)
+        for kind, statuses in (("output", _SUCCESS), ("errors", _FAILURE))
+    }
+    with transaction() as session:
+        batch = get_batch(session, tenant_id=None, batch_id=batch_id, lock=True)
+        if batch.status in lifecycle.TERMINAL:
+            return batch.status
+        for kind, stored in written.items():
+            if stored is None:
+                continue
+            file_id, size, digest = stored
+            if session.get(File, file_id) is None:
+                session.add(
+                    File(
+                        id=file_id,
+                        tenant_id=tenant_id,
+                        filename=f"{batch_id}_{kind}.jsonl",
+                        purpose="batch_output",
+                        bytes=size,
+                        blob_key=f"files/{file_id}",
+                        sha256=digest,
+                        created_at=now(),
+                    )
+                )
+            if kind == "output":
+                batch.output_file_id = file_id
+            else:
+                batch.error_file_id = file_id
+        lifecycle.transition(batch, target)
+        log.info("batch %s finalized as %s", batch_id, target)
+        return target
+
+
+def _end_state(session: Session, *, status: str, batch_id: str) -> str:
+    if status == lifecycle.CANCELLING:
+        return lifecycle.CANCELLED
+    expired = session.scalar(
+        select(BatchRequest.id)
+        .where(BatchRequest.batch_id == batch_id, BatchRequest.status == lifecycle.REQ_EXPIRED)
+        .limit(1)
+    )
+    return lifecycle.EXPIRED if expired is not None and status != lifecycle.FINALIZING else lifecycle.COMPLETED
+
+
+def result_file_id(batch_id: str, kind: str) -> str:
+    """The stable id of a batch's output or error file."""
+    return "file-" + hashlib.sha256(f"{batch_id}:{kind}".encode()).hexdigest()[:24]
+
+
+def _write(blobs: BlobStore, *, batch_id: str, kind: str, statuses: tuple[str, ...]) -> tuple[str, int, str] | None:
+    file_id = result_file_id(batch_id, kind)
+    with transaction() as session:
+        lines = _result_lines(session, batch_id=batch_id, statuses=statuses)
+        first = next(lines, None)
+        if first is None:
+            return None
+        stored = blobs.put_stream(f"files/{file_id}", _chunks(first, lines))
+    return file_id, stored.size, stored.sha256
+
+
+def _chunks(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
+    buffer = bytearray(first)
+    for line in rest:
+        buffer += line
+        if len(buffer) >= CHUNK_BYTES:
+            yield bytes(buffer)
+            buffer.clear()
+    if buffer:
+        yield bytes(buffer)
+
+
+def _result_lines(session: Session, *, batch_id: str, statuses: tuple[str, ...]) -> Iterator[bytes]:
+    query = (
+        select(
+            BatchRequest.id,
+            BatchRequest.custom_id,
+            BatchRequest.response_status,
+            BatchRequest.response_body,
+            BatchRequest.error_code,
+            BatchRequest.error_message,
+        )
+        .where(BatchRequest.batch_id == batch_id, BatchRequest.status.in_(statuses))
+        .order_by(BatchRequest.line)
+        .execution_options(yield_per=1000)
+    )
+    for row in session.execute(query):
+        yield (json.dumps(result_line(*row), separators=(",", ":")) + "\n").encode()
+
+
+def result_line(
+    request_id: str,
+    custom_id: str,
+    status_code: int | None,
+    body: dict[str, Any] | None,
+    error_code: str | None,
+    error_message: str | None,
+) -> dict[str, Any]:
+    """One `BatchResultLine` in OpenAI's format."""
+    response = None
+    if status_code is not None:
+        response = {"status_code": status_code, "request_id": request_id, "body": body}
+    error = {"code": error_code, "message": error_message} if error_code else None
+    return {"id": request_id, "custom_id": custom_id, "response": response, "error": error}

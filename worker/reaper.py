@@ -1,0 +1,69 @@
+"""The reaper: release expired leases, expire overdue batches, find batches ready to finalize."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from storage import batch_requests as queue
+from storage import lifecycle
+from storage.batches import close_open_requests
+from storage.clock import now
+from storage.models import Batch, BatchRequest
+
+log = logging.getLogger(__name__)
+
+MAX_ATTEMPTS = 3
+
+
+@dataclass(frozen=True)
+class Reaped:
+    """What one pass did, and what needs a wake-up."""
+
+    requeued: int
+    expired_batches: list[str]
+    ready_to_finalize: list[str]
+    models_with_work: list[str]
+
+
+def reap(session: Session) -> Reaped:
+    """One reaper pass (one transaction)."""
+    requeued = queue.release_expired_leases(session, max_attempts=MAX_ATTEMPTS)
+    expired = expire_overdue(session)
+    ready = queue.batches_ready_to_finalize(session)
+    models = list(
+        session.scalars(select(BatchRequest.model).where(BatchRequest.status == lifecycle.REQ_QUEUED).distinct())
+    )
+    if requeued or expired:
+        log.info("reaper: %d leases released, %d batches expired", requeued, len(expired))
+    return Reaped(requeued, expired, ready, models)
+
+
+def expire_overdue(session: Session) -> list[str]:
+    """Turn every unfinished request of an overdue batch into a `batch_expired` error line."""
+    overdue = list(
+        session.scalars(
+            select(Batch)
+            .where(
+                Batch.status.in_((lifecycle.VALIDATING, lifecycle.IN_PROGRESS)),
+                Batch.expires_at <= now(),
+            )
+            .with_for_update(skip_locked=True)
+        )
+    )
+    for batch in overdue:
+        if batch.status == lifecycle.VALIDATING:
+            lifecycle.transition(batch, lifecycle.EXPIRED)
+            continue
+        close_open_requests(
+            session,
+            batch=batch,
+            statuses=tuple(lifecycle.REQ_OPEN),
+            status=lifecycle.REQ_EXPIRED,
+            code="batch_expired",
+            message="This request could not be executed before the completion window expired.",
+        )
+    return [batch.id for batch in overdue]

@@ -1,0 +1,266 @@
+"""The runner: keeps one warm engine continuously fed from the Postgres queue.
+
+Claim (short transaction) → submit to the engine → step → record finished results (short transaction).
+No transaction is open while the engine steps. In-flight work stays in the engine between calls of
+`run_for`, so a Celery task boundary never drains the running batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sqlalchemy import update
+
+from storage import batch_requests as queue
+from storage.batch_requests import Outcome
+from storage.clock import now_f
+from storage.db import transaction
+from storage.ids import new_id
+from storage.models import EngineRun
+from storage.settings import Settings
+from worker.engine import Engine, EngineRequest, EngineResult
+
+log = logging.getLogger(__name__)
+
+FLUSH_SECONDS = 0.25
+FLUSH_RESULTS = 256
+RENEW_SECONDS = 1.0
+IDLE_CLAIM_SECONDS = 0.5
+
+
+def make_worker_id() -> str:
+    """A worker identity unique per process start (host, pid, random suffix)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+@dataclass
+class Occupancy:
+    """Slot occupancy counters: how full the running batch was while work was waiting."""
+
+    steps: int = 0
+    running_seq_steps: int = 0
+    queued_steps: int = 0
+    queued_running_seq_steps: int = 0
+    samples: list[tuple[float, int, int]] = field(default_factory=list)  # (time, running, waiting)
+
+    def observe(self, running: int, waiting: int, *, keep_sample: bool) -> None:
+        self.steps += 1
+        self.running_seq_steps += running
+        if waiting > 0:
+            self.queued_steps += 1
+            self.queued_running_seq_steps += running
+        if keep_sample:
+            self.samples.append((time.time(), running, waiting))
+
+
+@dataclass
+class _RunTotals:
+    busy_seconds: float = 0.0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    finished: int = 0
+
+
+class Runner:
+    """Feeds one engine from the queue for one model; holds in-flight work across `run_for` calls."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        model: str,
+        settings: Settings,
+        worker_id: str | None = None,
+        on_batch_done: Callable[[str], None] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.on_batch_done = on_batch_done
+        self.model = model
+        self.settings = settings
+        self.worker_id = worker_id or make_worker_id()
+        self.max_inflight = engine.max_num_seqs * settings.inflight_per_seq
+        self.refill_below = self.max_inflight - max(1, engine.max_num_seqs // 2)
+        self.inflight: set[str] = set()
+        self.pending: list[EngineResult] = []
+        self.occupancy = Occupancy()
+        self.totals = _RunTotals()
+        self.run_id = new_id("run_")
+        self._run_started = now_f()
+        self._run_written = False
+        self._last_flush = time.monotonic()
+        self._last_renew = time.monotonic()
+        self._last_empty_claim = 0.0
+        self._last_sample = 0.0
+        self._lock = threading.Lock()
+        self._dirty = False
+
+    def run_for(self, seconds: float, *, stop: threading.Event | None = None) -> bool:
+        """Feed and step the engine for up to `seconds`; return False once there is nothing to do."""
+        with self._lock:
+            until = time.monotonic() + seconds
+            while time.monotonic() < until and not (stop and stop.is_set()):
+                self._top_up()
+                if self.engine.has_unfinished():
+                    self._step()
+                elif not self.inflight:
+                    self._flush(force=True)
+                    if not self._queue_has_work():
+                        self._close_run()
+                        return False
+                    time.sleep(0.05)
+                self._flush(force=False)
+                self._renew_if_due()
+            self._flush(force=True)
+            if now_f() - self._run_started > self.settings.engine_run_max_seconds:
+                self._close_run()
+            return True
+
+    def _close_run(self) -> None:
+        """The engine went idle: the next work starts a new EngineRun (a stretch of busy time)."""
+        if self._run_written:
+            self.run_id = new_id("run_")
+            self._run_started = now_f()
+            self._run_written = False
+            self.occupancy = Occupancy()
+            self.totals = _RunTotals()
+
+    def _top_up(self) -> None:
+        if len(self.inflight) >= self.refill_below:
+            return
+        if time.monotonic() - self._last_empty_claim < IDLE_CLAIM_SECONDS:
+            return
+        want = self.max_inflight - len(self.inflight)
+        with transaction() as session:
+            claimed = queue.claim(
+                session,
+                model=self.model,
+                worker_id=self.worker_id,
+                limit=want,
+                lease_seconds=self.settings.lease_seconds,
+            )
+        if len(claimed) < want:
+            self._last_empty_claim = time.monotonic()
+        for item in claimed:
+            rejected = self.engine.add(EngineRequest(request_id=item.id, url=item.url, body=item.body))
+            if rejected is not None:
+                self.pending.append(rejected)
+            else:
+                self.inflight.add(item.id)
+
+    def _step(self) -> None:
+        started = time.perf_counter()
+        results = self.engine.step()
+        self.totals.busy_seconds += time.perf_counter() - started
+        self._dirty = True
+        stats = self.engine.stats()
+        now = time.monotonic()
+        keep = now - self._last_sample >= 1.0
+        if keep:
+            self._last_sample = now
+        self.occupancy.observe(stats.running, stats.waiting, keep_sample=keep)
+        for result in results:
+            self.inflight.discard(result.request_id)
+        self.pending.extend(results)
+
+    def _flush(self, *, force: bool) -> None:
+        due = time.monotonic() - self._last_flush >= FLUSH_SECONDS or len(self.pending) >= FLUSH_RESULTS
+        if not (force or due):
+            return
+        self._last_flush = time.monotonic()
+        if not self.pending and not self._dirty:
+            return
+        self._dirty = False
+        results, self.pending = self.pending, []
+        for result in results:
+            self.totals.prompt_tokens += result.prompt_tokens
+            self.totals.completion_tokens += result.completion_tokens
+        self.totals.finished += len(results)
+        with transaction() as session:
+            self._write_run(session)
+            touched = queue.record(
+                session,
+                worker_id=self.worker_id,
+                run_id=self.run_id,
+                outcomes=[_outcome(result) for result in results],
+            )
+            done = [batch_id for batch_id in touched if not queue.open_count(session, batch_id=batch_id)]
+        for batch_id in done:
+            if self.on_batch_done is not None:
+                self.on_batch_done(batch_id)
+
+    def _write_run(self, session) -> None:  # type: ignore[no-untyped-def]
+        occ, tot = self.occupancy, self.totals
+        values = {
+            "ended_at": now_f(),
+            "busy_seconds": tot.busy_seconds,
+            "steps": occ.steps,
+            "prompt_tokens": tot.prompt_tokens,
+            "completion_tokens": tot.completion_tokens,
+            "requests_finished": tot.finished,
+            "running_seq_steps": occ.running_seq_steps,
+            "queued_steps": occ.queued_steps,
+            "queued_running_seq_steps": occ.queued_running_seq_steps,
+        }
+        if not self._run_written:
+            session.add(
+                EngineRun(
+                    id=self.run_id,
+                    worker_id=self.worker_id,
+                    model=self.model,
+                    started_at=self._run_started,
+                    max_num_seqs=self.engine.max_num_seqs,
+                    **values,
+                )
+            )
+            self._run_written = True
+        else:
+            session.execute(update(EngineRun).where(EngineRun.id == self.run_id).values(**values))
+
+    def _renew_if_due(self) -> None:
+        if time.monotonic() - self._last_renew < RENEW_SECONDS or not self.inflight:
+            return
+        self._last_renew = time.monotonic()
+        with transaction() as session:
+            lost = queue.renew(
+                session,
+                worker_id=self.worker_id,
+                request_ids=sorted(self.inflight),
+                lease_seconds=self.settings.lease_seconds,
+            )
+        if lost:
+            log.info("aborting %d requests no longer leased (cancelled, expired or re-queued)", len(lost))
+            self.engine.abort(sorted(lost))
+            self.inflight -= lost
+
+    def _queue_has_work(self) -> bool:
+        if time.monotonic() - self._last_empty_claim < IDLE_CLAIM_SECONDS:
+            return False
+        with transaction() as session:
+            return queue.has_queued(session, model=self.model)
+
+    def slot_occupancy(self) -> float | None:
+        """Mean share of engine slots in use over the steps where work was waiting."""
+        occ = self.occupancy
+        if not occ.queued_steps:
+            return None
+        return occ.queued_running_seq_steps / (occ.queued_steps * self.engine.max_num_seqs)
+
+
+def _outcome(result: EngineResult) -> Outcome:
+    return Outcome(
+        request_id=result.request_id,
+        status_code=result.status_code,
+        body=result.body,
+        prompt_tokens=result.prompt_tokens,
+        completion_tokens=result.completion_tokens,
+        engine_seconds=result.engine_seconds,
+        error_code=result.error_code,
+        error_message=result.error_message,
+    )

@@ -1,0 +1,43 @@
+"""Thin Celery tasks named noun.verb: parse, call one service function, log."""
+
+from __future__ import annotations
+
+import logging
+
+from storage.settings import get_settings
+from storage.wakeups import get_waker
+from worker import service
+from worker.celery_app import app
+
+log = logging.getLogger(__name__)
+
+
+@app.task(name="batch.ingest")
+def batch_ingest(batch_id: str) -> str:
+    """Validate a new batch's file and fill the queue."""
+    return service.ingest(batch_id)
+
+
+@app.task(name="batch.run")
+def batch_run(model: str) -> bool:
+    """Feed the warm engine for up to run_task_seconds (well inside the visibility timeout)."""
+    runner = service.get_runner()
+    if runner.model != model:
+        log.warning("worker serves %s, got a wake-up for %s", runner.model, model)
+        return False
+    more = runner.run_for(float(get_settings().run_task_seconds))
+    if more:
+        get_waker().send("batch.run", {"model": model})
+    return more
+
+
+@app.task(name="batch.finalize")
+def batch_finalize(batch_id: str) -> str | None:
+    """Write a finished batch's output and error files."""
+    return service.finalize(batch_id)
+
+
+@app.task(name="lease.reap")
+def lease_reap() -> int:
+    """Release expired leases, expire overdue batches, wake whoever has work."""
+    return service.reap_once().requeued
