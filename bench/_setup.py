@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parent
 OUT = ROOT / "out"
 
 
-def prepare_env(*, database_url: str | None = None, models: dict[str, Any] | None = None) -> Path:
+def prepare_env(*, database_url: str | None = None, max_num_seqs: int = 64) -> Path:
     """Point Backfill at a fresh data dir (and optionally Postgres); build the demo model once."""
     OUT.mkdir(exist_ok=True)
     for name, sub in (("TMPDIR", "tmp"), ("VLLM_CACHE_ROOT", "vllm-cache"), ("TORCHINDUCTOR_CACHE_DIR", "inductor")):
@@ -20,6 +20,10 @@ def prepare_env(*, database_url: str | None = None, models: dict[str, Any] | Non
         os.environ.setdefault(name, str(OUT / sub))
     tempfile.tempdir = None
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    # The same engine settings the adapter uses, so the bare-vLLM baseline runs identically.
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
     data = Path(tempfile.mkdtemp(prefix="bench-", dir=OUT))
     os.environ["BACKFILL_DATA_DIR"] = str(data)
     if database_url:
@@ -27,7 +31,7 @@ def prepare_env(*, database_url: str | None = None, models: dict[str, Any] | Non
     from worker.demo_model import build_demo_model
 
     model_dir = build_demo_model(OUT / "models" / "backfill-demo")
-    registry = models or {"backfill-demo": {"path": str(model_dir), "max_num_seqs": 64, "max_model_len": 2048}}
+    registry = {"backfill-demo": {"path": str(model_dir), "max_num_seqs": max_num_seqs, "max_model_len": 2048, "dtype": "float32"}}
     os.environ["BACKFILL_MODELS"] = json.dumps(registry)
     from worker.cli import migrate_database
 

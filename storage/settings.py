@@ -32,6 +32,12 @@ class ModelSpec(BaseModel):
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
     kv_cache_memory_bytes: int | None = Field(default=None, ge=1)
     extra: dict[str, Any] = Field(default_factory=dict)
+    # Size the running batch from the roofline planner: the largest batch whose weights + KV cache fit
+    # the node (`hardware` preset, context = max_model_len, memory share = gpu_memory_utilization).
+    max_num_seqs_from_planner: bool = False
+    hardware: str = "8xH100-SXM"
+    weight_dtype: str | None = None
+    kv_dtype: str | None = None
 
     @field_validator("runner")
     @classmethod
@@ -39,6 +45,29 @@ class ModelSpec(BaseModel):
         if value not in {"generate", "pooling"}:
             raise ValueError("runner must be 'generate' or 'pooling'")
         return value
+
+
+    def resolved_max_num_seqs(self) -> int:
+        """`max_num_seqs`, or the planner's largest batch that fits when `max_num_seqs_from_planner` is on."""
+        if not self.max_num_seqs_from_planner:
+            return self.max_num_seqs
+        from storage.planner import HARDWARE_PRESETS, ModelShape, max_num_seqs_for
+
+        config = json.loads((Path(self.path) / "config.json").read_text())
+        shape = ModelShape.from_hf_config(config, weight_dtype=self.weight_dtype, kv_dtype=self.kv_dtype)
+        context = self.max_model_len or int(config.get("max_position_embeddings", 4096))
+        hardware = HARDWARE_PRESETS[self.hardware]
+        fits = max_num_seqs_for(shape, hardware, context, memory_fraction=self.gpu_memory_utilization, cap=1024)
+        return int(fits)
+
+    @model_validator(mode="after")
+    def _hardware_known(self) -> ModelSpec:
+        if self.max_num_seqs_from_planner:
+            from storage.planner import HARDWARE_PRESETS
+
+            if self.hardware not in HARDWARE_PRESETS:
+                raise ValueError(f"hardware must be one of {', '.join(HARDWARE_PRESETS)}")
+        return self
 
 
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -144,7 +173,9 @@ class Settings(BaseSettings):
         """The model registry; the embedded default serves the locally built demo model."""
         if self.models:
             return self.models
-        return {"backfill-demo": ModelSpec(path=str((self.data_dir / "models" / "backfill-demo").resolve()))}
+        # float32: on CPUs without AVX-512 vLLM's bf16 kernels are ~3x slower for this tiny model.
+        demo = ModelSpec(path=str((self.data_dir / "models" / "backfill-demo").resolve()), dtype="float32")
+        return {"backfill-demo": demo}
 
     def current_worker_model(self) -> str:
         """The model this worker serves: the setting, or the only/first registry entry."""

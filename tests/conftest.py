@@ -50,17 +50,37 @@ def reset_caches() -> None:
 
 @pytest.fixture(scope="session")
 def moto_endpoint() -> Iterator[str]:
-    """A real S3 endpoint over HTTP: moto's standalone server."""
-    from moto.server import ThreadedMotoServer
+    """A real S3 endpoint over HTTP: moto's standalone server, in its own process.
+
+    Its own process, not moto's threaded server: importing Flask into the test process breaks vLLM's
+    engine start-up (vLLM inspects module globals and trips over Flask's request proxy).
+    """
+    import subprocess
+    import sys
 
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
     port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            httpx.get(f"{url}/moto-api/", timeout=1)
+            break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    else:  # pragma: no cover
+        proc.kill()
+        raise RuntimeError("moto server did not start")
+    yield url
+    proc.terminate()
+    proc.wait(10)
 
 
 @pytest.fixture(scope="session")

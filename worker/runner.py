@@ -100,6 +100,7 @@ class Runner:
         self._last_sample = 0.0
         self._lock = threading.Lock()
         self._dirty = False
+        self._queue_backlog = False
 
     def run_for(self, seconds: float, *, stop: threading.Event | None = None) -> bool:
         """Feed and step the engine for up to `seconds`; return False once there is nothing to do."""
@@ -134,8 +135,9 @@ class Runner:
     def _top_up(self) -> None:
         if len(self.inflight) >= self.refill_below:
             return
-        if time.monotonic() - self._last_empty_claim < IDLE_CLAIM_SECONDS:
-            return
+        idle = not self.engine.has_unfinished()
+        if not idle and time.monotonic() - self._last_empty_claim < IDLE_CLAIM_SECONDS:
+            return  # the queue was empty a moment ago; don't poll it on every step
         want = self.max_inflight - len(self.inflight)
         with transaction() as session:
             claimed = queue.claim(
@@ -145,6 +147,7 @@ class Runner:
                 limit=want,
                 lease_seconds=self.settings.lease_seconds,
             )
+        self._queue_backlog = len(claimed) == want
         if len(claimed) < want:
             self._last_empty_claim = time.monotonic()
         for item in claimed:
@@ -164,7 +167,10 @@ class Runner:
         keep = now - self._last_sample >= 1.0
         if keep:
             self._last_sample = now
-        self.occupancy.observe(stats.running, stats.waiting, keep_sample=keep)
+        # Work counts as queued if the engine has waiting sequences or the last claim found more rows than
+        # it could take: a runner that let its engine drain while rows waited would show up here.
+        queued = stats.waiting + (1 if self._queue_backlog else 0)
+        self.occupancy.observe(stats.running, queued, keep_sample=keep)
         for result in results:
             self.inflight.discard(result.request_id)
         self.pending.extend(results)
@@ -240,8 +246,6 @@ class Runner:
             self.inflight -= lost
 
     def _queue_has_work(self) -> bool:
-        if time.monotonic() - self._last_empty_claim < IDLE_CLAIM_SECONDS:
-            return False
         with transaction() as session:
             return queue.has_queued(session, model=self.model)
 

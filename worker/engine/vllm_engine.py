@@ -69,7 +69,7 @@ class VllmEngine:
             model=spec.path,
             runner=spec.runner,  # type: ignore[arg-type]
             tensor_parallel_size=spec.tensor_parallel_size,
-            max_num_seqs=spec.max_num_seqs,
+            max_num_seqs=spec.resolved_max_num_seqs(),
             max_num_batched_tokens=spec.max_num_batched_tokens,
             max_model_len=spec.max_model_len,  # type: ignore[arg-type]
             dtype=spec.dtype,  # type: ignore[arg-type]

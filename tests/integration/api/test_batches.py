@@ -105,3 +105,19 @@ def test_unknown_model_window_and_endpoint_are_400(api: LiveServer) -> None:
 def test_models_lists_the_registry(api: LiveServer) -> None:
     ids = {model.id for model in api.client(make_key("acme")).models.list()}
     assert ids == {"fake-model", "other-model"}
+
+
+def test_estimate_is_a_dry_run_with_cost_and_finish_time(api: LiveServer) -> None:
+    key = make_key("acme")
+    client = api.client(key)
+    source = upload(client, to_jsonl([chat_line(i, max_tokens=100) for i in range(10)]))
+    response = client.post(
+        "/batches/estimate",
+        body={"input_file_id": source.id, "endpoint": "/v1/chat/completions", "completion_window": "24h"},
+        cast_to=object,
+    )
+    assert response["object"] == "batch.estimate" and response["model"] == "fake-model"
+    assert response["requests"] == 10 and response["cost"]["output_tokens"] == 1000
+    assert float(response["cost"]["compute_usd"]) > 0 and float(response["cost"]["billed_usd"]) > 0
+    assert response["fits_window"] is True and response["finish_at"] >= response["start_at"]
+    assert list(client.batches.list()) == []

@@ -1,0 +1,150 @@
+"""Ingest benchmark: upload + validate + enqueue a 50,000-line (~200 MB) file through the real API
+on Postgres + S3 (moto's server), and build the output file of a 50,000-request batch.
+
+Prints lines/s and the API process's peak RSS (sampled every 50 ms). Usage:
+    .venv/bin/python bench/ingest.py [--lines 50000] [--line-bytes 4000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import openai
+import psutil
+import sqlalchemy as sa
+
+ROOT = Path(__file__).resolve().parents[1]
+PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+
+
+class PeakRss:
+    def __init__(self, pid: int) -> None:
+        self.proc = psutil.Process(pid)
+        self.peak = 0
+        self.samples: list[tuple[float, int]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        start = time.time()
+        while not self.stop.is_set():
+            try:
+                rss = self.proc.memory_info().rss
+            except psutil.Error:
+                return
+            self.peak = max(self.peak, rss)
+            self.samples.append((time.time() - start, rss))
+            time.sleep(0.05)
+
+
+def make_file(path: Path, lines: int, line_bytes: int) -> int:
+    filler = "x" * max(0, line_bytes - 200)
+    with path.open("w") as handle:
+        for i in range(lines):
+            body = {"model": "fake-model", "messages": [{"role": "user", "content": f"{i} {filler}"}], "max_tokens": 1}
+            handle.write(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}))
+            handle.write("\n")
+    return path.stat().st_size
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--lines", type=int, default=50_000)
+    parser.add_argument("--line-bytes", type=int, default=4000)
+    args = parser.parse_args()
+    out = ROOT / "bench" / "out"
+    out.mkdir(parents=True, exist_ok=True)
+    source = out / "ingest.jsonl"
+    size = make_file(source, args.lines, args.line_bytes)
+
+    from moto.server import ThreadedMotoServer
+
+    os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1")
+    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    moto.start()
+    moto_port = moto._server.server_port  # type: ignore[attr-defined]
+    dbname = f"backfill_bench_{uuid.uuid4().hex[:8]}"
+    admin = sa.create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{dbname}"'))
+    env = {
+        **os.environ,
+        "BACKFILL_DATABASE_URL": f"postgresql://postgres@127.0.0.1:5432/{dbname}",
+        "BACKFILL_S3_ENDPOINT_URL": f"http://127.0.0.1:{moto_port}",
+        "BACKFILL_S3_BUCKET": "bench",
+        "BACKFILL_DATA_DIR": str(out / "ingest-data"),
+        "BACKFILL_MODELS": json.dumps({"fake-model": {"path": "fake:", "max_num_seqs": 256}}),
+        "BACKFILL_LOG_LEVEL": "WARNING",
+    }
+    import boto3
+
+    boto3.client("s3", endpoint_url=env["BACKFILL_S3_ENDPOINT_URL"]).create_bucket(Bucket="bench")
+    backfill = [sys.executable, "-m", "worker.cli"]
+    subprocess.run([*backfill, "migrate"], env=env, check=True, cwd=ROOT, capture_output=True)
+    key = subprocess.run(
+        [*backfill, "keys", "create", "--tenant", "bench"], env=env, check=True, cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip().splitlines()[-1]
+    port = 18000 + os.getpid() % 1000
+    # An embedded worker is not wanted here: ingest runs in-process with the API (no Redis), on a fake engine.
+    server = subprocess.Popen([*backfill, "serve", "--port", str(port)], env=env, cwd=ROOT,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(200):
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health").json().get("worker") == "ready":
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        rss = PeakRss(server.pid)
+        baseline = psutil.Process(server.pid).memory_info().rss
+        client = openai.OpenAI(api_key=key, base_url=f"http://127.0.0.1:{port}/v1", timeout=600)
+        started = time.perf_counter()
+        with source.open("rb") as handle:
+            uploaded = client.files.create(file=("ingest.jsonl", handle), purpose="batch")
+        uploaded_at = time.perf_counter()
+        batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+        while (batch := client.batches.retrieve(batch.id)).status == "validating":
+            time.sleep(0.05)
+        queued_at = time.perf_counter()
+        while (batch := client.batches.retrieve(batch.id)).status not in {"completed", "failed"}:
+            time.sleep(0.2)
+        done_at = time.perf_counter()
+        rss.stop.set()
+        finalize_seconds = (batch.completed_at or 0) - (batch.finalizing_at or 0)
+        result = {
+            "lines": args.lines,
+            "file_mb": round(size / 1e6, 1),
+            "upload_seconds": round(uploaded_at - started, 2),
+            "validate_enqueue_seconds": round(queued_at - uploaded_at, 2),
+            "ingest_lines_per_s": round(args.lines / (queued_at - started)),
+            "run_and_finalize_seconds": round(done_at - queued_at, 2),
+            "finalize_seconds_approx": finalize_seconds,
+            "status": batch.status,
+            "api_rss_baseline_mb": round(baseline / 2**20),
+            "api_peak_rss_mb": round(rss.peak / 2**20),
+        }
+        print(json.dumps(result, indent=2))
+        (out / "ingest.json").write_text(json.dumps({"result": result, "rss": rss.samples}))
+    finally:
+        server.terminate()
+        server.wait(30)
+        moto.stop()
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)'))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,81 @@
+"""Settings: bad values fail at start naming the variable; the model registry sizes batches from the planner."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from storage.planner import HARDWARE_PRESETS, ModelShape, max_num_seqs_for
+from storage.settings import ModelSpec, Settings, window_seconds
+
+LLAMA_70B = {
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 8192,
+    "intermediate_size": 28672,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("BACKFILL_LEASE_SECONDS", "soon"),
+        ("BACKFILL_DATABASE_URL", "mysql://x"),
+        ("BACKFILL_MODELS", "{not json"),
+        ("BACKFILL_COMPLETION_WINDOWS", '{"24h": "0.5", "forever": "0.9"}'),
+    ],
+)
+def test_a_bad_setting_stops_the_cli_naming_the_variable(variable: str, value: str, tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "worker.cli", "migrate"],
+        env={"PATH": "/usr/bin:/bin", "BACKFILL_DATA_DIR": str(tmp_path), variable: value},
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[3],
+    )
+    assert result.returncode == 2
+    assert variable in result.stderr
+
+
+def test_embedded_default_needs_no_configuration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    settings = Settings()
+    assert settings.embedded and settings.sqlalchemy_url.startswith("sqlite:///")
+    assert list(settings.served_models()) == ["backfill-demo"]
+    assert settings.completion_windows == {"24h": 0.5}
+
+
+def test_windows_parse_units() -> None:
+    assert [window_seconds(w) for w in ("30s", "90m", "24h", "7d")] == [30, 5400, 86400, 604800]
+    with pytest.raises(ValueError):
+        window_seconds("1w")
+
+
+def test_max_num_seqs_can_come_from_the_planner(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA_70B))
+    spec = ModelSpec(
+        path=str(tmp_path),
+        tensor_parallel_size=8,
+        max_model_len=4096,
+        max_num_seqs_from_planner=True,
+        weight_dtype="fp8",
+        kv_dtype="bf16",
+        gpu_memory_utilization=0.9,
+    )
+    shape = ModelShape.from_hf_config(LLAMA_70B, weight_dtype="fp8", kv_dtype="bf16")
+    expected = max_num_seqs_for(shape, HARDWARE_PRESETS["8xH100-SXM"], 4096, memory_fraction=0.9, cap=1024)
+    assert spec.resolved_max_num_seqs() == expected
+    assert 300 < expected < 424  # fewer than the 424 that fit in all 640 GB, far more than a default of 64
+    assert ModelSpec(path=str(tmp_path), max_num_seqs=32).resolved_max_num_seqs() == 32
+    with pytest.raises(ValueError):
+        ModelSpec(path=str(tmp_path), max_num_seqs_from_planner=True, hardware="1xTPU")
