@@ -9,9 +9,9 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import func, select, update
+from sqlalchemy import Table, bindparam, func, select, update
 from sqlalchemy.orm import Session
 
 from storage import lifecycle
@@ -140,47 +140,86 @@ def record(session: Session, *, worker_id: str, run_id: str, outcomes: list[Outc
     """Store finished requests this worker still holds; return {batch_id: results stored}.
 
     A result for a row that was cancelled, expired or re-leased meanwhile is dropped, so each request
-    ends in exactly one line however often it ran.
+    ends in exactly one line however often it ran. One executemany UPDATE, then one read-back of which
+    rows took the result (those now carrying this run's `finished_at` stamp).
     """
-    stored: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    if not outcomes:
+        return {}
+    lock_batches_of(session, request_ids=[o.request_id for o in outcomes])
     finished = now_f()
-    for outcome in outcomes:
-        ok = 200 <= outcome.status_code < 300
-        result = session.execute(
-            update(BatchRequest)
-            .where(
-                BatchRequest.id == outcome.request_id,
-                BatchRequest.status == lifecycle.REQ_RUNNING,
-                BatchRequest.lease_owner == worker_id,
-            )
-            .values(
-                status=lifecycle.REQ_COMPLETED if ok else lifecycle.REQ_FAILED,
-                response_status=outcome.status_code,
-                response_body=outcome.body,
-                error_code=outcome.error_code,
-                error_message=outcome.error_message,
-                prompt_tokens=outcome.prompt_tokens,
-                completion_tokens=outcome.completion_tokens,
-                engine_seconds=outcome.engine_seconds,
-                run_id=run_id,
-                lease_owner=None,
-                lease_expires_at=None,
-                finished_at=finished,
-            )
-            .returning(BatchRequest.batch_id)
-            .execution_options(synchronize_session=False)
+    table = cast(Table, BatchRequest.__table__)
+    statement = (
+        table.update()
+        .where(
+            table.c.id == bindparam("b_id"),
+            table.c.status == lifecycle.REQ_RUNNING,
+            table.c.lease_owner == worker_id,
         )
-        batch_id = result.scalar()
-        if batch_id is not None:
-            stored[batch_id][0 if ok else 1] += 1
-    for batch_id, (completed, failed) in stored.items():
+        .values(
+            status=bindparam("b_status"),
+            response_status=bindparam("b_code"),
+            response_body=bindparam("b_body", type_=table.c.response_body.type),
+            error_code=bindparam("b_error_code"),
+            error_message=bindparam("b_error_message"),
+            prompt_tokens=bindparam("b_prompt"),
+            completion_tokens=bindparam("b_completion"),
+            engine_seconds=bindparam("b_seconds"),
+            run_id=run_id,
+            lease_owner=None,
+            lease_expires_at=None,
+            finished_at=finished,
+        )
+    )
+    session.connection().execute(
+        statement,
+        [
+            {
+                "b_id": o.request_id,
+                "b_status": lifecycle.REQ_COMPLETED if 200 <= o.status_code < 300 else lifecycle.REQ_FAILED,
+                "b_code": o.status_code,
+                "b_body": o.body,
+                "b_error_code": o.error_code,
+                "b_error_message": o.error_message,
+                "b_prompt": o.prompt_tokens,
+                "b_completion": o.completion_tokens,
+                "b_seconds": o.engine_seconds,
+            }
+            for o in outcomes
+        ],
+    )
+    stored = session.execute(
+        select(BatchRequest.batch_id, BatchRequest.status, func.count())
+        .where(
+            BatchRequest.id.in_([o.request_id for o in outcomes]),
+            BatchRequest.run_id == run_id,
+            BatchRequest.finished_at == finished,
+        )
+        .group_by(BatchRequest.batch_id, BatchRequest.status)
+    ).all()
+    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for batch_id, status, count in stored:
+        counts[batch_id][0 if status == lifecycle.REQ_COMPLETED else 1] += int(count)
+    for batch_id, (completed, failed) in counts.items():
         add_counts(session, batch_id=batch_id, completed=completed, failed=failed)
-    return {batch_id: completed + failed for batch_id, (completed, failed) in stored.items()}
+    return {batch_id: completed + failed for batch_id, (completed, failed) in counts.items()}
+
+
+def lock_batches_of(session: Session, *, request_ids: list[str]) -> None:
+    """Lock the batches of these requests, in id order, before touching the requests themselves.
+
+    Every transaction that changes both a batch and its requests takes the batch first (cancel, expiry,
+    finalize, recording results), so they can wait on each other but never deadlock.
+    """
+    batch_ids = select(BatchRequest.batch_id).where(BatchRequest.id.in_(request_ids)).distinct()
+    session.execute(select(Batch.id).where(Batch.id.in_(batch_ids)).order_by(Batch.id).with_for_update()).all()
 
 
 def release_expired_leases(session: Session, *, max_attempts: int) -> int:
     """Put requests whose worker vanished back in the queue (or fail them after `max_attempts`)."""
     expired = (BatchRequest.status == lifecycle.REQ_RUNNING, BatchRequest.lease_expires_at < now_f())
+    doomed = list(session.scalars(select(BatchRequest.id).where(*expired, BatchRequest.attempts >= max_attempts)))
+    if doomed:
+        lock_batches_of(session, request_ids=doomed)
     give_up = (
         session.execute(
             update(BatchRequest)

@@ -75,16 +75,17 @@ def list_batches(session: Session, *, tenant_id: str, after: str | None, limit: 
 
 
 def cancel_batch(session: Session, *, tenant_id: str, batch_id: str) -> Batch:
-    """Move the batch to `cancelling` and turn its queued requests into cancelled error lines.
+    """Move the batch to `cancelling` and turn its unfinished requests into cancelled error lines.
 
-    Requests already in the engine are aborted by their worker when it next renews its lease.
+    Requests already in an engine lose their lease here; their worker aborts them at its next lease
+    renewal (within seconds) and any result it still produces is dropped.
     """
     batch = get_batch(session, tenant_id=tenant_id, batch_id=batch_id, lock=True)
     lifecycle.transition(batch, lifecycle.CANCELLING)
     close_open_requests(
         session,
         batch=batch,
-        statuses=(lifecycle.REQ_QUEUED,),
+        statuses=tuple(lifecycle.REQ_OPEN),
         status=lifecycle.REQ_CANCELLED,
         code="batch_cancelled",
         message="The batch was cancelled before this request ran.",

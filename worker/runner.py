@@ -29,9 +29,9 @@ from worker.engine import Engine, EngineRequest, EngineResult
 
 log = logging.getLogger(__name__)
 
-FLUSH_SECONDS = 0.25
+FLUSH_SECONDS = 0.5
 FLUSH_RESULTS = 256
-RENEW_SECONDS = 1.0
+RENEW_SECONDS = 2.0
 IDLE_CLAIM_SECONDS = 0.5
 
 
@@ -170,7 +170,10 @@ class Runner:
         # Work counts as queued if the engine has waiting sequences or the last claim found more rows than
         # it could take: a runner that let its engine drain while rows waited would show up here.
         queued = stats.waiting + (1 if self._queue_backlog else 0)
-        self.occupancy.observe(stats.running, queued, keep_sample=keep)
+        # Sequences that ran in this step: those still running plus those that finished in it (the engine
+        # reports counts after the step, when finishers have already left and waiters not yet joined).
+        running = min(self.engine.max_num_seqs, stats.running + len(results))
+        self.occupancy.observe(running, queued, keep_sample=keep)
         for result in results:
             self.inflight.discard(result.request_id)
         self.pending.extend(results)
