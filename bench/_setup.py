@@ -31,7 +31,14 @@ def prepare_env(*, database_url: str | None = None, max_num_seqs: int = 64) -> P
     from worker.demo_model import build_demo_model
 
     model_dir = build_demo_model(OUT / "models" / "backfill-demo")
-    registry = {"backfill-demo": {"path": str(model_dir), "max_num_seqs": max_num_seqs, "max_model_len": 2048, "dtype": "float32"}}
+    registry = {
+        "backfill-demo": {
+            "path": str(model_dir),
+            "max_num_seqs": max_num_seqs,
+            "max_model_len": 2048,
+            "dtype": "float32",
+        }
+    }
     os.environ["BACKFILL_MODELS"] = json.dumps(registry)
     from worker.cli import migrate_database
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._setup import OUT, chat_line, prepare_env, submit  # noqa: E402
+from bench._setup import OUT, chat_line, prepare_env, submit
 
 
 def run_backfill(lines: list[dict[str, object]]) -> dict[str, float]:
@@ -48,8 +48,12 @@ def run_backfill(lines: list[dict[str, object]]) -> dict[str, float]:
     for run in runs:  # keep this measurement's runs apart from the next one's
         with transaction() as session:
             session.delete(session.get(EngineRun, run.id))
-    return {"seconds": elapsed, "tokens": float(tokens or 0), "occupancy": occupancy,
-            "samples": runner.occupancy.samples[:]}  # type: ignore[dict-item]
+    return {
+        "seconds": elapsed,
+        "tokens": float(tokens or 0),
+        "occupancy": occupancy,
+        "samples": runner.occupancy.samples[:],
+    }  # type: ignore[dict-item]
 
 
 def make_llm(model_dir: Path, max_num_seqs: int):  # type: ignore[no-untyped-def]

@@ -8,7 +8,6 @@ Prints lines/s and the API process's peak RSS (sampled every 50 ms). Usage:
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import subprocess
@@ -53,7 +52,9 @@ def make_file(path: Path, lines: int, line_bytes: int) -> int:
     with path.open("w") as handle:
         for i in range(lines):
             body = {"model": "fake-model", "messages": [{"role": "user", "content": f"{i} {filler}"}], "max_tokens": 1}
-            handle.write(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}))
+            handle.write(
+                json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": body})
+            )
             handle.write("\n")
     return path.stat().st_size
 
@@ -92,13 +93,27 @@ def main() -> int:
     boto3.client("s3", endpoint_url=env["BACKFILL_S3_ENDPOINT_URL"]).create_bucket(Bucket="bench")
     backfill = [sys.executable, "-m", "worker.cli"]
     subprocess.run([*backfill, "migrate"], env=env, check=True, cwd=ROOT, capture_output=True)
-    key = subprocess.run(
-        [*backfill, "keys", "create", "--tenant", "bench"], env=env, check=True, cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip().splitlines()[-1]
+    key = (
+        subprocess.run(
+            [*backfill, "keys", "create", "--tenant", "bench"],
+            env=env,
+            check=True,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
     port = 18000 + os.getpid() % 1000
     # An embedded worker is not wanted here: ingest runs in-process with the API (no Redis), on a fake engine.
-    server = subprocess.Popen([*backfill, "serve", "--port", str(port)], env=env, cwd=ROOT,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [*backfill, "serve", "--port", str(port)],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         for _ in range(200):
             try:
@@ -114,7 +129,9 @@ def main() -> int:
         with source.open("rb") as handle:
             uploaded = client.files.create(file=("ingest.jsonl", handle), purpose="batch")
         uploaded_at = time.perf_counter()
-        batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+        batch = client.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+        )
         while (batch := client.batches.retrieve(batch.id)).status == "validating":
             time.sleep(0.05)
         queued_at = time.perf_counter()

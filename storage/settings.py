@@ -46,7 +46,6 @@ class ModelSpec(BaseModel):
             raise ValueError("runner must be 'generate' or 'pooling'")
         return value
 
-
     def resolved_max_num_seqs(self) -> int:
         """`max_num_seqs`, or the planner's largest batch that fits when `max_num_seqs_from_planner` is on."""
         if not self.max_num_seqs_from_planner:

@@ -11,8 +11,8 @@ from api.schemas import BatchCreate, BatchList, BatchObject
 from storage.batch_lines import peek_model
 from storage.batches import cancel_batch, create_batch, get_batch, list_batches
 from storage.costs import batch_cost_json
-from storage.estimates import estimate_job, shape_of_jsonl
 from storage.errors import InvalidRequest, ModelNotFound
+from storage.estimates import estimate_job, shape_of_jsonl
 from storage.files import get_file
 from storage.wakeups import wake_after_commit
 

@@ -23,14 +23,18 @@ REDIS_URL = "redis://127.0.0.1:6379/7"
 
 
 @pytest.fixture
-def celery_env(backend: Backend, demo_model_path: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, str]:
+def celery_env(
+    backend: Backend, demo_model_path: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> dict[str, str]:
     if backend.name != "postgres":
         pytest.skip("the Celery deployment runs on Postgres + Redis + S3")
     redis.Redis.from_url(REDIS_URL).flushdb()
     env = {
         **backend.env,
         "BACKFILL_REDIS_URL": REDIS_URL,
-        "BACKFILL_MODELS": json.dumps({"backfill-demo": {"path": str(demo_model_path), "max_num_seqs": 8, "dtype": "float32"}}),
+        "BACKFILL_MODELS": json.dumps(
+            {"backfill-demo": {"path": str(demo_model_path), "max_num_seqs": 8, "dtype": "float32"}}
+        ),
         "BACKFILL_LEASE_SECONDS": "5",
         "BACKFILL_REAP_INTERVAL_SECONDS": "1",
         "BACKFILL_RUN_TASK_SECONDS": "5",
@@ -77,9 +81,17 @@ def test_kill_9_of_the_gpu_worker_mid_batch_loses_and_duplicates_nothing(
     server, procs = deployment
     client = server.client(make_key("acme"))
     lines = [
-        {"custom_id": f"k{i}", "method": "POST", "url": "/v1/chat/completions",
-         "body": {"model": "backfill-demo", "messages": [{"role": "user", "content": f"x{i}"}],
-                  "max_tokens": 48, "ignore_eos": True}}
+        {
+            "custom_id": f"k{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": "backfill-demo",
+                "messages": [{"role": "user", "content": f"x{i}"}],
+                "max_tokens": 48,
+                "ignore_eos": True,
+            },
+        }
         for i in range(120)
     ]
     source = upload(client, to_jsonl(lines))

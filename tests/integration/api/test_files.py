@@ -16,8 +16,12 @@ pytestmark = pytest.mark.backfill_env({"BACKFILL_MODELS": '{"fake-model": {"path
 
 def jsonl(n: int, model: str = "fake-model") -> bytes:
     lines = [
-        {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
-         "body": {"model": model, "messages": [{"role": "user", "content": f"hi {i}"}], "max_tokens": 4}}
+        {
+            "custom_id": f"r{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": model, "messages": [{"role": "user", "content": f"hi {i}"}], "max_tokens": 4},
+        }
         for i in range(n)
     ]
     return b"".join(json.dumps(line).encode() + b"\n" for line in lines)

@@ -89,6 +89,7 @@ def test_oversized_upload_is_413_and_stores_nothing(api: LiveServer, monkeypatch
     with pytest.raises(openai.APIStatusError) as too_big:
         upload(client, to_jsonl([chat_line(i) for i in range(200)]))
     assert too_big.value.status_code == 413
+
     # A chunked upload without Content-Length is cut off while streaming, too.
     def body():  # type: ignore[no-untyped-def]
         boundary = b"--b\r\n"

@@ -36,9 +36,17 @@ def enqueue(n: int, *, tenant: str = "acme", max_tokens: int = 4, deadline_in: i
             body = {"model": "fake-model", "messages": [{"role": "user", "content": "x"}], "max_tokens": max_tokens}
             session.add(
                 BatchRequest(
-                    id=new_id("batch_req_"), batch_id=batch.id, tenant_id=tenant_row.id, line=i + 1,
-                    custom_id=f"r{i}", model="fake-model", url="/v1/chat/completions", body=body,
-                    status=lifecycle.REQ_QUEUED, deadline=batch.expires_at, attempts=0,
+                    id=new_id("batch_req_"),
+                    batch_id=batch.id,
+                    tenant_id=tenant_row.id,
+                    line=i + 1,
+                    custom_id=f"r{i}",
+                    model="fake-model",
+                    url="/v1/chat/completions",
+                    body=body,
+                    status=lifecycle.REQ_QUEUED,
+                    deadline=batch.expires_at,
+                    attempts=0,
                 )
             )
         return batch.id
@@ -47,7 +55,9 @@ def enqueue(n: int, *, tenant: str = "acme", max_tokens: int = 4, deadline_in: i
 def statuses(batch_id: str) -> dict[str, int]:
     with transaction() as session:
         rows = session.execute(
-            select(BatchRequest.status, func.count()).where(BatchRequest.batch_id == batch_id).group_by(BatchRequest.status)
+            select(BatchRequest.status, func.count())
+            .where(BatchRequest.batch_id == batch_id)
+            .group_by(BatchRequest.status)
         ).all()
     return {status: int(count) for status, count in rows}
 

@@ -41,9 +41,10 @@ def test_checker_reports_duplicates_and_model_mismatch() -> None:
 
 def test_bom_is_stripped_only_on_the_first_line() -> None:
     checker = LineChecker(endpoint="/v1/completions", max_requests=10)
-    raw = b"\xef\xbb\xbf" + json.dumps(
-        {"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"model": "m"}}
-    ).encode()
+    raw = (
+        b"\xef\xbb\xbf"
+        + json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"model": "m"}}).encode()
+    )
     assert isinstance(checker.check(1, raw, max_line_bytes=1000), ParsedLine)
     assert isinstance(checker.check(2, raw, max_line_bytes=1000), LineError)
 
