@@ -229,8 +229,9 @@ class Runner:
                 )
             )
             self._run_written = True
-        else:
-            session.execute(update(EngineRun).where(EngineRun.id == self.run_id).values(**values))
+        elif not session.execute(update(EngineRun).where(EngineRun.id == self.run_id).values(**values)).rowcount:
+            self._run_written = False  # the row is gone (a fresh database under a warm runner): write it again
+            self._write_run(session)
 
     def _renew_if_due(self) -> None:
         if time.monotonic() - self._last_renew < RENEW_SECONDS or not self.inflight:

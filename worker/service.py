@@ -36,7 +36,13 @@ def load_engine(settings: Settings, model: str) -> Engine:
     if spec.path.startswith("fake:"):
         from worker.engine.fake import FakeEngine
 
-        return FakeEngine(model_name=model, max_num_seqs=spec.resolved_max_num_seqs(), runner=spec.runner)
+        return FakeEngine(
+            model_name=model,
+            max_num_seqs=spec.resolved_max_num_seqs(),
+            runner=spec.runner,
+            max_model_len=spec.max_model_len or 2048,
+            step_seconds=float(spec.extra.get("step_seconds", 0.0)),
+        )
     from worker.engine.vllm_engine import VllmEngine
 
     return VllmEngine(model, spec)

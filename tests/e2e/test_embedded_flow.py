@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -138,6 +139,26 @@ def test_two_tenants_share_the_engine(live: LiveServer) -> None:
     # Fair share: the small job, submitted second, is not queued behind the whole big one.
     assert finished[second.id] < finished[first.id]
 
+    # Cost: the two jobs' compute costs add up to the day's report row and to the runs' measured cost.
+    from decimal import Decimal
+
+    from storage.models import EngineRun
+
+    blocks = [client.batches.retrieve(batch.id).model_extra["cost"] for client, batch in ((a, first), (b, second))]
+    jobs = sum(Decimal(block["compute_usd"]) for block in blocks)
+    with transaction() as session:
+        busy = sum(Decimal(str(run.busy_seconds)) for run in session.scalars(select(EngineRun)))
+    measured = busy * 8 * Decimal("3.99") / 3600
+    admin = live.client(make_key("finance", admin=True))
+    report = admin.get(
+        "/organization/costs", cast_to=object, options={"params": {"start_time": int(time.time()) - 86400}}
+    )
+    day = sum(Decimal(r["compute_usd"]) for bucket in report["data"] for r in bucket["results"])
+    assert abs(jobs - measured) <= measured / 100 and abs(day - jobs) <= jobs / 100
+    assert all(
+        abs(Decimal(block["billed_usd"]) - Decimal(block["list_usd"]) / 2) <= Decimal("0.000001") for block in blocks
+    )
+
 
 def test_straggler_mix_keeps_the_engine_full(live: LiveServer) -> None:
     client = live.client(make_key("acme"))
@@ -173,8 +194,6 @@ def test_cancel_mid_run_aborts_in_flight_work(live: LiveServer) -> None:
     source = upload(client, to_jsonl([chat(i, max_tokens=500, ignore_eos=True) for i in range(100)]))
     batch = client.batches.create(input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h")
     wait_for(client, batch.id, {"in_progress"})
-    import time
-
     deadline = time.time() + 120
     while client.batches.retrieve(batch.id).request_counts.completed < 1 and time.time() < deadline:
         time.sleep(0.2)

@@ -32,8 +32,12 @@ def test_layers_import_only_downwards(package: str, forbidden: tuple[str, ...]) 
 
 
 def test_only_the_engine_adapter_imports_vllm() -> None:
-    users = {path for package in ("api", "storage", "worker") for path, module in imports_of(package)
-             if module.split(".")[0] in {"vllm", "torch"}}
+    users = {
+        path
+        for package in ("api", "storage", "worker")
+        for path, module in imports_of(package)
+        if module.split(".")[0] in {"vllm", "torch"}
+    }
     assert users <= {"worker/engine/vllm_engine.py", "worker/demo_model.py"}
 
 

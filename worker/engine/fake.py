@@ -56,8 +56,10 @@ class FakeEngine:
         runner: str = "generate",
         max_model_len: int = 2048,
         fail_request_ids: Iterable[str] = (),
+        step_seconds: float = 0.0,
     ) -> None:
         self.model_name = model_name
+        self.step_seconds = step_seconds  # pretend each step takes this long (end-to-end tests)
         self.max_num_seqs = max_num_seqs
         self.runner = runner
         self.max_model_len = max_model_len
@@ -80,6 +82,8 @@ class FakeEngine:
     def step(self) -> list[EngineResult]:
         """Admit waiting requests into free slots, decode one token each, return those that finished."""
         self.steps += 1
+        if self.step_seconds:
+            time.sleep(self.step_seconds)
         while self._waiting and len(self._running) < self.max_num_seqs:
             self._running.append(self._waiting.popleft())
         finished: list[EngineResult] = []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import openai
 import pytest
 from openai.types.chat import ChatCompletion
@@ -52,16 +54,18 @@ def test_batches_list_paginates_newest_first(api: LiveServer) -> None:
 
 def test_cancel_moves_through_cancelling_to_cancelled(api: LiveServer) -> None:
     client = api.client(make_key("acme"))
-    source = upload(client, to_jsonl([chat_line(i, max_tokens=2000) for i in range(40)]))
+    source = upload(client, to_jsonl([chat_line(i, max_tokens=2 if i < 4 else 10**8) for i in range(40)]))
     batch = client.batches.create(input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h")
     wait_for(client, batch.id, {"in_progress"})
+    while client.batches.retrieve(batch.id).request_counts.completed < 4:
+        time.sleep(0.05)
     cancelling = client.batches.cancel(batch.id)
     assert cancelling.status == "cancelling" and cancelling.cancelling_at
     done = wait_for(client, batch.id)
     assert done.status == "cancelled" and done.cancelled_at
     errors = read_lines(client, done.error_file_id)
     outputs = read_lines(client, done.output_file_id)
-    assert len(errors) + len(outputs) == 40
+    assert len(outputs) == 4 and len(errors) == 36
     assert {line["custom_id"] for line in errors}.isdisjoint({line["custom_id"] for line in outputs})
     assert all(line["error"]["code"] == "batch_cancelled" for line in errors)
     with pytest.raises(openai.ConflictError):

@@ -13,7 +13,9 @@ from tests.conftest import LiveServer, make_key
 from tests.integration.api.conftest import FAKE_MODELS
 from tests.integration.api.helpers import chat_line, read_lines, to_jsonl, upload, wait_for
 
-pytestmark = pytest.mark.backfill_env({"BACKFILL_MODELS": FAKE_MODELS, "BACKFILL_BATCH_MAX_REQUESTS": "30"})
+pytestmark = pytest.mark.backfill_env(
+    {"BACKFILL_MODELS": FAKE_MODELS, "BACKFILL_BATCH_MAX_REQUESTS": "30", "BACKFILL_LINE_MAX_BYTES": "4096"}
+)
 
 
 def queue_rows() -> int:
@@ -78,6 +80,10 @@ def test_too_many_requests_and_too_long_lines_fail_the_batch(api: LiveServer) ->
     batch = create(client, to_jsonl([chat_line(i) for i in range(31)]))
     assert batch.status == "failed"
     assert [(e.line, e.code) for e in batch.errors.data] == [(31, "too_many_requests")]
+    long_line = chat_line(2, padding="x" * 5000)
+    batch = create(client, to_jsonl([chat_line(1), long_line, chat_line(3)]))
+    assert batch.status == "failed"
+    assert [(e.line, e.code) for e in batch.errors.data] == [(2, "line_too_large")]
 
 
 def test_oversized_upload_is_413_and_stores_nothing(api: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
