@@ -9,22 +9,15 @@ from fastapi import Depends, Header
 from sqlalchemy.orm import Session
 
 from storage.blobs import BlobStore, get_blob_store
-from storage.db import get_sessionmaker
+from storage.db import transaction
 from storage.errors import Unauthorized
 from storage.settings import Settings, get_settings
 from storage.tenants import Principal, authenticate
 
 
 def _session() -> Iterator[Session]:
-    session = get_sessionmaker()()
-    try:
+    with transaction() as session:
         yield session
-        session.commit()
-    except BaseException:
-        session.rollback()
-        raise
-    finally:
-        session.close()
 
 
 # scope="function": commit happens before the response is sent, so a client never reads stale state.

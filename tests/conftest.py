@@ -18,6 +18,9 @@ from pathlib import Path
 import httpx
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from storage.settings import Settings
 
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -158,6 +161,25 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.
         get_blob_store().ensure_bucket()  # type: ignore[attr-defined]
     yield Backend(request.param, env)
     reset_caches()
+
+
+@pytest.fixture
+def session(backend: Backend) -> Iterator[Session]:
+    """A session on the test's backend; nothing it does is committed."""
+    from storage.db import get_sessionmaker
+
+    session = get_sessionmaker()()
+    yield session
+    session.rollback()
+    session.close()
+
+
+@pytest.fixture
+def settings(backend: Backend) -> Settings:
+    """The settings the backend fixture applied."""
+    from storage.settings import get_settings
+
+    return get_settings()
 
 
 @dataclass

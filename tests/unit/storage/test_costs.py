@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from decimal import Decimal
 
 import pytest
@@ -12,9 +11,8 @@ from sqlalchemy.orm import Session
 
 from storage import lifecycle
 from storage.costs import batch_cost, batch_cost_json, run_costs
-from storage.db import get_engine, get_sessionmaker
-from storage.settings import Settings, get_settings
-from tests.conftest import Backend
+from storage.db import get_engine
+from storage.settings import Settings
 from tests.factories import DAY, DAY0, make_batch, make_request, make_run, make_tenant
 
 PRICES = {
@@ -34,19 +32,6 @@ pytestmark = pytest.mark.backfill_env(
 )
 # 8 GPUs at $3.60 per GPU-hour: exactly $0.008 per busy second of the node.
 NODE_USD_PER_SECOND = Decimal("0.008")
-
-
-@pytest.fixture
-def session(backend: Backend) -> Iterator[Session]:
-    session = get_sessionmaker()()
-    yield session
-    session.rollback()
-    session.close()
-
-
-@pytest.fixture
-def settings(backend: Backend) -> Settings:
-    return get_settings()
 
 
 def test_a_runs_busy_time_splits_by_work_and_the_parts_sum_to_the_run(session: Session, settings: Settings) -> None:

@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from decimal import Decimal
 
 import pytest
 from sqlalchemy.orm import Session
 
 from storage import lifecycle
-from storage.db import get_sessionmaker
 from storage.estimates import backlog, estimate_job, measured_throughput, shape_of_jsonl
-from storage.settings import Settings, get_settings
-from tests.conftest import Backend
+from storage.settings import Settings
 from tests.factories import DAY0, make_batch, make_request, make_run, make_tenant
 
 pytestmark = pytest.mark.backfill_env({"BACKFILL_GPU_COUNT": "8", "BACKFILL_GPU_HOUR_USD": "3.6"})
@@ -39,19 +36,6 @@ def test_embeddings_produce_no_output_tokens() -> None:
     data = json.dumps({"custom_id": "e", "method": "POST", "url": "/v1/embeddings", "body": {"input": "hi"}})
 
     assert shape_of_jsonl([data.encode()]).output_tokens == 0
-
-
-@pytest.fixture
-def session(backend: Backend) -> Iterator[Session]:
-    session = get_sessionmaker()()
-    yield session
-    session.rollback()
-    session.close()
-
-
-@pytest.fixture
-def settings(backend: Backend) -> Settings:
-    return get_settings()
 
 
 def test_throughput_is_measured_from_recent_runs_of_the_model(session: Session, settings: Settings) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Iterator
 from decimal import Decimal
 
 import pytest
@@ -13,11 +12,9 @@ from sqlalchemy.orm import Session
 
 from storage import lifecycle
 from storage.costs import batch_cost, run_costs
-from storage.db import get_sessionmaker
 from storage.errors import InvalidRequest
-from storage.settings import Settings, get_settings
+from storage.settings import Settings
 from storage.usage import cost_report, page_json, parse_group_by, to_csv, usage_report
-from tests.conftest import Backend
 from tests.factories import DAY, DAY0, make_batch, make_request, make_run, make_tenant
 
 pytestmark = pytest.mark.backfill_env(
@@ -43,19 +40,6 @@ pytestmark = pytest.mark.backfill_env(
         "BACKFILL_COMPLETION_WINDOWS": '{"24h": "0.5", "7d": "0.75"}',
     }
 )
-
-
-@pytest.fixture
-def session(backend: Backend) -> Iterator[Session]:
-    session = get_sessionmaker()()
-    yield session
-    session.rollback()
-    session.close()
-
-
-@pytest.fixture
-def settings(backend: Backend) -> Settings:
-    return get_settings()
 
 
 def one_day(session: Session) -> dict[str, object]:
