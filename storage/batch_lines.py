@@ -6,10 +6,11 @@ Per-line problems are data (`LineError`), never exceptions: validation reports e
 from __future__ import annotations
 
 import codecs
-import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 BOM = "\ufeff"
 
@@ -102,8 +103,8 @@ class LineChecker:
         if self.count == self.max_requests + 1:
             return LineError(number, "too_many_requests", f"The file has more than {self.max_requests} requests.")
         try:
-            item = json.loads(text)
-        except ValueError as error:
+            item = orjson.loads(text)
+        except orjson.JSONDecodeError as error:
             return LineError(number, "invalid_json", f"Line {number} is not valid JSON: {error}.")
         if not isinstance(item, dict):
             return LineError(number, "invalid_json", f"Line {number} must be a JSON object.")
@@ -166,8 +167,8 @@ def peek_model(chunks: Iterable[bytes], *, max_line_bytes: int) -> str | None:
             text = decode_line(raw, first=number == 1)
             if not text.strip():
                 continue
-            item = json.loads(text)
-        except ValueError:
+            item = orjson.loads(text)
+        except orjson.JSONDecodeError:
             return None
         body = item.get("body") if isinstance(item, dict) else None
         model = body.get("model") if isinstance(body, dict) else None

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 
+import orjson
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -21,13 +22,27 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:  # type: ignore[no-untyp
     cursor.close()
 
 
+def _json(value: object) -> str:
+    return orjson.dumps(value).decode()
+
+
 def make_engine(url: str) -> Engine:
-    """Create a SQLAlchemy engine; SQLite gets WAL and a busy timeout for the in-process worker."""
+    """Create a SQLAlchemy engine; SQLite gets WAL and a busy timeout for the in-process worker.
+
+    JSON columns (request and response bodies) go through orjson: ingest and results write megabytes.
+    """
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        engine = create_engine(
+            url,
+            connect_args={"check_same_thread": False, "timeout": 30},
+            json_serializer=_json,
+            json_deserializer=orjson.loads,
+        )
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=10)
+    return create_engine(
+        url, pool_pre_ping=True, pool_size=10, max_overflow=10, json_serializer=_json, json_deserializer=orjson.loads
+    )
 
 
 @lru_cache(maxsize=1)

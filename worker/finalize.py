@@ -8,11 +8,11 @@ the same objects instead of leaving a second copy.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from collections.abc import Iterator
 from typing import Any
 
+import orjson
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -130,7 +130,7 @@ def _result_lines(session: Session, *, batch_id: str, statuses: tuple[str, ...])
         .execution_options(yield_per=1000)
     )
     for row in session.execute(query):
-        yield (json.dumps(result_line(*row), separators=(",", ":")) + "\n").encode()
+        yield orjson.dumps(result_line(*row)) + b"\n"
 
 
 def result_line(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import orjson
 from sqlalchemy import insert
 from sqlalchemy.orm import Session
 
@@ -73,13 +74,44 @@ def _stream_into_queue(
         elif isinstance(outcome, ParsedLine) and not errors:
             pending.append(_row(batch, outcome))
             if len(pending) >= INSERT_CHUNK:
-                session.execute(insert(BatchRequest), pending)
+                _insert(session, pending)
                 pending.clear()
     if pending and not errors:
-        session.execute(insert(BatchRequest), pending)
+        _insert(session, pending)
     if checker.model is not None:
         batch.model = checker.model
     return len(checker.custom_ids)
+
+
+_COPY_COLUMNS = (
+    "id",
+    "batch_id",
+    "tenant_id",
+    "line",
+    "custom_id",
+    "model",
+    "url",
+    "body",
+    "status",
+    "deadline",
+    "attempts",
+    "prompt_tokens",
+    "completion_tokens",
+    "engine_seconds",
+)
+
+
+def _insert(session: Session, rows: list[dict[str, Any]]) -> None:
+    """Insert queue rows: COPY on Postgres (several times faster for 200 MB files), else executemany."""
+    connection = session.connection()
+    if connection.dialect.name != "postgresql":
+        session.execute(insert(BatchRequest), rows)
+        return
+    raw = connection.connection.driver_connection
+    assert raw is not None  # a live psycopg connection inside this transaction
+    with raw.cursor() as cursor, cursor.copy(f"COPY batch_requests ({', '.join(_COPY_COLUMNS)}) FROM STDIN") as copy:
+        for row in rows:
+            copy.write_row([orjson.dumps(row[c]).decode() if c == "body" else row[c] for c in _COPY_COLUMNS])
 
 
 def _row(batch: Batch, line: ParsedLine) -> dict[str, Any]:
