@@ -13,8 +13,9 @@ import socket
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from sqlalchemy import update
 
@@ -33,6 +34,7 @@ FLUSH_SECONDS = 0.5
 FLUSH_RESULTS = 256
 RENEW_SECONDS = 2.0
 IDLE_CLAIM_SECONDS = 0.5
+SAMPLE_SECONDS = 0.25
 
 
 def make_worker_id() -> str:
@@ -48,16 +50,13 @@ class Occupancy:
     running_seq_steps: int = 0
     queued_steps: int = 0
     queued_running_seq_steps: int = 0
-    samples: list[tuple[float, int, int]] = field(default_factory=list)  # (time, running, waiting)
 
-    def observe(self, running: int, waiting: int, *, keep_sample: bool) -> None:
+    def observe(self, running: int, waiting: int) -> None:
         self.steps += 1
         self.running_seq_steps += running
         if waiting > 0:
             self.queued_steps += 1
             self.queued_running_seq_steps += running
-        if keep_sample:
-            self.samples.append((time.time(), running, waiting))
 
 
 @dataclass
@@ -90,6 +89,7 @@ class Runner:
         self.inflight: set[str] = set()
         self.pending: list[EngineResult] = []
         self.occupancy = Occupancy()
+        self.samples: deque[tuple[float, int, int]] = deque(maxlen=14_400)  # (time, running, queued)
         self.totals = _RunTotals()
         self.run_id = new_id("run_")
         self._run_started = now_f()
@@ -164,7 +164,7 @@ class Runner:
         self._dirty = True
         stats = self.engine.stats()
         now = time.monotonic()
-        keep = now - self._last_sample >= 1.0
+        keep = now - self._last_sample >= SAMPLE_SECONDS
         if keep:
             self._last_sample = now
         # Work counts as queued if the engine has waiting sequences or the last claim found more rows than
@@ -173,7 +173,9 @@ class Runner:
         # Sequences that ran in this step: those still running plus those that finished in it (the engine
         # reports counts after the step, when finishers have already left and waiters not yet joined).
         running = min(self.engine.max_num_seqs, stats.running + len(results))
-        self.occupancy.observe(running, queued, keep_sample=keep)
+        self.occupancy.observe(running, queued)
+        if keep:
+            self.samples.append((time.time(), running, queued))
         for result in results:
             self.inflight.discard(result.request_id)
         self.pending.extend(results)
