@@ -34,8 +34,15 @@ def reap(session: Session) -> Reaped:
     requeued = queue.release_expired_leases(session, max_attempts=MAX_ATTEMPTS)
     expired = expire_overdue(session)
     ready = queue.batches_ready_to_finalize(session)
+    # Wake a model's GPU worker only when its queue waits and no worker holds any of its rows: a busy
+    # worker keeps claiming by itself, and extra wake-ups would pile up in the broker behind it.
+    busy = select(BatchRequest.model).where(BatchRequest.status == lifecycle.REQ_RUNNING).distinct()
     models = list(
-        session.scalars(select(BatchRequest.model).where(BatchRequest.status == lifecycle.REQ_QUEUED).distinct())
+        session.scalars(
+            select(BatchRequest.model)
+            .where(BatchRequest.status == lifecycle.REQ_QUEUED, BatchRequest.model.not_in(busy))
+            .distinct()
+        )
     )
     if requeued or expired:
         log.info("reaper: %d leases released, %d batches expired", requeued, len(expired))

@@ -128,3 +128,15 @@ def test_tenants_share_claims_fairly(backend: Backend) -> None:
         claimed = queue.claim(session, model="fake-model", worker_id="w", limit=10, lease_seconds=30)
     by_batch = {batch_id: sum(1 for c in claimed if c.batch_id == batch_id) for batch_id in (big, small)}
     assert by_batch == {big: 5, small: 5}
+
+
+def test_the_reaper_wakes_a_model_only_when_no_worker_is_on_it(backend: Backend) -> None:
+    from worker.reaper import reap
+
+    enqueue(10)
+    with transaction() as session:
+        assert reap(session).models_with_work == ["fake-model"]
+    with transaction() as session:
+        queue.claim(session, model="fake-model", worker_id="w", limit=2, lease_seconds=30)
+    with transaction() as session:
+        assert reap(session).models_with_work == []  # a live worker keeps claiming on its own
