@@ -30,6 +30,10 @@ lint: setup
 	$(VENV)/bin/ruff format --check api storage worker migrations tests bench
 	$(VENV)/bin/mypy api storage worker
 
+# The benchmark suite (docs/benchmarks.md): ~15 min on 2 cores; ARGS=--quick for a smoke run.
+bench: setup services
+	$(PY) bench/suite.py $(ARGS)
+
 migrate: setup
 	$(VENV)/bin/backfill migrate
 

@@ -101,9 +101,19 @@ class BatchObject(BaseModel):
     request_counts: RequestCounts
     metadata: dict[str, str] | None = None
     cost: dict[str, Any] | None = Field(default=None, description="Backfill extension: the job's cost block.")
+    warnings: dict[str, Any] | None = Field(
+        default=None,
+        description="Backfill extension: admission warnings (e.g. `deadline_at_risk`), shaped like `errors`.",
+    )
+    goodput: dict[str, Any] | None = Field(
+        default=None,
+        description="Backfill extension: requests completed before the deadline / requests accepted, with counts.",
+    )
 
     @classmethod
-    def of(cls, row: Batch, *, cost: dict[str, Any] | None = None) -> BatchObject:
+    def of(
+        cls, row: Batch, *, cost: dict[str, Any] | None = None, goodput: dict[str, Any] | None = None
+    ) -> BatchObject:
         return cls(
             id=row.id,
             endpoint=row.endpoint,
@@ -128,6 +138,8 @@ class BatchObject(BaseModel):
             ),
             metadata=row.metadata_,
             cost=cost,
+            warnings=batch_errors(row.warnings),
+            goodput=goodput,
         )
 
 

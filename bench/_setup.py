@@ -10,6 +10,33 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent
 OUT = ROOT / "out"
+PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+
+
+def fresh_postgres(prefix: str = "backfill_bench") -> str | None:
+    """Create an empty Postgres database for this run (dropped at exit); None if no server answers."""
+    import atexit
+    import uuid
+
+    import sqlalchemy as sa
+
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    admin = sa.create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    except sa.exc.OperationalError:
+        return None
+
+    def drop() -> None:
+        from storage.db import get_engine
+
+        get_engine().dispose()
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+    atexit.register(drop)
+    return f"postgresql://postgres@127.0.0.1:5432/{name}"
 
 
 def prepare_env(*, database_url: str | None = None, max_num_seqs: int = 64) -> Path:

@@ -135,11 +135,20 @@ def main() -> int:
         while (batch := client.batches.retrieve(batch.id)).status == "validating":
             time.sleep(0.05)
         queued_at = time.perf_counter()
+        marks = {"upload done": uploaded_at - started, "enqueued": queued_at - started}
         while (batch := client.batches.retrieve(batch.id)).status not in {"completed", "failed"}:
             time.sleep(0.2)
         done_at = time.perf_counter()
         rss.stop.set()
-        finalize_seconds = (batch.completed_at or 0) - (batch.finalizing_at or 0)
+        rebuilt = subprocess.run(
+            [sys.executable, str(ROOT / "bench" / "output_file.py"), batch.id],
+            env=env,
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        output = json.loads(rebuilt.stdout.strip().splitlines()[-1])
         result = {
             "lines": args.lines,
             "file_mb": round(size / 1e6, 1),
@@ -147,13 +156,21 @@ def main() -> int:
             "validate_enqueue_seconds": round(queued_at - uploaded_at, 2),
             "ingest_lines_per_s": round(args.lines / (queued_at - started)),
             "run_and_finalize_seconds": round(done_at - queued_at, 2),
-            "finalize_seconds_approx": finalize_seconds,
             "status": batch.status,
             "api_rss_baseline_mb": round(baseline / 2**20),
             "api_peak_rss_mb": round(rss.peak / 2**20),
+            "output_file_lines": output["lines"],
+            "output_file_mb": output["mb"],
+            "output_file_seconds": output["seconds"],
+            "output_file_lines_per_s": output["lines_per_s"],
+            "output_file_rss_baseline_mb": output["rss_baseline_mb"],
+            "output_file_peak_rss_mb": output["peak_rss_mb"],
         }
         print(json.dumps(result, indent=2))
-        (out / "ingest.json").write_text(json.dumps({"result": result, "rss": rss.samples}))
+        (out / "ingest.json").write_text(
+            json.dumps({"result": result, "rss": rss.samples, "output_rss": output["rss"], "marks": marks})
+        )
+        plot_memory(rss.samples, output["rss"], marks)
     finally:
         server.terminate()
         server.wait(30)
@@ -161,6 +178,31 @@ def main() -> int:
         with admin.connect() as conn:
             conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)'))
     return 0
+
+
+def plot_memory(api: list[tuple[float, int]], output: list[tuple[float, int]], marks: dict[str, float]) -> None:
+    """API process RSS while a 50,000-line file is uploaded, validated and enqueued, and the output-file
+    builder's RSS: docs/ingest-memory.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6), gridspec_kw={"width_ratios": [2, 1]})
+    left.plot([t for t, _ in api], [r / 2**20 for _, r in api], label="API process RSS")
+    for name in ("upload done", "enqueued"):
+        left.axvline(marks[name], color="grey", linestyle=":", linewidth=1)
+        left.text(marks[name], left.get_ylim()[1] * 0.95, f" {name}", fontsize=8, va="top")
+    left.axhline(256, color="C3", linestyle="--", linewidth=1, label="goal: < 256 MB")
+    left.set_xlabel("seconds")
+    left.set_ylabel("MiB")
+    left.set_title("Ingest of 50,000 lines (~200 MB)")
+    left.legend(fontsize=8, loc="lower right")
+    right.plot([t for t, _ in output], [r / 2**20 for _, r in output], color="C2")
+    right.set_xlabel("seconds")
+    right.set_title("Building its output file")
+    fig.tight_layout()
+    fig.savefig(ROOT / "docs" / "ingest-memory.png", dpi=110)
 
 
 if __name__ == "__main__":

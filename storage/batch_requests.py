@@ -6,18 +6,20 @@ open across inference.
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, cast
 
-from sqlalchemy import Table, bindparam, func, select, update
+import orjson
+from sqlalchemy import ARRAY, String, Table, any_, bindparam, func, literal, select, text, update
 from sqlalchemy.orm import Session
 
 from storage import lifecycle
 from storage.batches import add_counts
-from storage.clock import now, now_f
+from storage.claim_order import ClaimOrder, claim_order, pick
+from storage.clock import now_f
 from storage.models import Batch, BatchRequest
+from storage.settings import get_settings
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,9 @@ class ClaimedRequest:
     url: str
     body: dict[str, Any]
     deadline: int
+    # Inside the urgency horizon (see storage/claim_order.py): a worker holding urgent rows may ask for
+    # more capacity (in shared mode, from online traffic) so they finish before their deadline.
+    urgent: bool = False
 
 
 @dataclass(frozen=True)
@@ -46,106 +51,161 @@ class Outcome:
     error_message: str | None = None
 
 
-def claim(session: Session, *, model: str, worker_id: str, limit: int, lease_seconds: int) -> list[ClaimedRequest]:
-    """Lease up to `limit` queued requests of `model`: earliest deadline first, shared fairly by tenant.
+def claim(
+    session: Session,
+    *,
+    model: str,
+    worker_id: str,
+    limit: int,
+    lease_seconds: int,
+    order: ClaimOrder | None = None,
+) -> list[ClaimedRequest]:
+    """Lease up to `limit` queued requests of `model`: urgent work first, then a fair share per tenant.
 
-    Each tenant with queued work gets an equal share (tenants with the nearest deadline first); shares a
-    tenant cannot fill pass to the others. Rows are locked with SKIP LOCKED, so concurrent workers never
-    claim the same row.
+    Urgent rows (deadline inside the urgency horizon) go first, earliest deadline first across tenants;
+    the rest is shared equally by tenant, grouped by prompt prefix within a deadline bucket (see
+    storage/claim_order.py). Rows are locked with SKIP LOCKED, so concurrent workers never claim the same
+    row. `order` defaults to the one the settings and the backlog give.
     """
     if limit <= 0:
         return []
-    current = now()
-    queued = (BatchRequest.model == model, BatchRequest.status == lifecycle.REQ_QUEUED, BatchRequest.deadline > current)
-    tenants = list(
-        session.execute(
-            select(BatchRequest.tenant_id)
-            .where(*queued)
-            .group_by(BatchRequest.tenant_id)
-            .order_by(func.min(BatchRequest.deadline))
-        ).scalars()
-    )
-    picked: list[str] = []
-    remaining = limit
-    while tenants and remaining > 0:
-        share = max(1, math.ceil(remaining / len(tenants)))
-        still_more: list[str] = []
-        for tenant_id in tenants:
-            take = min(share, remaining)
-            if take <= 0:
-                break
-            ids = list(
-                session.scalars(
-                    select(BatchRequest.id)
-                    .where(*queued, BatchRequest.tenant_id == tenant_id, BatchRequest.id.not_in(picked))
-                    .order_by(BatchRequest.deadline, BatchRequest.batch_id, BatchRequest.line)
-                    .limit(take)
-                    .with_for_update(skip_locked=True)
-                )
-            )
-            picked.extend(ids)
-            remaining -= len(ids)
-            if len(ids) == take:
-                still_more.append(tenant_id)
-        tenants = still_more
-    if not picked:
+    if order is None:
+        order = claim_order(session, model=model, settings=get_settings())
+    ids = pick(session, model=model, limit=limit, order=order)
+    if not ids:
         return []
-    return _lease(session, ids=picked, worker_id=worker_id, lease_seconds=lease_seconds)
+    return _lease(session, ids=ids, worker_id=worker_id, lease_seconds=lease_seconds, urgent_before=order.urgent_before)
 
 
-def _lease(session: Session, *, ids: list[str], worker_id: str, lease_seconds: int) -> list[ClaimedRequest]:
-    session.execute(
+def _lease(
+    session: Session, *, ids: list[str], worker_id: str, lease_seconds: int, urgent_before: int = 0
+) -> list[ClaimedRequest]:
+    """Mark the picked rows running under this worker's lease and read them back in one statement."""
+    rows = session.execute(
         update(BatchRequest)
-        .where(BatchRequest.id.in_(ids))
+        .where(_ids_match(session, ids))
         .values(
             status=lifecycle.REQ_RUNNING,
             lease_owner=worker_id,
             lease_expires_at=now_f() + lease_seconds,
             attempts=BatchRequest.attempts + 1,
         )
-        .execution_options(synchronize_session=False)
-    )
-    rows = session.execute(
-        select(
+        .returning(
             BatchRequest.id,
             BatchRequest.batch_id,
             BatchRequest.tenant_id,
             BatchRequest.url,
             BatchRequest.body,
             BatchRequest.deadline,
-        ).where(BatchRequest.id.in_(ids))
+        )
+        .execution_options(synchronize_session=False)
     ).all()
     order = {request_id: index for index, request_id in enumerate(ids)}
-    claimed = [ClaimedRequest(*row) for row in rows]
-    claimed.sort(key=lambda item: (item.deadline, order[item.id]))
+    claimed = [
+        ClaimedRequest(rid, batch_id, tenant_id, url, body, deadline, urgent=deadline <= urgent_before)
+        for rid, batch_id, tenant_id, url, body, deadline in rows
+    ]
+    claimed.sort(key=lambda item: order[item.id])  # `ids` is already in claim order
     return claimed
+
+
+def _ids_match(session: Session, ids: list[str]) -> Any:
+    """`id IN (...)`; on Postgres one array parameter, so the statement text (and its plan) never varies."""
+    if session.get_bind().dialect.name == "postgresql":
+        return BatchRequest.id == any_(literal(ids, ARRAY(String)))
+    return BatchRequest.id.in_(ids)
 
 
 def renew(session: Session, *, worker_id: str, request_ids: list[str], lease_seconds: int) -> set[str]:
     """Extend this worker's leases; return the ids it no longer holds (cancelled, expired, re-queued)."""
     if not request_ids:
         return set()
-    mine = (BatchRequest.status == lifecycle.REQ_RUNNING, BatchRequest.lease_owner == worker_id)
-    session.execute(
+    held = session.scalars(
         update(BatchRequest)
-        .where(BatchRequest.id.in_(request_ids), *mine)
+        .where(
+            _ids_match(session, request_ids),
+            BatchRequest.status == lifecycle.REQ_RUNNING,
+            BatchRequest.lease_owner == worker_id,
+        )
         .values(lease_expires_at=now_f() + lease_seconds)
+        .returning(BatchRequest.id)
         .execution_options(synchronize_session=False)
     )
-    held = set(session.scalars(select(BatchRequest.id).where(BatchRequest.id.in_(request_ids), *mine)))
-    return set(request_ids) - held
+    return set(request_ids) - set(held)
 
 
 def record(session: Session, *, worker_id: str, run_id: str, outcomes: list[Outcome]) -> dict[str, int]:
     """Store finished requests this worker still holds; return {batch_id: results stored}.
 
     A result for a row that was cancelled, expired or re-leased meanwhile is dropped, so each request
-    ends in exactly one line however often it ran. One executemany UPDATE, then one read-back of which
-    rows took the result (those now carrying this run's `finished_at` stamp).
+    ends in exactly one line however often it ran. The batches are locked first (see `lock_batches_of`),
+    then one UPDATE stores every result the lease check lets through and reports which rows took it.
     """
     if not outcomes:
         return {}
-    lock_batches_of(session, request_ids=[o.request_id for o in outcomes])
+    ids = [o.request_id for o in outcomes]
+    lock_batches_of(session, request_ids=ids)
+    if session.get_bind().dialect.name == "postgresql":
+        stored = _store_json(session, worker_id=worker_id, run_id=run_id, outcomes=outcomes)
+    else:
+        stored = _store_executemany(session, worker_id=worker_id, run_id=run_id, outcomes=outcomes)
+    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for batch_id, status in stored:
+        counts[batch_id][0 if status == lifecycle.REQ_COMPLETED else 1] += 1
+    for batch_id, (completed, failed) in counts.items():
+        add_counts(session, batch_id=batch_id, completed=completed, failed=failed)
+    return {batch_id: completed + failed for batch_id, (completed, failed) in counts.items()}
+
+
+def _final_status(outcome: Outcome) -> str:
+    return lifecycle.REQ_COMPLETED if 200 <= outcome.status_code < 300 else lifecycle.REQ_FAILED
+
+
+# Postgres: every result in one statement; the rows travel as one JSON document (one parameter to send).
+_STORE_JSON = text(
+    """
+    UPDATE batch_requests AS r SET
+        status = v.status, response_status = v.code, response_body = v.body,
+        error_code = v.error_code, error_message = v.error_message, prompt_tokens = v.prompt,
+        completion_tokens = v.completion, engine_seconds = v.seconds, run_id = :run_id,
+        lease_owner = NULL, lease_expires_at = NULL, finished_at = :finished
+    FROM json_to_recordset(CAST(:rows AS json)) AS v(
+        id text, status text, code int, body json, error_code text, error_message text,
+        prompt int, completion int, seconds float8
+    )
+    WHERE r.id = v.id AND r.status = :running AND r.lease_owner = :worker_id
+    RETURNING r.batch_id, r.status
+    """
+)
+
+
+def _store_json(session: Session, *, worker_id: str, run_id: str, outcomes: list[Outcome]) -> list[Any]:
+    rows = [
+        {
+            "id": o.request_id,
+            "status": _final_status(o),
+            "code": o.status_code,
+            "body": o.body,
+            "error_code": o.error_code,
+            "error_message": o.error_message,
+            "prompt": o.prompt_tokens,
+            "completion": o.completion_tokens,
+            "seconds": o.engine_seconds,
+        }
+        for o in outcomes
+    ]
+    params = {
+        "rows": orjson.dumps(rows).decode(),
+        "run_id": run_id,
+        "finished": now_f(),
+        "running": lifecycle.REQ_RUNNING,
+        "worker_id": worker_id,
+    }
+    return list(session.execute(_STORE_JSON, params).all())
+
+
+def _store_executemany(session: Session, *, worker_id: str, run_id: str, outcomes: list[Outcome]) -> list[Any]:
+    """Other databases: one executemany UPDATE, then a read-back of the rows now carrying this stamp."""
     finished = now_f()
     table = cast(Table, BatchRequest.__table__)
     statement = (
@@ -175,7 +235,7 @@ def record(session: Session, *, worker_id: str, run_id: str, outcomes: list[Outc
         [
             {
                 "b_id": o.request_id,
-                "b_status": lifecycle.REQ_COMPLETED if 200 <= o.status_code < 300 else lifecycle.REQ_FAILED,
+                "b_status": _final_status(o),
                 "b_code": o.status_code,
                 "b_body": o.body,
                 "b_error_code": o.error_code,
@@ -187,21 +247,15 @@ def record(session: Session, *, worker_id: str, run_id: str, outcomes: list[Outc
             for o in outcomes
         ],
     )
-    stored = session.execute(
-        select(BatchRequest.batch_id, BatchRequest.status, func.count())
-        .where(
-            BatchRequest.id.in_([o.request_id for o in outcomes]),
-            BatchRequest.run_id == run_id,
-            BatchRequest.finished_at == finished,
-        )
-        .group_by(BatchRequest.batch_id, BatchRequest.status)
-    ).all()
-    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    for batch_id, status, count in stored:
-        counts[batch_id][0 if status == lifecycle.REQ_COMPLETED else 1] += int(count)
-    for batch_id, (completed, failed) in counts.items():
-        add_counts(session, batch_id=batch_id, completed=completed, failed=failed)
-    return {batch_id: completed + failed for batch_id, (completed, failed) in counts.items()}
+    return list(
+        session.execute(
+            select(BatchRequest.batch_id, BatchRequest.status).where(
+                BatchRequest.id.in_([o.request_id for o in outcomes]),
+                BatchRequest.run_id == run_id,
+                BatchRequest.finished_at == finished,
+            )
+        ).all()
+    )
 
 
 def lock_batches_of(session: Session, *, request_ids: list[str]) -> None:
@@ -210,7 +264,7 @@ def lock_batches_of(session: Session, *, request_ids: list[str]) -> None:
     Every transaction that changes both a batch and its requests takes the batch first (cancel, expiry,
     finalize, recording results), so they can wait on each other but never deadlock.
     """
-    batch_ids = select(BatchRequest.batch_id).where(BatchRequest.id.in_(request_ids)).distinct()
+    batch_ids = select(BatchRequest.batch_id).where(_ids_match(session, request_ids)).distinct()
     session.execute(select(Batch.id).where(Batch.id.in_(batch_ids)).order_by(Batch.id).with_for_update()).all()
 
 
@@ -281,3 +335,25 @@ def has_queued(session: Session, *, model: str) -> bool:
         select(BatchRequest.id).where(BatchRequest.model == model, BatchRequest.status == lifecycle.REQ_QUEUED).limit(1)
     )
     return session.scalar(query) is not None
+
+
+def release(session: Session, *, worker_id: str, request_ids: list[str]) -> int:
+    """Hand this worker's leased requests back to the queue unrun (a model switch); the attempt is not counted."""
+    if not request_ids:
+        return 0
+    released = session.execute(
+        update(BatchRequest)
+        .where(
+            BatchRequest.id.in_(request_ids),
+            BatchRequest.status == lifecycle.REQ_RUNNING,
+            BatchRequest.lease_owner == worker_id,
+        )
+        .values(
+            status=lifecycle.REQ_QUEUED,
+            lease_owner=None,
+            lease_expires_at=None,
+            attempts=BatchRequest.attempts - 1,
+        )
+        .execution_options(synchronize_session=False)
+    )
+    return int(released.rowcount or 0)  # type: ignore[attr-defined]

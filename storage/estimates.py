@@ -5,8 +5,9 @@ work is measured from its recent engine runs of the model (work done / busy seco
 measurement a default rate is assumed and the estimate says so. A JSONL file is sized without a
 tokenizer: output = the line's max_completion_tokens or max_tokens (default 256; embeddings produce
 none), input ~ bytes / 4. The backlog is every queued or running request of the model, sized the same
-way from its stored body. The queue serves earliest deadline first and shares fairly between tenants,
-so "start after the whole backlog" is the pessimistic case.
+way once at ingest (`est_input_tokens`, `max_output_tokens`). `estimate_job` starts a job after the whole
+backlog (the pessimistic case); admission (`admission_check`) projects the open jobs earliest deadline
+first, as the queue serves them once they near their deadlines.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import Text, cast, func, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from storage import lifecycle
@@ -55,6 +56,11 @@ def output_limit(body: Any, url: str | None, default_max_tokens: int = DEFAULT_M
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
     return default_max_tokens
+
+
+def request_size(url: str, body: Any, *, line_bytes: int) -> tuple[int, int]:
+    """(approximate input tokens, maximum output tokens) of one JSONL line of `line_bytes` bytes."""
+    return -(-line_bytes // BYTES_PER_TOKEN), output_limit(body, url)
 
 
 def _lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
@@ -115,28 +121,39 @@ def measured_throughput(
     return Throughput(work / busy, output / busy, "measured", len(rows))
 
 
-def backlog(session: Session, *, model: str, default_max_tokens: int = DEFAULT_MAX_TOKENS) -> JobShape:
-    """Queued and running requests of the model, sized like a file (grouped by their output limits)."""
-    limits = (BatchRequest.body["max_completion_tokens"].as_string(), BatchRequest.body["max_tokens"].as_string())
-    rows = session.execute(
-        select(BatchRequest.url, *limits, func.count(), func.sum(func.length(cast(BatchRequest.body, Text))))
-        .where(BatchRequest.model == model, BatchRequest.status.in_(lifecycle.REQ_OPEN))
-        .group_by(BatchRequest.url, *limits)
-    ).all()
-    requests = input_tokens = output_tokens = 0
-    for url, max_completion, max_tokens, count, body_bytes in rows:
-        body = {"max_completion_tokens": _int(max_completion), "max_tokens": _int(max_tokens)}
-        requests += int(count)
-        input_tokens += -(-int(body_bytes or 0) // BYTES_PER_TOKEN)
-        output_tokens += int(count) * output_limit(body, url, default_max_tokens)
-    return JobShape(requests, input_tokens, output_tokens, model)
+@dataclass(frozen=True)
+class OpenJob:
+    """A job's unfinished (queued or running) requests: its deadline and the work they still ask for."""
+
+    batch_id: str
+    tenant_id: str
+    deadline: int
+    shape: JobShape
 
 
-def _int(text: str | None) -> int | None:
-    try:
-        return int(str(text))
-    except ValueError:
-        return None
+def open_jobs(session: Session, *, model: str, tenant_id: str | None = None) -> list[OpenJob]:
+    """Each job's queued and running requests of the model (optionally one tenant's), as sized at ingest."""
+    columns = (BatchRequest.batch_id, BatchRequest.tenant_id, BatchRequest.deadline)
+    query = select(
+        *columns, func.count(), func.sum(BatchRequest.est_input_tokens), func.sum(BatchRequest.max_output_tokens)
+    ).where(BatchRequest.model == model, BatchRequest.status.in_(lifecycle.REQ_OPEN))
+    if tenant_id is not None:
+        query = query.where(BatchRequest.tenant_id == tenant_id)
+    return [
+        OpenJob(batch_id, tenant, int(deadline), JobShape(int(n), int(i or 0), int(o or 0), model))
+        for batch_id, tenant, deadline, n, i, o in session.execute(query.group_by(*columns))
+    ]
+
+
+def backlog(session: Session, *, model: str) -> JobShape:
+    """Queued and running requests of the model, as sized at ingest."""
+    jobs = open_jobs(session, model=model)
+    return JobShape(
+        sum(j.shape.requests for j in jobs),
+        sum(j.shape.input_tokens for j in jobs),
+        sum(j.shape.output_tokens for j in jobs),
+        model,
+    )
 
 
 @dataclass(frozen=True)
@@ -231,3 +248,85 @@ def estimate_job(
         deadline_at=at + window_seconds(completion_window),
         cost=cost,
     )
+
+
+def work_of(shape: JobShape, prefill_weight: Decimal) -> float:
+    """Output-token equivalents of a shape: output + prefill_weight x input tokens."""
+    return shape.output_tokens + float(prefill_weight) * shape.input_tokens
+
+
+def throughput(
+    session: Session, *, model: str, settings: Settings, default_tokens_per_second: float = DEFAULT_TOKENS_PER_SECOND
+) -> Throughput:
+    """The model's measured rate of work, or the default rate (source "default") before any measurement."""
+    measured = measured_throughput(session, model=model, prefill_weight=settings.prefill_weight)
+    return measured or Throughput(default_tokens_per_second, default_tokens_per_second, "default", 0)
+
+
+def drain_seconds(session: Session, *, model: str, settings: Settings) -> float:
+    """Seconds the node needs to finish every open request of `model` at its measured (or default) rate."""
+    rate = throughput(session, model=model, settings=settings)
+    return work_of(backlog(session, model=model), settings.prefill_weight) / rate.work_per_second
+
+
+def edf_finish_times(
+    jobs: Iterable[OpenJob], *, work_per_second: float, prefill_weight: Decimal, at: float
+) -> dict[str, float]:
+    """When each job finishes if the node serves open work earliest deadline first at `work_per_second`.
+
+    Jobs with the same deadline share the node (the queue's fair share), so all of them finish when the
+    last of them does. This is the classic EDF test: the set is feasible iff every job finishes in time.
+    """
+    by_deadline: dict[int, list[OpenJob]] = {}
+    for job in jobs:
+        by_deadline.setdefault(job.deadline, []).append(job)
+    finish: dict[str, float] = {}
+    clock = at
+    for deadline in sorted(by_deadline):
+        group = by_deadline[deadline]
+        clock += sum(work_of(job.shape, prefill_weight) for job in group) / work_per_second
+        finish.update((job.batch_id, clock) for job in group)
+    return finish
+
+
+@dataclass(frozen=True)
+class Admission:
+    """Whether a just-enqueued job (and the jobs accepted before it) can finish inside their windows."""
+
+    batch_id: str
+    deadline_at: int
+    finish_at: float
+    throughput: Throughput
+    newly_late: tuple[str, ...]  # accepted jobs on time without this one but late with it
+
+    @property
+    def fits(self) -> bool:
+        """True if this job finishes in its window and pushes no other job past its deadline."""
+        return self.finish_at <= self.deadline_at and not self.newly_late
+
+
+def admission_check(
+    session: Session,
+    *,
+    batch_id: str,
+    model: str,
+    settings: Settings,
+    jobs: list[OpenJob] | None = None,
+    at: float | None = None,
+) -> Admission:
+    """Project the model's open work (`jobs`, read if not given), this batch's rows included, earliest
+    deadline first at the measured speed."""
+    at = now_f() if at is None else at
+    rate = throughput(session, model=model, settings=settings)
+    jobs = open_jobs(session, model=model) if jobs is None else jobs
+
+    def project(selected: Iterable[OpenJob]) -> dict[str, float]:
+        return edf_finish_times(
+            selected, work_per_second=rate.work_per_second, prefill_weight=settings.prefill_weight, at=at
+        )
+
+    with_job = project(jobs)
+    without = project(job for job in jobs if job.batch_id != batch_id)
+    deadlines = {job.batch_id: job.deadline for job in jobs}
+    newly_late = tuple(sorted(b for b, t in without.items() if t <= deadlines[b] < with_job[b]))
+    return Admission(batch_id, deadlines.get(batch_id, 0), with_job.get(batch_id, at), rate, newly_late)

@@ -83,6 +83,8 @@ class Batch(Base):
     status: Mapped[str] = mapped_column(String(16))
     metadata_: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON)
     errors: Mapped[list[Any] | None] = mapped_column(JSON)
+    # Admission warnings (e.g. the job may miss its window), shaped like `errors`.
+    warnings: Mapped[list[Any] | None] = mapped_column(JSON)
     output_file_id: Mapped[str | None] = mapped_column(String(64))
     error_file_id: Mapped[str | None] = mapped_column(String(64))
     request_total: Mapped[int] = mapped_column(Integer, default=0)
@@ -106,6 +108,17 @@ class BatchRequest(Base):
     __table_args__ = (
         UniqueConstraint("batch_id", "custom_id", name="uq_batch_requests_batch_id_custom_id"),
         Index("ix_batch_requests_queue", "model", "status", "deadline"),
+        # A tenant's share in prefix-aware claim order (storage/claim_order.py), read straight off the index.
+        Index(
+            "ix_batch_requests_prefix_queue",
+            "model",
+            "status",
+            "tenant_id",
+            "prefix_key",
+            "deadline",
+            "batch_id",
+            "line",
+        ),
         Index("ix_batch_requests_batch_status", "batch_id", "status"),
         Index("ix_batch_requests_lease", "status", "lease_expires_at"),
         Index("ix_batch_requests_finished_at", "finished_at"),  # daily cost and usage reports
@@ -123,6 +136,13 @@ class BatchRequest(Base):
     body: Mapped[dict[str, Any]] = mapped_column(JSON)
     status: Mapped[str] = mapped_column(String(16))
     deadline: Mapped[int] = mapped_column(BigInteger)
+    # Hash of the prompt's leading part (chat: all messages but the last); claims keep equal keys together
+    # so the engine's prefix cache serves them. "" when no other line of its file shares it (or embeddings).
+    prefix_key: Mapped[str] = mapped_column(String(32), default="", server_default="")
+    # Sized once at ingest so admission and estimates never parse bodies: input ~ line bytes / 4, output =
+    # max_completion_tokens, max_tokens or 256 (0 for embeddings), as storage/estimates.py sizes a file.
+    est_input_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    max_output_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     lease_owner: Mapped[str | None] = mapped_column(String(128))
     lease_expires_at: Mapped[float | None] = mapped_column(Float)

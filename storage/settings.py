@@ -7,15 +7,37 @@ import re
 from decimal import Decimal
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, PositiveInt, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError as PydanticSettingsError
 
 
 class SettingsError(RuntimeError):
     """A setting is missing or malformed; the message names the BACKFILL_ variable."""
+
+
+class SharedModeSpec(BaseModel):
+    """Shared mode: harvest the idle capacity of a vLLM server that also serves online users.
+
+    The knobs of the dispatch budget are explained in worker/budget.py and docs/shared-mode.md.
+    """
+
+    server_url: str  # e.g. http://127.0.0.1:8000, a server started with --scheduling-policy priority
+    server_model: str | None = None  # the server's served model name; None: ask its /v1/models
+    batch_priority: int = 1_000_000  # vLLM serves smaller values first; online requests default to 0
+    poll_seconds: float = Field(default=0.2, gt=0)
+    min_inflight: int = Field(default=0, ge=0)
+    max_inflight: int | None = Field(default=None, ge=1)  # None: the model's max_num_seqs
+    headroom_seqs: int = Field(default=2, ge=0)  # server slots kept free for arriving online requests
+    grow_step: int = Field(default=1, ge=1)
+    shrink_factor: float = Field(default=0.5, ge=0, lt=1)
+    kv_usage_high: float = Field(default=0.9, gt=0, le=1)
+    urgent_extra_inflight: int = Field(default=2, ge=0)
+    yield_to_online: bool = True  # cancel (and later re-send) batch requests holding slots online requests wait for
+    max_attempts: int = Field(default=3, ge=1)
+    request_timeout_seconds: float = Field(default=600, gt=0)
 
 
 class ModelSpec(BaseModel):
@@ -38,6 +60,9 @@ class ModelSpec(BaseModel):
     hardware: str = "8xH100-SXM"
     weight_dtype: str | None = None
     kv_dtype: str | None = None
+    # Set: no engine of our own; batch work goes to this vLLM server beside its online traffic, and
+    # max_num_seqs must then equal the server's --max-num-seqs.
+    shared: SharedModeSpec | None = None
 
     @field_validator("runner")
     @classmethod
@@ -112,6 +137,12 @@ class Settings(BaseSettings):
     # Models served: name -> spec. Empty means the embedded demo model under data_dir.
     models: dict[str, ModelSpec] = Field(default_factory=dict)
     worker_model: str | None = None
+    # Model switching (docs/model-switching.md): a GPU worker serving several models, one loaded at a time.
+    worker_models: str | None = None  # "a,b" or "all"; unset: the one model of BACKFILL_WORKER_MODEL
+    switch_min_residency_seconds: int = Field(default=300, ge=0)  # never leave a model with work sooner
+    switch_reload_seconds: int = Field(default=120, ge=0)  # a model's load time until one is measured
+    switch_check_seconds: int = Field(default=10, ge=1)  # how often the backlog is re-read to decide
+    switch_drain_seconds: int = Field(default=30, ge=0)  # in-flight work may finish this long, then goes back
 
     # Worker and queue.
     lease_seconds: int = Field(default=120, ge=5)
@@ -121,7 +152,24 @@ class Settings(BaseSettings):
     reap_interval_seconds: int = Field(default=15, ge=1)
     inflight_per_seq: int = Field(default=2, ge=1)
 
-    @field_validator("price_book", "models", mode="before")
+    # Deadline-aware packing (storage/batch_requests.py `claim`). A request is urgent, and claimed ahead of
+    # the fair share, once its deadline is nearer than the larger of `urgent_within_seconds` and
+    # `urgent_drain_multiple` x the time the node needs to drain the model's backlog at measured speed.
+    urgent_within_seconds: int = Field(default=900, ge=0)
+    urgent_drain_multiple: float = Field(default=1.5, ge=0)
+    # Prefix-aware ordering: within a deadline bucket, requests sharing a prompt prefix are claimed together.
+    prefix_ordering: bool = True
+    prefix_deadline_bucket_seconds: int = Field(default=3600, ge=1)
+    prefix_chars: int = Field(default=512, ge=1)  # completions: the first N characters form the prefix
+    # Admission at ingest: "warn" accepts a job that is estimated to miss its window (or make others miss
+    # theirs) with a warning on the batch, "reject" fails it (`deadline_infeasible`), "off" skips the check.
+    admission_policy: Literal["off", "warn", "reject"] = "warn"
+    # Estimated input tokens a tenant may have enqueued per model (OpenAI's enqueued token limit); None is
+    # unlimited. `enqueued_token_limits` overrides it per tenant (JSON: tenant name or id -> tokens).
+    enqueued_token_limit: int | None = Field(default=None, ge=1)
+    enqueued_token_limits: dict[str, PositiveInt] = Field(default_factory=dict)
+
+    @field_validator("price_book", "models", "enqueued_token_limits", mode="before")
     @classmethod
     def _parse_json(cls, value: Any) -> Any:
         return json.loads(value) if isinstance(value, str) else value
@@ -183,6 +231,19 @@ class Settings(BaseSettings):
         if name not in models:
             raise SettingsError(f"BACKFILL_WORKER_MODEL={name!r} is not in BACKFILL_MODELS")
         return name
+
+    def current_worker_models(self) -> list[str]:
+        """The models this worker serves one at a time: BACKFILL_WORKER_MODELS, else the one worker model."""
+        if not self.worker_models:
+            return [self.current_worker_model()]
+        models = self.served_models()
+        if self.worker_models.strip() == "all":
+            return list(models)
+        names = [name.strip() for name in self.worker_models.split(",") if name.strip()]
+        unknown = [name for name in names if name not in models]
+        if unknown or not names:
+            raise SettingsError(f"BACKFILL_WORKER_MODELS={self.worker_models!r}: not in BACKFILL_MODELS: {unknown}")
+        return list(dict.fromkeys(names))
 
 
 def _describe(error: ValidationError) -> str:

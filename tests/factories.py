@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from storage import lifecycle
+from storage.estimates import request_size
 from storage.ids import new_id
 from storage.models import Batch, BatchRequest, EngineRun, Tenant
 from storage.tenants import get_or_create_tenant
@@ -94,6 +96,7 @@ def make_request(
     body: dict[str, Any] = {"model": batch.model, "messages": [{"role": "user", "content": "hi"}]}
     if max_tokens is not None:
         body["max_tokens"] = max_tokens
+    input_tokens, output_tokens = request_size("/v1/chat/completions", body, line_bytes=len(json.dumps(body)) + 60)
     request = BatchRequest(
         id=new_id("batch_req_"),
         batch_id=batch.id,
@@ -105,6 +108,8 @@ def make_request(
         body=body,
         status=status,
         deadline=batch.expires_at,
+        est_input_tokens=input_tokens,  # sized as ingest sizes a line (its JSON around the body: ~60 bytes)
+        max_output_tokens=output_tokens,
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         run_id=run.id if run is not None else None,

@@ -38,6 +38,9 @@ def _warm_engine(**_: object) -> None:
     import os
 
     if os.environ.get("BACKFILL_WORKER_ROLE") == "gpu":
-        from worker.service import get_runner
+        from worker import service
 
-        get_runner()
+        if service.serves_several_models():
+            service.get_slot().warm()
+        else:
+            service.get_runner()

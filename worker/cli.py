@@ -58,10 +58,16 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--admin", action="store_true", help="may read every tenant's cost reports")
     create.set_defaults(func=cmd_keys_create)
 
-    worker = sub.add_parser("worker", help="run a Celery worker (gpu: the engine for one model; io: ingest/finalize)")
+    worker = sub.add_parser(
+        "worker",
+        help="run a Celery worker (gpu: the engine for one model, or several one at a time; io: ingest/finalize)",
+    )
     worker.add_argument("--role", choices=("gpu", "io"), default="gpu")
     worker.add_argument(
         "--model", help="served model name (default BACKFILL_WORKER_MODEL or the first in the registry)"
+    )
+    worker.add_argument(
+        "--models", help="several models, one loaded at a time: 'a,b' or 'all' (default BACKFILL_WORKER_MODELS)"
     )
     worker.set_defaults(func=cmd_worker)
 
@@ -185,15 +191,24 @@ def cmd_worker(args: argparse.Namespace) -> int:
         return 2
     if args.model:
         os.environ["BACKFILL_WORKER_MODEL"] = args.model
+        os.environ.pop("BACKFILL_WORKER_MODELS", None)
+        get_settings.cache_clear()
+    if args.models:
+        os.environ["BACKFILL_WORKER_MODELS"] = args.models
         get_settings.cache_clear()
     from worker.celery_app import app
 
     if args.role == "gpu":
-        from worker.service import get_runner
+        from worker import service
 
-        model = get_settings().current_worker_model()
-        get_runner()  # load the engine once, before the first task
-        argv = ["worker", "-Q", f"gpu.{model}", "-P", "solo", "-c", "1", "--prefetch-multiplier", "1"]
+        models = get_settings().current_worker_models()
+        # Load an engine once, before the first task; several models share one engine slot.
+        if service.serves_several_models():
+            service.get_slot().warm()
+        else:
+            service.get_runner()
+        queues = ",".join(f"gpu.{model}" for model in models)
+        argv = ["worker", "-Q", queues, "-P", "solo", "-c", "1", "--prefetch-multiplier", "1"]
     else:
         argv = ["worker", "-Q", "default", "-P", "threads", "-c", "2"]
     app.worker_main([*argv, "--loglevel", "INFO", "-n", f"{args.role}@%h.{os.getpid()}"])

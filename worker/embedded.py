@@ -37,7 +37,13 @@ class EmbeddedWorker:
 
     def _main(self) -> None:
         try:
-            runners = [service.get_runner(model) for model in get_settings().served_models()]
+            # BACKFILL_WORKER_MODELS with several names: those share one engine slot, loaded one at a time;
+            # any other registry model keeps its own engine, as by default.
+            slot = service.get_slot() if service.serves_several_models() else None
+            shared = set(slot.models) if slot is not None else set()
+            runners = [service.get_runner(model) for model in get_settings().served_models() if model not in shared]
+            if slot is not None:
+                slot.warm()
         except BaseException as error:  # surfaced on /health
             self.error = error
             log.exception("embedded worker could not load its engine")
@@ -54,6 +60,8 @@ class EmbeddedWorker:
                 busy |= self._ingest_pending()
                 for runner in runners:
                     busy |= runner.run_for(1.0, stop=self.stop)
+                if slot is not None:
+                    busy |= slot.serve_for(1.0, stop=self.stop)
                 busy |= self._finalize_ready()
             except Exception:
                 log.exception("embedded worker pass failed; retrying")

@@ -1,31 +1,38 @@
 """Ingest: stream a batch's input file once, report every bad line, or fill the queue.
 
 Rows are inserted in chunks inside a savepoint while checking; any bad line rolls the savepoint back,
-so a rejected file leaves no queue rows and costs no compute.
+so a rejected file leaves no queue rows and costs no compute. Once every line is valid, admission runs
+on the queue as it would be with the job in it: the tenant's enqueued-token quota for the model
+(`token_limit_exceeded`), then whether the job and those already accepted can finish inside their windows
+at the measured throughput (`admission_policy`: a `deadline_at_risk` warning, or `deadline_infeasible`).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from datetime import UTC, datetime
+from typing import Any, cast
 
 import orjson
-from sqlalchemy import insert
+from sqlalchemy import Table, bindparam, insert
 from sqlalchemy.orm import Session
 
 from storage import lifecycle
 from storage.batch_lines import LineChecker, LineError, ParsedLine, iter_lines
 from storage.batches import get_batch
 from storage.blobs import BlobStore
+from storage.claim_order import SharedPrefixes, prefix_key_of
 from storage.errors import FileNotFound
+from storage.estimates import Admission, admission_check, open_jobs, request_size
 from storage.files import get_file
 from storage.ids import new_id
-from storage.models import Batch, BatchRequest
+from storage.models import Batch, BatchRequest, Tenant
 from storage.settings import Settings
 
 log = logging.getLogger(__name__)
 
 INSERT_CHUNK = 2000
+Problem = dict[str, Any]  # a batch-level entry of `errors.data` / `warnings.data`
 
 
 def ingest_batch(session: Session, blobs: BlobStore, settings: Settings, *, batch_id: str) -> str:
@@ -47,7 +54,12 @@ def ingest_batch(session: Session, blobs: BlobStore, settings: Settings, *, batc
     if errors:
         savepoint.rollback()
         return _fail(batch, errors)
+    rejection, warnings = _admit(session, settings, batch=batch)
+    if rejection is not None:
+        savepoint.rollback()
+        return _reject(batch, rejection)
     savepoint.commit()
+    batch.warnings = warnings or None
     batch.request_total = count
     lifecycle.transition(batch, lifecycle.IN_PROGRESS)
     session.flush()
@@ -66,18 +78,24 @@ def _stream_into_queue(
 ) -> int:
     checker = LineChecker(endpoint=batch.endpoint, max_requests=settings.batch_max_requests)
     pending: list[dict[str, Any]] = []
+    prefixes = SharedPrefixes()
     chunks = blobs.open_stream(blob_key, chunk_bytes=settings.stream_chunk_bytes)
     for number, raw in iter_lines(chunks, max_line_bytes=settings.line_max_bytes):
         outcome = checker.check(number, raw, max_line_bytes=settings.line_max_bytes)
         if isinstance(outcome, LineError):
             errors.append(outcome)
         elif isinstance(outcome, ParsedLine) and not errors:
-            pending.append(_row(batch, outcome))
+            row = _row(batch, outcome, line_bytes=len(raw or b""))
+            prefixes.assign(row, prefix_key_of(outcome.url, outcome.body, chars=settings.prefix_chars))
+            pending.append(row)
             if len(pending) >= INSERT_CHUNK:
                 _insert(session, pending)
                 pending.clear()
+                prefixes.inserted()
     if pending and not errors:
         _insert(session, pending)
+    if prefixes.late_keys and not errors:
+        _set_prefix_keys(session, prefixes.late_keys)
     if checker.model is not None:
         batch.model = checker.model
     return len(checker.custom_ids)
@@ -94,6 +112,9 @@ _COPY_COLUMNS = (
     "body",
     "status",
     "deadline",
+    "prefix_key",
+    "est_input_tokens",
+    "max_output_tokens",
     "attempts",
     "prompt_tokens",
     "completion_tokens",
@@ -114,7 +135,15 @@ def _insert(session: Session, rows: list[dict[str, Any]]) -> None:
             copy.write_row([orjson.dumps(row[c]).decode() if c == "body" else row[c] for c in _COPY_COLUMNS])
 
 
-def _row(batch: Batch, line: ParsedLine) -> dict[str, Any]:
+def _set_prefix_keys(session: Session, keys: list[tuple[str, str]]) -> None:
+    """Give already inserted rows their prefix key: the first row of each prefix a later row shared."""
+    table = cast(Table, BatchRequest.__table__)
+    statement = table.update().where(table.c.id == bindparam("b_id")).values(prefix_key=bindparam("b_key"))
+    session.execute(statement, [{"b_id": row_id, "b_key": key} for row_id, key in keys])
+
+
+def _row(batch: Batch, line: ParsedLine, *, line_bytes: int) -> dict[str, Any]:
+    input_tokens, output_tokens = request_size(line.url, line.body, line_bytes=line_bytes)
     return {
         "id": new_id("batch_req_"),
         "batch_id": batch.id,
@@ -126,11 +155,92 @@ def _row(batch: Batch, line: ParsedLine) -> dict[str, Any]:
         "body": line.body,
         "status": lifecycle.REQ_QUEUED,
         "deadline": batch.expires_at,
+        "prefix_key": "",  # set by SharedPrefixes
+        "est_input_tokens": input_tokens,
+        "max_output_tokens": output_tokens,
         "attempts": 0,
         "prompt_tokens": 0,
         "completion_tokens": 0,
         "engine_seconds": 0.0,
     }
+
+
+def _admit(session: Session, settings: Settings, *, batch: Batch) -> tuple[Problem | None, list[Problem]]:
+    """(a rejection, warnings) for a job whose rows are queued but not yet committed."""
+    model = batch.model or ""
+    limit = _token_limit(session, settings, tenant_id=batch.tenant_id)
+    if limit is None and settings.admission_policy == "off":
+        return None, []
+    jobs = open_jobs(session, model=model)
+    if limit is not None:
+        mine = [job for job in jobs if job.tenant_id == batch.tenant_id]
+        enqueued = sum(job.shape.input_tokens for job in mine)
+        if enqueued > limit:
+            added = sum(job.shape.input_tokens for job in mine if job.batch_id == batch.id)
+            return _quota_problem(session, batch, limit=limit, enqueued=enqueued - added, added=added), []
+    if settings.admission_policy == "off":
+        return None, []
+    check = admission_check(session, batch_id=batch.id, model=model, settings=settings, jobs=jobs)
+    if check.fits:
+        return None, []
+    measured = check.throughput.source == "measured"
+    if settings.admission_policy == "reject" and measured:
+        return _problem("deadline_infeasible", _deadline_message(check, rejected=True)), []
+    return None, [_problem("deadline_at_risk", _deadline_message(check, rejected=False))]
+
+
+def _problem(code: str, message: str) -> Problem:
+    """A batch-level entry in OpenAI's `errors.data` shape (no line: it concerns the whole job)."""
+    return {"code": code, "message": message, "param": None, "line": None}
+
+
+def _token_limit(session: Session, settings: Settings, *, tenant_id: str) -> int | None:
+    """The tenant's enqueued-token limit per model: its override (by id or name), else the default."""
+    overrides = settings.enqueued_token_limits
+    if tenant_id in overrides:
+        return overrides[tenant_id]
+    tenant = session.get(Tenant, tenant_id) if overrides else None
+    if tenant is not None and tenant.name in overrides:
+        return overrides[tenant.name]
+    return settings.enqueued_token_limit
+
+
+def _quota_problem(session: Session, batch: Batch, *, limit: int, enqueued: int, added: int) -> Problem:
+    tenant = session.get(Tenant, batch.tenant_id)
+    name = tenant.name if tenant is not None else batch.tenant_id
+    message = (
+        f"Enqueued token limit reached for {batch.model} in organization {name}. Limit: {limit:,} enqueued "
+        f"tokens; {enqueued:,} are already enqueued and this batch adds about {added:,}. Please try again "
+        "once some in_progress batches have been completed, or submit a smaller batch."
+    )
+    return _problem("token_limit_exceeded", message)
+
+
+def _deadline_message(check: Admission, *, rejected: bool) -> str:
+    rate = check.throughput
+    speed = f"{rate.work_per_second:,.0f} tokens/s"
+    basis = f"the measured {speed}" if rate.source == "measured" else f"an assumed {speed} (not measured yet)"
+    parts = []
+    if check.finish_at > check.deadline_at:
+        parts.append(
+            f"this batch is estimated to finish at {_utc(check.finish_at)}, after its completion window "
+            f"closes at {_utc(check.deadline_at)}"
+        )
+    if check.newly_late:
+        parts.append(f"it would push {len(check.newly_late)} accepted batches past their deadlines")
+    outcome = "The batch was not enqueued." if rejected else "The batch was accepted anyway; it may expire unfinished."
+    return f"At {basis} behind the current backlog, {' and '.join(parts)}. {outcome}"
+
+
+def _utc(at: float) -> str:
+    return datetime.fromtimestamp(at, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _reject(batch: Batch, problem: Problem) -> str:
+    batch.errors = [problem]
+    lifecycle.transition(batch, lifecycle.FAILED)
+    log.info("batch %s refused at admission: %s", batch.id, problem["code"])
+    return batch.status
 
 
 def _fail(batch: Batch, errors: list[LineError]) -> str:

@@ -87,6 +87,7 @@ class Runner:
         self.max_inflight = engine.max_num_seqs * settings.inflight_per_seq
         self.refill_below = self.max_inflight - max(1, engine.max_num_seqs // 2)
         self.inflight: set[str] = set()
+        self.urgent: set[str] = set()  # in-flight requests claimed inside their deadline's urgency horizon
         self.pending: list[EngineResult] = []
         self.occupancy = Occupancy()
         self.samples: deque[tuple[float, int, int]] = deque(maxlen=14_400)  # (time, running, queued)
@@ -123,6 +124,24 @@ class Runner:
                 self._close_run()
             return True
 
+    def hand_back(self, *, drain_seconds: float) -> int:
+        """Stop claiming, let in-flight work finish for up to `drain_seconds`, re-queue the rest; return how many."""
+        with self._lock:
+            until = time.monotonic() + drain_seconds
+            while self.engine.has_unfinished() and time.monotonic() < until:
+                self._step()
+                self._flush(force=False)
+                self._renew_if_due()
+            left = sorted(self.inflight)
+            self.engine.abort(left)
+            self.urgent.clear()
+            self._flush(force=True)
+            with transaction() as session:
+                released = queue.release(session, worker_id=self.worker_id, request_ids=left)
+            self.inflight.clear()
+            self._close_run()
+            return released
+
     def _close_run(self) -> None:
         """The engine went idle: the next work starts a new EngineRun (a stretch of busy time)."""
         if self._run_written:
@@ -133,6 +152,8 @@ class Runner:
             self.totals = _RunTotals()
 
     def _top_up(self) -> None:
+        if (dispatch_limit := getattr(self.engine, "dispatch_limit", None)) is not None:
+            self.max_inflight = self.refill_below = dispatch_limit()  # shared mode: the engine's budget decides
         if len(self.inflight) >= self.refill_below:
             return
         idle = not self.engine.has_unfinished()
@@ -156,6 +177,15 @@ class Runner:
                 self.pending.append(rejected)
             else:
                 self.inflight.add(item.id)
+                if item.urgent:
+                    self.urgent.add(item.id)
+        self._signal_urgency()
+
+    def _signal_urgency(self) -> None:
+        """Tell an engine that can lend capacity (shared mode) whether work near its deadline is in flight."""
+        self.urgent &= self.inflight
+        if (set_urgent := getattr(self.engine, "set_urgent", None)) is not None:
+            set_urgent(bool(self.urgent))
 
     def _step(self) -> None:
         started = time.perf_counter()
@@ -178,6 +208,8 @@ class Runner:
             self.samples.append((time.time(), running, queued))
         for result in results:
             self.inflight.discard(result.request_id)
+        if self.urgent and not self.urgent & self.inflight:
+            self._signal_urgency()  # the last urgent request finished: give lent capacity back
         self.pending.extend(results)
 
     def _flush(self, *, force: bool) -> None:
@@ -250,6 +282,7 @@ class Runner:
             log.info("aborting %d requests no longer leased (cancelled, expired or re-queued)", len(lost))
             self.engine.abort(sorted(lost))
             self.inflight -= lost
+            self._signal_urgency()
 
     def _queue_has_work(self) -> bool:
         with transaction() as session:

@@ -14,6 +14,7 @@ from storage.costs import batch_cost_json
 from storage.errors import InvalidRequest, ModelNotFound
 from storage.estimates import estimate_job, shape_of_jsonl
 from storage.files import get_file
+from storage.goodput import batch_goodput
 from storage.wakeups import wake_after_commit
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
@@ -75,9 +76,14 @@ def _served_model(blobs: Blobs, settings: Config, blob_key: str) -> str | None:
 
 @router.get("/{batch_id}", response_model=BatchObject)
 def retrieve(batch_id: str, session: DbSession, caller: Caller, settings: Config) -> BatchObject:
-    """One batch, with live request counts and (a Backfill extension) its cost block."""
+    """One batch, with live request counts and (Backfill extensions) its cost block and goodput."""
     batch = get_batch(session, tenant_id=caller.tenant_id, batch_id=batch_id)
-    return BatchObject.of(batch, cost=batch_cost_json(session, batch, settings))
+    goodput = batch_goodput(session, batch_id=batch.id)
+    return BatchObject.of(
+        batch,
+        cost=batch_cost_json(session, batch, settings),
+        goodput=None if goodput is None else goodput.to_json(object_name="batch.goodput"),
+    )
 
 
 @router.get("", response_model=BatchList)

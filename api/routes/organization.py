@@ -1,4 +1,4 @@
-"""Finance reports in the shape of OpenAI's admin API: daily costs and usage, as JSON or CSV."""
+"""Finance reports in the shape of OpenAI's admin API: daily costs and usage (JSON or CSV), and goodput."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse, Response
 from api.deps import Caller, Config, DbSession
 from storage.clock import now
 from storage.errors import InvalidRequest, PermissionDenied
+from storage.goodput import goodput_report
 from storage.tenants import Principal
 from storage.usage import Bucket, check_window, cost_report, page_json, parse_group_by, to_csv, usage_report
 
@@ -99,3 +100,24 @@ def usage(
         session, start_time=start, end_time=end, tenant_id=_scope(caller, tenant_id), group_by=groups
     )
     return _render(buckets, kind="usage", fmt=fmt, group_by=groups, window=f"{start}_{end}")
+
+
+@router.get("/goodput", response_model=dict[str, Any])
+def goodput(
+    session: DbSession,
+    caller: Caller,
+    start_time: StartTime,
+    end_time: EndTime = None,
+    bucket_width: BucketWidth = "1d",
+    group_by: GroupBy = None,
+    tenant_id: TenantFilter = None,
+) -> Response:
+    """Backfill extension: daily goodput, requests completed before their deadline / requests accepted, by
+    the UTC day of the deadline, with what became of the rest (completed late, failed, expired, cancelled,
+    still open)."""
+    start, end = _window(start_time, end_time, bucket_width, "json")
+    groups = parse_group_by(group_by)
+    buckets = goodput_report(
+        session, start_time=start, end_time=end, tenant_id=_scope(caller, tenant_id), group_by=groups
+    )
+    return JSONResponse(page_json(buckets))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -47,6 +48,19 @@ def _set_env_defaults(spec: ModelSpec) -> None:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; without it CPU start-up refuses
 
 
+def _forget_import_tracebacks() -> None:
+    """Drop the tracebacks of ImportErrors vLLM keeps in module globals (e.g. a missing torchcodec).
+
+    Such a traceback pins every frame on the stack when vLLM was first imported, this engine's `__init__`
+    (and `self`) included, so the first engine of a process could never be freed on a model switch.
+    """
+    for name, module in list(sys.modules.items()):
+        if name.startswith("vllm") and module is not None:
+            for value in list(vars(module).values()):
+                if isinstance(value, BaseException):
+                    value.__traceback__ = None
+
+
 @dataclass
 class _InFlight:
     """A submitted request: its parsed body and the engine requests it fanned out to."""
@@ -65,6 +79,7 @@ class VllmEngine:
         _set_env_defaults(spec)
         from vllm import EngineArgs, LLMEngine
 
+        _forget_import_tracebacks()
         args = EngineArgs(
             model=spec.path,
             runner=spec.runner,  # type: ignore[arg-type]
@@ -90,6 +105,8 @@ class VllmEngine:
         self._defaults: dict[str, Any] = self._model_config.get_diff_sampling_param()
         self._inflight: dict[str, _InFlight] = {}
         self._owner: dict[str, str] = {}  # engine request id -> our request id
+        self._prefix_queries = 0  # prompt tokens of finished requests, and those the prefix cache served
+        self._prefix_hits = 0
         self._renderer = self._engine.renderer
         if "generate" in self._tasks:
             self._tokenizer = self._engine.get_tokenizer()
@@ -158,7 +175,13 @@ class VllmEngine:
         another process, so we fall back to an estimate from what is in flight.
         """
         core = getattr(self._engine.engine_core, "engine_core", None)
-        extra: dict[str, Any] = {"requests_in_flight": len(self._inflight)}
+        extra: dict[str, Any] = {
+            "requests_in_flight": len(self._inflight),
+            # Cumulative over finished requests, from each output's `num_cached_tokens`, like vLLM's
+            # vllm:prefix_cache_queries_total / vllm:prefix_cache_hits_total (tokens).
+            "prefix_cache_queries": self._prefix_queries,
+            "prefix_cache_hits": self._prefix_hits,
+        }
         if core is None:
             sequences = len(self._owner)
             running = min(sequences, self.max_num_seqs)
@@ -286,6 +309,8 @@ class VllmEngine:
             return server_error(flight.request_id, f"the engine failed on this request: {problem.message}")
         body = flight.body
         prompt_tokens = sum(len(o.prompt_token_ids or ()) for o in outputs)
+        self._prefix_queries += prompt_tokens
+        self._prefix_hits += sum(getattr(o, "num_cached_tokens", None) or 0 for o in outputs)
         if isinstance(body, EmbeddingBody):
             vectors = [o.outputs.data.float().tolist() for o in outputs]
             response = embedding_list(

@@ -140,3 +140,32 @@ def test_the_reaper_wakes_a_model_only_when_no_worker_is_on_it(backend: Backend)
         queue.claim(session, model="fake-model", worker_id="w", limit=2, lease_seconds=30)
     with transaction() as session:
         assert reap(session).models_with_work == []  # a live worker keeps claiming on its own
+
+
+class _UrgencyRecordingEngine(FakeEngine):
+    """The fake engine with shared mode's `set_urgent` hook, recording what the runner signals."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.signals: list[bool] = []
+
+    def set_urgent(self, urgent: bool) -> None:
+        self.signals.append(urgent)
+
+
+def test_runner_tells_the_engine_while_work_near_its_deadline_is_in_flight(backend: Backend) -> None:
+    relaxed = enqueue(4, tenant="relaxed", deadline_in=86_400)
+    engine = _UrgencyRecordingEngine("fake-model", max_num_seqs=4, max_model_len=10**9)
+    runner = Runner(engine, model="fake-model", settings=get_settings(), worker_id="w1")
+    while runner.run_for(2.0):
+        pass
+    assert statuses(relaxed) == {"completed": 4}
+    assert True not in engine.signals  # a day away is not urgent: no capacity is borrowed
+
+    tight = enqueue(4, tenant="tight", deadline_in=60)  # inside the default 15-minute urgency horizon
+    engine.signals.clear()
+    while runner.run_for(2.0):
+        pass
+    assert statuses(tight) == {"completed": 4}
+    assert engine.signals[0] is True and engine.signals[-1] is False  # borrowed, then given back
+    assert not runner.urgent

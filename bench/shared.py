@@ -1,0 +1,463 @@
+"""Shared-mode benchmark: online latency and harvested batch throughput on one vLLM server.
+
+A real `python -m vllm.entrypoints.openai.api_server` on the demo model with `--scheduling-policy priority`
+serves an open-loop Poisson stream of short streaming chats (the online users, default priority 0). For
+each online rate it measures, in the same run:
+
+- online TTFT and TPOT (p50, p99) without Backfill, then with Backfill harvesting in shared mode (the
+  Runner + HTTP engine fed from the real queue through the storage layer, as bench/engine.py does);
+- the batch tokens/s Backfill harvested meanwhile (completion tokens of results it recorded);
+- once, the batch tokens/s the server reaches with batch work alone (the same runner and queue, no online
+  load, the budget allowed every slot: headroom 0).
+
+Ratios: p99 with ÷ without (goal <= 1.10) and harvested ÷ batch-alone (goal >= 0.70 at the lowest rate).
+Goodput: a job with a tight window (`--tight-window-seconds`, sized to `--tight-share` of the batch-alone
+capacity over that window) submitted beside the highest online rate and the 24h backlog left by the
+phases before: requests completed before its deadline ÷ requests accepted (storage/goodput.py).
+Plots: docs/shared-throughput.png and docs/shared-latency.png. The online load generator runs in its own
+process so the runner's Python work does not delay its clocks (it still shares the two cores).
+
+Usage: .venv/bin/python bench/shared.py [--quick] [--rates 0.5,1,2] [--seconds 60] [--database-url URL]
+       [--tight-window-seconds 60] [--tight-share 0.5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+SERVED_NAME = "demo-online"
+MODEL = "backfill-demo"
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+
+# -- the online load generator (run in a child process) ------------------------------------------------
+
+
+async def _online_request(client: Any, url: str, index: int, tokens: int) -> dict[str, Any]:
+    body = {
+        "model": SERVED_NAME,
+        "messages": [{"role": "user", "content": f"Question {index}: how do I reverse a list in Python?"}],
+        "max_tokens": tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    sent = time.perf_counter()
+    first = last = None
+    completion_tokens = 0
+    async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+        if response.status_code != 200:
+            return {"ok": False, "status": response.status_code}
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("choices"):  # vLLM sends the first chunk once the first token exists
+                last = time.perf_counter()
+                first = first or last
+            if chunk.get("usage"):
+                completion_tokens = chunk["usage"]["completion_tokens"]
+    if first is None or last is None:
+        return {"ok": False, "status": 200}
+    tpot = (last - first) / (completion_tokens - 1) if completion_tokens > 1 else None
+    return {"ok": True, "ttft": first - sent, "tpot": tpot, "tokens": completion_tokens}
+
+
+async def _online_load(url: str, rate: float, seconds: float, tokens: int, seed: int) -> list[dict[str, Any]]:
+    import httpx
+
+    rng = random.Random(seed)
+    arrivals: list[float] = []
+    at = rng.expovariate(rate)
+    while at < seconds:
+        arrivals.append(at)
+        at += rng.expovariate(rate)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+        start = time.perf_counter()
+
+        async def one(index: int, offset: float) -> dict[str, Any]:
+            await asyncio.sleep(max(0.0, start + offset - time.perf_counter()))
+            try:
+                row = await _online_request(client, url, index, tokens)
+            except httpx.HTTPError as error:
+                row = {"ok": False, "status": type(error).__name__}
+            return {**row, "at": round(offset, 3)}
+
+        return list(await asyncio.gather(*(one(i, offset) for i, offset in enumerate(arrivals))))
+
+
+def start_online_load(url: str, rate: float, seconds: float, tokens: int, seed: int) -> subprocess.Popen[bytes]:
+    """The online users, in a child process that prints one JSON list of per-request figures."""
+    args = ["--online-load", url, "--rate", str(rate), "--seconds", str(seconds), "--online-tokens", str(tokens)]
+    command = [sys.executable, __file__, *args, "--seed", str(seed)]
+    return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+
+def go(proc: subprocess.Popen[bytes]) -> None:
+    """Tell a waiting load generator to start its arrivals now."""
+    assert proc.stdin is not None
+    proc.stdin.write(b"go\n")
+    proc.stdin.flush()  # communicate() closes it later
+
+
+RAW: dict[str, list[dict[str, Any]]] = {}  # every online request of every phase, saved to bench/out/shared.json
+
+
+def online_figures(proc: subprocess.Popen[bytes], label: str) -> dict[str, Any]:
+    out, _ = proc.communicate(timeout=900)
+    rows = RAW[label] = json.loads(out)
+    ok = [row for row in rows if row["ok"]]
+    ttft = [row["ttft"] * 1000 for row in ok]
+    tpot = [row["tpot"] * 1000 for row in ok if row["tpot"] is not None]
+    return {
+        "requests": len(rows),
+        "errors": len(rows) - len(ok),
+        "ttft_p50_ms": percentile(ttft, 50),
+        "ttft_p99_ms": percentile(ttft, 99),
+        "tpot_p50_ms": percentile(tpot, 50),
+        "tpot_p99_ms": percentile(tpot, 99),
+    }
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    if len(values) == 1:
+        return round(values[0], 2)
+    return round(statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1], 2)
+
+
+# -- the vLLM server ----------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_server(model_dir: Path, max_num_seqs: int, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    command = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        *("--model", str(model_dir), "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port)),
+        *("--dtype", "float32", "--enforce-eager", "--max-model-len", "2048", "--max-num-seqs", str(max_num_seqs)),
+        *("--scheduling-policy", "priority"),
+    ]
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # prepare_env sets it for in-process engines; a server is not one
+    with log.open("wb") as out:
+        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    import httpx
+
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the vLLM server exited:\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    stop_server(proc)
+    raise RuntimeError("the vLLM server did not become healthy in 300 s")
+
+
+def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+def server_counter(url: str, name: str) -> float:
+    import httpx
+
+    text = httpx.get(f"{url}/metrics", timeout=5).text
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
+# -- Backfill in shared mode --------------------------------------------------------------------------
+
+
+def use_shared_registry(url: str, max_num_seqs: int, **knobs: Any) -> None:
+    from storage.settings import get_settings
+
+    shared = {"server_url": url, "server_model": SERVED_NAME, **knobs}
+    registry = {MODEL: {"path": "served-by-the-server", "max_num_seqs": max_num_seqs, "shared": shared}}
+    os.environ["BACKFILL_MODELS"] = json.dumps(registry)
+    get_settings.cache_clear()
+
+
+def harvest(
+    seconds: float,
+    lines: list[dict[str, Any]],
+    *,
+    online: subprocess.Popen[bytes] | None = None,
+    window: str = "24h",
+    warm_seconds: float = 2.0,
+) -> dict[str, Any]:
+    """Queue `lines`, run a fresh runner + HTTP engine for `seconds` (less once they are all done);
+    tokens/s of the results it recorded, and the batch id."""
+    from storage import batch_requests as queue
+    from storage.db import transaction
+    from storage.settings import get_settings
+    from worker.runner import Runner
+    from worker.service import load_engine
+
+    batch_id = submit_batch(lines, window=window)
+    engine = load_engine(get_settings(), MODEL)
+    runner = Runner(engine, model=MODEL, settings=get_settings())
+    try:
+        runner.run_for(warm_seconds)  # the budget climbs to its limit; measure from here
+        if online is not None:
+            go(online)  # the online users start now
+        before = runner.totals.completion_tokens
+        started = time.perf_counter()
+        while time.perf_counter() - started < seconds and runner.run_for(min(1.0, seconds)):
+            with transaction() as session:
+                if not queue.open_count(session, batch_id=batch_id):
+                    break
+        elapsed = time.perf_counter() - started
+        tokens = runner.totals.completion_tokens - before
+        extra = engine.stats().extra
+    finally:
+        engine.close()  # type: ignore[attr-defined]
+    return {
+        "tokens_per_s": tokens / elapsed,
+        "tokens": tokens,
+        "seconds": elapsed,
+        "yields": extra.get("yields", 0),
+        "batch_id": batch_id,
+    }
+
+
+def submit_batch(lines: list[dict[str, Any]], *, window: str) -> str:
+    """Upload + create + ingest a batch with its completion window through the storage layer."""
+    from storage.batches import create_batch
+    from storage.blobs import get_blob_store
+    from storage.db import transaction
+    from storage.files import create_file
+    from storage.settings import get_settings
+    from storage.tenants import get_or_create_tenant
+    from worker.ingest import ingest_batch
+
+    data = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+    with transaction() as session:
+        tenant = get_or_create_tenant(session, name="bench")
+        source = create_file(
+            session, get_blob_store(), tenant_id=tenant.id, filename="bench.jsonl", purpose="batch", chunks=[data]
+        )
+        batch = create_batch(
+            session,
+            tenant_id=tenant.id,
+            input_file_id=source.id,
+            endpoint="/v1/chat/completions",
+            completion_window=window,
+            model=MODEL,
+            metadata=None,
+        )
+    with transaction() as session:
+        ingest_batch(session, get_blob_store(), get_settings(), batch_id=batch.id)
+    return batch.id
+
+
+def tight_job(url: str, rate: float, window_seconds: int, requests: int, args: argparse.Namespace) -> dict[str, Any]:
+    """A job whose window is tight, run beside the highest online rate and the 24h backlog: its goodput."""
+    from bench._setup import chat_line
+    from storage.db import transaction
+    from storage.goodput import batch_goodput
+
+    online = start_online_load(url, rate, window_seconds, args.online_tokens, args.seed + 100)
+    lines = [{**chat_line(i, args.batch_tokens), "custom_id": f"tight{i}"} for i in range(requests)]
+    run = harvest(window_seconds + 3, lines, online=online, window=f"{window_seconds}s", warm_seconds=0.0)
+    online_figures(online, f"tight@{rate}")
+    with transaction() as session:
+        good = batch_goodput(session, batch_id=run["batch_id"])
+    assert good is not None
+    return {
+        "online_rate_per_s": rate,
+        "window_seconds": window_seconds,
+        "requests": requests,
+        "completed_on_time": good.completed_on_time,
+        "completed_late": good.completed_late,
+        "still_open_at_deadline": good.open,
+        "goodput": round(good.goodput or 0.0, 3),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="two rates, 15 s phases: under 5 minutes")
+    parser.add_argument("--rates", default="0.5,1,2", help="online requests per second, comma-separated")
+    parser.add_argument("--seconds", type=float, default=60.0, help="length of each measured phase")
+    parser.add_argument("--online-tokens", type=int, default=32)
+    parser.add_argument("--batch-tokens", type=int, default=64)
+    parser.add_argument("--max-num-seqs", type=int, default=8)
+    parser.add_argument("--database-url", default=None, help="Postgres URL (default: embedded SQLite)")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--headroom-seqs", type=int, default=2, help="budget knob: slots kept free for online")
+    parser.add_argument("--poll-seconds", type=float, default=0.2, help="budget knob: /metrics poll interval")
+    parser.add_argument("--tight-window-seconds", type=int, default=60, help="completion window of the tight job")
+    parser.add_argument("--tight-share", type=float, default=0.5, help="its work as a share of batch-alone capacity")
+    parser.add_argument("--online-load", default=None, help=argparse.SUPPRESS)  # child-process mode
+    parser.add_argument("--rate", type=float, default=1.0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.online_load:
+        return run_online_child(args)
+    rates = [0.5, 2.0] if args.quick else [float(r) for r in args.rates.split(",")]
+    seconds = 15.0 if args.quick else args.seconds
+    if args.quick:
+        args.tight_window_seconds = 30
+    os.environ["BACKFILL_COMPLETION_WINDOWS"] = json.dumps({"24h": "0.5", f"{args.tight_window_seconds}s": "0.3"})
+    from bench._setup import OUT, prepare_env
+
+    model_dir = prepare_env(database_url=args.database_url, max_num_seqs=args.max_num_seqs)
+    server, url = start_server(model_dir, args.max_num_seqs, OUT / "shared-server.log")
+    try:
+        result = measure(url, rates, seconds, args)
+    finally:
+        stop_server(server)
+    print(json.dumps(result, indent=2))
+    (OUT / "shared.json").write_text(json.dumps({"result": result, "online_requests": RAW}))
+    plot(result)
+    return 0
+
+
+def run_online_child(args: argparse.Namespace) -> int:
+    """Wait for the parent's go on stdin, run the arrivals, print the figures as one JSON list."""
+    sys.stdin.readline()
+    rows = asyncio.run(_online_load(args.online_load, args.rate, args.seconds, args.online_tokens, args.seed))
+    print(json.dumps(rows))
+    return 0
+
+
+def measure(url: str, rates: list[float], seconds: float, args: argparse.Namespace) -> dict[str, Any]:
+    from bench._setup import chat_line
+
+    slots = args.max_num_seqs
+    # Enough queued work that the runner never runs dry: the whole server at ~1 s per request, twice over.
+    backlog = int((seconds + 5) * slots * 2)
+    lines = [chat_line(i, args.batch_tokens) for i in range(backlog)]
+    _warm(url, args)
+    use_shared_registry(url, slots, headroom_seqs=0)
+    alone = harvest(seconds, lines)
+    use_shared_registry(url, slots, headroom_seqs=args.headroom_seqs, poll_seconds=args.poll_seconds)
+    rows = []
+    for index, rate in enumerate(rates):
+        seed = args.seed + index
+        without_proc = start_online_load(url, rate, seconds, args.online_tokens, seed)
+        go(without_proc)
+        without = online_figures(without_proc, f"without@{rate}")
+        preempted = server_counter(url, "vllm:num_preemptions_total")
+        with_proc = start_online_load(url, rate, seconds, args.online_tokens, seed)  # the same arrivals
+        harvested = harvest(seconds, lines, online=with_proc)
+        with_ = online_figures(with_proc, f"with@{rate}")
+        rows.append(
+            {
+                "online_rate_per_s": rate,
+                "without_backfill": without,
+                "with_backfill": with_,
+                "harvested_batch_tokens_per_s": round(harvested["tokens_per_s"], 1),
+                "harvested_batch_tokens": harvested["tokens"],
+                "harvested_over_batch_alone": round(harvested["tokens_per_s"] / alone["tokens_per_s"], 3),
+                "ttft_p99_with_over_without": _ratio(with_["ttft_p99_ms"], without["ttft_p99_ms"]),
+                "tpot_p99_with_over_without": _ratio(with_["tpot_p99_ms"], without["tpot_p99_ms"]),
+                "batch_calls_yielded": harvested["yields"],
+                "server_preemptions": int(server_counter(url, "vllm:num_preemptions_total") - preempted),
+            }
+        )
+    lowest = rows[0]
+    # The tight job needs `tight_share` of the server's batch-alone capacity over its window.
+    window = int(args.tight_window_seconds)
+    tight_requests = max(1, int(args.tight_share * window * alone["tokens_per_s"] / args.batch_tokens))
+    tight = tight_job(url, rates[-1], window, tight_requests, args)
+    return {
+        "seconds_per_phase": seconds,
+        "max_num_seqs": slots,
+        "online_tokens_each": args.online_tokens,
+        "batch_tokens_each": args.batch_tokens,
+        "budget": {"headroom_seqs": args.headroom_seqs, "poll_seconds": args.poll_seconds},
+        "batch_alone_tokens_per_s": round(alone["tokens_per_s"], 1),
+        "batch_alone_tokens": alone["tokens"],
+        "rates": rows,
+        "goal_p99_ratio_max": 1.10,
+        "goal_harvest_ratio_min_at_lowest_rate": 0.70,
+        "worst_ttft_p99_ratio": max((r["ttft_p99_with_over_without"] or 0) for r in rows),
+        "worst_tpot_p99_ratio": max((r["tpot_p99_with_over_without"] or 0) for r in rows),
+        "harvest_ratio_at_lowest_rate": lowest["harvested_over_batch_alone"],
+        "tight_window_job": tight,
+    }
+
+
+def _warm(url: str, args: argparse.Namespace) -> None:
+    """One short online burst first, so the first measured phase does not pay for cold caches."""
+    proc = start_online_load(url, 4.0, 3.0, args.online_tokens, 0)
+    go(proc)
+    proc.communicate(timeout=300)
+
+
+def _ratio(with_: float | None, without: float | None) -> float | None:
+    return round(with_ / without, 3) if with_ is not None and without else None
+
+
+def plot(result: dict[str, Any]) -> None:
+    """Throughput and p99 latency against the online rate: docs/shared-throughput.png, docs/shared-latency.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["rates"]
+    rates = [r["online_rate_per_s"] for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(rates, [r["harvested_batch_tokens_per_s"] for r in rows], marker="o", label="batch tokens/s harvested")
+    alone = result["batch_alone_tokens_per_s"]
+    ax.axhline(alone, color="grey", linestyle="--", label=f"batch alone: {alone:.0f} tokens/s")
+    ax.axhline(0.7 * alone, color="grey", linestyle=":", label="70 % of batch alone (goal)")
+    ax.set_xlabel("online load (requests/s, Poisson)")
+    ax.set_ylabel("batch completion tokens/s")
+    ax.set_ylim(bottom=0)
+    ax.set_title("Shared mode: batch throughput harvested beside online traffic")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    DOCS.mkdir(exist_ok=True)
+    fig.savefig(DOCS / "shared-throughput.png", dpi=110)
+
+    fig, (ttft, tpot) = plt.subplots(1, 2, figsize=(10, 4))
+    for axis, key, title in ((ttft, "ttft", "time to first token"), (tpot, "tpot", "time per output token")):
+        for side, style in (("without_backfill", "--"), ("with_backfill", "-")):
+            values = [r[side][f"{key}_p99_ms"] for r in rows]
+            axis.plot(rates, values, style, marker="o", label=f"p99 {side.replace('_', ' ')}")
+        axis.set_xlabel("online load (requests/s)")
+        axis.set_ylabel("ms")
+        axis.set_ylim(bottom=0)
+        axis.set_title(f"Online p99 {title}")
+        axis.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(DOCS / "shared-latency.png", dpi=110)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

