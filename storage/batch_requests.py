@@ -161,19 +161,22 @@ def _final_status(outcome: Outcome) -> str:
     return lifecycle.REQ_COMPLETED if 200 <= outcome.status_code < 300 else lifecycle.REQ_FAILED
 
 
-# Postgres: every result in one statement; the rows travel as one JSON document (one parameter to send).
+# Postgres: every result in one statement. The rows travel as one JSON document, except the response
+# bodies: json_to_recordset decodes escapes and refuses "\u0000" (which a model can emit), so bodies go as a
+# text[] (the json type keeps them verbatim) zipped to the rows by position.
 _STORE_JSON = text(
     """
     UPDATE batch_requests AS r SET
-        status = v.status, response_status = v.code, response_body = v.body,
+        status = v.status, response_status = v.code, response_body = CAST(b.body AS json),
         error_code = v.error_code, error_message = v.error_message, prompt_tokens = v.prompt,
         completion_tokens = v.completion, engine_seconds = v.seconds, run_id = :run_id,
         lease_owner = NULL, lease_expires_at = NULL, finished_at = :finished
-    FROM json_to_recordset(CAST(:rows AS json)) AS v(
-        id text, status text, code int, body json, error_code text, error_message text,
-        prompt int, completion int, seconds float8
-    )
-    WHERE r.id = v.id AND r.status = :running AND r.lease_owner = :worker_id
+    FROM ROWS FROM (json_to_recordset(CAST(:rows AS json)) AS (
+            id text, status text, code int, error_code text, error_message text,
+            prompt int, completion int, seconds float8
+        )) WITH ORDINALITY AS v(id, status, code, error_code, error_message, prompt, completion, seconds, n),
+        unnest(CAST(:bodies AS text[])) WITH ORDINALITY AS b(body, n)
+    WHERE b.n = v.n AND r.id = v.id AND r.status = :running AND r.lease_owner = :worker_id
     RETURNING r.batch_id, r.status
     """
 )
@@ -185,9 +188,8 @@ def _store_json(session: Session, *, worker_id: str, run_id: str, outcomes: list
             "id": o.request_id,
             "status": _final_status(o),
             "code": o.status_code,
-            "body": o.body,
             "error_code": o.error_code,
-            "error_message": o.error_message,
+            "error_message": o.error_message.replace("\x00", "\ufffd") if o.error_message else o.error_message,
             "prompt": o.prompt_tokens,
             "completion": o.completion_tokens,
             "seconds": o.engine_seconds,
@@ -196,6 +198,7 @@ def _store_json(session: Session, *, worker_id: str, run_id: str, outcomes: list
     ]
     params = {
         "rows": orjson.dumps(rows).decode(),
+        "bodies": [orjson.dumps(o.body).decode() for o in outcomes],
         "run_id": run_id,
         "finished": now_f(),
         "running": lifecycle.REQ_RUNNING,
