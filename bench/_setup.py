@@ -13,6 +13,13 @@ OUT = ROOT / "out"
 PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 
 
+def plot_dir() -> Path:
+    """Where plots go: docs/ for a full run, `BACKFILL_BENCH_PLOT_DIR` (bench/out/plots) for a smoke run."""
+    target = Path(os.environ.get("BACKFILL_BENCH_PLOT_DIR") or ROOT.parent / "docs")
+    target.mkdir(parents=True, exist_ok=True)
+    return target
+
+
 def fresh_postgres(prefix: str = "backfill_bench") -> str | None:
     """Create an empty Postgres database for this run (dropped at exit); None if no server answers."""
     import atexit

@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._setup import OUT, chat_line, fresh_postgres, prepare_env
+from bench._setup import OUT, chat_line, fresh_postgres, plot_dir, prepare_env
 
 _API: list[object] = []
 
@@ -95,7 +95,10 @@ def run_backfill(lines: list[dict[str, object]]) -> dict[str, float]:
         )
         runs = list(session.scalars(select(EngineRun)))
     queued = sum(r.queued_steps for r in runs)
-    occupancy = sum(r.queued_running_seq_steps for r in runs) / max(1, queued * runner.engine.max_num_seqs)
+    # Undefined (None) when work never waited: every request fit in the running batch at once.
+    occupancy = (
+        sum(r.queued_running_seq_steps for r in runs) / (queued * runner.engine.max_num_seqs) if queued else None
+    )
     for run in runs:  # keep this measurement's runs apart from the next one's
         with transaction() as session:
             session.delete(session.get(EngineRun, run.id))
@@ -203,7 +206,9 @@ def main() -> int:
         "output_file_seconds": round(min(o[1] for o in overheads), 2),
         "batch_size_sweep": [{"batch": p["batch"], "tokens_per_s": round(p["tokens_per_s"])} for p in sweep],
         "straggler_requests": len(mix),
-        "straggler_slot_occupancy_while_queued": round(continuous["occupancy"], 3),
+        "straggler_slot_occupancy_while_queued": (
+            round(continuous["occupancy"], 3) if continuous["occupancy"] is not None else None
+        ),
         "straggler_backfill_seconds": round(continuous["seconds"], 2),
         "straggler_static_chunks_seconds": round(static["seconds"], 2),
         "straggler_wall_ratio": round(continuous["seconds"] / static["seconds"], 3),
@@ -241,9 +246,7 @@ def plot_occupancy(samples: list[tuple[float, int, int]], max_num_seqs: int) -> 
     ax.set_title("Straggler mix (7x100 + 1x1,000 tokens per 8): the running batch stays full")
     ax.legend(loc="lower left", fontsize=8)
     fig.tight_layout()
-    docs = Path(__file__).resolve().parents[1] / "docs"
-    docs.mkdir(exist_ok=True)
-    fig.savefig(docs / "straggler-occupancy.png", dpi=110)
+    fig.savefig(plot_dir() / "straggler-occupancy.png", dpi=110)
 
 
 def plot_sweep(
@@ -270,7 +273,7 @@ def plot_sweep(
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(Path(__file__).resolve().parents[1] / "docs" / "throughput-vs-batch.png", dpi=110)
+    fig.savefig(plot_dir() / "throughput-vs-batch.png", dpi=110)
 
 
 if __name__ == "__main__":

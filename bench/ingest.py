@@ -202,7 +202,10 @@ def plot_memory(api: list[tuple[float, int]], output: list[tuple[float, int]], m
     right.set_xlabel("seconds")
     right.set_title("Building its output file")
     fig.tight_layout()
-    fig.savefig(ROOT / "docs" / "ingest-memory.png", dpi=110)
+    sys.path.insert(0, str(ROOT))
+    from bench._setup import plot_dir
+
+    fig.savefig(plot_dir() / "ingest-memory.png", dpi=110)
 
 
 if __name__ == "__main__":

@@ -39,9 +39,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench._setup import plot_dir
+
 SERVED_NAME = "demo-online"
 MODEL = "backfill-demo"
-DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 
 # -- the online load generator (run in a child process) ------------------------------------------------
@@ -442,8 +443,7 @@ def plot(result: dict[str, Any]) -> None:
     ax.set_title("Shared mode: batch throughput harvested beside online traffic")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    DOCS.mkdir(exist_ok=True)
-    fig.savefig(DOCS / "shared-throughput.png", dpi=110)
+    fig.savefig(plot_dir() / "shared-throughput.png", dpi=110)
 
     fig, (ttft, tpot) = plt.subplots(1, 2, figsize=(10, 4))
     for axis, key, title in ((ttft, "ttft", "time to first token"), (tpot, "tpot", "time per output token")):
@@ -456,7 +456,7 @@ def plot(result: dict[str, Any]) -> None:
         axis.set_title(f"Online p99 {title}")
         axis.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(DOCS / "shared-latency.png", dpi=110)
+    fig.savefig(plot_dir() / "shared-latency.png", dpi=110)
 
 
 if __name__ == "__main__":

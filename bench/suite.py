@@ -40,7 +40,7 @@ FULL = {
 }
 DEFAULT_PARTS = ("engine", "runbatch", "ingest", "queue")
 QUICK = {
-    "engine": ["bench/engine.py", "--requests", "256", "--tokens", "32", "--stragglers", "64", "--rounds", "1"],
+    "engine": ["bench/engine.py", "--requests", "256", "--tokens", "32", "--stragglers", "192", "--rounds", "1"],
     "runbatch": [
         "bench/runbatch.py",
         "--big",
@@ -79,9 +79,15 @@ def measures(parts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             entry("engine_api_upload_and_enqueue_seconds", e["api_upload_and_enqueue_seconds"], "s"),
             entry("engine_output_file_seconds", e["output_file_seconds"], "s"),
         ]
-        occupancy = e["straggler_slot_occupancy_while_queued"]
+        occupancy = e["straggler_slot_occupancy_while_queued"]  # None: work never had to wait (too few requests)
         rows += [
-            entry("straggler_slot_occupancy_while_queued", occupancy, "share of slots", ">= 0.90", occupancy >= 0.90),
+            entry(
+                "straggler_slot_occupancy_while_queued",
+                occupancy,
+                "share of slots",
+                ">= 0.90",
+                occupancy is not None and occupancy >= 0.90,
+            ),
             entry("straggler_wall_ratio_vs_static_chunks", e["straggler_wall_ratio"], "x static batching"),
             entry("straggler_static_useful_work_share", e["static_useful_work_share"], "share of slots"),
         ]
@@ -256,7 +262,8 @@ def main() -> int:
         (OUT / OUTPUTS[name]).unlink(missing_ok=True)
         started = time.perf_counter()
         log = (OUT / f"{name}.log").open("w")
-        done = subprocess.run([sys.executable, *plan[name]], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        env = {**os.environ, "BACKFILL_BENCH_PLOT_DIR": str(OUT / "plots")} if args.quick else None
+        done = subprocess.run([sys.executable, *plan[name]], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
         seconds[name] = time.perf_counter() - started
         if done.returncode != 0 or not (OUT / OUTPUTS[name]).exists():
             failed.append(name)
@@ -266,16 +273,17 @@ def main() -> int:
         parts[name] = data
         print(f"   done in {seconds[name]:.0f} s", flush=True)
     rows = measures(parts)
-    if previous:  # keep the last results (and timings) of the parts not run this time
+    ran = dict(seconds)
+    if previous and not args.quick:  # keep the last full results (and timings) of the parts not run now
         seconds = {**{k: v for k, v in previous.get("seconds", {}).items() if k not in chosen}, **seconds}
-    if previous and set(chosen) != set(plan):
+    if previous and not args.quick and set(chosen) != set(plan):
         fresh = {row["name"] for row in rows}
         rows = [r for r in previous.get("measures", []) if r["name"] not in fresh and not _part_of(r, chosen)] + rows
     info = machine()
     command = "make bench" + (" ARGS='" + " ".join(sys.argv[1:]) + "'" if sys.argv[1:] else "")
     print()
     print(table(rows))
-    print(f"\ntotal {sum(seconds.values()):.0f} s; failed parts: {failed or 'none'}")
+    print(f"\nthis run: {sum(ran.values()):.0f} s; failed parts: {failed or 'none'}")
     if not args.no_write and not args.quick:
         RESULTS.write_text(
             json.dumps({"machine": info, "command": command, "seconds": seconds, "measures": rows}, indent=2) + "\n"
