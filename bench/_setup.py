@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +81,14 @@ def prepare_env(*, database_url: str | None = None, max_num_seqs: int = 64) -> P
     return model_dir
 
 
-def submit(lines: list[dict[str, Any]], *, tenant: str = "bench", endpoint: str = "/v1/chat/completions") -> str:
+def submit(
+    lines: Iterable[dict[str, Any]],
+    *,
+    tenant: str = "bench",
+    endpoint: str = "/v1/chat/completions",
+    model: str = "backfill-demo",
+    window: str = "24h",
+) -> str:
     """Upload + create + ingest a batch through the storage layer; return its id."""
     from storage.batches import create_batch
     from storage.blobs import get_blob_store
@@ -90,19 +98,19 @@ def submit(lines: list[dict[str, Any]], *, tenant: str = "bench", endpoint: str 
     from storage.tenants import get_or_create_tenant
     from worker.ingest import ingest_batch
 
-    data = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+    chunks = (json.dumps(line).encode() + b"\n" for line in lines)
     with transaction() as session:
         tenant_row = get_or_create_tenant(session, name=tenant)
         source = create_file(
-            session, get_blob_store(), tenant_id=tenant_row.id, filename="bench.jsonl", purpose="batch", chunks=[data]
+            session, get_blob_store(), tenant_id=tenant_row.id, filename="bench.jsonl", purpose="batch", chunks=chunks
         )
         batch = create_batch(
             session,
             tenant_id=tenant_row.id,
             input_file_id=source.id,
             endpoint=endpoint,
-            completion_window="24h",
-            model="backfill-demo",
+            completion_window=window,
+            model=model,
             metadata=None,
         )
     with transaction() as session:

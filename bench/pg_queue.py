@@ -25,7 +25,7 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._setup import OUT, PG_ADMIN
+from bench._setup import OUT, PG_ADMIN, submit
 
 
 def _worker(url: str, claim_size: int, start: Any, results: Any, index: int) -> None:
@@ -53,44 +53,18 @@ def _worker(url: str, claim_size: int, start: Any, results: Any, index: int) -> 
 
 def populate(url: str, *, requests: int, jobs: int, tenants: int) -> None:
     os.environ["BACKFILL_DATABASE_URL"] = url
-    from storage.batches import create_batch
-    from storage.blobs import get_blob_store
-    from storage.db import transaction
-    from storage.files import create_file
-    from storage.settings import get_settings
-    from storage.tenants import get_or_create_tenant
-    from worker.ingest import ingest_batch
-
     per_job = requests // jobs
     for job in range(jobs):
         lines = (
-            json.dumps(
-                {
-                    "custom_id": f"j{job}-{i}",
-                    "method": "POST",
-                    "url": "/v1/chat/completions",
-                    "body": {"model": "fake-model", "messages": [{"role": "user", "content": f"{i}"}], "max_tokens": 1},
-                }
-            ).encode()
-            + b"\n"
+            {
+                "custom_id": f"j{job}-{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {"model": "fake-model", "messages": [{"role": "user", "content": f"{i}"}], "max_tokens": 1},
+            }
             for i in range(per_job)
         )
-        with transaction() as session:
-            tenant = get_or_create_tenant(session, name=f"tenant-{job % tenants}")
-            source = create_file(
-                session, get_blob_store(), tenant_id=tenant.id, filename="q.jsonl", purpose="batch", chunks=lines
-            )
-            batch = create_batch(
-                session,
-                tenant_id=tenant.id,
-                input_file_id=source.id,
-                endpoint="/v1/chat/completions",
-                completion_window="24h",
-                model="fake-model",
-                metadata=None,
-            )
-        with transaction() as session:
-            ingest_batch(session, get_blob_store(), get_settings(), batch_id=batch.id)
+        submit(lines, tenant=f"tenant-{job % tenants}", model="fake-model")
 
 
 def reset(engine: sa.Engine) -> None:

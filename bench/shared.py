@@ -256,32 +256,9 @@ def harvest(
 
 def submit_batch(lines: list[dict[str, Any]], *, window: str) -> str:
     """Upload + create + ingest a batch with its completion window through the storage layer."""
-    from storage.batches import create_batch
-    from storage.blobs import get_blob_store
-    from storage.db import transaction
-    from storage.files import create_file
-    from storage.settings import get_settings
-    from storage.tenants import get_or_create_tenant
-    from worker.ingest import ingest_batch
+    from bench._setup import submit
 
-    data = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
-    with transaction() as session:
-        tenant = get_or_create_tenant(session, name="bench")
-        source = create_file(
-            session, get_blob_store(), tenant_id=tenant.id, filename="bench.jsonl", purpose="batch", chunks=[data]
-        )
-        batch = create_batch(
-            session,
-            tenant_id=tenant.id,
-            input_file_id=source.id,
-            endpoint="/v1/chat/completions",
-            completion_window=window,
-            model=MODEL,
-            metadata=None,
-        )
-    with transaction() as session:
-        ingest_batch(session, get_blob_store(), get_settings(), batch_id=batch.id)
-    return batch.id
+    return submit(lines, model=MODEL, window=window)
 
 
 def tight_job(url: str, rate: float, window_seconds: int, requests: int, args: argparse.Namespace) -> dict[str, Any]:

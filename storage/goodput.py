@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from storage import lifecycle
 from storage.models import Batch, BatchRequest
-from storage.usage import DAY_SECONDS, GROUP_FIELDS, Bucket, check_window
+from storage.usage import DAY_SECONDS, GROUP_FIELDS, Bucket, check_window, day_buckets, sorted_groups
 
 _GROUP_COLUMNS = {
     "tenant": BatchRequest.tenant_id,
@@ -125,11 +125,4 @@ def goodput_report(
         group = {GROUP_FIELDS[name]: value for name, value in zip(group_by, values, strict=True)}
         result = table[int(deadline) // DAY_SECONDS].setdefault(tuple(group.values()), GoodputResult(group))
         result.add(status, bool(good), count)
-    return [
-        Bucket(day * DAY_SECONDS, (day + 1) * DAY_SECONDS, _sorted(table.get(day, {})))
-        for day in range(start_time // DAY_SECONDS, (end_time - 1) // DAY_SECONDS + 1)
-    ]
-
-
-def _sorted(results: dict[tuple[str | None, ...], GoodputResult]) -> list[GoodputResult]:
-    return [results[key] for key in sorted(results, key=lambda k: tuple(v or "" for v in k))]
+    return day_buckets(start_time, end_time, {day: sorted_groups(results) for day, results in table.items()})

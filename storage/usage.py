@@ -160,7 +160,8 @@ def page_json(buckets: list[Bucket]) -> dict[str, Any]:
     return {"object": "page", "data": [b.to_json() for b in buckets], "has_more": False, "next_page": None}
 
 
-def _buckets(start_time: int, end_time: int, rows: dict[int, list[Any]]) -> list[Bucket]:
+def day_buckets(start_time: int, end_time: int, rows: dict[int, list[Any]]) -> list[Bucket]:
+    """One bucket per UTC day of [start_time, end_time), holding that day's rows (empty days included)."""
     return [
         Bucket(day * DAY_SECONDS, (day + 1) * DAY_SECONDS, rows.get(day, []))
         for day in range(_day(start_time), _day(end_time - 1) + 1)
@@ -242,14 +243,15 @@ def cost_report(
         result.input_tokens += i
         result.output_tokens += o
         result.num_model_requests += n
-    return _buckets(start_time, end_time, {d: _sorted(results) for d, results in table.items()})
+    return day_buckets(start_time, end_time, {d: sorted_groups(results) for d, results in table.items()})
 
 
 def _group(values: dict[str, str], group_by: Sequence[str]) -> dict[str, str | None]:
     return {GROUP_FIELDS[name]: values[name] for name in group_by}
 
 
-def _sorted(results: dict[tuple[str | None, ...], Any]) -> list[Any]:
+def sorted_groups(results: dict[tuple[str | None, ...], Any]) -> list[Any]:
+    """A day's results in the order of their group values (missing values first)."""
     return [results[key] for key in sorted(results, key=lambda k: tuple(v or "" for v in k))]
 
 
@@ -289,7 +291,7 @@ def usage_report(
             result.num_model_requests += int(n)
         else:
             result.num_failed_requests += int(n)
-    return _buckets(start_time, end_time, {d: _sorted(results) for d, results in table.items()})
+    return day_buckets(start_time, end_time, {d: sorted_groups(results) for d, results in table.items()})
 
 
 def to_csv(buckets: list[Bucket], *, kind: str, group_by: Sequence[str] = ()) -> str:

@@ -18,13 +18,13 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import Text, and_, cast, func, or_, select
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
 
 from storage import lifecycle
 from storage.clock import now_f
 from storage.db import transaction
-from storage.estimates import BYTES_PER_TOKEN, DEFAULT_TOKENS_PER_SECOND, measured_throughput, output_limit
+from storage.estimates import DEFAULT_TOKENS_PER_SECOND, measured_throughput
 from storage.models import BatchRequest
 from storage.settings import Settings
 from worker.engine import Engine
@@ -40,27 +40,29 @@ def read_backlogs(
     session: Session, *, models: Sequence[str], worker_id: str | None, settings: Settings, at: float
 ) -> list[Backlog]:
     """Each model's queued requests (plus those `worker_id` holds) by deadline, in engine seconds of work."""
-    limits = (BatchRequest.body["max_completion_tokens"].as_string(), BatchRequest.body["max_tokens"].as_string())
     mine = and_(BatchRequest.status == lifecycle.REQ_RUNNING, BatchRequest.lease_owner == worker_id)
-    columns = (BatchRequest.model, BatchRequest.deadline, BatchRequest.url, *limits)
+    # Sizes were stored at ingest (est_input_tokens, max_output_tokens): no body is parsed here.
     rows = session.execute(
-        select(*columns, func.count(), func.sum(func.length(cast(BatchRequest.body, Text))))
+        select(
+            BatchRequest.model,
+            BatchRequest.deadline,
+            func.count(),
+            func.sum(BatchRequest.max_output_tokens),
+            func.sum(BatchRequest.est_input_tokens),
+        )
         .where(
             BatchRequest.model.in_(models),
             BatchRequest.deadline > at,  # claims skip these too; the reaper expires them
             or_(BatchRequest.status == lifecycle.REQ_QUEUED, mine),
         )
-        .group_by(*columns)
+        .group_by(BatchRequest.model, BatchRequest.deadline)
     ).all()
     weight = float(settings.prefill_weight)
     rates = {model: _rate(session, model, settings) for model in {row[0] for row in rows}}
     groups: dict[tuple[str, int], list[float]] = {}
-    for model, deadline, url, max_completion, max_tokens, count, body_bytes in rows:
-        limit = output_limit({"max_completion_tokens": _int(max_completion), "max_tokens": _int(max_tokens)}, url)
-        work = int(count) * limit + weight * -(-int(body_bytes or 0) // BYTES_PER_TOKEN)
-        totals = groups.setdefault((model, int(deadline)), [0, 0.0])
-        totals[0] += int(count)
-        totals[1] += work / rates[model]
+    for model, deadline, count, output_tokens, input_tokens in rows:
+        work = int(output_tokens or 0) + weight * int(input_tokens or 0)
+        groups[(model, int(deadline))] = [int(count), work / rates[model]]
     return [
         Backlog(
             model,
@@ -73,13 +75,6 @@ def read_backlogs(
 def _rate(session: Session, model: str, settings: Settings) -> float:
     measured = measured_throughput(session, model=model, prefill_weight=settings.prefill_weight)
     return measured.work_per_second if measured is not None else DEFAULT_TOKENS_PER_SECOND
-
-
-def _int(text: str | None) -> int | None:
-    try:
-        return int(str(text))
-    except ValueError:
-        return None
 
 
 @dataclass(frozen=True)

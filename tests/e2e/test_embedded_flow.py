@@ -80,6 +80,9 @@ def test_chat_completions_and_embeddings_batches_complete(live: LiveServer) -> N
         assert body.usage and body.usage.completion_tokens == 8 and body.model == "backfill-demo"
     assert all(line["response"]["status_code"] == 400 for line in errors)
     assert done.request_counts.completed == 20 and done.request_counts.failed == 2
+    goodput = done.model_extra["goodput"]  # a Backfill extension the SDK keeps as an extra field
+    assert goodput["accepted"] == 22 and goodput["completed_on_time"] == 20 and goodput["failed"] == 2
+    assert abs(goodput["goodput"] - 20 / 22) < 1e-3
 
     completions = [
         {
@@ -187,6 +190,9 @@ def test_expiry_with_a_short_window_keeps_partial_output(live: LiveServer) -> No
     assert len(outputs) + len(errors) == 200
     assert errors and all(line["error"]["code"] == "batch_expired" for line in errors)
     assert len({line["custom_id"] for line in outputs + errors}) == 200
+    goodput = client.batches.retrieve(done.id).model_extra["goodput"]
+    assert goodput["accepted"] == 200 and goodput["expired"] == len(errors)
+    assert goodput["completed_on_time"] + goodput["completed_late"] == len(outputs) and goodput["goodput"] < 1
 
 
 def test_cancel_mid_run_aborts_in_flight_work(live: LiveServer) -> None:

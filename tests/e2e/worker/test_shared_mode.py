@@ -214,3 +214,38 @@ def test_aborting_a_batch_request_frees_its_sequence_on_the_server(vllm_server: 
         assert engine.step() == []
     finally:
         engine.close()
+
+
+def test_the_openai_sdk_runs_a_batch_through_the_api_on_a_shared_server(
+    backend: Backend, vllm_server: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """What an operator configures and a user sees: a `shared` registry entry, `backfill serve`'s API and
+    worker, the official SDK; the batch's lines come back from the server that also serves online users."""
+    from tests.conftest import make_key, start_server
+    from tests.integration.api.helpers import read_lines, to_jsonl, upload, wait_for
+    from worker import service
+    from worker.cli import migrate_database
+
+    shared = {"server_url": vllm_server, "poll_seconds": 0.1}
+    registry = {"backfill-demo": {"path": "served-by-the-server", "max_num_seqs": MAX_NUM_SEQS, "shared": shared}}
+    env = {**backend.env, "BACKFILL_MODELS": json.dumps(registry), "BACKFILL_DATA_DIR": str(tmp_path / "data")}
+    configure(monkeypatch, env)
+    migrate_database()
+    service.drop_runners()
+    live, stop = start_server(with_worker=True)
+    try:
+        client = live.client(make_key("acme"))
+        lines = [batch_line(i, max_tokens=8) for i in range(12)]
+        source = upload(client, to_jsonl(lines))
+        batch = client.batches.create(input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h")
+        done = wait_for(client, batch.id, timeout=180)
+        outputs = read_lines(client, done.output_file_id)
+    finally:
+        stop()
+        for runner in service._runners.values():
+            runner.engine.close()  # type: ignore[attr-defined]
+        service.drop_runners()
+    assert done.status == "completed" and done.request_counts.completed == 12
+    assert sorted(line["custom_id"] for line in outputs) == sorted(line["custom_id"] for line in lines)
+    assert all(line["response"]["body"]["model"] == "backfill-demo" for line in outputs)
+    assert all(line["response"]["body"]["usage"]["completion_tokens"] == 8 for line in outputs)

@@ -12,6 +12,7 @@ from sqlalchemy import func, select
 from storage import lifecycle
 from storage.clock import now, now_f
 from storage.db import transaction
+from storage.estimates import request_size
 from storage.ids import new_id
 from storage.models import BatchRequest
 from storage.settings import Settings, get_settings
@@ -73,6 +74,7 @@ def enqueue(model: str, n: int, *, deadline_in: int, max_tokens: int = 10) -> st
         batch.expires_at = now() + deadline_in
         for i in range(n):
             body = {"model": model, "messages": [{"role": "user", "content": "x"}], "max_tokens": max_tokens}
+            size_in, size_out = request_size("/v1/chat/completions", body, line_bytes=len(json.dumps(body)) + 60)
             session.add(
                 BatchRequest(
                     id=new_id("batch_req_"),
@@ -86,6 +88,8 @@ def enqueue(model: str, n: int, *, deadline_in: int, max_tokens: int = 10) -> st
                     status=lifecycle.REQ_QUEUED,
                     deadline=batch.expires_at,
                     attempts=0,
+                    est_input_tokens=size_in,  # sized as ingest sizes every line
+                    max_output_tokens=size_out,
                 )
             )
         return batch.id
