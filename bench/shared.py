@@ -10,6 +10,15 @@ each online rate it measures, in the same run:
 - once, the batch tokens/s the server reaches with batch work alone (the same runner and queue, no online
   load, the budget allowed every slot: headroom 0).
 
+- the same with the budget's `latency_slack` (default 0.10): batch work capped by the step-time model;
+- a control without Backfill: a bare client keeping `max_num_seqs - headroom_seqs` batch requests on the
+  server (what the default budget sends while nobody is online). It separates what batch sequences cost
+  the server's online users from what Backfill itself adds.
+
+Each rate's sides alternate in `--rounds` short rounds that replay the same arrivals, and their samples are
+pooled, so a drift of the machine hits every side alike. The server runs in the harness's session: see
+start_server for why that matters on a small machine.
+
 Ratios: p99 with ÷ without (goal <= 1.10) and harvested ÷ batch-alone (goal >= 0.70 at the lowest rate).
 Goodput: a job with a tight window (`--tight-window-seconds`, sized to `--tight-share` of the batch-alone
 capacity over that window) submitted beside the highest online rate and the 24h backlog left by the
@@ -17,8 +26,8 @@ phases before: requests completed before its deadline ÷ requests accepted (stor
 Plots: docs/shared-throughput.png and docs/shared-latency.png. The online load generator runs in its own
 process so the runner's Python work does not delay its clocks (it still shares the two cores).
 
-Usage: .venv/bin/python bench/shared.py [--quick] [--rates 0.5,1,2] [--seconds 60] [--database-url URL]
-       [--tight-window-seconds 60] [--tight-share 0.5]
+Usage: .venv/bin/python bench/shared.py [--quick] [--rates 0.5,1,2] [--seconds 60] [--rounds 3]
+       [--latency-slack 0.10] [--database-url URL] [--tight-window-seconds 60] [--tight-share 0.5]
 """
 
 from __future__ import annotations
@@ -102,6 +111,37 @@ async def _online_load(url: str, rate: float, seconds: float, tokens: int, seed:
         return list(await asyncio.gather(*(one(i, offset) for i, offset in enumerate(arrivals))))
 
 
+async def _bare_batch(url: str, inflight: int, seconds: float, tokens: int) -> dict[str, Any]:
+    """A bare client: `inflight` batch requests kept on the server at batch priority for `seconds`, no budget."""
+    import httpx
+
+    from bench._setup import chat_line
+
+    done = {"tokens": 0, "requests": 0}
+    stop = time.perf_counter() + seconds
+    async with httpx.AsyncClient(timeout=300) as client:
+
+        async def worker(k: int) -> None:
+            i = 0
+            while time.perf_counter() < stop:
+                body = {**chat_line(k * 100_000 + i, tokens)["body"], "model": SERVED_NAME, "priority": 1_000_000}
+                response = await client.post(f"{url}/v1/chat/completions", json=body)
+                if time.perf_counter() < stop:  # count what finished inside the window
+                    done["tokens"] += response.json()["usage"]["completion_tokens"]
+                    done["requests"] += 1
+                i += 1
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(k) for k in range(inflight)))
+    return {**done, "tokens_per_s": done["tokens"] / (time.perf_counter() - started)}
+
+
+def start_bare_batch(url: str, inflight: int, seconds: float, tokens: int) -> subprocess.Popen[bytes]:
+    """The bare batch client in a child process, started at once; prints one JSON object when done."""
+    args = ["--bare-batch", url, "--inflight", str(inflight), "--seconds", str(seconds), "--batch-tokens", str(tokens)]
+    return subprocess.Popen([sys.executable, __file__, *args], stdout=subprocess.PIPE)
+
+
 def start_online_load(url: str, rate: float, seconds: float, tokens: int, seed: int) -> subprocess.Popen[bytes]:
     """The online users, in a child process that prints one JSON list of per-request figures."""
     args = ["--online-load", url, "--rate", str(rate), "--seconds", str(seconds), "--online-tokens", str(tokens)]
@@ -119,9 +159,15 @@ def go(proc: subprocess.Popen[bytes]) -> None:
 RAW: dict[str, list[dict[str, Any]]] = {}  # every online request of every phase, saved to bench/out/shared.json
 
 
-def online_figures(proc: subprocess.Popen[bytes], label: str) -> dict[str, Any]:
+def collect(proc: subprocess.Popen[bytes], label: str) -> list[dict[str, Any]]:
+    """The per-request figures a load generator printed (kept in RAW under `label`, rounds pooled)."""
     out, _ = proc.communicate(timeout=900)
-    rows = RAW[label] = json.loads(out)
+    rows: list[dict[str, Any]] = json.loads(out)
+    RAW.setdefault(label, []).extend(rows)
+    return rows
+
+
+def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
     ok = [row for row in rows if row["ok"]]
     ttft = [row["ttft"] * 1000 for row in ok]
     tpot = [row["tpot"] * 1000 for row in ok if row["tpot"] is not None]
@@ -133,6 +179,10 @@ def online_figures(proc: subprocess.Popen[bytes], label: str) -> dict[str, Any]:
         "tpot_p50_ms": percentile(tpot, 50),
         "tpot_p99_ms": percentile(tpot, 99),
     }
+
+
+def online_figures(proc: subprocess.Popen[bytes], label: str) -> dict[str, Any]:
+    return figures(collect(proc, label))
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -163,9 +213,17 @@ def start_server(model_dir: Path, max_num_seqs: int, log: Path) -> tuple[subproc
         *("--scheduling-policy", "priority"),
     ]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1"}
-    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # prepare_env sets it for in-process engines; a server is not one
+    # prepare_env sets these for in-process engines; a server is not one. With no core reserved, the engine's
+    # OpenMP threads spin on both cores and starve the server's HTTP front end (and the load generator):
+    # online chats then stall for seconds whenever the engine is busy. vLLM asks for >= 1 reserved core.
+    for name in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_NUM_OF_RESERVED_CPU"):
+        env.pop(name, None)
     with log.open("wb") as out:
-        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        # Its own process group (to stop it as a whole) but NOT its own session: with Linux's autogroup
+        # scheduling every session is one CPU share, and a server in a session of its own starved its HTTP
+        # front end (its engine-core process busy-polls the worker) while Backfill kept the engine busy:
+        # online chats then arrived in one lump seconds late. Measured: TTFT p50 18 ms vs 150-470 ms.
+        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, process_group=0)
     url = f"http://127.0.0.1:{port}"
     import httpx
 
@@ -230,18 +288,28 @@ def harvest(
     batch_id = submit_batch(lines, window=window)
     engine = load_engine(get_settings(), MODEL)
     runner = Runner(engine, model=MODEL, settings=get_settings())
+    counted = {"on": False, "tokens": 0}  # the runner's own totals restart whenever the engine runs dry
+    engine_step = engine.step
+
+    def counting_step() -> list[Any]:
+        results = engine_step()
+        if counted["on"]:
+            counted["tokens"] += sum(r.completion_tokens for r in results if r.error_code is None)
+        return results
+
+    engine.step = counting_step  # type: ignore[method-assign]
     try:
         runner.run_for(warm_seconds)  # the budget climbs to its limit; measure from here
         if online is not None:
             go(online)  # the online users start now
-        before = runner.totals.completion_tokens
+        counted["on"] = True
         started = time.perf_counter()
         while time.perf_counter() - started < seconds and runner.run_for(min(1.0, seconds)):
             with transaction() as session:
                 if not queue.open_count(session, batch_id=batch_id):
                     break
         elapsed = time.perf_counter() - started
-        tokens = runner.totals.completion_tokens - before
+        tokens = counted["tokens"]
         extra = engine.stats().extra
     finally:
         engine.close()  # type: ignore[attr-defined]
@@ -251,6 +319,7 @@ def harvest(
         "seconds": elapsed,
         "yields": extra.get("yields", 0),
         "batch_id": batch_id,
+        "step_model": {k: extra.get(k) for k in ("step_fixed_ms", "step_per_seq_ms", "slack_cap")},
     }
 
 
@@ -297,17 +366,27 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--headroom-seqs", type=int, default=2, help="budget knob: slots kept free for online")
     parser.add_argument("--poll-seconds", type=float, default=0.2, help="budget knob: /metrics poll interval")
+    parser.add_argument("--rounds", type=int, default=3, help="each rate's phases alternate in this many rounds")
+    parser.add_argument(
+        "--latency-slack", type=float, default=0.10, help="also measure the budget with this latency_slack (0: skip)"
+    )
     parser.add_argument("--tight-window-seconds", type=int, default=60, help="completion window of the tight job")
     parser.add_argument("--tight-share", type=float, default=0.5, help="its work as a share of batch-alone capacity")
     parser.add_argument("--online-load", default=None, help=argparse.SUPPRESS)  # child-process mode
     parser.add_argument("--rate", type=float, default=1.0, help=argparse.SUPPRESS)
+    parser.add_argument("--bare-batch", default=None, help=argparse.SUPPRESS)  # child-process mode
+    parser.add_argument("--inflight", type=int, default=6, help=argparse.SUPPRESS)
+    parser.add_argument("--no-bare", action="store_true", help="skip the bare-client control side")
     args = parser.parse_args()
     if args.online_load:
         return run_online_child(args)
+    if args.bare_batch:
+        print(json.dumps(asyncio.run(_bare_batch(args.bare_batch, args.inflight, args.seconds, args.batch_tokens))))
+        return 0
     rates = [0.5, 2.0] if args.quick else [float(r) for r in args.rates.split(",")]
     seconds = 15.0 if args.quick else args.seconds
     if args.quick:
-        args.tight_window_seconds = 30
+        args.tight_window_seconds, args.rounds = 30, 1
     os.environ["BACKFILL_COMPLETION_WINDOWS"] = json.dumps({"24h": "0.5", f"{args.tight_window_seconds}s": "0.3"})
     from bench._setup import OUT, prepare_env
 
@@ -341,31 +420,77 @@ def measure(url: str, rates: list[float], seconds: float, args: argparse.Namespa
     _warm(url, args)
     use_shared_registry(url, slots, headroom_seqs=0)
     alone = harvest(seconds, lines)
-    use_shared_registry(url, slots, headroom_seqs=args.headroom_seqs, poll_seconds=args.poll_seconds)
+    if not alone["tokens"]:
+        raise RuntimeError(f"the batch-alone phase finished nothing: {alone}")
+    knobs = {"headroom_seqs": args.headroom_seqs, "poll_seconds": args.poll_seconds}
+    use_shared_registry(url, slots, **knobs)
+    sides = ["without", "with"] + (["slack"] if args.latency_slack else []) + ([] if args.no_bare else ["bare"])
+    bare_inflight = slots - args.headroom_seqs  # what the default budget keeps out while nobody is online
+    part = seconds / args.rounds
     rows = []
     for index, rate in enumerate(rates):
-        seed = args.seed + index
-        without_proc = start_online_load(url, rate, seconds, args.online_tokens, seed)
-        go(without_proc)
-        without = online_figures(without_proc, f"without@{rate}")
         preempted = server_counter(url, "vllm:num_preemptions_total")
-        with_proc = start_online_load(url, rate, seconds, args.online_tokens, seed)  # the same arrivals
-        harvested = harvest(seconds, lines, online=with_proc)
-        with_ = online_figures(with_proc, f"with@{rate}")
-        rows.append(
-            {
-                "online_rate_per_s": rate,
-                "without_backfill": without,
-                "with_backfill": with_,
-                "harvested_batch_tokens_per_s": round(harvested["tokens_per_s"], 1),
-                "harvested_batch_tokens": harvested["tokens"],
-                "harvested_over_batch_alone": round(harvested["tokens_per_s"] / alone["tokens_per_s"], 3),
-                "ttft_p99_with_over_without": _ratio(with_["ttft_p99_ms"], without["ttft_p99_ms"]),
-                "tpot_p99_with_over_without": _ratio(with_["tpot_p99_ms"], without["tpot_p99_ms"]),
-                "batch_calls_yielded": harvested["yields"],
-                "server_preemptions": int(server_counter(url, "vllm:num_preemptions_total") - preempted),
+        online: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
+        runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides if side != "without"}
+        bare: list[dict[str, Any]] = []
+        # The sides alternate in short rounds, each round replaying the same arrivals on every side, so a
+        # drift of the machine (another tenant of the host, a slower minute) hits all sides alike.
+        for round_ in range(args.rounds):
+            seed = (args.seed + index) * 100 + round_
+            for side in sides:
+                proc = start_online_load(url, rate, part, args.online_tokens, seed)
+                if side == "without":
+                    go(proc)
+                elif side == "bare":
+                    batch = start_bare_batch(url, bare_inflight, part + 2, args.batch_tokens)
+                    time.sleep(2)  # the client's requests are on the server before the users arrive
+                    go(proc)
+                    out, _ = batch.communicate(timeout=900)
+                    bare.append(json.loads(out))
+                elif side == "with":
+                    runs[side].append(harvest(part, lines, online=proc))
+                else:
+                    use_shared_registry(url, slots, **knobs, latency_slack=args.latency_slack)
+                    # 5 s before the users arrive: the step model needs samples at a few batch sizes (a
+                    # worker that runs all day has them; a fresh one climbs through them first).
+                    runs[side].append(harvest(part, lines, online=proc, warm_seconds=5.0))
+                    use_shared_registry(url, slots, **knobs)
+                online[side] += collect(proc, f"{side}@{rate}")
+        without = figures(online["without"])
+        row: dict[str, Any] = {"online_rate_per_s": rate, "without_backfill": without}
+        for side, key, prefix in (("with", "with_backfill", ""), ("slack", "with_backfill_latency_slack", "slack_")):
+            if side not in runs:
+                continue
+            got = figures(online[side])
+            tokens = sum(run["tokens"] for run in runs[side])
+            per_s = tokens / sum(run["seconds"] for run in runs[side])
+            name = "with" if side == "with" else "slack"
+            row |= {
+                key: got,
+                f"{prefix}harvested_batch_tokens_per_s": round(per_s, 1),
+                f"{prefix}harvested_batch_tokens": tokens,
+                f"{prefix}harvested_over_batch_alone": round(per_s / alone["tokens_per_s"], 3),
+                f"ttft_p99_{name}_over_without": _ratio(got["ttft_p99_ms"], without["ttft_p99_ms"]),
+                f"tpot_p99_{name}_over_without": _ratio(got["tpot_p99_ms"], without["tpot_p99_ms"]),
+                f"ttft_p50_{name}_over_without": _ratio(got["ttft_p50_ms"], without["ttft_p50_ms"]),
+                f"tpot_p50_{name}_over_without": _ratio(got["tpot_p50_ms"], without["tpot_p50_ms"]),
+                f"{prefix}batch_calls_yielded": sum(run["yields"] for run in runs[side]),
             }
-        )
+            if side == "slack":
+                row["slack_step_model"] = runs[side][-1]["step_model"]
+        if bare:
+            got = figures(online["bare"])
+            row |= {
+                "with_bare_client": got,
+                "bare_client_inflight": bare_inflight,
+                "bare_client_tokens_per_s": round(sum(b["tokens_per_s"] for b in bare) / len(bare), 1),
+                "ttft_p99_bare_over_without": _ratio(got["ttft_p99_ms"], without["ttft_p99_ms"]),
+                "tpot_p99_bare_over_without": _ratio(got["tpot_p99_ms"], without["tpot_p99_ms"]),
+                "ttft_p50_bare_over_without": _ratio(got["ttft_p50_ms"], without["ttft_p50_ms"]),
+                "tpot_p50_bare_over_without": _ratio(got["tpot_p50_ms"], without["tpot_p50_ms"]),
+            }
+        row["server_preemptions"] = int(server_counter(url, "vllm:num_preemptions_total") - preempted)
+        rows.append(row)
     lowest = rows[0]
     # The tight job needs `tight_share` of the server's batch-alone capacity over its window.
     window = int(args.tight_window_seconds)
@@ -373,10 +498,12 @@ def measure(url: str, rates: list[float], seconds: float, args: argparse.Namespa
     tight = tight_job(url, rates[-1], window, tight_requests, args)
     return {
         "seconds_per_phase": seconds,
+        "rounds": args.rounds,
         "max_num_seqs": slots,
         "online_tokens_each": args.online_tokens,
         "batch_tokens_each": args.batch_tokens,
-        "budget": {"headroom_seqs": args.headroom_seqs, "poll_seconds": args.poll_seconds},
+        "budget": knobs,
+        "latency_slack": args.latency_slack or None,
         "batch_alone_tokens_per_s": round(alone["tokens_per_s"], 1),
         "batch_alone_tokens": alone["tokens"],
         "rates": rows,
@@ -385,6 +512,23 @@ def measure(url: str, rates: list[float], seconds: float, args: argparse.Namespa
         "worst_ttft_p99_ratio": max((r["ttft_p99_with_over_without"] or 0) for r in rows),
         "worst_tpot_p99_ratio": max((r["tpot_p99_with_over_without"] or 0) for r in rows),
         "harvest_ratio_at_lowest_rate": lowest["harvested_over_batch_alone"],
+        **(
+            {
+                "worst_ttft_p99_ratio_slack": max((r["ttft_p99_slack_over_without"] or 0) for r in rows),
+                "worst_tpot_p99_ratio_slack": max((r["tpot_p99_slack_over_without"] or 0) for r in rows),
+                "harvest_ratio_at_lowest_rate_slack": lowest["slack_harvested_over_batch_alone"],
+            }
+            if args.latency_slack
+            else {}
+        ),
+        **(
+            {
+                "worst_ttft_p99_ratio_bare": max((r["ttft_p99_bare_over_without"] or 0) for r in rows),
+                "worst_tpot_p99_ratio_bare": max((r["tpot_p99_bare_over_without"] or 0) for r in rows),
+            }
+            if not args.no_bare
+            else {}
+        ),
         "tight_window_job": tight,
     }
 
@@ -411,6 +555,9 @@ def plot(result: dict[str, Any]) -> None:
     rates = [r["online_rate_per_s"] for r in rows]
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(rates, [r["harvested_batch_tokens_per_s"] for r in rows], marker="o", label="batch tokens/s harvested")
+    if result.get("latency_slack"):
+        label = f"harvested, latency_slack {result['latency_slack']}"
+        ax.plot(rates, [r["slack_harvested_batch_tokens_per_s"] for r in rows], marker="s", label=label)
     alone = result["batch_alone_tokens_per_s"]
     ax.axhline(alone, color="grey", linestyle="--", label=f"batch alone: {alone:.0f} tokens/s")
     ax.axhline(0.7 * alone, color="grey", linestyle=":", label="70 % of batch alone (goal)")
@@ -424,7 +571,12 @@ def plot(result: dict[str, Any]) -> None:
 
     fig, (ttft, tpot) = plt.subplots(1, 2, figsize=(10, 4))
     for axis, key, title in ((ttft, "ttft", "time to first token"), (tpot, "tpot", "time per output token")):
-        for side, style in (("without_backfill", "--"), ("with_backfill", "-")):
+        sides = [("without_backfill", "--"), ("with_backfill", "-")]
+        if result.get("latency_slack"):
+            sides.append(("with_backfill_latency_slack", "-."))
+        if "with_bare_client" in rows[0]:
+            sides.append(("with_bare_client", ":"))
+        for side, style in sides:
             values = [r[side][f"{key}_p99_ms"] for r in rows]
             axis.plot(rates, values, style, marker="o", label=f"p99 {side.replace('_', ' ')}")
         axis.set_xlabel("online load (requests/s)")

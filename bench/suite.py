@@ -157,6 +157,39 @@ def measures(parts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                 r["harvest_ratio_at_lowest_rate"] >= 0.70,
             ),
             entry("shared_batch_alone_tokens_per_s", r["batch_alone_tokens_per_s"], "tokens/s"),
+        ]
+        if r.get("latency_slack"):
+            slack = f"latency_slack {r['latency_slack']}"
+            rows += [
+                entry(
+                    "shared_slack_online_ttft_p99_ratio_worst",
+                    r["worst_ttft_p99_ratio_slack"],
+                    f"x without Backfill ({slack})",
+                    "<= 1.10",
+                    r["worst_ttft_p99_ratio_slack"] <= 1.10,
+                ),
+                entry(
+                    "shared_slack_online_tpot_p99_ratio_worst",
+                    r["worst_tpot_p99_ratio_slack"],
+                    f"x without Backfill ({slack})",
+                    "<= 1.10",
+                    r["worst_tpot_p99_ratio_slack"] <= 1.10,
+                ),
+                entry(
+                    "shared_slack_harvest_ratio_at_lowest_online_rate",
+                    r["harvest_ratio_at_lowest_rate_slack"],
+                    f"x batch alone ({slack}, {lowest['online_rate_per_s']} online req/s)",
+                    ">= 0.70",
+                    r["harvest_ratio_at_lowest_rate_slack"] >= 0.70,
+                ),
+            ]
+        if "worst_ttft_p99_ratio_bare" in r:
+            control = "x without; control: a bare client, no Backfill, same in-flight count"
+            rows += [
+                entry("shared_bare_client_ttft_p99_ratio_worst", r["worst_ttft_p99_ratio_bare"], control),
+                entry("shared_bare_client_tpot_p99_ratio_worst", r["worst_tpot_p99_ratio_bare"], control),
+            ]
+        rows += [
             entry("shared_tight_window_goodput", r["tight_window_job"]["goodput"], "on time / accepted"),
         ]
     if prefix := parts.get("prefix"):

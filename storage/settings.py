@@ -36,6 +36,10 @@ class SharedModeSpec(BaseModel):
     kv_usage_high: float = Field(default=0.9, gt=0, le=1)
     urgent_extra_inflight: int = Field(default=2, ge=0)
     yield_to_online: bool = True  # cancel (and later re-send) batch requests holding slots online requests wait for
+    # Set: keep the slowdown batch work adds to every engine step (and so to online users' time per token)
+    # at most this share, from a step-time model fitted to the server's own /metrics (worker/budget.py).
+    # None: only free slots limit batch work. 0.10 = the issue's "online p99 within 1.10x".
+    latency_slack: float | None = Field(default=None, gt=0)
     max_attempts: int = Field(default=3, ge=1)
     request_timeout_seconds: float = Field(default=600, gt=0)
 

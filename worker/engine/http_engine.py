@@ -152,7 +152,10 @@ class HttpEngine:
                 server_waiting=load.waiting,
                 kv_cache_usage=load.kv_usage,
                 online=last.online,
+                slack_cap=last.slack_cap,
             )
+        if (step := self.budget.steps.fit()) is not None:
+            extra.update(step_fixed_ms=round(step[0] * 1000, 3), step_per_seq_ms=round(step[1] * 1000, 4))
         return EngineStats(running=len(self._inflight) - parked, waiting=parked, extra=extra)
 
     def has_unfinished(self) -> bool:

@@ -39,8 +39,11 @@ def vllm_server(demo_model_path: Path, tmp_path_factory: pytest.TempPathFactory)
         *("--max-num-seqs", str(MAX_NUM_SEQS), "--max-model-len", "1024", "--scheduling-policy", "priority"),
     ]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    # A server, not an in-process engine: keep vLLM's reserved front-end core (bench/shared.py explains why).
+    for name in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_NUM_OF_RESERVED_CPU"):
+        env.pop(name, None)
     with log.open("wb") as out:
-        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, process_group=0)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(proc, url, log)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from storage.settings import SharedModeSpec
-from worker.budget import DispatchBudget, MetricsError, ServerLoad, decide, parse_load
+from worker.budget import DispatchBudget, MetricsError, ServerLoad, StepModel, decide, parse_load, slack_cap
 
 SLOTS = 8
 
@@ -123,3 +123,79 @@ def test_metrics_add_up_over_engines_and_take_the_fullest_kv_cache() -> None:
 def test_a_page_without_the_vllm_gauges_is_refused() -> None:
     with pytest.raises(MetricsError, match="vllm:kv_cache_usage_perc"):
         parse_load("vllm:num_requests_running 1\nvllm:num_requests_waiting 0\n")
+
+
+# -- the latency slack: a step-time model fitted to the server's own inter-token latency -----------------
+
+
+def test_the_step_model_recovers_fixed_and_per_sequence_cost_from_noisy_samples() -> None:
+    model = StepModel()
+    assert model.fit() is None
+    for i in range(200):
+        sequences = 1 + i % 8
+        noise = 0.0002 if i % 3 == 0 else -0.0001
+        model.observe(sequences, 0.004 + 0.00025 * sequences + noise)
+    fit = model.fit()
+    assert fit is not None
+    fixed, per_seq = fit
+    assert fixed == pytest.approx(0.004, abs=0.0002) and per_seq == pytest.approx(0.00025, abs=0.00003)
+
+
+def test_the_step_model_needs_samples_at_several_batch_sizes_and_keeps_its_last_fit() -> None:
+    model = StepModel()
+    for _ in range(50):
+        model.observe(6, 0.006)
+    assert model.fit() is None  # one batch size says nothing about the slope
+    for sequences in (1, 8) * 10:
+        model.observe(sequences, 0.004 + 0.00025 * sequences)
+    first = model.fit()
+    assert first is not None
+    for _ in range(2000):  # the cap then holds the batch at one size: the old samples fade, the fit stays
+        model.observe(2, 0.0045)
+    assert model.fit() == first
+
+
+def test_the_slack_cap_is_small_when_compute_bound_and_large_when_memory_bound() -> None:
+    # A CPU: 4.2 ms fixed + 0.25 ms per sequence. 10% slack over an online-only step of 1-2 sequences.
+    assert slack_cap((0.0042, 0.00025), slack=0.10, online=0) == 1
+    assert slack_cap((0.0042, 0.00025), slack=0.10, online=3) == 1
+    # 70B FP8 on 8xH100: 70 GB of weights vs ~0.33 GB of KV per 2k-token sequence, per step.
+    assert slack_cap((70 / 26.8e3, 0.33 / 26.8e3), slack=0.10, online=1) == 21
+    assert slack_cap((0.0042, 0.0), slack=0.10, online=0) is None  # no measurable cost per sequence
+    assert slack_cap((0.0042, 0.00025), slack=None, online=0) is None  # knob off
+
+
+def test_with_a_latency_slack_the_budget_keeps_batch_work_under_the_cap_and_yields_beside_online_users() -> None:
+    step = (0.0042, 0.00025)  # cap = int(0.1 * (16.8 + online))
+    idle = decide(7, load(running=7), ours=7, slots=SLOTS, knobs=knobs(latency_slack=0.1), urgent=False, step=step)
+    assert idle.slack_cap == 1 and idle.limit == 1
+    assert idle.yield_count == 0  # nobody online: the extra calls finish, none is cancelled
+    beside = decide(7, load(running=8), ours=7, slots=SLOTS, knobs=knobs(latency_slack=0.1), urgent=False, step=step)
+    assert beside.limit == 1 and beside.yield_count == 6  # an online user decodes now: give the steps back
+    urgent = decide(1, load(running=1), ours=1, slots=SLOTS, knobs=knobs(latency_slack=0.1), urgent=True, step=step)
+    assert urgent.limit == 2  # work near its deadline still gets urgent_extra_inflight
+    unfitted = decide(3, load(running=3), ours=3, slots=SLOTS, knobs=knobs(latency_slack=0.1), urgent=False)
+    assert unfitted.slack_cap is None and unfitted.limit == 4  # no model yet: grow and so gather samples
+
+
+def test_the_budget_fits_its_step_model_from_successive_metrics_samples() -> None:
+    budget = DispatchBudget(knobs(latency_slack=0.1), slots=SLOTS)
+    seconds = tokens = 0.0
+    for _ in range(40):
+        running = max(1, budget.limit)
+        tokens += 50 * running
+        seconds += 50 * running * (0.0042 + 0.00025 * running)
+        budget.update(ServerLoad(running, 0, 0.1, itl_seconds=seconds, itl_tokens=tokens), ours=running)
+    fit = budget.steps.fit()
+    assert fit is not None and fit[1] == pytest.approx(0.00025, rel=0.05)
+    assert budget.limit == 1  # the cap found from the fit
+
+
+def test_metrics_pages_carry_the_inter_token_latency_counters() -> None:
+    page = METRICS + (
+        'vllm:inter_token_latency_seconds_sum{engine="0",model_name="m"} 12.5\n'
+        'vllm:inter_token_latency_seconds_count{engine="0",model_name="m"} 2500\n'
+    )
+    parsed = parse_load(page)
+    assert (parsed.itl_seconds, parsed.itl_tokens) == (12.5, 2500)
+    assert parse_load(METRICS).itl_seconds is None
