@@ -25,7 +25,9 @@ running, by least squares with old samples fading. Batch sequences add `ours * p
 
     slack_cap       = floor(latency_slack * (fixed / per_seq + max(online, 1)))
     limit'          = min(limit', slack_cap)   (the urgent floor still wins)
-    yield           = ours - limit'            while online requests are on the server
+
+The cap only stops new sends: calls above it finish (a cancelled call is sent again later and its prefill
+runs twice, which costs the online users more than letting a short call end).
 
 On a GPU, decode is memory-bound and `fixed / per_seq` (weight bytes over one sequence's KV bytes) is in
 the hundreds, so the cap leaves most slots to batch work; on a CPU the step is compute-bound, the ratio is
@@ -99,7 +101,7 @@ class Decision:
 class StepModel:
     """`step_seconds = fixed + per_seq * sequences`, fitted by least squares; each sample fades by `decay`."""
 
-    def __init__(self, *, decay: float = 0.99, min_weight: float = 5.0) -> None:
+    def __init__(self, *, decay: float = 0.995, min_weight: float = 5.0) -> None:
         self.decay, self.min_weight = decay, min_weight
         self._w = self._x = self._y = self._xx = self._xy = 0.0
         self._last: tuple[float, float] | None = None
@@ -194,10 +196,7 @@ def decide(
         wanted = min(wanted, cap)
     new = min(max(min(wanted, room, ceiling), floor), slots)
     reason = "grow" if new > limit else "shrink" if new < limit else "hold"
-    excess = max(0, ours - new)
-    yield_count = 0
-    if knobs.yield_to_online:
-        yield_count = excess if cap is not None and online > 0 else min(excess, online_waiting)
+    yield_count = min(max(0, ours - new), online_waiting) if knobs.yield_to_online else 0
     return Decision(new, reason, online, online_waiting, room, yield_count, cap)
 
 
@@ -242,6 +241,6 @@ class DispatchBudget:
             return
         assert load.itl_tokens is not None and last.itl_tokens is not None
         tokens = load.itl_tokens - last.itl_tokens
-        if tokens < 2 or load.running == 0 or last.running == 0:  # too few tokens, or idle part of the interval
+        if tokens < 20 or load.running == 0 or last.running == 0:  # too few tokens, or idle part of the interval
             return
         self.steps.observe((load.running + last.running) / 2, (load.itl_seconds - last.itl_seconds) / tokens)

@@ -12,12 +12,12 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
 from tests.conftest import Backend, configure, free_port
+from tests.e2e.helpers import batch_line, read_file, submit
 
 pytestmark = pytest.mark.vllm
 
@@ -69,55 +69,6 @@ def wait_healthy(proc: subprocess.Popen[bytes], url: str, log: Path, seconds: fl
             pass
         time.sleep(0.5)
     pytest.fail(f"the vLLM server was not healthy after {seconds} s:\n{log.read_text()[-3000:]}")
-
-
-def batch_line(i: int, max_tokens: int = 32) -> dict[str, Any]:
-    body = {
-        "model": "backfill-demo",
-        "messages": [{"role": "user", "content": f"Write function number {i}."}],
-        "max_tokens": max_tokens,
-        "ignore_eos": True,
-    }
-    return {"custom_id": f"b{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
-
-
-def submit(lines: list[dict[str, Any]]) -> str:
-    """Upload, create and ingest a batch through the storage layer, as the API and the io worker do."""
-    from storage.batches import create_batch
-    from storage.blobs import get_blob_store
-    from storage.db import transaction
-    from storage.files import create_file
-    from storage.settings import get_settings
-    from storage.tenants import get_or_create_tenant
-    from worker.ingest import ingest_batch
-
-    data = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
-    with transaction() as session:
-        tenant = get_or_create_tenant(session, name="acme")
-        source = create_file(
-            session, get_blob_store(), tenant_id=tenant.id, filename="in.jsonl", purpose="batch", chunks=[data]
-        )
-        batch = create_batch(
-            session,
-            tenant_id=tenant.id,
-            input_file_id=source.id,
-            endpoint="/v1/chat/completions",
-            completion_window="24h",
-            model="backfill-demo",
-            metadata=None,
-        )
-    with transaction() as session:
-        ingest_batch(session, get_blob_store(), get_settings(), batch_id=batch.id)
-    return batch.id
-
-
-def read_file(file_id: str | None) -> list[dict[str, Any]]:
-    from storage.blobs import get_blob_store
-
-    if file_id is None:
-        return []
-    data = b"".join(get_blob_store().open_stream(f"files/{file_id}"))
-    return [json.loads(line) for line in data.splitlines()]
 
 
 def online_user(url: str, count: int, gap_seconds: float, answers: list[tuple[int, int]]) -> None:

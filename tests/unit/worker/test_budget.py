@@ -165,13 +165,17 @@ def test_the_slack_cap_is_small_when_compute_bound_and_large_when_memory_bound()
     assert slack_cap((0.0042, 0.00025), slack=None, online=0) is None  # knob off
 
 
-def test_with_a_latency_slack_the_budget_keeps_batch_work_under_the_cap_and_yields_beside_online_users() -> None:
+def test_with_a_latency_slack_the_budget_keeps_batch_work_under_the_cap() -> None:
     step = (0.0042, 0.00025)  # cap = int(0.1 * (16.8 + online))
     idle = decide(7, load(running=7), ours=7, slots=SLOTS, knobs=knobs(latency_slack=0.1), urgent=False, step=step)
     assert idle.slack_cap == 1 and idle.limit == 1
-    assert idle.yield_count == 0  # nobody online: the extra calls finish, none is cancelled
+    assert idle.yield_count == 0  # the extra calls finish; none is cancelled (it would prefill twice)
     beside = decide(7, load(running=8), ours=7, slots=SLOTS, knobs=knobs(latency_slack=0.1), urgent=False, step=step)
-    assert beside.limit == 1 and beside.yield_count == 6  # an online user decodes now: give the steps back
+    assert beside.limit == 1 and beside.yield_count == 0
+    waiting = decide(
+        7, load(running=8, waiting=2), ours=7, slots=SLOTS, knobs=knobs(latency_slack=0.1), urgent=False, step=step
+    )
+    assert waiting.limit == 1 and waiting.yield_count == 2  # online users queue: yield as without the slack
     urgent = decide(1, load(running=1), ours=1, slots=SLOTS, knobs=knobs(latency_slack=0.1), urgent=True, step=step)
     assert urgent.limit == 2  # work near its deadline still gets urgent_extra_inflight
     unfitted = decide(3, load(running=3), ours=3, slots=SLOTS, knobs=knobs(latency_slack=0.1), urgent=False)
