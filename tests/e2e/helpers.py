@@ -18,32 +18,9 @@ def batch_line(i: int, max_tokens: int = 32) -> dict[str, Any]:
 
 def submit(lines: list[dict[str, Any]]) -> str:
     """Upload, create and ingest a batch through the storage layer, as the API and the io worker do."""
-    from storage.batches import create_batch
-    from storage.blobs import get_blob_store
-    from storage.db import transaction
-    from storage.files import create_file
-    from storage.settings import get_settings
-    from storage.tenants import get_or_create_tenant
-    from worker.ingest import ingest_batch
+    from tests.integration.jobs import submit_job
 
-    data = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
-    with transaction() as session:
-        tenant = get_or_create_tenant(session, name="acme")
-        source = create_file(
-            session, get_blob_store(), tenant_id=tenant.id, filename="in.jsonl", purpose="batch", chunks=[data]
-        )
-        batch = create_batch(
-            session,
-            tenant_id=tenant.id,
-            input_file_id=source.id,
-            endpoint="/v1/chat/completions",
-            completion_window="24h",
-            model="backfill-demo",
-            metadata=None,
-        )
-    with transaction() as session:
-        ingest_batch(session, get_blob_store(), get_settings(), batch_id=batch.id)
-    return batch.id
+    return submit_job(lines)[0]
 
 
 def read_file(file_id: str | None) -> list[dict[str, Any]]:
