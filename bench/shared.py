@@ -17,7 +17,7 @@ each online rate it measures, in the same run:
 
 Each rate's sides alternate in `--rounds` short rounds that replay the same arrivals, and their samples are
 pooled, so a drift of the machine hits every side alike. The server runs in the harness's session: see
-start_server for why that matters on a small machine.
+bench/vllm_server.py for why that matters on a small machine.
 
 Ratios: p99 with ÷ without (goal <= 1.10) and harvested ÷ batch-alone (goal >= 0.70 at the lowest rate).
 Goodput: a job with a tight window (`--tight-window-seconds`, sized to `--tight-share` of the batch-alone
@@ -37,8 +37,6 @@ import asyncio
 import json
 import os
 import random
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -48,6 +46,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import vllm_server
 from bench._setup import plot_dir
 
 SERVED_NAME = "demo-online"
@@ -196,58 +195,11 @@ def percentile(values: list[float], q: float) -> float | None:
 # -- the vLLM server ----------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def start_server(model_dir: Path, max_num_seqs: int, log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    command = [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        *("--model", str(model_dir), "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port)),
-        *("--dtype", "float32", "--enforce-eager", "--max-model-len", "2048", "--max-num-seqs", str(max_num_seqs)),
-        *("--scheduling-policy", "priority"),
-    ]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1"}
-    # prepare_env sets these for in-process engines; a server is not one. With no core reserved, the engine's
-    # OpenMP threads spin on both cores and starve the server's HTTP front end (and the load generator):
-    # online chats then stall for seconds whenever the engine is busy. vLLM asks for >= 1 reserved core.
-    for name in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_NUM_OF_RESERVED_CPU"):
-        env.pop(name, None)
-    with log.open("wb") as out:
-        # Its own process group (to stop it as a whole) but NOT its own session: with Linux's autogroup
-        # scheduling every session is one CPU share, and a server in a session of its own starved its HTTP
-        # front end (its engine-core process busy-polls the worker) while Backfill kept the engine busy:
-        # online chats then arrived in one lump seconds late. Measured: TTFT p50 18 ms vs 150-470 ms.
-        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, process_group=0)
-    url = f"http://127.0.0.1:{port}"
-    import httpx
-
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the vLLM server exited:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    stop_server(proc)
-    raise RuntimeError("the vLLM server did not become healthy in 300 s")
+    return vllm_server.start(model_dir, served_name=SERVED_NAME, max_num_seqs=max_num_seqs, max_model_len=2048, log=log)
 
 
-def stop_server(proc: subprocess.Popen[bytes]) -> None:
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
+stop_server = vllm_server.stop
 
 
 def server_counter(url: str, name: str) -> float:

@@ -211,6 +211,7 @@ class DispatchBudget:
         self.last: Decision | None = None
         self.load: ServerLoad | None = None
         self.steps = StepModel()
+        self._warned_untimed = False
 
     def set_urgent(self, urgent: bool) -> None:
         """Work is close to its deadline: allow `urgent_extra_inflight` more, even at online's expense."""
@@ -237,6 +238,9 @@ class DispatchBudget:
     def _observe_step(self, load: ServerLoad) -> None:
         """One sample for the step model: mean inter-token latency since the last poll vs sequences running."""
         last = self.load
+        if load.itl_seconds is None and self.knobs.latency_slack is not None and not self._warned_untimed:
+            log.warning("latency_slack is set but /metrics has no %s: batch work is not capped by it", ITL_SUM)
+            self._warned_untimed = True
         if last is None or load.itl_seconds is None or last.itl_seconds is None:
             return
         assert load.itl_tokens is not None and last.itl_tokens is not None

@@ -4,10 +4,6 @@ harvests its idle slots through the HTTP engine; every batch line lands exactly 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -16,7 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import Backend, configure, free_port
+from bench import vllm_server as server_process
+from tests.conftest import Backend, configure
 from tests.e2e.helpers import batch_line, read_file, submit
 
 pytestmark = pytest.mark.vllm
@@ -28,47 +25,17 @@ MAX_NUM_SEQS = 8
 @pytest.fixture(scope="module")
 def vllm_server(demo_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """`python -m vllm.entrypoints.openai.api_server` on the demo model, priority scheduling, a free port."""
-    port = free_port()
     log = tmp_path_factory.mktemp("vllm-server") / "server.log"
-    command = [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        *("--model", str(demo_model_path), "--served-model-name", SERVED_NAME),
-        *("--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager"),
-        *("--max-num-seqs", str(MAX_NUM_SEQS), "--max-model-len", "1024", "--scheduling-policy", "priority"),
-    ]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1"}
-    # A server, not an in-process engine: keep vLLM's reserved front-end core (bench/shared.py explains why).
-    for name in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_NUM_OF_RESERVED_CPU"):
-        env.pop(name, None)
-    with log.open("wb") as out:
-        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, process_group=0)
-    url = f"http://127.0.0.1:{port}"
     try:
-        wait_healthy(proc, url, log)
+        proc, url = server_process.start(
+            demo_model_path, served_name=SERVED_NAME, max_num_seqs=MAX_NUM_SEQS, max_model_len=1024, log=log
+        )
+    except server_process.ServerFailed as error:
+        pytest.fail(str(error))
+    try:
         yield url
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-
-
-def wait_healthy(proc: subprocess.Popen[bytes], url: str, log: Path, seconds: float = 180) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"the vLLM server exited ({proc.returncode}):\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    pytest.fail(f"the vLLM server was not healthy after {seconds} s:\n{log.read_text()[-3000:]}")
+        server_process.stop(proc)
 
 
 def online_user(url: str, count: int, gap_seconds: float, answers: list[tuple[int, int]]) -> None:
@@ -136,6 +103,48 @@ def test_a_batch_harvested_beside_online_traffic_lands_every_line_once_and_onlin
         assert body["usage"]["completion_tokens"] == 32
     assert answers == [(200, 16)] * 6
     assert engine.budget.last is not None  # the budget was fed from the server's /metrics
+
+
+def test_with_a_latency_slack_the_budget_fits_the_servers_step_time_and_every_line_still_lands_once(
+    backend: Backend, vllm_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from storage.db import transaction
+    from storage.models import Batch
+    from storage.settings import get_settings
+    from worker.budget import slack_cap
+    from worker.engine.http_engine import HttpEngine
+    from worker.finalize import finalize_batch
+    from worker.runner import Runner
+    from worker.service import load_engine
+
+    shared = {"server_url": vllm_server, "poll_seconds": 0.1, "latency_slack": 0.1}
+    registry = {"backfill-demo": {"path": "served-by-the-server", "max_num_seqs": MAX_NUM_SEQS, "shared": shared}}
+    configure(monkeypatch, {**backend.env, "BACKFILL_MODELS": json.dumps(registry)})
+    engine = load_engine(get_settings(), "backfill-demo")
+    assert isinstance(engine, HttpEngine)
+    lines = [batch_line(i, max_tokens=64) for i in range(40)]
+    batch_id = submit(lines)
+    runner = Runner(engine, model="backfill-demo", settings=get_settings())
+    try:
+        started = time.monotonic()
+        while runner.run_for(5.0):
+            assert time.monotonic() - started < 120, "the batch did not finish"
+    finally:
+        engine.close()
+    from storage.blobs import get_blob_store
+
+    # The server's own inter-token latency fed the step model, and the cap came from it.
+    step = engine.budget.steps.fit()
+    assert step is not None and step[0] > 0
+    last = engine.budget.last
+    assert last is not None and last.slack_cap == slack_cap(step, slack=0.1, online=last.online)
+    assert finalize_batch(get_blob_store(), batch_id=batch_id) == "completed"
+    with transaction() as session:
+        batch = session.get(Batch, batch_id)
+        assert batch is not None
+        outputs, errors = read_file(batch.output_file_id), read_file(batch.error_file_id)
+    assert not errors
+    assert sorted(line["custom_id"] for line in outputs) == sorted(line["custom_id"] for line in lines)
 
 
 def test_aborting_a_batch_request_frees_its_sequence_on_the_server(vllm_server: str) -> None:

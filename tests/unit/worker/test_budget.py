@@ -203,3 +203,14 @@ def test_metrics_pages_carry_the_inter_token_latency_counters() -> None:
     parsed = parse_load(page)
     assert (parsed.itl_seconds, parsed.itl_tokens) == (12.5, 2500)
     assert parse_load(METRICS).itl_seconds is None
+
+
+def test_a_latency_slack_on_a_server_without_latency_counters_is_reported_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    budget = DispatchBudget(knobs(latency_slack=0.1), slots=SLOTS)
+    for _ in range(3):
+        decision = budget.update(parse_load(METRICS), ours=0)
+    assert decision.slack_cap is None
+    warnings = [r for r in caplog.records if "latency_slack is set but /metrics has no" in r.getMessage()]
+    assert len(warnings) == 1
