@@ -330,6 +330,8 @@ def main() -> int:
     parser.add_argument("--inflight", type=int, default=6, help=argparse.SUPPRESS)
     parser.add_argument("--no-bare", action="store_true", help="skip the bare-client control side")
     args = parser.parse_args()
+    if args.rounds < 1 or args.seconds <= 0 or (args.latency_slack and args.latency_slack < 0):
+        parser.error("--rounds must be >= 1, --seconds > 0 and --latency-slack >= 0")
     if args.online_load:
         return run_online_child(args)
     if args.bare_batch:

@@ -23,11 +23,14 @@ latency (`vllm:inter_token_latency_seconds` sum and count, per poll interval) ag
 running, by least squares with old samples fading. Batch sequences add `ours * per_seq` to a step of
 `fixed + per_seq * online` (online counted as at least 1: the user who may arrive next), so
 
-    slack_cap       = floor(latency_slack * (fixed / per_seq + max(online, 1)))
+    slack_cap       = max(1, floor(latency_slack * (fixed / per_seq + max(online, 1))))
     limit'          = min(limit', slack_cap)   (the urgent floor still wins)
 
-The cap only stops new sends: calls above it finish (a cancelled call is sent again later and its prefill
-runs twice, which costs the online users more than letting a short call end).
+The cap never goes below one sequence: at 0 no batch work would run, no new samples would come, and a
+fit that said "too steep" could never be corrected (the batch would starve until its deadline's urgency
+floor). One sequence keeps work moving and the fit fresh. The cap only stops new sends: calls above it
+finish (a cancelled call is sent again later and its prefill runs twice, which costs the online users
+more than letting a short call end).
 
 On a GPU, decode is memory-bound and `fixed / per_seq` (weight bytes over one sequence's KV bytes) is in
 the hundreds, so the cap leaves most slots to batch work; on a CPU the step is compute-bound, the ratio is
@@ -127,13 +130,13 @@ class StepModel:
 
 
 def slack_cap(step: tuple[float, float] | None, *, slack: float | None, online: int) -> int | None:
-    """How many batch sequences keep a step within `slack` of the online-only step; None: no cap."""
+    """How many batch sequences keep a step within `slack` of the online-only step (at least 1); None: no cap."""
     if slack is None or step is None:
         return None
     fixed, per_seq = step
     if per_seq <= 0:  # adding sequences costs nothing measurable: memory-bound, no cap
         return None
-    return max(0, int(slack * (fixed / per_seq + max(online, 1))))
+    return max(1, int(slack * (fixed / per_seq + max(online, 1))))
 
 
 def parse_load(text: str) -> ServerLoad:

@@ -162,6 +162,9 @@ def test_the_slack_cap_is_small_when_compute_bound_and_large_when_memory_bound()
     # 70B FP8 on 8xH100: 70 GB of weights vs ~0.33 GB of KV per 2k-token sequence, per step.
     assert slack_cap((70 / 26.8e3, 0.33 / 26.8e3), slack=0.10, online=1) == 21
     assert slack_cap((0.0042, 0.0), slack=0.10, online=0) is None  # no measurable cost per sequence
+    # A step so compute-bound that one sequence already costs more than the slack: still one, never none
+    # (at none, no batch work would run, no samples would come, and the fit could never be corrected).
+    assert slack_cap((0.001, 0.001), slack=0.10, online=0) == 1
     assert slack_cap((0.0042, 0.00025), slack=None, online=0) is None  # knob off
 
 
