@@ -9,7 +9,8 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from api import errors
-from api.routes import batches, costs, files, models
+from api.finance import routes as costs
+from api.openai import batches, files, models
 
 
 def create_app(*, health_extra: Callable[[], dict[str, Any]] | None = None) -> FastAPI:

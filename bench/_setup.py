@@ -75,7 +75,7 @@ def prepare_env(*, database_url: str | None = None, max_num_seqs: int = 64) -> P
         }
     }
     os.environ["BACKFILL_MODELS"] = json.dumps(registry)
-    from worker.cli import migrate_database
+    from worker.cli.migrate import migrate_database
 
     migrate_database()
     return model_dir

@@ -30,9 +30,9 @@ from bench._setup import OUT, PG_ADMIN, submit
 
 def _worker(url: str, claim_size: int, start: Any, results: Any, index: int) -> None:
     os.environ["BACKFILL_DATABASE_URL"] = url
-    from storage import batch_requests as queue
-    from storage.batch_requests import Outcome
     from storage.db import transaction
+    from storage.queue.claim import claim
+    from storage.queue.results import Outcome, record
 
     worker_id = f"bench-{index}"
     claimed: list[str] = []
@@ -41,13 +41,13 @@ def _worker(url: str, claim_size: int, start: Any, results: Any, index: int) -> 
     began = time.perf_counter()
     while True:
         with transaction() as session:
-            rows = queue.claim(session, model="fake-model", worker_id=worker_id, limit=claim_size, lease_seconds=120)
+            rows = claim(session, model="fake-model", worker_id=worker_id, limit=claim_size, lease_seconds=120)
         if not rows:
             break
         claimed.extend(row.id for row in rows)
         outcomes = [Outcome(row.id, 200, body, 10, 1, 0.0) for row in rows]
         with transaction() as session:
-            queue.record(session, worker_id=worker_id, run_id=f"run-{index}", outcomes=outcomes)
+            record(session, worker_id=worker_id, run_id=f"run-{index}", outcomes=outcomes)
     results.put((index, began, time.perf_counter(), claimed))
 
 
@@ -124,7 +124,7 @@ def main() -> int:
     os.environ["BACKFILL_DATABASE_URL"] = url
     engine = sa.create_engine(url)
     try:
-        from worker.cli import migrate_database
+        from worker.cli.migrate import migrate_database
 
         migrate_database()
         populate(url, requests=args.requests, jobs=args.jobs, tenants=args.tenants)

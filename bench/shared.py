@@ -22,7 +22,7 @@ bench/vllm_server.py for why that matters on a small machine.
 Ratios: p99 with ÷ without (goal <= 1.10) and harvested ÷ batch-alone (goal >= 0.70 at the lowest rate).
 Goodput: a job with a tight window (`--tight-window-seconds`, sized to `--tight-share` of the batch-alone
 capacity over that window) submitted beside the highest online rate and the 24h backlog left by the
-phases before: requests completed before its deadline ÷ requests accepted (storage/goodput.py).
+phases before: requests completed before its deadline ÷ requests accepted (storage/finance/goodput.py).
 Plots: docs/shared-throughput.png and docs/shared-latency.png. The online load generator runs in its own
 process so the runner's Python work does not delay its clocks (it still shares the two cores).
 
@@ -231,8 +231,8 @@ def harvest(
 ) -> dict[str, Any]:
     """Queue `lines`, run a fresh runner + HTTP engine for `seconds` (less once they are all done);
     tokens/s of the results it recorded, and the batch id."""
-    from storage import batch_requests as queue
     from storage.db import transaction
+    from storage.queue.backlog import open_count
     from storage.settings import get_settings
     from worker.runner import Runner
     from worker.service import load_engine
@@ -258,7 +258,7 @@ def harvest(
         started = time.perf_counter()
         while time.perf_counter() - started < seconds and runner.run_for(min(1.0, seconds)):
             with transaction() as session:
-                if not queue.open_count(session, batch_id=batch_id):
+                if not open_count(session, batch_id=batch_id):
                     break
         elapsed = time.perf_counter() - started
         tokens = counted["tokens"]
@@ -286,7 +286,7 @@ def tight_job(url: str, rate: float, window_seconds: int, requests: int, args: a
     """A job whose window is tight, run beside the highest online rate and the 24h backlog: its goodput."""
     from bench._setup import chat_line
     from storage.db import transaction
-    from storage.goodput import batch_goodput
+    from storage.finance.goodput import batch_goodput
 
     online = start_online_load(url, rate, window_seconds, args.online_tokens, args.seed + 100)
     lines = [{**chat_line(i, args.batch_tokens), "custom_id": f"tight{i}"} for i in range(requests)]

@@ -108,7 +108,7 @@ class BatchRequest(Base):
     __table_args__ = (
         UniqueConstraint("batch_id", "custom_id", name="uq_batch_requests_batch_id_custom_id"),
         Index("ix_batch_requests_queue", "model", "status", "deadline"),
-        # A tenant's share in prefix-aware claim order (storage/claim_order.py), read straight off the index.
+        # A tenant's share in prefix-aware claim order (storage/queue/claim_order.py), read straight off the index.
         Index(
             "ix_batch_requests_prefix_queue",
             "model",
@@ -122,7 +122,7 @@ class BatchRequest(Base):
         Index("ix_batch_requests_batch_status", "batch_id", "status"),
         Index("ix_batch_requests_lease", "status", "lease_expires_at"),
         Index("ix_batch_requests_finished_at", "finished_at"),  # daily cost and usage reports
-        # Covers cost attribution (storage/costs.py): a run's work per batch is read from the index alone.
+        # Covers cost attribution (storage/finance/attribution.py): a run's work per batch is read from the index alone.
         Index("ix_batch_requests_run_usage", "run_id", "status", "batch_id", "prompt_tokens", "completion_tokens"),
     )
 
@@ -140,7 +140,7 @@ class BatchRequest(Base):
     # so the engine's prefix cache serves them. "" when no other line of its file shares it (or embeddings).
     prefix_key: Mapped[str] = mapped_column(String(32), default="", server_default="")
     # Sized once at ingest so admission and estimates never parse bodies: input ~ line bytes / 4, output =
-    # max_completion_tokens, max_tokens or 256 (0 for embeddings), as storage/estimates.py sizes a file.
+    # max_completion_tokens, max_tokens or 256 (0 for embeddings), as storage/planning/shapes.py sizes a file.
     est_input_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     max_output_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     attempts: Mapped[int] = mapped_column(Integer, default=0)

@@ -21,7 +21,7 @@ class SettingsError(RuntimeError):
 class SharedModeSpec(BaseModel):
     """Shared mode: harvest the idle capacity of a vLLM server that also serves online users.
 
-    The knobs of the dispatch budget are explained in worker/budget.py and docs/shared-mode.md.
+    The knobs of the dispatch budget are explained in worker/engine/shared_budget.py and docs/shared-mode.md.
     """
 
     server_url: str  # e.g. http://127.0.0.1:8000, a server started with --scheduling-policy priority
@@ -37,7 +37,7 @@ class SharedModeSpec(BaseModel):
     urgent_extra_inflight: int = Field(default=2, ge=0)
     yield_to_online: bool = True  # cancel (and later re-send) batch requests holding slots online requests wait for
     # Set: keep the slowdown batch work adds to every engine step (and so to online users' time per token)
-    # at most this share, from a step-time model fitted to the server's own /metrics (worker/budget.py).
+    # at most this share, from a step-time model fitted to the server's own /metrics (worker/engine/shared_budget.py).
     # None: only free slots limit batch work. 0.10 = the issue's "online p99 within 1.10x".
     latency_slack: float | None = Field(default=None, gt=0)
     max_attempts: int = Field(default=3, ge=1)
@@ -79,7 +79,7 @@ class ModelSpec(BaseModel):
         """`max_num_seqs`, or the planner's largest batch that fits when `max_num_seqs_from_planner` is on."""
         if not self.max_num_seqs_from_planner:
             return self.max_num_seqs
-        from storage.planner import HARDWARE_PRESETS, ModelShape, max_num_seqs_for
+        from storage.planning.roofline import HARDWARE_PRESETS, ModelShape, max_num_seqs_for
 
         config = json.loads((Path(self.path) / "config.json").read_text())
         shape = ModelShape.from_hf_config(config, weight_dtype=self.weight_dtype, kv_dtype=self.kv_dtype)
@@ -91,7 +91,7 @@ class ModelSpec(BaseModel):
     @model_validator(mode="after")
     def _hardware_known(self) -> ModelSpec:
         if self.max_num_seqs_from_planner:
-            from storage.planner import HARDWARE_PRESETS
+            from storage.planning.roofline import HARDWARE_PRESETS
 
             if self.hardware not in HARDWARE_PRESETS:
                 raise ValueError(f"hardware must be one of {', '.join(HARDWARE_PRESETS)}")
@@ -156,7 +156,7 @@ class Settings(BaseSettings):
     reap_interval_seconds: int = Field(default=15, ge=1)
     inflight_per_seq: int = Field(default=2, ge=1)
 
-    # Deadline-aware packing (storage/batch_requests.py `claim`). A request is urgent, and claimed ahead of
+    # Deadline-aware packing (storage/queue/claim.py `claim`). A request is urgent, and claimed ahead of
     # the fair share, once its deadline is nearer than the larger of `urgent_within_seconds` and
     # `urgent_drain_multiple` x the time the node needs to drain the model's backlog at measured speed.
     urgent_within_seconds: int = Field(default=900, ge=0)

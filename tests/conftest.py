@@ -148,7 +148,7 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.
         env["BACKFILL_S3_BUCKET"] = "backfill-test"
     configure(monkeypatch, env)
     from storage.settings import get_settings
-    from worker.cli import migrate_database
+    from worker.cli.migrate import migrate_database
 
     url = get_settings().sqlalchemy_url
     if url not in _migrated:

@@ -8,9 +8,9 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from storage import lifecycle
-from storage.estimates import request_size
 from storage.ids import new_id
 from storage.models import Batch, BatchRequest, EngineRun, Tenant
+from storage.planning.shapes import request_size
 from storage.tenants import get_or_create_tenant
 
 DAY = 86400

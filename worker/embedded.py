@@ -6,8 +6,8 @@ import logging
 import threading
 import time
 
-from storage import batch_requests as queue
 from storage.db import transaction
+from storage.queue.backlog import batches_ready_to_finalize
 from storage.settings import get_settings
 from storage.wakeups import EventWaker, set_waker
 from worker import service
@@ -78,7 +78,7 @@ class EmbeddedWorker:
 
     def _finalize_ready(self) -> bool:
         with transaction() as session:
-            ids = queue.batches_ready_to_finalize(session)
+            ids = batches_ready_to_finalize(session)
         for batch_id in ids:
             service.finalize(batch_id)
         return bool(ids)

@@ -17,12 +17,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from storage import lifecycle
-from storage.batch_requests import open_count
 from storage.batches import get_batch
 from storage.blobs import BlobStore
 from storage.clock import now
 from storage.db import transaction
 from storage.models import BatchRequest, File
+from storage.queue.backlog import open_count
 
 log = logging.getLogger(__name__)
 

@@ -18,15 +18,17 @@ from sqlalchemy import Table, bindparam, insert
 from sqlalchemy.orm import Session
 
 from storage import lifecycle
-from storage.batch_lines import LineChecker, LineError, ParsedLine, iter_lines
 from storage.batches import get_batch
 from storage.blobs import BlobStore
-from storage.claim_order import SharedPrefixes, prefix_key_of
 from storage.errors import FileNotFound
-from storage.estimates import Admission, admission_check, open_jobs, request_size
 from storage.files import get_file
 from storage.ids import new_id
+from storage.lines import LineChecker, LineError, ParsedLine, iter_lines
 from storage.models import Batch, BatchRequest, Tenant
+from storage.planning.admission import Admission, admission_check
+from storage.planning.shapes import request_size
+from storage.queue.backlog import open_jobs
+from storage.queue.prefixes import SharedPrefixes, prefix_key_of
 from storage.settings import Settings
 
 log = logging.getLogger(__name__)

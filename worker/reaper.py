@@ -8,11 +8,12 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from storage import batch_requests as queue
 from storage import lifecycle
 from storage.batches import close_open_requests
 from storage.clock import now
 from storage.models import Batch, BatchRequest
+from storage.queue.backlog import batches_ready_to_finalize
+from storage.queue.reaping import release_expired_leases
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +32,9 @@ class Reaped:
 
 def reap(session: Session) -> Reaped:
     """One reaper pass (one transaction)."""
-    requeued = queue.release_expired_leases(session, max_attempts=MAX_ATTEMPTS)
+    requeued = release_expired_leases(session, max_attempts=MAX_ATTEMPTS)
     expired = expire_overdue(session)
-    ready = queue.batches_ready_to_finalize(session)
+    ready = batches_ready_to_finalize(session)
     # Wake a model's GPU worker only when its queue waits and no worker holds any of its rows: a busy
     # worker keeps claiming by itself, and extra wake-ups would pile up in the broker behind it.
     busy = select(BatchRequest.model).where(BatchRequest.status == lifecycle.REQ_RUNNING).distinct()

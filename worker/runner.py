@@ -19,12 +19,13 @@ from dataclasses import dataclass
 
 from sqlalchemy import update
 
-from storage import batch_requests as queue
-from storage.batch_requests import Outcome
 from storage.clock import now_f
 from storage.db import transaction
 from storage.ids import new_id
 from storage.models import EngineRun
+from storage.queue.backlog import has_queued, open_count
+from storage.queue.claim import claim
+from storage.queue.results import Outcome, record, release, renew
 from storage.settings import Settings
 from worker.engine import Engine, EngineRequest, EngineResult
 
@@ -137,7 +138,7 @@ class Runner:
             self.urgent.clear()
             self._flush(force=True)
             with transaction() as session:
-                released = queue.release(session, worker_id=self.worker_id, request_ids=left)
+                released = release(session, worker_id=self.worker_id, request_ids=left)
             self.inflight.clear()
             self._close_run()
             return released
@@ -161,7 +162,7 @@ class Runner:
             return  # the queue was empty a moment ago; don't poll it on every step
         want = self.max_inflight - len(self.inflight)
         with transaction() as session:
-            claimed = queue.claim(
+            claimed = claim(
                 session,
                 model=self.model,
                 worker_id=self.worker_id,
@@ -227,13 +228,13 @@ class Runner:
         self.totals.finished += len(results)
         with transaction() as session:
             self._write_run(session)
-            touched = queue.record(
+            touched = record(
                 session,
                 worker_id=self.worker_id,
                 run_id=self.run_id,
                 outcomes=[_outcome(result) for result in results],
             )
-            done = [batch_id for batch_id in touched if not queue.open_count(session, batch_id=batch_id)]
+            done = [batch_id for batch_id in touched if not open_count(session, batch_id=batch_id)]
         for batch_id in done:
             if self.on_batch_done is not None:
                 self.on_batch_done(batch_id)
@@ -272,7 +273,7 @@ class Runner:
             return
         self._last_renew = time.monotonic()
         with transaction() as session:
-            lost = queue.renew(
+            lost = renew(
                 session,
                 worker_id=self.worker_id,
                 request_ids=sorted(self.inflight),
@@ -286,7 +287,7 @@ class Runner:
 
     def _queue_has_work(self) -> bool:
         with transaction() as session:
-            return queue.has_queued(session, model=self.model)
+            return has_queued(session, model=self.model)
 
     def slot_occupancy(self) -> float | None:
         """Mean share of engine slots in use over the steps where work was waiting."""

@@ -19,11 +19,11 @@ from storage.models import Batch
 from storage.settings import Settings, get_settings
 from storage.wakeups import wake_after_commit
 from worker.engine import Engine
-from worker.engine_slot import EngineSlot
 from worker.finalize import finalize_batch
 from worker.ingest import ingest_batch
 from worker.reaper import Reaped, reap
 from worker.runner import Runner
+from worker.slot.engine_slot import EngineSlot
 
 log = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ def models_env(demo_model_path: Path) -> dict[str, str]:
 @pytest.fixture
 def live(models_env: dict[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[LiveServer]:
     from tests.conftest import configure
-    from worker.cli import migrate_database
+    from worker.cli.migrate import migrate_database
 
     configure(monkeypatch, {"BACKFILL_DATA_DIR": str(tmp_path / "data"), **models_env})
     migrate_database()

@@ -3,7 +3,7 @@
 Nothing is loaded here: batch requests go over HTTP to a server started with `--scheduling-policy
 priority`, each with `priority = batch_priority` (vLLM serves smaller values first; online clients send
 the default 0), so the server serves online requests first and preempts batch sequences when its KV cache
-runs short. A `DispatchBudget` (worker/budget.py), fed from the server's `/metrics`, decides how many
+runs short. A `DispatchBudget` (worker/engine/shared_budget.py), fed from the server's `/metrics`, decides how many
 batch requests may be on the server at once; the runner reads it through `dispatch_limit()`.
 
 Threads: the runner calls every public method from its own thread; the HTTP calls and the metrics poll
@@ -28,9 +28,9 @@ from typing import Any
 import httpx
 
 from storage.settings import ModelSpec, SharedModeSpec
-from worker.budget import DispatchBudget, MetricsError, parse_load
 from worker.engine import EngineRequest, EngineResult, EngineStats
 from worker.engine.bodies import BodyError, CompletionBody, EmbeddingBody, parse_body, server_error
+from worker.engine.shared_budget import DispatchBudget, MetricsError, parse_load
 
 log = logging.getLogger(__name__)
 

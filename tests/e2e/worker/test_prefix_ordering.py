@@ -47,7 +47,7 @@ def job(system_prompts: list[str], per_prompt: int) -> list[dict[str, object]]:
 def test_prefix_ordering_lets_the_prefix_cache_serve_a_shared_system_prompt(
     demo_model_path: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from worker.cli import migrate_database
+    from worker.cli.migrate import migrate_database
     from worker.engine.vllm_engine import VllmEngine
     from worker.runner import Runner
 

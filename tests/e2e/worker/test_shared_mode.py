@@ -111,8 +111,8 @@ def test_with_a_latency_slack_the_budget_fits_the_servers_step_time_and_every_li
     from storage.db import transaction
     from storage.models import Batch
     from storage.settings import get_settings
-    from worker.budget import slack_cap
     from worker.engine.http_engine import HttpEngine
+    from worker.engine.shared_budget import slack_cap
     from worker.finalize import finalize_batch
     from worker.runner import Runner
     from worker.service import load_engine
@@ -149,9 +149,9 @@ def test_with_a_latency_slack_the_budget_fits_the_servers_step_time_and_every_li
 
 def test_aborting_a_batch_request_frees_its_sequence_on_the_server(vllm_server: str) -> None:
     from storage.settings import ModelSpec, SharedModeSpec
-    from worker.budget import parse_load
     from worker.engine import EngineRequest
     from worker.engine.http_engine import HttpEngine
+    from worker.engine.shared_budget import parse_load
 
     spec = ModelSpec(
         path="served-by-the-server", max_num_seqs=MAX_NUM_SEQS, shared=SharedModeSpec(server_url=vllm_server)
@@ -187,7 +187,7 @@ def test_the_openai_sdk_runs_a_batch_through_the_api_on_a_shared_server(
     from tests.conftest import make_key, start_server
     from tests.integration.api.helpers import read_lines, to_jsonl, upload, wait_for
     from worker import service
-    from worker.cli import migrate_database
+    from worker.cli.migrate import migrate_database
 
     shared = {"server_url": vllm_server, "poll_seconds": 0.1}
     registry = {"backfill-demo": {"path": "served-by-the-server", "max_num_seqs": MAX_NUM_SEQS, "shared": shared}}

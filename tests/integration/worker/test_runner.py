@@ -7,12 +7,14 @@ import json
 import pytest
 from sqlalchemy import func, select
 
-from storage import batch_requests as queue
 from storage import lifecycle
 from storage.batches import cancel_batch
 from storage.blobs import get_blob_store
 from storage.db import transaction
 from storage.models import Batch, BatchRequest, EngineRun
+from storage.queue.claim import claim
+from storage.queue.reaping import release_expired_leases
+from storage.queue.results import record
 from storage.settings import get_settings
 from tests.conftest import Backend
 from tests.factories import make_batch, make_tenant
@@ -84,22 +86,22 @@ def test_runner_keeps_every_slot_busy_while_work_is_queued(backend: Backend) -> 
 def test_a_result_for_a_lost_lease_is_dropped_and_the_request_runs_again(backend: Backend) -> None:
     batch_id = enqueue(3)
     with transaction() as session:
-        claimed = queue.claim(session, model="fake-model", worker_id="dead-worker", limit=3, lease_seconds=5)
+        claimed = claim(session, model="fake-model", worker_id="dead-worker", limit=3, lease_seconds=5)
         session.execute(
             BatchRequest.__table__.update().values(lease_expires_at=0.0)  # type: ignore[attr-defined]
         )
     assert len(claimed) == 3
     with transaction() as session:
-        assert queue.release_expired_leases(session, max_attempts=3) == 3
+        assert release_expired_leases(session, max_attempts=3) == 3
     runner = make_runner()
     while runner.run_for(5.0):
         pass
     # The dead worker comes back and reports: nothing it says is stored.
-    from storage.batch_requests import Outcome
+    from storage.queue.results import Outcome
 
     late = [Outcome(c.id, 200, {"late": True}, 1, 1, 0.1) for c in claimed]
     with transaction() as session:
-        assert queue.record(session, worker_id="dead-worker", run_id="run_x", outcomes=late) == {}
+        assert record(session, worker_id="dead-worker", run_id="run_x", outcomes=late) == {}
     finalize_batch(get_blob_store(), batch_id=batch_id)
     with transaction() as session:
         rows = list(session.scalars(select(BatchRequest).where(BatchRequest.batch_id == batch_id)))
@@ -125,7 +127,7 @@ def test_tenants_share_claims_fairly(backend: Backend) -> None:
     big = enqueue(100, tenant="big")
     small = enqueue(5, tenant="small")
     with transaction() as session:
-        claimed = queue.claim(session, model="fake-model", worker_id="w", limit=10, lease_seconds=30)
+        claimed = claim(session, model="fake-model", worker_id="w", limit=10, lease_seconds=30)
     by_batch = {batch_id: sum(1 for c in claimed if c.batch_id == batch_id) for batch_id in (big, small)}
     assert by_batch == {big: 5, small: 5}
 
@@ -137,7 +139,7 @@ def test_the_reaper_wakes_a_model_only_when_no_worker_is_on_it(backend: Backend)
     with transaction() as session:
         assert reap(session).models_with_work == ["fake-model"]
     with transaction() as session:
-        queue.claim(session, model="fake-model", worker_id="w", limit=2, lease_seconds=30)
+        claim(session, model="fake-model", worker_id="w", limit=2, lease_seconds=30)
     with transaction() as session:
         assert reap(session).models_with_work == []  # a live worker keeps claiming on its own
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from storage.planner import HARDWARE_PRESETS, ModelShape, max_num_seqs_for
+from storage.planning.roofline import HARDWARE_PRESETS, ModelShape, max_num_seqs_for
 from storage.settings import ModelSpec, Settings, window_seconds
 
 LLAMA_70B = {

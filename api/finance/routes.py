@@ -1,0 +1,96 @@
+"""Cost accounting over HTTP: a job's cost block, the finance reports, the roofline planner, the finance page."""
+
+from __future__ import annotations
+
+from decimal import Decimal, InvalidOperation
+from importlib import resources
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+from fastapi.responses import HTMLResponse
+
+from api.deps import Caller, Config, DbSession
+from api.finance import reports as organization
+from storage.batches import get_batch
+from storage.errors import InvalidRequest
+from storage.finance.job_cost import batch_cost_json
+from storage.planning.roofline import GB, HARDWARE_PRESETS, Hardware, ModelShape, plan
+
+router = APIRouter()
+router.include_router(organization.router)
+
+# The worked example of shared/inference-economics.txt: Llama 3.1 70B in FP8, 4,096-token context.
+EXAMPLE_WEIGHTS_GB = 70.6
+EXAMPLE_KV_BYTES_PER_TOKEN = 327680.0
+EXAMPLE_HARDWARE = "8xH100-SXM"
+
+
+@router.get("/v1/batches/{batch_id}/cost", tags=["batches"], response_model=dict[str, Any])
+def batch_cost(batch_id: str, session: DbSession, caller: Caller, settings: Config) -> dict[str, Any]:
+    """Backfill extension: what the job was billed, its list price and discount, and its measured compute
+    cost. `cost` is null until a request has completed."""
+    batch = get_batch(session, tenant_id=caller.tenant_id, batch_id=batch_id)
+    return {
+        "object": "batch.cost",
+        "batch_id": batch.id,
+        "status": batch.status,
+        "currency": "usd",
+        "cost": batch_cost_json(session, batch, settings),
+    }
+
+
+@router.get("/v1/planner", tags=["planner"], response_model=dict[str, Any])
+def planner(
+    caller: Caller,
+    settings: Config,
+    weights_gb: Annotated[float, Query(gt=0)] = EXAMPLE_WEIGHTS_GB,
+    kv_bytes_per_token: Annotated[float, Query(gt=0)] = EXAMPLE_KV_BYTES_PER_TOKEN,
+    hardware: str = EXAMPLE_HARDWARE,
+    gpus: Annotated[int | None, Query(ge=1)] = None,
+    gpu_hour_usd: str | None = None,
+    context: Annotated[int, Query(ge=1)] = 4096,
+    batch_sizes: str | None = None,
+) -> dict[str, Any]:
+    """The roofline: cost per 1M tokens and TPOT by batch size. Defaults to the worked example (Llama 3.1
+    70B FP8, 4,096-token context) on a node of this deployment's GPU count and price per GPU-hour."""
+    if hardware not in HARDWARE_PRESETS:
+        offered = ", ".join(HARDWARE_PRESETS)
+        raise InvalidRequest(f"Unknown hardware '{hardware}': use one of {offered}.", param="hardware")
+    preset = HARDWARE_PRESETS[hardware]
+    node = Hardware(
+        gpus=gpus or settings.gpu_count,
+        hbm_bytes_per_gpu=preset.hbm_bytes_per_gpu,
+        hbm_bandwidth_bytes_per_s_per_gpu=preset.hbm_bandwidth_bytes_per_s_per_gpu,
+        usd_per_gpu_hour=_price(gpu_hour_usd) if gpu_hour_usd is not None else settings.gpu_hour_usd,
+    )
+    shape = ModelShape(weight_bytes=weights_gb * GB, kv_bytes_per_token=kv_bytes_per_token)
+    return {"object": "planner.plan", **plan(shape, node, context, _sizes(batch_sizes)).to_dict()}
+
+
+def _price(text: str) -> Decimal:
+    try:
+        value = Decimal(text)
+    except InvalidOperation:
+        value = Decimal(0)
+    if not value.is_finite() or value <= 0:
+        raise InvalidRequest(f"gpu_hour_usd must be a positive number, got '{text}'.", param="gpu_hour_usd")
+    return value
+
+
+def _sizes(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1 or len(sizes) > 64:
+        raise InvalidRequest("batch_sizes must be 1 to 64 comma-separated positive integers.", param="batch_sizes")
+    return sizes
+
+
+@router.get("/finance", include_in_schema=False)
+def finance_page() -> HTMLResponse:
+    """The finance page: a static shell that asks for an API key and calls the JSON endpoints."""
+    page = resources.files("api.finance").joinpath("static/finance.html").read_text(encoding="utf-8")
+    return HTMLResponse(page, headers={"Cache-Control": "no-store"})

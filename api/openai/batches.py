@@ -1,0 +1,112 @@
+"""Batches: create from an uploaded file, read, list, cancel."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+
+from api.deps import Blobs, Caller, Config, DbSession
+from api.openai.schemas import BatchCreate, BatchList, BatchObject
+from storage.batches import cancel_batch, create_batch, get_batch, list_batches
+from storage.errors import InvalidRequest, ModelNotFound
+from storage.files import get_file
+from storage.finance.goodput import batch_goodput
+from storage.finance.job_cost import batch_cost_json
+from storage.lines import peek_model
+from storage.planning.estimates import estimate_job, shape_of_jsonl
+from storage.wakeups import wake_after_commit
+
+router = APIRouter(prefix="/v1/batches", tags=["batches"])
+
+
+@router.post("", response_model=BatchObject)
+def create(body: BatchCreate, session: DbSession, caller: Caller, blobs: Blobs, settings: Config) -> BatchObject:
+    """Create a batch from an uploaded `batch` file; it is validated, then queued."""
+    if body.completion_window not in settings.completion_windows:
+        offered = ", ".join(sorted(settings.completion_windows))
+        raise InvalidRequest(
+            f"Invalid completion_window '{body.completion_window}': this server offers {offered}.",
+            param="completion_window",
+        )
+    source = get_file(session, tenant_id=caller.tenant_id, file_id=body.input_file_id)
+    if source.purpose != "batch":
+        raise InvalidRequest("The input file must have purpose 'batch'.", param="input_file_id")
+    model = _served_model(blobs, settings, source.blob_key)
+    batch = create_batch(
+        session,
+        tenant_id=caller.tenant_id,
+        input_file_id=source.id,
+        endpoint=body.endpoint,
+        completion_window=body.completion_window,
+        model=model,
+        metadata=body.metadata,
+    )
+    wake_after_commit(session, "batch.ingest", batch_id=batch.id)
+    return BatchObject.of(batch)
+
+
+@router.post("/estimate")
+def estimate(body: BatchCreate, session: DbSession, caller: Caller, blobs: Blobs, settings: Config) -> dict[str, Any]:
+    """Dry run (a Backfill extension): estimated compute cost, start and finish of this job behind the
+    current backlog, from measured engine throughput. Nothing is created."""
+    if body.completion_window not in settings.completion_windows:
+        raise InvalidRequest(f"Invalid completion_window '{body.completion_window}'.", param="completion_window")
+    source = get_file(session, tenant_id=caller.tenant_id, file_id=body.input_file_id)
+    model = _served_model(blobs, settings, source.blob_key)
+    if model is None:
+        raise InvalidRequest("The input file has no readable first line with 'body.model'.", param="input_file_id")
+    shape = shape_of_jsonl(blobs.open_stream(source.blob_key, chunk_bytes=settings.stream_chunk_bytes))
+    result = estimate_job(
+        session, model=model, shape=shape, settings=settings, completion_window=body.completion_window
+    )
+    return result.to_json()
+
+
+def _served_model(blobs: Blobs, settings: Config, blob_key: str) -> str | None:
+    model = peek_model(blobs.open_stream(blob_key, chunk_bytes=64 * 1024), max_line_bytes=settings.line_max_bytes)
+    served = settings.served_models()
+    if model is not None and model not in served:
+        raise ModelNotFound(
+            f"The model '{model}' is not served here. Served models: {', '.join(sorted(served))}.",
+            param="model",
+        )
+    return model
+
+
+@router.get("/{batch_id}", response_model=BatchObject)
+def retrieve(batch_id: str, session: DbSession, caller: Caller, settings: Config) -> BatchObject:
+    """One batch, with live request counts and (Backfill extensions) its cost block and goodput."""
+    batch = get_batch(session, tenant_id=caller.tenant_id, batch_id=batch_id)
+    goodput = batch_goodput(session, batch_id=batch.id)
+    return BatchObject.of(
+        batch,
+        cost=batch_cost_json(session, batch, settings),
+        goodput=None if goodput is None else goodput.to_json(object_name="batch.goodput"),
+    )
+
+
+@router.get("", response_model=BatchList)
+def list_all(
+    session: DbSession,
+    caller: Caller,
+    after: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+) -> BatchList:
+    """The caller's batches, newest first, paginated with `after` and `limit`."""
+    rows = list_batches(session, tenant_id=caller.tenant_id, after=after, limit=limit)
+    page = [BatchObject.of(row) for row in rows[:limit]]
+    return BatchList(
+        data=page,
+        first_id=page[0].id if page else None,
+        last_id=page[-1].id if page else None,
+        has_more=len(rows) > limit,
+    )
+
+
+@router.post("/{batch_id}/cancel", response_model=BatchObject)
+def cancel(batch_id: str, session: DbSession, caller: Caller) -> BatchObject:
+    """Cancel a batch: queued requests end at once, running ones are aborted within seconds."""
+    batch = cancel_batch(session, tenant_id=caller.tenant_id, batch_id=batch_id)
+    wake_after_commit(session, "batch.finalize", batch_id=batch.id)
+    return BatchObject.of(batch)

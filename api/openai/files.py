@@ -1,0 +1,108 @@
+"""Files: upload JSONL for batches, list, read, download, delete."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated, BinaryIO
+
+from fastapi import APIRouter, Form, Query, Request, UploadFile
+from fastapi.responses import StreamingResponse
+
+from api.deps import Blobs, Caller, Config, DbSession
+from api.openai.schemas import FileDeleted, FileList, FileObject
+from storage.errors import InvalidRequest, UploadTooLarge
+from storage.files import create_file, delete_file, get_file, list_files
+from storage.lines import check_utf8_jsonl
+
+router = APIRouter(prefix="/v1/files", tags=["files"])
+
+PURPOSES = ("batch",)
+
+
+def _bounded(handle: BinaryIO, *, limit: int, chunk_bytes: int) -> Iterator[bytes]:
+    total = 0
+    while chunk := handle.read(chunk_bytes):
+        total += len(chunk)
+        if total > limit:
+            raise UploadTooLarge(f"File is larger than the {limit} byte limit.", param="file")
+        yield chunk
+
+
+@router.post("", response_model=FileObject)
+def upload_file(
+    request: Request,
+    file: UploadFile,
+    purpose: Annotated[str, Form()],
+    session: DbSession,
+    caller: Caller,
+    blobs: Blobs,
+    settings: Config,
+) -> FileObject:
+    """Upload a JSONL file of batch requests (purpose `batch`); it is streamed to object storage."""
+    if purpose not in PURPOSES:
+        raise InvalidRequest(f"Invalid purpose '{purpose}': uploads support 'batch'.", param="purpose")
+    limit = settings.upload_max_bytes
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit + 64 * 1024:
+        raise UploadTooLarge(f"File is larger than the {limit} byte limit.", param="file")
+    chunks = _bounded(file.file, limit=limit, chunk_bytes=settings.stream_chunk_bytes)
+    try:
+        row = create_file(
+            session,
+            blobs,
+            tenant_id=caller.tenant_id,
+            filename=file.filename or "upload.jsonl",
+            purpose=purpose,
+            chunks=check_utf8_jsonl(chunks),
+        )
+    except ValueError as error:
+        raise InvalidRequest(str(error), param="file", code="invalid_file_format") from None
+    if row.bytes == 0:
+        blobs.delete(row.blob_key)
+        raise InvalidRequest("The file is empty.", param="file", code="empty_file")
+    return FileObject.of(row)
+
+
+@router.get("", response_model=FileList)
+def list_all_files(
+    session: DbSession,
+    caller: Caller,
+    purpose: str | None = None,
+    after: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=10000)] = 10000,
+    order: Annotated[str, Query(pattern="^(asc|desc)$")] = "desc",
+) -> FileList:
+    """List the caller's files, newest first."""
+    rows = list_files(session, tenant_id=caller.tenant_id, purpose=purpose, after=after, limit=limit, order=order)
+    page = [FileObject.of(row) for row in rows[:limit]]
+    return FileList(
+        data=page,
+        first_id=page[0].id if page else None,
+        last_id=page[-1].id if page else None,
+        has_more=len(rows) > limit,
+    )
+
+
+@router.get("/{file_id}", response_model=FileObject)
+def retrieve_file(file_id: str, session: DbSession, caller: Caller) -> FileObject:
+    """One file's metadata."""
+    return FileObject.of(get_file(session, tenant_id=caller.tenant_id, file_id=file_id))
+
+
+@router.get("/{file_id}/content")
+def file_content(file_id: str, session: DbSession, caller: Caller, blobs: Blobs, settings: Config) -> StreamingResponse:
+    """The file's bytes, streamed from object storage."""
+    row = get_file(session, tenant_id=caller.tenant_id, file_id=file_id)
+    stream = blobs.open_stream(row.blob_key, chunk_bytes=settings.stream_chunk_bytes)
+    return StreamingResponse(
+        stream,
+        media_type="application/octet-stream",
+        headers={"Content-Length": str(row.bytes), "Content-Disposition": f'attachment; filename="{row.filename}"'},
+    )
+
+
+@router.delete("/{file_id}", response_model=FileDeleted)
+def remove_file(file_id: str, session: DbSession, caller: Caller, blobs: Blobs) -> FileDeleted:
+    """Delete a file and its object."""
+    row = delete_file(session, blobs, tenant_id=caller.tenant_id, file_id=file_id)
+    return FileDeleted(id=row.id)

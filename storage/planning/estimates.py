@@ -1,0 +1,153 @@
+"""Before a job runs: what it will cost to compute and when it will finish, from measured throughput.
+
+Work is counted as in `storage.finance.attribution`: output tokens + prefill_weight x input tokens. The node's rate of
+work is measured from its recent engine runs of the model (work done / busy seconds); with no usable
+measurement a default rate is assumed and the estimate says so. A JSONL file is sized without a
+tokenizer: output = the line's max_completion_tokens or max_tokens (default 256; embeddings produce
+none), input ~ bytes / 4. The backlog is every queued or running request of the model, sized the same
+way once at ingest (`est_input_tokens`, `max_output_tokens`). `estimate_job` starts a job after the whole
+backlog (the pessimistic case); admission (`admission_check`) projects the open jobs earliest deadline
+first, as the queue serves them once they near their deadlines.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from storage.clock import now_f
+from storage.finance.job_cost import price_book, price_job
+from storage.finance.prices import CostBlock
+from storage.planning.shapes import BYTES_PER_TOKEN, DEFAULT_MAX_TOKENS, JobShape, output_limit
+from storage.planning.throughput import DEFAULT_TOKENS_PER_SECOND, Throughput, measured_throughput
+from storage.queue.backlog import backlog
+from storage.settings import Settings, window_seconds
+
+
+def _lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    rest = b""
+    for chunk in chunks:
+        rest += chunk
+        *whole, rest = rest.split(b"\n")
+        yield from whole
+    yield rest
+
+
+def shape_of_jsonl(chunks: Iterable[bytes], *, default_max_tokens: int = DEFAULT_MAX_TOKENS) -> JobShape:
+    """Size a batch input file streamed in chunks; unparseable lines are counted, not sized."""
+    requests = input_tokens = output_tokens = skipped = 0
+    model: str | None = None
+    for raw in _lines(chunks):
+        if not raw.strip():
+            continue
+        try:
+            line = json.loads(raw)
+            body = line["body"]
+        except (ValueError, KeyError, TypeError):
+            skipped += 1
+            continue
+        requests += 1
+        input_tokens += -(-len(raw) // BYTES_PER_TOKEN)
+        output_tokens += output_limit(body, line.get("url"), default_max_tokens)
+        if model is None and isinstance(body, dict) and isinstance(body.get("model"), str):
+            model = body["model"]
+    return JobShape(requests, input_tokens, output_tokens, model, skipped)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A job's estimated compute cost and schedule (times in unix seconds)."""
+
+    model: str
+    completion_window: str
+    job: JobShape
+    backlog: JobShape
+    throughput: Throughput
+    backlog_seconds: float
+    job_seconds: float
+    start_at: float
+    finish_at: float
+    deadline_at: float
+    cost: CostBlock
+
+    @property
+    def fits_window(self) -> bool:
+        """True if the job is expected to finish before its completion window closes."""
+        return self.finish_at <= self.deadline_at
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready: money as rounded Decimal strings, times as whole unix seconds."""
+        cost = self.cost.to_json()
+        cost.pop("mean_batch_size")
+        return {
+            "object": "batch.estimate",
+            "model": self.model,
+            "completion_window": self.completion_window,
+            "requests": self.job.requests,
+            "skipped_lines": self.job.skipped_lines,
+            "throughput": {
+                "work_per_second": round(self.throughput.work_per_second, 3),
+                "output_tokens_per_second": round(self.throughput.output_tokens_per_second, 3),
+                "source": self.throughput.source,
+                "runs": self.throughput.runs,
+            },
+            "backlog": {"requests": self.backlog.requests, "output_tokens": self.backlog.output_tokens},
+            "backlog_seconds": round(self.backlog_seconds, 3),
+            "job_seconds": round(self.job_seconds, 3),
+            "start_at": int(self.start_at),
+            "finish_at": int(self.finish_at),
+            "deadline_at": int(self.deadline_at),
+            "fits_window": self.fits_window,
+            "cost": cost,
+        }
+
+
+def estimate_job(
+    session: Session,
+    *,
+    model: str,
+    shape: JobShape,
+    settings: Settings,
+    completion_window: str = "24h",
+    default_tokens_per_second: float = DEFAULT_TOKENS_PER_SECOND,
+    at: float | None = None,
+) -> Estimate:
+    """Estimate compute cost, start and finish of a job of `shape` submitted now behind the model's backlog."""
+    if default_tokens_per_second <= 0:
+        raise ValueError("the default throughput must be positive")
+    at = now_f() if at is None else at
+    weight = float(settings.prefill_weight)
+    rate = measured_throughput(session, model=model, prefill_weight=settings.prefill_weight) or Throughput(
+        default_tokens_per_second, default_tokens_per_second, "default", 0
+    )
+    queued = backlog(session, model=model)
+    backlog_seconds = (queued.output_tokens + weight * queued.input_tokens) / rate.work_per_second
+    job_seconds = (shape.output_tokens + weight * shape.input_tokens) / rate.work_per_second
+    cost = price_job(
+        price_book(settings),
+        model=model,
+        created_at=at,
+        completion_window=completion_window,
+        input_tokens=shape.input_tokens,
+        output_tokens=shape.output_tokens,
+        busy_seconds=Decimal(repr(job_seconds)),
+    )
+    start = at + backlog_seconds
+    return Estimate(
+        model=model,
+        completion_window=completion_window,
+        job=shape,
+        backlog=queued,
+        throughput=rate,
+        backlog_seconds=backlog_seconds,
+        job_seconds=job_seconds,
+        start_at=start,
+        finish_at=start + job_seconds,
+        deadline_at=at + window_seconds(completion_window),
+        cost=cost,
+    )

@@ -1,0 +1,51 @@
+"""How much work a request or a job asks for, sized without a tokenizer.
+
+Output = the line's max_completion_tokens or max_tokens (default 256; embeddings produce none); input ~
+bytes / 4. Ingest sizes every row once this way (`est_input_tokens`, `max_output_tokens`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+DEFAULT_MAX_TOKENS = 256
+
+
+BYTES_PER_TOKEN = 4
+
+
+_NO_OUTPUT_URLS = frozenset({"/v1/embeddings"})
+
+
+@dataclass(frozen=True)
+class JobShape:
+    """How much a job asks for: requests, approximate input tokens and maximum output tokens."""
+
+    requests: int
+    input_tokens: int
+    output_tokens: int
+    model: str | None = None
+    skipped_lines: int = 0
+
+
+def output_limit(body: Any, url: str | None, default_max_tokens: int = DEFAULT_MAX_TOKENS) -> int:
+    """The most output tokens a request may produce: max_completion_tokens, max_tokens, or the default."""
+    if url in _NO_OUTPUT_URLS:
+        return 0
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = body.get(name) if isinstance(body, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return default_max_tokens
+
+
+def request_size(url: str, body: Any, *, line_bytes: int) -> tuple[int, int]:
+    """(approximate input tokens, maximum output tokens) of one JSONL line of `line_bytes` bytes."""
+    return -(-line_bytes // BYTES_PER_TOKEN), output_limit(body, url)
+
+
+def work_of(shape: JobShape, prefill_weight: Decimal) -> float:
+    """Output-token equivalents of a shape: output + prefill_weight x input tokens."""
+    return shape.output_tokens + float(prefill_weight) * shape.input_tokens

@@ -1,0 +1,83 @@
+"""What is still open in the queue: per job, per model, and batches with nothing left to run.
+
+Jobs are sized as ingest stored them (`est_input_tokens`, `max_output_tokens`): no body is parsed here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from storage import lifecycle
+from storage.models import Batch, BatchRequest
+from storage.planning.shapes import JobShape
+
+
+def open_count(session: Session, *, batch_id: str) -> int:
+    """How many of the batch's requests are still queued or running."""
+    return int(
+        session.scalar(
+            select(func.count())
+            .select_from(BatchRequest)
+            .where(BatchRequest.batch_id == batch_id, BatchRequest.status.in_(lifecycle.REQ_OPEN))
+        )
+        or 0
+    )
+
+
+def batches_ready_to_finalize(session: Session) -> list[str]:
+    """Ids of running/cancelling batches with no open requests left (finalize picks them up)."""
+    open_exists = (
+        select(BatchRequest.id)
+        .where(BatchRequest.batch_id == Batch.id, BatchRequest.status.in_(lifecycle.REQ_OPEN))
+        .exists()
+    )
+    query = select(Batch.id).where(
+        Batch.status.in_((lifecycle.IN_PROGRESS, lifecycle.CANCELLING, lifecycle.FINALIZING)), ~open_exists
+    )
+    return list(session.scalars(query))
+
+
+def has_queued(session: Session, *, model: str) -> bool:
+    """True if any request of `model` waits in the queue."""
+    query = (
+        select(BatchRequest.id).where(BatchRequest.model == model, BatchRequest.status == lifecycle.REQ_QUEUED).limit(1)
+    )
+    return session.scalar(query) is not None
+
+
+@dataclass(frozen=True)
+class OpenJob:
+    """A job's unfinished (queued or running) requests: its deadline and the work they still ask for."""
+
+    batch_id: str
+    tenant_id: str
+    deadline: int
+    shape: JobShape
+
+
+def open_jobs(session: Session, *, model: str, tenant_id: str | None = None) -> list[OpenJob]:
+    """Each job's queued and running requests of the model (optionally one tenant's), as sized at ingest."""
+    columns = (BatchRequest.batch_id, BatchRequest.tenant_id, BatchRequest.deadline)
+    query = select(
+        *columns, func.count(), func.sum(BatchRequest.est_input_tokens), func.sum(BatchRequest.max_output_tokens)
+    ).where(BatchRequest.model == model, BatchRequest.status.in_(lifecycle.REQ_OPEN))
+    if tenant_id is not None:
+        query = query.where(BatchRequest.tenant_id == tenant_id)
+    return [
+        OpenJob(batch_id, tenant, int(deadline), JobShape(int(n), int(i or 0), int(o or 0), model))
+        for batch_id, tenant, deadline, n, i, o in session.execute(query.group_by(*columns))
+    ]
+
+
+def backlog(session: Session, *, model: str) -> JobShape:
+    """Queued and running requests of the model, as sized at ingest."""
+    jobs = open_jobs(session, model=model)
+    return JobShape(
+        sum(j.shape.requests for j in jobs),
+        sum(j.shape.input_tokens for j in jobs),
+        sum(j.shape.output_tokens for j in jobs),
+        model,
+    )

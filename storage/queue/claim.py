@@ -1,0 +1,93 @@
+"""Claiming: lease queued requests to a worker, in the order `claim_order` gives.
+
+Rows are locked with SKIP LOCKED and leased with an expiry; no transaction is ever held open across
+inference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import update
+from sqlalchemy.orm import Session
+
+from storage import lifecycle
+from storage.clock import now_f
+from storage.models import BatchRequest
+from storage.queue.claim_order import ClaimOrder, claim_order, pick
+from storage.queue.rows import _ids_match
+from storage.settings import get_settings
+
+
+@dataclass(frozen=True)
+class ClaimedRequest:
+    """A leased queue row, as the runner needs it."""
+
+    id: str
+    batch_id: str
+    tenant_id: str
+    url: str
+    body: dict[str, Any]
+    deadline: int
+    # Inside the urgency horizon (see storage/queue/claim_order.py): a worker holding urgent rows may ask for
+    # more capacity (in shared mode, from online traffic) so they finish before their deadline.
+    urgent: bool = False
+
+
+def claim(
+    session: Session,
+    *,
+    model: str,
+    worker_id: str,
+    limit: int,
+    lease_seconds: int,
+    order: ClaimOrder | None = None,
+) -> list[ClaimedRequest]:
+    """Lease up to `limit` queued requests of `model`: urgent work first, then a fair share per tenant.
+
+    Urgent rows (deadline inside the urgency horizon) go first, earliest deadline first across tenants;
+    the rest is shared equally by tenant, grouped by prompt prefix within a deadline bucket (see
+    storage/queue/claim_order.py). Rows are locked with SKIP LOCKED, so concurrent workers never claim the same
+    row. `order` defaults to the one the settings and the backlog give.
+    """
+    if limit <= 0:
+        return []
+    if order is None:
+        order = claim_order(session, model=model, settings=get_settings())
+    ids = pick(session, model=model, limit=limit, order=order)
+    if not ids:
+        return []
+    return _lease(session, ids=ids, worker_id=worker_id, lease_seconds=lease_seconds, urgent_before=order.urgent_before)
+
+
+def _lease(
+    session: Session, *, ids: list[str], worker_id: str, lease_seconds: int, urgent_before: int = 0
+) -> list[ClaimedRequest]:
+    """Mark the picked rows running under this worker's lease and read them back in one statement."""
+    rows = session.execute(
+        update(BatchRequest)
+        .where(_ids_match(session, ids))
+        .values(
+            status=lifecycle.REQ_RUNNING,
+            lease_owner=worker_id,
+            lease_expires_at=now_f() + lease_seconds,
+            attempts=BatchRequest.attempts + 1,
+        )
+        .returning(
+            BatchRequest.id,
+            BatchRequest.batch_id,
+            BatchRequest.tenant_id,
+            BatchRequest.url,
+            BatchRequest.body,
+            BatchRequest.deadline,
+        )
+        .execution_options(synchronize_session=False)
+    ).all()
+    order = {request_id: index for index, request_id in enumerate(ids)}
+    claimed = [
+        ClaimedRequest(rid, batch_id, tenant_id, url, body, deadline, urgent=deadline <= urgent_before)
+        for rid, batch_id, tenant_id, url, body, deadline in rows
+    ]
+    claimed.sort(key=lambda item: order[item.id])  # `ids` is already in claim order
+    return claimed

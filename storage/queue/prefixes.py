@@ -1,0 +1,87 @@
+"""Prefix keys: which queued requests share a prompt prefix, so claims can hand them out together.
+
+A short hash of the shared part of the prompt is stored per row at ingest, kept only when another line of
+the same file shares it (see `SharedPrefixes`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import orjson
+
+CHAT_URL = "/v1/chat/completions"
+
+
+COMPLETIONS_URL = "/v1/completions"
+
+
+def prefix_key_of(url: str, body: dict[str, Any], *, chars: int) -> str:
+    """A short hash of the part of the prompt that requests are likely to share ("" if there is none).
+
+    Chat: every message but the last (system prompt, few-shot turns) and the tools, which templates render
+    first; with a single message, its first `chars` characters. Completions: the first `chars` characters
+    of the (first) prompt, or its first `chars // 4` token ids. Embeddings have no prefix to share.
+    """
+    if url == CHAT_URL:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            return ""
+        if len(messages) > 1:
+            shared: Any = [messages[:-1], body.get("tools")]
+        else:
+            only = messages[0].get("content") if isinstance(messages[0], dict) else None
+            shared = only[:chars] if isinstance(only, str) else orjson.dumps(only).decode()[:chars]
+    elif url == COMPLETIONS_URL:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+            prompt = prompt[0]  # several prompts: the first one leads
+        if isinstance(prompt, str):
+            shared = prompt[:chars]
+        elif isinstance(prompt, list):
+            shared = prompt[: max(1, chars // 4)]
+        else:
+            return ""
+    else:
+        return ""
+    data = url.encode() + b"\0" + orjson.dumps(shared, option=orjson.OPT_SORT_KEYS)
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+class SharedPrefixes:
+    """Keeps a row's prefix key only once a second row of the same file shares it.
+
+    A prefix no other request shares gains nothing from grouping, and its hash would only shuffle the job's
+    line order, so such rows keep "" and run in line order. Rows come in as the file streams: the first row
+    of a key is given "" and gets the key when a second one arrives, in place while it still waits to be
+    inserted, else through `late_keys` ((row id, key) pairs to UPDATE after streaming: one per shared
+    prefix at most).
+    """
+
+    def __init__(self) -> None:
+        self._first: dict[str, str | None] = {}  # key -> id of its only row so far; None once shared
+        self._waiting: dict[str, dict[str, Any]] = {}  # rows not yet inserted, by id
+        self.late_keys: list[tuple[str, str]] = []
+
+    def assign(self, row: dict[str, Any], key: str) -> None:
+        """Set `row["prefix_key"]` for a row about to be inserted."""
+        row["prefix_key"] = ""
+        self._waiting[row["id"]] = row
+        if not key:
+            return
+        if key not in self._first:
+            self._first[key] = row["id"]
+            return
+        row["prefix_key"] = key
+        first = self._first[key]
+        if first is not None:
+            if first in self._waiting:
+                self._waiting[first]["prefix_key"] = key
+            else:
+                self.late_keys.append((first, key))
+            self._first[key] = None
+
+    def inserted(self) -> None:
+        """The rows handed in so far are in the database."""
+        self._waiting.clear()

@@ -1,0 +1,41 @@
+"""Recording results in the queue: what the engine says is stored exactly, whatever characters it holds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from sqlalchemy import select
+
+from storage.db import transaction
+from storage.models import BatchRequest
+from storage.queue.claim import claim
+from storage.queue.results import Outcome, record
+from tests.conftest import Backend
+from tests.integration.jobs import chat, submit_job
+
+pytestmark = pytest.mark.backfill_env({"BACKFILL_MODELS": json.dumps({"fake-model": {"path": "fake:"}})})
+
+
+def test_results_with_nul_characters_are_stored_verbatim(backend: Backend) -> None:
+    """A random-weight model can emit U+0000; Postgres' json keeps it, its text type cannot hold it."""
+    batch_id, status = submit_job([chat(i) for i in range(3)])
+    assert status == "in_progress"
+    with transaction() as session:
+        claimed = claim(session, model="fake-model", worker_id="w", limit=3, lease_seconds=60)
+    body = {"choices": [{"message": {"content": "a\u0000b \u2603"}}], "usage": {"completion_tokens": 2}}
+    outcomes = [
+        Outcome(claimed[0].id, 200, body, 5, 2, 0.1),
+        Outcome(claimed[1].id, 200, {"plain": True}, 5, 2, 0.1),
+        Outcome(claimed[2].id, 400, {"error": {"message": "bad\u0000"}}, 0, 0, 0.0, "invalid_value", "bad\u0000"),
+    ]
+    with transaction() as session:
+        stored = record(session, worker_id="w", run_id="run_1", outcomes=outcomes)
+    assert stored == {batch_id: 3}
+    with transaction() as session:
+        rows = {r.id: r for r in session.scalars(select(BatchRequest).where(BatchRequest.batch_id == batch_id))}
+    assert rows[claimed[0].id].response_body == body and rows[claimed[0].id].status == "completed"
+    assert rows[claimed[1].id].response_body == {"plain": True}
+    failed = rows[claimed[2].id]
+    assert failed.status == "failed" and failed.response_body == {"error": {"message": "bad\u0000"}}
+    assert failed.error_message is not None and failed.error_message.startswith("bad")

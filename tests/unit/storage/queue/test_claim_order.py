@@ -1,0 +1,88 @@
+"""Prefix keys and the in-claim order, as pure functions."""
+
+from __future__ import annotations
+
+from storage.queue.claim_order import ClaimOrder
+from storage.queue.prefixes import SharedPrefixes, prefix_key_of
+
+CHAT = "/v1/chat/completions"
+SYSTEM = {"role": "system", "content": "You are a careful reviewer. " * 40}
+
+
+def chat_key(*messages: dict[str, str], **extra: object) -> str:
+    return prefix_key_of(CHAT, {"model": "m", "messages": list(messages), **extra}, chars=512)
+
+
+def test_chat_requests_with_the_same_leading_messages_share_a_key_whatever_they_ask() -> None:
+    first = chat_key(SYSTEM, {"role": "user", "content": "Review file a.py"})
+    second = chat_key(SYSTEM, {"role": "user", "content": "Review file b.py, which is much longer"})
+    other_system = chat_key({"role": "system", "content": "Be brief."}, {"role": "user", "content": "Review a.py"})
+
+    assert first == second != other_system and len(first) == 32
+
+
+def test_tools_are_part_of_the_chat_prefix() -> None:
+    question = {"role": "user", "content": "What is the weather?"}
+    tool = {"type": "function", "function": {"name": "weather", "parameters": {}}}
+
+    assert chat_key(SYSTEM, question) != chat_key(SYSTEM, question, tools=[tool])
+
+
+def test_a_single_message_is_keyed_by_its_first_characters() -> None:
+    shared = "Translate the following text into French, keeping the markup. " * 10  # > 512 characters
+
+    a = chat_key({"role": "user", "content": shared + "Hello"})
+    b = chat_key({"role": "user", "content": shared + "Goodbye"})
+    c = chat_key({"role": "user", "content": "Summarise: " + shared})
+
+    assert a == b != c
+
+
+def test_completion_prompts_are_keyed_by_their_first_characters_or_tokens() -> None:
+    head = "x" * 600
+
+    def key(prompt: object) -> str:
+        return prefix_key_of("/v1/completions", {"model": "m", "prompt": prompt}, chars=512)
+
+    assert key(head + "one") == key(head + "two") == key([head + "three", "other"])
+    tokens = list(range(200))
+    assert key([*tokens, 1]) == key([*tokens, 2]) != key([5, *tokens])
+    assert key("short one") != key("short two")
+
+
+def test_embeddings_and_malformed_bodies_have_no_prefix() -> None:
+    assert prefix_key_of("/v1/embeddings", {"model": "m", "input": "hello"}, chars=512) == ""
+    assert prefix_key_of(CHAT, {"model": "m", "messages": []}, chars=512) == ""
+    assert prefix_key_of("/v1/completions", {"model": "m"}, chars=512) == ""
+
+
+def test_a_claim_hands_out_urgent_rows_first_then_groups_by_bucket_and_prefix() -> None:
+    order = ClaimOrder(urgent_before=1_000, prefix_ordering=True, bucket_seconds=100)
+    rows = [("late-b", 1_150, "b"), ("soon", 900, "z"), ("late-a", 1_190, "a"), ("next-bucket", 1_210, "a")]
+
+    ranked = sorted(range(len(rows)), key=lambda i: order.sort_key(rows[i][1], rows[i][2], i))
+
+    assert [rows[i][0] for i in ranked] == ["soon", "late-a", "late-b", "next-bucket"]
+    assert order.is_urgent(1_000) and not order.is_urgent(1_001)
+
+
+def test_without_prefix_ordering_a_claim_goes_by_deadline() -> None:
+    order = ClaimOrder(urgent_before=0, prefix_ordering=False)
+    rows = [("b", 1_150, "a"), ("a", 1_100, "z")]
+
+    ranked = sorted(range(len(rows)), key=lambda i: order.sort_key(rows[i][1], rows[i][2], i))
+
+    assert [rows[i][0] for i in ranked] == ["a", "b"]
+
+
+def test_a_prefix_key_is_kept_only_once_a_second_row_shares_it() -> None:
+    prefixes = SharedPrefixes()
+    rows = [{"id": f"r{i}"} for i in range(6)]
+    for row, key in zip(rows[:3], ["a", "b", "a"], strict=True):
+        prefixes.assign(row, key)
+    prefixes.inserted()  # r0-r2 are in the database now
+    for row, key in zip(rows[3:], ["b", "c", ""], strict=True):
+        prefixes.assign(row, key)
+
+    assert [row["prefix_key"] for row in rows] == ["a", "", "a", "b", "", ""]
+    assert prefixes.late_keys == [("r1", "b")]  # r1 was inserted before r3 shared its prefix

@@ -1,0 +1,5 @@
+"""`python -m worker.cli`: the `backfill` command."""
+
+from worker.cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,45 @@
+"""The `backfill` command: serve, migrate, keys, worker, beat, demo-model, plan, estimate, report.
+
+This package is the composition root: the one place that wires the API, storage and worker together
+for a process. Each command lives in its own module with `register(subparsers)`; they are imported
+here directly, so a command that fails to import stops the CLI loudly instead of vanishing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from storage.settings import SettingsError, get_settings
+from worker.cli import beat, demo_model, estimate, keys, migrate, plan, report, serve, worker
+
+COMMANDS = (serve, migrate, keys, worker, beat, demo_model, plan, estimate, report)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `backfill` console script."""
+    logging.basicConfig(
+        level=os.environ.get("BACKFILL_LOG_LEVEL", "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not hasattr(args, "func"):
+        parser.print_help()
+        return 2
+    try:
+        get_settings()
+        return int(args.func(args))
+    except SettingsError as error:
+        print(f"backfill: {error}", file=sys.stderr)
+        return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """All subcommands; each has --help."""
+    parser = argparse.ArgumentParser(prog="backfill", description="Self-hosted, OpenAI-compatible Batch API.")
+    sub = parser.add_subparsers(title="commands", metavar="COMMAND")
+    for command in COMMANDS:
+        command.register(sub)
+    return parser

@@ -1,0 +1,87 @@
+"""`backfill serve`: the API, and with no broker configured the in-process worker (the embedded default)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from storage.settings import get_settings
+
+
+def register(subparsers: Any) -> None:
+    """Add the `serve` subcommand."""
+    parser = subparsers.add_parser("serve", help="run the API (and, with no broker configured, the worker in-process)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.set_defaults(func=run)
+
+
+def ensure_demo_model() -> None:
+    """The embedded default serves the demo model; build it on first start."""
+    settings = get_settings()
+    if settings.models:
+        return
+    from worker.demo_model import build_demo_model
+
+    spec = settings.served_models()["backfill-demo"]
+    build_demo_model(Path(spec.path))
+
+
+def _first_run_key() -> str | None:
+    """On a fresh embedded install, create a key for tenant 'default' and keep it in data_dir."""
+    from sqlalchemy import select
+
+    from storage.db import transaction
+    from storage.models import ApiKey
+    from storage.tenants import create_api_key
+
+    settings = get_settings()
+    path = settings.data_dir / "default-api-key"
+    with transaction() as session:
+        if session.scalar(select(ApiKey.id).limit(1)) is not None:
+            return None
+        key = create_api_key(session, tenant_name="default")
+    path.write_text(key + "\n")
+    path.chmod(0o600)
+    return key
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until interrupted; the embedded worker stops with the server."""
+    import uvicorn
+
+    from api.app import create_app
+    from worker.cli.migrate import migrate_database
+
+    settings = get_settings()
+    embedded_worker = None
+    if settings.embedded:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        migrate_database()
+        ensure_demo_model()
+        key = _first_run_key()
+        if key:
+            print(
+                f"first run: created an API key for tenant 'default' (also in {settings.data_dir / 'default-api-key'}):"
+            )
+            print(key, flush=True)
+        from worker.embedded import EmbeddedWorker
+
+        embedded_worker = EmbeddedWorker(reap_interval_seconds=settings.reap_interval_seconds)
+        embedded_worker.start()
+
+    def health_extra() -> dict[str, object]:
+        if embedded_worker is None:
+            return {"worker": "external"}
+        if embedded_worker.error is not None:
+            return {"worker": f"failed: {embedded_worker.error}"}
+        return {"worker": "ready" if embedded_worker.ready.is_set() else "loading"}
+
+    app = create_app(health_extra=health_extra)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    finally:
+        if embedded_worker is not None:
+            embedded_worker.shutdown()
+    return 0

@@ -1,0 +1,58 @@
+"""`backfill worker`: a Celery worker; `gpu` holds a warm engine, `io` ingests and finalizes."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from storage.settings import get_settings
+
+
+def register(subparsers: Any) -> None:
+    """Add the `worker` subcommand."""
+    parser = subparsers.add_parser(
+        "worker",
+        help="run a Celery worker (gpu: the engine for one model, or several one at a time; io: ingest/finalize)",
+    )
+    parser.add_argument("--role", choices=("gpu", "io"), default="gpu")
+    parser.add_argument(
+        "--model", help="served model name (default BACKFILL_WORKER_MODEL or the first in the registry)"
+    )
+    parser.add_argument(
+        "--models", help="several models, one loaded at a time: 'a,b' or 'all' (default BACKFILL_WORKER_MODELS)"
+    )
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load the engine (gpu) and hand the process to Celery."""
+    settings = get_settings()
+    if settings.redis_url is None:
+        print("backfill: BACKFILL_REDIS_URL must be set to run a Celery worker", file=sys.stderr)
+        return 2
+    if args.model:
+        os.environ["BACKFILL_WORKER_MODEL"] = args.model
+        os.environ.pop("BACKFILL_WORKER_MODELS", None)
+        get_settings.cache_clear()
+    if args.models:
+        os.environ["BACKFILL_WORKER_MODELS"] = args.models
+        get_settings.cache_clear()
+    from worker.celery_app import app
+
+    if args.role == "gpu":
+        from worker import service
+
+        models = get_settings().current_worker_models()
+        # Load an engine once, before the first task; several models share one engine slot.
+        if service.serves_several_models():
+            service.get_slot().warm()
+        else:
+            service.get_runner()
+        queues = ",".join(f"gpu.{model}" for model in models)
+        argv = ["worker", "-Q", queues, "-P", "solo", "-c", "1", "--prefetch-multiplier", "1"]
+    else:
+        argv = ["worker", "-Q", "default", "-P", "threads", "-c", "2"]
+    app.worker_main([*argv, "--loglevel", "INFO", "-n", f"{args.role}@%h.{os.getpid()}"])
+    return 0
