@@ -22,7 +22,8 @@ run: setup
 services:
 	bash infra/local/services.sh
 
-test: setup services
+# The CI command (.ci/run): lint (ruff, format, mypy strict), then the whole test suite.
+test: setup services lint
 	$(PY) -m pytest
 
 lint: setup

@@ -74,6 +74,11 @@ def list_batches(session: Session, *, tenant_id: str, after: str | None, limit: 
     return list(session.scalars(query))
 
 
+def batches_validating(session: Session) -> list[str]:
+    """Ids of batches waiting for validation (ingest picks them up)."""
+    return list(session.scalars(select(Batch.id).where(Batch.status == lifecycle.VALIDATING)))
+
+
 def cancel_batch(session: Session, *, tenant_id: str, batch_id: str) -> Batch:
     """Move the batch to `cancelling` and turn its unfinished requests into cancelled error lines.
 

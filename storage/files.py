@@ -26,7 +26,7 @@ def create_file(
 ) -> File:
     """Stream `chunks` into object storage and record the file row (key, size, checksum)."""
     file_id = file_id or new_id("file-")
-    stored = blobs.put_stream(f"files/{file_id}", chunks)
+    stored = blobs.put_stream(blob_key_for(file_id), chunks)
     row = File(
         id=file_id,
         tenant_id=tenant_id,
@@ -39,6 +39,32 @@ def create_file(
     )
     session.add(row)
     session.flush()
+    return row
+
+
+def blob_key_for(file_id: str) -> str:
+    """Where a file's bytes live in object storage: the one key rule for uploads and result files."""
+    return f"files/{file_id}"
+
+
+def record_result_file(
+    session: Session, *, file_id: str, tenant_id: str, filename: str, size: int, sha256: str
+) -> File:
+    """The row of a result file whose object is already written (idempotent: a finalize re-run keeps the row)."""
+    row = session.get(File, file_id)
+    if row is None:
+        row = File(
+            id=file_id,
+            tenant_id=tenant_id,
+            filename=filename,
+            purpose="batch_output",
+            bytes=size,
+            blob_key=blob_key_for(file_id),
+            sha256=sha256,
+            created_at=now(),
+        )
+        session.add(row)
+        session.flush()
     return row
 
 

@@ -38,6 +38,27 @@ def get_or_create_tenant(session: Session, *, name: str) -> Tenant:
     return tenant
 
 
+def tenant_name(session: Session, *, tenant_id: str) -> str | None:
+    """The tenant's name (None if no such tenant)."""
+    tenant = session.get(Tenant, tenant_id)
+    return tenant.name if tenant is not None else None
+
+
+def tenant_names(session: Session) -> dict[str, str]:
+    """Every tenant's name by id (reports label rows with them)."""
+    return {tenant_id: name for tenant_id, name in session.execute(select(Tenant.id, Tenant.name)).tuples()}
+
+
+def tenant_id_named(session: Session, *, name: str) -> str | None:
+    """The id of the tenant called `name`, if any."""
+    return session.scalar(select(Tenant.id).where(Tenant.name == name))
+
+
+def any_api_key(session: Session) -> bool:
+    """True once any API key exists (the embedded first run creates one)."""
+    return session.scalar(select(ApiKey.id).limit(1)) is not None
+
+
 def create_api_key(session: Session, *, tenant_name: str, is_admin: bool = False) -> str:
     """Create a key for the tenant and return it; it is never shown again."""
     tenant = get_or_create_tenant(session, name=tenant_name)

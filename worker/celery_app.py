@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from celery import Celery
-from celery.signals import worker_process_init
 
 from storage.settings import get_settings
 
@@ -30,17 +29,3 @@ def make_celery() -> Celery:
 
 
 app = make_celery()
-
-
-@worker_process_init.connect
-def _warm_engine(**_: object) -> None:
-    """GPU workers load their engine once at start, not on the first task."""
-    import os
-
-    if os.environ.get("BACKFILL_WORKER_ROLE") == "gpu":
-        from worker import service
-
-        if service.serves_several_models():
-            service.get_slot().warm()
-        else:
-            service.get_runner()

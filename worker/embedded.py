@@ -8,7 +8,6 @@ import time
 
 from storage.db import transaction
 from storage.queue.backlog import batches_ready_to_finalize
-from storage.settings import get_settings
 from storage.wakeups import EventWaker, set_waker
 from worker import service
 
@@ -39,11 +38,9 @@ class EmbeddedWorker:
         try:
             # BACKFILL_WORKER_MODELS with several names: those share one engine slot, loaded one at a time;
             # any other registry model keeps its own engine, as by default.
-            slot = service.get_slot() if service.serves_several_models() else None
-            shared = set(slot.models) if slot is not None else set()
-            runners = [service.get_runner(model) for model in get_settings().served_models() if model not in shared]
-            if slot is not None:
-                slot.warm()
+            feeders = service.embedded_feeders()
+            for feeder in feeders:
+                feeder.warm()
         except BaseException as error:  # surfaced on /health
             self.error = error
             log.exception("embedded worker could not load its engine")
@@ -58,10 +55,8 @@ class EmbeddedWorker:
                     last_reap = time.monotonic()
                     service.reap_once()
                 busy |= self._ingest_pending()
-                for runner in runners:
-                    busy |= runner.run_for(1.0, stop=self.stop)
-                if slot is not None:
-                    busy |= slot.serve_for(1.0, stop=self.stop)
+                for feeder in feeders:
+                    busy |= feeder.serve_for(1.0, stop=self.stop)
                 busy |= self._finalize_ready()
             except Exception:
                 log.exception("embedded worker pass failed; retrying")

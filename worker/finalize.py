@@ -10,19 +10,18 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Iterator
-from typing import Any
 
 import orjson
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from storage import lifecycle
 from storage.batches import get_batch
 from storage.blobs import BlobStore
-from storage.clock import now
 from storage.db import transaction
-from storage.models import BatchRequest, File
+from storage.files import blob_key_for, record_result_file
+from storage.lines import result_line
 from storage.queue.backlog import open_count
+from storage.queue.results import has_expired_requests, iter_results
 
 log = logging.getLogger(__name__)
 
@@ -55,19 +54,10 @@ def finalize_batch(blobs: BlobStore, *, batch_id: str) -> str | None:
             if stored is None:
                 continue
             file_id, size, digest = stored
-            if session.get(File, file_id) is None:
-                session.add(
-                    File(
-                        id=file_id,
-                        tenant_id=tenant_id,
-                        filename=f"{batch_id}_{kind}.jsonl",
-                        purpose="batch_output",
-                        bytes=size,
-                        blob_key=f"files/{file_id}",
-                        sha256=digest,
-                        created_at=now(),
-                    )
-                )
+            filename = f"{batch_id}_{kind}.jsonl"
+            record_result_file(
+                session, file_id=file_id, tenant_id=tenant_id, filename=filename, size=size, sha256=digest
+            )
             if kind == "output":
                 batch.output_file_id = file_id
             else:
@@ -80,12 +70,8 @@ def finalize_batch(blobs: BlobStore, *, batch_id: str) -> str | None:
 def _end_state(session: Session, *, status: str, batch_id: str) -> str:
     if status == lifecycle.CANCELLING:
         return lifecycle.CANCELLED
-    expired = session.scalar(
-        select(BatchRequest.id)
-        .where(BatchRequest.batch_id == batch_id, BatchRequest.status == lifecycle.REQ_EXPIRED)
-        .limit(1)
-    )
-    return lifecycle.EXPIRED if expired is not None and status != lifecycle.FINALIZING else lifecycle.COMPLETED
+    expired = has_expired_requests(session, batch_id=batch_id)
+    return lifecycle.EXPIRED if expired and status != lifecycle.FINALIZING else lifecycle.COMPLETED
 
 
 def result_file_id(batch_id: str, kind: str) -> str:
@@ -100,7 +86,7 @@ def _write(blobs: BlobStore, *, batch_id: str, kind: str, statuses: tuple[str, .
         first = next(lines, None)
         if first is None:
             return None
-        stored = blobs.put_stream(f"files/{file_id}", _chunks(first, lines))
+        stored = blobs.put_stream(blob_key_for(file_id), _chunks(first, lines))
     return file_id, stored.size, stored.sha256
 
 
@@ -116,34 +102,5 @@ def _chunks(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
 
 
 def _result_lines(session: Session, *, batch_id: str, statuses: tuple[str, ...]) -> Iterator[bytes]:
-    query = (
-        select(
-            BatchRequest.id,
-            BatchRequest.custom_id,
-            BatchRequest.response_status,
-            BatchRequest.response_body,
-            BatchRequest.error_code,
-            BatchRequest.error_message,
-        )
-        .where(BatchRequest.batch_id == batch_id, BatchRequest.status.in_(statuses))
-        .order_by(BatchRequest.line)
-        .execution_options(yield_per=1000)
-    )
-    for row in session.execute(query):
+    for row in iter_results(session, batch_id=batch_id, statuses=statuses):
         yield orjson.dumps(result_line(*row)) + b"\n"
-
-
-def result_line(
-    request_id: str,
-    custom_id: str,
-    status_code: int | None,
-    body: dict[str, Any] | None,
-    error_code: str | None,
-    error_message: str | None,
-) -> dict[str, Any]:
-    """One `BatchResultLine` in OpenAI's format."""
-    response = None
-    if status_code is not None:
-        response = {"status_code": status_code, "request_id": request_id, "body": body}
-    error = {"code": error_code, "message": error_message} if error_code else None
-    return {"id": request_id, "custom_id": custom_id, "response": response, "error": error}

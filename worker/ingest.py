@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
-import orjson
-from sqlalchemy import Table, bindparam, insert
 from sqlalchemy.orm import Session
 
 from storage import lifecycle
@@ -22,14 +20,14 @@ from storage.batches import get_batch
 from storage.blobs import BlobStore
 from storage.errors import FileNotFound
 from storage.files import get_file
-from storage.ids import new_id
 from storage.lines import LineChecker, LineError, ParsedLine, iter_lines
-from storage.models import Batch, BatchRequest, Tenant
+from storage.models import Batch
 from storage.planning.admission import Admission, admission_check
-from storage.planning.shapes import request_size
 from storage.queue.backlog import open_jobs
 from storage.queue.prefixes import SharedPrefixes, prefix_key_of
+from storage.queue.rows import insert_rows, new_row, set_prefix_keys
 from storage.settings import Settings
+from storage.tenants import tenant_name
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +76,7 @@ def _stream_into_queue(
     blob_key: str,
     errors: list[LineError],
 ) -> int:
-    checker = LineChecker(endpoint=batch.endpoint, max_requests=settings.batch_max_requests)
+    checker = LineChecker(endpoint=batch.endpoint, max_requests=settings.batch_max_requests, model=batch.model)
     pending: list[dict[str, Any]] = []
     prefixes = SharedPrefixes()
     chunks = blobs.open_stream(blob_key, chunk_bytes=settings.stream_chunk_bytes)
@@ -87,84 +85,20 @@ def _stream_into_queue(
         if isinstance(outcome, LineError):
             errors.append(outcome)
         elif isinstance(outcome, ParsedLine) and not errors:
-            row = _row(batch, outcome, line_bytes=len(raw or b""))
+            row = new_row(batch, outcome, line_bytes=len(raw or b""))
             prefixes.assign(row, prefix_key_of(outcome.url, outcome.body, chars=settings.prefix_chars))
             pending.append(row)
             if len(pending) >= INSERT_CHUNK:
-                _insert(session, pending)
+                insert_rows(session, pending)
                 pending.clear()
                 prefixes.inserted()
     if pending and not errors:
-        _insert(session, pending)
+        insert_rows(session, pending)
     if prefixes.late_keys and not errors:
-        _set_prefix_keys(session, prefixes.late_keys)
-    if checker.model is not None:
+        set_prefix_keys(session, prefixes.late_keys)
+    if batch.model is None:  # the first line was unreadable at create: the batch fails validation anyway
         batch.model = checker.model
     return len(checker.custom_ids)
-
-
-_COPY_COLUMNS = (
-    "id",
-    "batch_id",
-    "tenant_id",
-    "line",
-    "custom_id",
-    "model",
-    "url",
-    "body",
-    "status",
-    "deadline",
-    "prefix_key",
-    "est_input_tokens",
-    "max_output_tokens",
-    "attempts",
-    "prompt_tokens",
-    "completion_tokens",
-    "engine_seconds",
-)
-
-
-def _insert(session: Session, rows: list[dict[str, Any]]) -> None:
-    """Insert queue rows: COPY on Postgres (several times faster for 200 MB files), else executemany."""
-    connection = session.connection()
-    if connection.dialect.name != "postgresql":
-        session.execute(insert(BatchRequest), rows)
-        return
-    raw = connection.connection.driver_connection
-    assert raw is not None  # a live psycopg connection inside this transaction
-    with raw.cursor() as cursor, cursor.copy(f"COPY batch_requests ({', '.join(_COPY_COLUMNS)}) FROM STDIN") as copy:
-        for row in rows:
-            copy.write_row([orjson.dumps(row[c]).decode() if c == "body" else row[c] for c in _COPY_COLUMNS])
-
-
-def _set_prefix_keys(session: Session, keys: list[tuple[str, str]]) -> None:
-    """Give already inserted rows their prefix key: the first row of each prefix a later row shared."""
-    table = cast(Table, BatchRequest.__table__)
-    statement = table.update().where(table.c.id == bindparam("b_id")).values(prefix_key=bindparam("b_key"))
-    session.execute(statement, [{"b_id": row_id, "b_key": key} for row_id, key in keys])
-
-
-def _row(batch: Batch, line: ParsedLine, *, line_bytes: int) -> dict[str, Any]:
-    input_tokens, output_tokens = request_size(line.url, line.body, line_bytes=line_bytes)
-    return {
-        "id": new_id("batch_req_"),
-        "batch_id": batch.id,
-        "tenant_id": batch.tenant_id,
-        "line": line.line,
-        "custom_id": line.custom_id,
-        "model": line.model,
-        "url": line.url,
-        "body": line.body,
-        "status": lifecycle.REQ_QUEUED,
-        "deadline": batch.expires_at,
-        "prefix_key": "",  # set by SharedPrefixes
-        "est_input_tokens": input_tokens,
-        "max_output_tokens": output_tokens,
-        "attempts": 0,
-        "prompt_tokens": 0,
-        "completion_tokens": 0,
-        "engine_seconds": 0.0,
-    }
 
 
 def _admit(session: Session, settings: Settings, *, batch: Batch) -> tuple[Problem | None, list[Problem]]:
@@ -201,15 +135,14 @@ def _token_limit(session: Session, settings: Settings, *, tenant_id: str) -> int
     overrides = settings.enqueued_token_limits
     if tenant_id in overrides:
         return overrides[tenant_id]
-    tenant = session.get(Tenant, tenant_id) if overrides else None
-    if tenant is not None and tenant.name in overrides:
-        return overrides[tenant.name]
+    name = tenant_name(session, tenant_id=tenant_id) if overrides else None
+    if name is not None and name in overrides:
+        return overrides[name]
     return settings.enqueued_token_limit
 
 
 def _quota_problem(session: Session, batch: Batch, *, limit: int, enqueued: int, added: int) -> Problem:
-    tenant = session.get(Tenant, batch.tenant_id)
-    name = tenant.name if tenant is not None else batch.tenant_id
+    name = tenant_name(session, tenant_id=batch.tenant_id) or batch.tenant_id
     message = (
         f"Enqueued token limit reached for {batch.model} in organization {name}. Limit: {limit:,} enqueued "
         f"tokens; {enqueued:,} are already enqueued and this batch adds about {added:,}. Please try again "

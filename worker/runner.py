@@ -17,12 +17,12 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy import update
+from sqlalchemy.orm import Session
 
 from storage.clock import now_f
 from storage.db import transaction
+from storage.engine_runs import RunCounters, save_run
 from storage.ids import new_id
-from storage.models import EngineRun
 from storage.queue.backlog import has_queued, open_count
 from storage.queue.claim import claim
 from storage.queue.results import Outcome, record, release, renew
@@ -104,6 +104,18 @@ class Runner:
         self._dirty = False
         self._queue_backlog = False
 
+    @property
+    def models(self) -> list[str]:
+        """A runner serves exactly one model."""
+        return [self.model]
+
+    def warm(self) -> None:
+        """Nothing to do: a runner is built around an engine that is already loaded."""
+
+    def serve_for(self, seconds: float, *, stop: threading.Event | None = None) -> bool:
+        """The `Feeder` name for `run_for`."""
+        return self.run_for(seconds, stop=stop)
+
     def run_for(self, seconds: float, *, stop: threading.Event | None = None) -> bool:
         """Feed and step the engine for up to `seconds`; return False once there is nothing to do."""
         with self._lock:
@@ -153,8 +165,8 @@ class Runner:
             self.totals = _RunTotals()
 
     def _top_up(self) -> None:
-        if (dispatch_limit := getattr(self.engine, "dispatch_limit", None)) is not None:
-            self.max_inflight = self.refill_below = dispatch_limit()  # shared mode: the engine's budget decides
+        if (limit := self.engine.dispatch_limit()) is not None:
+            self.max_inflight = self.refill_below = limit  # shared mode: the engine's budget decides
         if len(self.inflight) >= self.refill_below:
             return
         idle = not self.engine.has_unfinished()
@@ -185,8 +197,7 @@ class Runner:
     def _signal_urgency(self) -> None:
         """Tell an engine that can lend capacity (shared mode) whether work near its deadline is in flight."""
         self.urgent &= self.inflight
-        if (set_urgent := getattr(self.engine, "set_urgent", None)) is not None:
-            set_urgent(bool(self.urgent))
+        self.engine.set_urgent(bool(self.urgent))
 
     def _step(self) -> None:
         started = time.perf_counter()
@@ -239,34 +250,31 @@ class Runner:
             if self.on_batch_done is not None:
                 self.on_batch_done(batch_id)
 
-    def _write_run(self, session) -> None:  # type: ignore[no-untyped-def]
+    def _write_run(self, session: Session) -> None:
         occ, tot = self.occupancy, self.totals
-        values = {
-            "ended_at": now_f(),
-            "busy_seconds": tot.busy_seconds,
-            "steps": occ.steps,
-            "prompt_tokens": tot.prompt_tokens,
-            "completion_tokens": tot.completion_tokens,
-            "requests_finished": tot.finished,
-            "running_seq_steps": occ.running_seq_steps,
-            "queued_steps": occ.queued_steps,
-            "queued_running_seq_steps": occ.queued_running_seq_steps,
-        }
-        if not self._run_written:
-            session.add(
-                EngineRun(
-                    id=self.run_id,
-                    worker_id=self.worker_id,
-                    model=self.model,
-                    started_at=self._run_started,
-                    max_num_seqs=self.engine.max_num_seqs,
-                    **values,
-                )
-            )
-            self._run_written = True
-        elif not session.execute(update(EngineRun).where(EngineRun.id == self.run_id).values(**values)).rowcount:
-            self._run_written = False  # the row is gone (a fresh database under a warm runner): write it again
-            self._write_run(session)
+        counters = RunCounters(
+            ended_at=now_f(),
+            busy_seconds=tot.busy_seconds,
+            steps=occ.steps,
+            prompt_tokens=tot.prompt_tokens,
+            completion_tokens=tot.completion_tokens,
+            requests_finished=tot.finished,
+            running_seq_steps=occ.running_seq_steps,
+            queued_steps=occ.queued_steps,
+            queued_running_seq_steps=occ.queued_running_seq_steps,
+        )
+        # A row written before may be gone (a fresh database under a warm runner): save_run inserts it again.
+        save_run(
+            session,
+            run_id=self.run_id,
+            worker_id=self.worker_id,
+            model=self.model,
+            started_at=self._run_started,
+            max_num_seqs=self.engine.max_num_seqs,
+            counters=counters,
+            exists=self._run_written,
+        )
+        self._run_written = True
 
     def _renew_if_due(self) -> None:
         if time.monotonic() - self._last_renew < RENEW_SECONDS or not self.inflight:

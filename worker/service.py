@@ -9,14 +9,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Sequence
 
-from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from storage import lifecycle
+from storage.batches import batches_validating, get_batch
 from storage.blobs import get_blob_store
-from storage.db import get_engine, transaction
-from storage.models import Batch
-from storage.settings import Settings, get_settings
+from storage.db import transaction
+from storage.queue.rows import refresh_statistics
+from storage.settings import Settings, SettingsError, get_settings
 from storage.wakeups import wake_after_commit
 from worker.engine import Engine
 from worker.finalize import finalize_batch
@@ -24,12 +26,13 @@ from worker.ingest import ingest_batch
 from worker.reaper import Reaped, reap
 from worker.runner import Runner
 from worker.slot.engine_slot import EngineSlot
+from worker.slot.feeder import Feeder, make_feeder
 
 log = logging.getLogger(__name__)
 
-_runners: dict[str, Runner] = {}
-_slots: list[EngineSlot] = []  # a worker serving several models one at a time (BACKFILL_WORKER_MODELS)
-_runner_lock = threading.Lock()
+_feeders: dict[tuple[str, ...], Feeder] = {}
+_worker_models: list[str] = []  # set by `backfill worker --model/--models`; else the settings decide
+_lock = threading.Lock()
 
 
 def load_engine(settings: Settings, model: str) -> Engine:
@@ -54,44 +57,76 @@ def load_engine(settings: Settings, model: str) -> Engine:
     return VllmEngine(model, spec)
 
 
-def get_runner(model: str | None = None) -> Runner:
-    """The process's runner for `model` (default: the worker's model), loading its engine on first use."""
+def serve_models(models: Sequence[str]) -> None:
+    """Make this process serve `models` (the worker command's --model/--models), whatever the settings say."""
+    served = get_settings().served_models()
+    unknown = [model for model in models if model not in served]
+    if unknown or not models:
+        raise SettingsError(f"not in BACKFILL_MODELS: {', '.join(unknown) or '(none given)'}")
+    with _lock:
+        _worker_models[:] = list(dict.fromkeys(models))
+
+
+def worker_models() -> list[str]:
+    """The models this worker serves: as `serve_models` set them, else BACKFILL_WORKER_MODELS / WORKER_MODEL."""
+    with _lock:
+        if _worker_models:
+            return list(_worker_models)
+    return get_settings().current_worker_models()
+
+
+def get_feeder(models: Sequence[str] | None = None) -> Feeder:
+    """The process's feeder for `models` (default: the worker's), built on first use (one place decides how)."""
     settings = get_settings()
-    name = model or settings.current_worker_model()
-    with _runner_lock:
-        if name not in _runners:
+    names = tuple(models or worker_models())
+    with _lock:
+        if names not in _feeders:
             started = time.perf_counter()
-            engine = load_engine(settings, name)
-            log.info("engine for %s loaded in %.1f s", name, time.perf_counter() - started)
-            _runners[name] = Runner(engine, model=name, settings=settings, on_batch_done=request_finalize)
-        return _runners[name]
+            _feeders[names] = make_feeder(names, settings, load=load_engine, on_batch_done=request_finalize)
+            log.info("feeder for %s ready in %.1f s", ", ".join(names), time.perf_counter() - started)
+        return _feeders[names]
 
 
-def serves_several_models() -> bool:
-    """True when this worker serves several models through one engine slot (BACKFILL_WORKER_MODELS)."""
-    return len(get_settings().current_worker_models()) > 1
+def get_runner(model: str | None = None) -> Runner:
+    """The runner of one model (default: the worker's only model); benchmarks and tests reach in through it."""
+    feeder = get_feeder([model] if model else None)
+    if not isinstance(feeder, Runner):
+        raise TypeError(f"this worker serves {', '.join(feeder.models)} through an engine slot, not one runner")
+    return feeder
 
 
 def get_slot() -> EngineSlot:
-    """The process's engine slot for its models (BACKFILL_WORKER_MODELS), loading nothing until asked."""
-    settings = get_settings()
-    with _runner_lock:
-        if not _slots:
-            slot = EngineSlot(
-                settings.current_worker_models(),
-                settings,
-                load=lambda s, model: load_engine(s, model),
-                on_batch_done=request_finalize,
-            )
-            _slots.append(slot)
-        return _slots[0]
+    """The engine slot of a worker serving several models one at a time."""
+    feeder = get_feeder()
+    if not isinstance(feeder, EngineSlot):
+        raise TypeError(f"this worker serves only {', '.join(feeder.models)}: there is no engine slot")
+    return feeder
+
+
+def embedded_feeders() -> list[Feeder]:
+    """The embedded worker's feeders: the worker models (one slot if several) and one runner per other model."""
+    shared = worker_models() if len(worker_models()) > 1 else []
+    feeders = [get_feeder(shared)] if shared else []
+    feeders += [get_feeder([model]) for model in get_settings().served_models() if model not in shared]
+    return feeders
+
+
+def close_engines() -> None:
+    """Close every loaded engine (its memory and connections) and forget the feeders."""
+    with _lock:
+        feeders = list(_feeders.values())
+    for feeder in feeders:
+        runner = feeder if isinstance(feeder, Runner) else feeder.runner if isinstance(feeder, EngineSlot) else None
+        if runner is not None:
+            runner.engine.close()
+    drop_runners()
 
 
 def drop_runners() -> None:
-    """Forget loaded engines (tests switch settings between cases)."""
-    with _runner_lock:
-        _runners.clear()
-        _slots.clear()
+    """Forget loaded engines and the --model choice (tests switch settings between cases)."""
+    with _lock:
+        _feeders.clear()
+        _worker_models.clear()
 
 
 def request_finalize(batch_id: str) -> None:
@@ -105,30 +140,17 @@ def ingest(batch_id: str) -> str:
     settings = get_settings()
     with transaction() as session:
         status = ingest_batch(session, get_blob_store(), settings, batch_id=batch_id)
-        batch = session.get(Batch, batch_id)
-        enqueued = batch.request_total if batch is not None and status == lifecycle.IN_PROGRESS else 0
-        if enqueued and batch is not None and batch.model:
+        batch = get_batch(session, tenant_id=None, batch_id=batch_id)
+        enqueued = batch.request_total if status == lifecycle.IN_PROGRESS else 0
+        if enqueued and batch.model:
             wake_after_commit(session, "batch.run", model=batch.model)
     if enqueued >= ANALYZE_AFTER_ROWS:
-        refresh_queue_statistics()
+        with transaction() as session:
+            refresh_statistics(session)
     return status
 
 
 ANALYZE_AFTER_ROWS = 5000
-
-
-def refresh_queue_statistics() -> None:
-    """Re-sample the queue table after a big ingest, so claims use the queue indexes at once.
-
-    Postgres' autovacuum would get there within a minute or so; until then the planner believes the
-    queue is tiny, picks the wrong index for a tenant's claim and each claim costs several times more
-    (measured: 2,400 vs 5,000 claims+results per second on 20,000 fresh rows). SQLite has no such planner issue.
-    """
-    engine = get_engine()
-    if engine.dialect.name != "postgresql":
-        return
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
-        connection.exec_driver_sql("ANALYZE batch_requests")
 
 
 def finalize(batch_id: str) -> str | None:
@@ -149,6 +171,6 @@ def reap_once() -> Reaped:
     return result
 
 
-def pending_ingest(session) -> list[str]:  # type: ignore[no-untyped-def]
+def pending_ingest(session: Session) -> list[str]:
     """Batches still waiting for validation."""
-    return list(session.scalars(select(Batch.id).where(Batch.status == lifecycle.VALIDATING)))
+    return batches_validating(session)

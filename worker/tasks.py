@@ -20,21 +20,15 @@ def batch_ingest(batch_id: str) -> str:
 
 @app.task(name="batch.run")
 def batch_run(model: str) -> bool:
-    """Feed the warm engine for up to run_task_seconds (well inside the visibility timeout)."""
-    if service.serves_several_models():
-        # Any served model's wake-up runs the slot: it decides which model to serve (and may switch).
-        slot = service.get_slot()
-        more = slot.serve_for(float(get_settings().run_task_seconds))
-        if more and slot.model is not None:
-            get_waker().send("batch.run", {"model": slot.model})
-        return more
-    runner = service.get_runner()
-    if runner.model != model:
-        log.warning("worker serves %s, got a wake-up for %s", runner.model, model)
+    """Feed the warm engine for up to run_task_seconds (well inside the visibility timeout), then re-wake."""
+    feeder = service.get_feeder()
+    if model not in feeder.models:
+        log.warning("worker serves %s, got a wake-up for %s", ", ".join(feeder.models), model)
         return False
-    more = runner.run_for(float(get_settings().run_task_seconds))
-    if more:
-        get_waker().send("batch.run", {"model": model})
+    # Any served model's wake-up runs the feeder: a slot decides which model to serve (and may switch).
+    more = feeder.serve_for(float(get_settings().run_task_seconds))
+    if more and feeder.model is not None:
+        get_waker().send("batch.run", {"model": feeder.model})
     return more
 
 

@@ -56,7 +56,12 @@ def estimate(body: BatchCreate, session: DbSession, caller: Caller, blobs: Blobs
     model = _served_model(blobs, settings, source.blob_key)
     if model is None:
         raise InvalidRequest("The input file has no readable first line with 'body.model'.", param="input_file_id")
-    shape = shape_of_jsonl(blobs.open_stream(source.blob_key, chunk_bytes=settings.stream_chunk_bytes))
+    shape = shape_of_jsonl(
+        blobs.open_stream(source.blob_key, chunk_bytes=settings.stream_chunk_bytes),
+        endpoint=body.endpoint,
+        max_line_bytes=settings.line_max_bytes,
+        max_requests=settings.batch_max_requests,
+    )
     result = estimate_job(
         session, model=model, shape=shape, settings=settings, completion_window=body.completion_window
     )

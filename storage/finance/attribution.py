@@ -19,10 +19,10 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from storage import lifecycle
-from storage.finance.prices import _decimal
+from storage.finance.prices import to_decimal
 from storage.models import BatchRequest, EngineRun
 
-_BILLED = BatchRequest.status == lifecycle.REQ_COMPLETED
+BILLED = BatchRequest.status == lifecycle.REQ_COMPLETED
 
 
 def attribute_busy_seconds(
@@ -46,7 +46,7 @@ def attribute_busy_seconds(
     """
     if not shares:
         raise ValueError("no jobs to attribute busy time to")
-    total = _decimal(run_busy_seconds)
+    total = to_decimal(run_busy_seconds)
     if total < 0 or prefill_weight < 0:
         raise ValueError("busy seconds and prefill weight must not be negative")
     if any(i < 0 or o < 0 for i, o in shares.values()):
@@ -108,7 +108,7 @@ def attribute_runs(session: Session, *, run_ids: Iterable[str], prefill_weight: 
             EngineRun.running_seq_steps,
         )
         .join(EngineRun, EngineRun.id == BatchRequest.run_id)
-        .where(_BILLED, BatchRequest.run_id.in_(wanted))
+        .where(BILLED, BatchRequest.run_id.in_(wanted))
         .group_by(BatchRequest.run_id, BatchRequest.batch_id, EngineRun.id)
     ).all()
     grouped: dict[str, list[Any]] = defaultdict(list)

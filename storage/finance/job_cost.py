@@ -5,7 +5,7 @@ The rule:
 1. Each engine run records its measured busy seconds (time spent inside engine steps) and each
    request that finished in it carries `run_id` and its prompt and completion tokens.
 2. A run's busy seconds are split across the batches whose *completed* requests finished in that run,
-   by work = completion_tokens + prefill_weight x prompt_tokens (`pricing.attribute_busy_seconds`),
+   by work = completion_tokens + prefill_weight x prompt_tokens (`storage.finance.attribution`),
    so the parts of a run sum exactly to the run's busy time.
 3. A job's compute cost = its attributed busy seconds x gpu_count x gpu_hour_usd / 3600.
 4. Only completed requests are billed or attributed. Failed, expired and cancelled requests are
@@ -24,60 +24,16 @@ Decimal throughout and rounded only in `CostBlock.to_json()`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import date, datetime
 from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from storage.finance.attribution import _BILLED, attribute_runs, served_batch_size
-from storage.finance.prices import ANY_MODEL, CostBlock, PriceBook, cost_block
+from storage.finance.attribution import BILLED, attribute_runs, served_batch_size
+from storage.finance.prices import CostBlock, compute_usd, price_book, price_job
 from storage.models import Batch, BatchRequest
 from storage.settings import Settings
-
-_SECONDS_PER_HOUR = Decimal(3600)
-
-
-def price_book(settings: Settings) -> PriceBook:
-    """The price book the settings describe: list prices, window discounts and the node's rent."""
-    return PriceBook.from_dict(
-        {
-            **settings.price_book,
-            "completion_windows": settings.completion_windows,
-            "gpu_count": settings.gpu_count,
-            "usd_per_gpu_hour": settings.gpu_hour_usd,
-        }
-    )
-
-
-def compute_usd(busy_seconds: Decimal, book: PriceBook) -> Decimal:
-    """What `busy_seconds` of the whole node cost: seconds x GPUs x price per GPU-hour / 3600."""
-    return busy_seconds * book.gpu_count * book.usd_per_gpu_hour / _SECONDS_PER_HOUR
-
-
-def price_job(
-    book: PriceBook,
-    *,
-    model: str | None,
-    created_at: datetime | date | float,
-    completion_window: str,
-    input_tokens: int,
-    output_tokens: int,
-    busy_seconds: Decimal,
-    mean_batch_size: Decimal | None = None,
-) -> CostBlock:
-    """A cost block at the list price of `created_at` and the window's discount (0 if no longer offered)."""
-    return cost_block(
-        input_tokens=input_tokens,
-        output_tokens=output_tokens,
-        busy_seconds=busy_seconds,
-        gpu_count=book.gpu_count,
-        usd_per_gpu_hour=book.usd_per_gpu_hour,
-        discount=book.window_discounts.get(completion_window, Decimal(0)),
-        price=book.price_for(model or ANY_MODEL, created_at),
-        mean_batch_size=mean_batch_size,
-    )
 
 
 @dataclass(frozen=True)
@@ -115,7 +71,7 @@ def batch_cost(session: Session, *, batch: Batch, settings: Settings) -> CostBlo
             func.sum(BatchRequest.completion_tokens),
             func.count(),
         )
-        .where(BatchRequest.batch_id == batch.id, _BILLED)
+        .where(BatchRequest.batch_id == batch.id, BILLED)
         .group_by(BatchRequest.run_id)
     ).all()
     if not own:

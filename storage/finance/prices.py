@@ -1,4 +1,4 @@
-"""The price book and a job's cost block: list price, batch discount, and measured compute cost.
+"""The price book and the one pricing function (`price_job`): list price, batch discount, compute cost.
 
 List prices are per 1M input and per 1M output tokens, versioned by the date they take effect, so an
 old batch is always billed at the price in force when it ran. A completion window earns a discount
@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from typing import Any
+
+from storage.settings import Settings
 
 ANY_MODEL = "*"
 
@@ -105,29 +107,6 @@ class PriceBook:
         except KeyError:
             raise LookupError(f"no discount configured for completion window {window!r}") from None
 
-    def cost_for(
-        self,
-        *,
-        model: str,
-        at: datetime | date | float,
-        completion_window: str,
-        input_tokens: int,
-        output_tokens: int,
-        busy_seconds: Decimal | float,
-        mean_batch_size: Decimal | float | None = None,
-    ) -> CostBlock:
-        """A job's cost block at the prices in force at `at` on this book's node."""
-        return cost_block(
-            input_tokens=input_tokens,
-            output_tokens=output_tokens,
-            busy_seconds=busy_seconds,
-            gpu_count=self.gpu_count,
-            usd_per_gpu_hour=self.usd_per_gpu_hour,
-            discount=self.discount_for(completion_window),
-            price=self.price_for(model, at),
-            mean_batch_size=mean_batch_size,
-        )
-
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PriceBook:
         """Build from settings-style JSON; absent keys keep the defaults and a '*' price is always kept.
@@ -147,10 +126,10 @@ class PriceBook:
         return cls(
             versions=versions,
             window_discounts=(
-                {w: _decimal(d) for w, d in windows.items()} if windows else dict(defaults.window_discounts)
+                {w: to_decimal(d) for w, d in windows.items()} if windows else dict(defaults.window_discounts)
             ),
             gpu_count=int(data.get("gpu_count", defaults.gpu_count)),
-            usd_per_gpu_hour=_decimal(data.get("usd_per_gpu_hour", defaults.usd_per_gpu_hour)),
+            usd_per_gpu_hour=to_decimal(data.get("usd_per_gpu_hour", defaults.usd_per_gpu_hour)),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -171,7 +150,7 @@ class PriceBook:
         }
 
 
-def _decimal(value: Any) -> Decimal:
+def to_decimal(value: Any) -> Decimal:
     """Decimal from a string, int, float or Decimal; floats go through str() to keep what was written."""
     if isinstance(value, Decimal):
         return value
@@ -189,8 +168,8 @@ def _version_from_dict(item: Mapping[str, Any]) -> PriceVersion:
         return PriceVersion(
             model=str(item["model"]),
             effective_from=date.fromisoformat(str(item["effective_from"])),
-            input_usd_per_mtok=_decimal(item["input_usd_per_mtok"]),
-            output_usd_per_mtok=_decimal(item["output_usd_per_mtok"]),
+            input_usd_per_mtok=to_decimal(item["input_usd_per_mtok"]),
+            output_usd_per_mtok=to_decimal(item["output_usd_per_mtok"]),
         )
     except KeyError as missing:
         raise ValueError(f"price entry {dict(item)!r} lacks {missing}") from None
@@ -252,7 +231,7 @@ def cost_block(
     list_usd = price.list_usd(input_tokens=input_tokens, output_tokens=output_tokens)
     discount_usd = list_usd * discount
     billed_usd = list_usd - discount_usd
-    gpu_seconds = _decimal(busy_seconds) * gpu_count
+    gpu_seconds = to_decimal(busy_seconds) * gpu_count
     compute_usd = gpu_seconds * usd_per_gpu_hour / _SECONDS_PER_HOUR
     return CostBlock(
         input_tokens=input_tokens,
@@ -264,7 +243,7 @@ def cost_block(
         gpu_seconds=gpu_seconds,
         compute_usd=compute_usd,
         margin_usd=billed_usd - compute_usd,
-        mean_batch_size=None if mean_batch_size is None else _decimal(mean_batch_size),
+        mean_batch_size=None if mean_batch_size is None else to_decimal(mean_batch_size),
     )
 
 
@@ -277,3 +256,44 @@ def token_weighted_mean_batch_size(step_batch_sizes: Iterable[int]) -> Decimal |
     sizes = [b for b in step_batch_sizes if b > 0]
     tokens = sum(sizes)
     return Decimal(sum(b * b for b in sizes)) / tokens if tokens else None
+
+
+def price_book(settings: Settings) -> PriceBook:
+    """The price book the settings describe: list prices, window discounts and the node's rent."""
+    return PriceBook.from_dict(
+        {
+            **settings.price_book,
+            "completion_windows": settings.completion_windows,
+            "gpu_count": settings.gpu_count,
+            "usd_per_gpu_hour": settings.gpu_hour_usd,
+        }
+    )
+
+
+def compute_usd(busy_seconds: Decimal, book: PriceBook) -> Decimal:
+    """What `busy_seconds` of the whole node cost: seconds x GPUs x price per GPU-hour / 3600."""
+    return busy_seconds * book.gpu_count * book.usd_per_gpu_hour / _SECONDS_PER_HOUR
+
+
+def price_job(
+    book: PriceBook,
+    *,
+    model: str | None,
+    created_at: datetime | date | float,
+    completion_window: str,
+    input_tokens: int,
+    output_tokens: int,
+    busy_seconds: Decimal,
+    mean_batch_size: Decimal | None = None,
+) -> CostBlock:
+    """A cost block at the list price of `created_at` and the window's discount (0 if no longer offered)."""
+    return cost_block(
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        busy_seconds=busy_seconds,
+        gpu_count=book.gpu_count,
+        usd_per_gpu_hour=book.usd_per_gpu_hour,
+        discount=book.window_discounts.get(completion_window, Decimal(0)),
+        price=book.price_for(model or ANY_MODEL, created_at),
+        mean_batch_size=mean_batch_size,
+    )

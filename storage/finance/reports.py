@@ -23,8 +23,8 @@ from sqlalchemy.orm import Session
 
 from storage import lifecycle
 from storage.errors import InvalidRequest
-from storage.finance.attribution import attribute_runs
-from storage.finance.job_cost import price_book, price_job
+from storage.finance.attribution import RunShare, attribute_busy_seconds, attribute_runs
+from storage.finance.prices import price_book, price_job
 from storage.models import Batch, BatchRequest
 from storage.settings import Settings
 
@@ -207,21 +207,21 @@ def cost_report(
     ).all()
     runs = attribute_runs(session, run_ids=(r[2] for r in rows if r[2]), prefill_weight=settings.prefill_weight)
     book = price_book(settings)
-    weight = settings.prefill_weight
-    # (day, batch) -> [input, output, requests, busy seconds]; busy is the (run, batch) share spread by work.
+    # (day, batch) -> [input, output, requests, busy seconds]
     jobs: dict[tuple[int, str], list[Any]] = defaultdict(lambda: [0, 0, 0, Decimal(0)])
     info: dict[str, tuple[str, str, str, int]] = {}
+    days_of: dict[tuple[str, str], dict[int, tuple[int, int]]] = defaultdict(dict)  # (run, batch) -> day -> tokens
     for day_index, batch_id, run_id, tenant, model, window, created, i, o, n in rows:
         job = jobs[(int(day_index), batch_id)]
         job[0] += int(i or 0)
         job[1] += int(o or 0)
         job[2] += int(n)
-        share = runs[run_id].shares.get(batch_id) if run_id in runs else None
-        if share is not None:
-            whole = share.output_tokens + weight * share.input_tokens
-            part = int(o or 0) + weight * int(i or 0)
-            job[3] += share.busy_seconds * part / whole if whole else share.busy_seconds * int(n) / share.requests
         info[batch_id] = (tenant, model, window, created)
+        if run_id in runs and batch_id in runs[run_id].shares:
+            days_of[(run_id, batch_id)][int(day_index)] = (int(i or 0), int(o or 0))
+    for (run_id, batch_id), days in days_of.items():
+        for day_index, busy in _spread_over_days(runs[run_id].shares[batch_id], days, settings.prefill_weight).items():
+            jobs[(day_index, batch_id)][3] += busy
     table: dict[int, dict[tuple[str | None, ...], CostResult]] = defaultdict(dict)
     for (day_index, batch_id), (i, o, n, busy) in jobs.items():
         tenant, model, window, created = info[batch_id]
@@ -245,6 +245,23 @@ def cost_report(
         result.output_tokens += o
         result.num_model_requests += n
     return day_buckets(start_time, end_time, {d: sorted_groups(results) for d, results in table.items()})
+
+
+def _spread_over_days(share: RunShare, days: dict[int, tuple[int, int]], weight: Decimal) -> dict[int, Decimal]:
+    """A (run, batch) share's busy seconds per day of the window, by the one attribution rule.
+
+    The share covers every day its requests finished on, inside the report window or not, so the work
+    outside the window keeps its part and a day's figure never depends on the window asked for.
+    """
+    tokens = {f"{day:08d}": part for day, part in days.items()}
+    outside = (
+        share.input_tokens - sum(i for i, _ in days.values()),
+        share.output_tokens - sum(o for _, o in days.values()),
+    )
+    if outside != (0, 0):
+        tokens["outside"] = (max(outside[0], 0), max(outside[1], 0))
+    parts = attribute_busy_seconds(share.busy_seconds, tokens, weight)
+    return {day: parts[f"{day:08d}"] for day in days}
 
 
 def _group(values: dict[str, str], group_by: Sequence[str]) -> dict[str, str | None]:

@@ -12,8 +12,7 @@ first, as the queue serves them once they near their deadlines.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -21,42 +20,44 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from storage.clock import now_f
-from storage.finance.job_cost import price_book, price_job
-from storage.finance.prices import CostBlock
+from storage.finance.prices import CostBlock, price_book, price_job
+from storage.lines import LineChecker, LineError, iter_lines
 from storage.planning.shapes import BYTES_PER_TOKEN, DEFAULT_MAX_TOKENS, JobShape, output_limit
 from storage.planning.throughput import DEFAULT_TOKENS_PER_SECOND, Throughput, measured_throughput
 from storage.queue.backlog import backlog
 from storage.settings import Settings, window_seconds
 
-
-def _lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
-    rest = b""
-    for chunk in chunks:
-        rest += chunk
-        *whole, rest = rest.split(b"\n")
-        yield from whole
-    yield rest
+MAX_PROBLEMS = 20  # line problems an estimate echoes; `skipped_lines` counts them all
 
 
-def shape_of_jsonl(chunks: Iterable[bytes], *, default_max_tokens: int = DEFAULT_MAX_TOKENS) -> JobShape:
-    """Size a batch input file streamed in chunks; unparseable lines are counted, not sized."""
-    requests = input_tokens = output_tokens = skipped = 0
-    model: str | None = None
-    for raw in _lines(chunks):
-        if not raw.strip():
-            continue
-        try:
-            line = json.loads(raw)
-            body = line["body"]
-        except (ValueError, KeyError, TypeError):
+def shape_of_jsonl(
+    chunks: Iterable[bytes],
+    *,
+    max_line_bytes: int,
+    max_requests: int,
+    endpoint: str | None = None,
+    default_max_tokens: int = DEFAULT_MAX_TOKENS,
+) -> JobShape:
+    """Size a batch input file streamed in chunks, judging each line exactly as ingest would.
+
+    Lines the checker rejects are counted (`skipped_lines`, the first few kept in `problems`), not sized:
+    ingest would fail the whole batch for them, and the estimate says so.
+    """
+    checker = LineChecker(endpoint=endpoint, max_requests=max_requests)
+    requests = input_tokens = output_tokens = 0
+    problems: list[LineError] = []
+    skipped = 0
+    for number, raw in iter_lines(chunks, max_line_bytes=max_line_bytes):
+        outcome = checker.check(number, raw, max_line_bytes=max_line_bytes)
+        if isinstance(outcome, LineError):
             skipped += 1
-            continue
-        requests += 1
-        input_tokens += -(-len(raw) // BYTES_PER_TOKEN)
-        output_tokens += output_limit(body, line.get("url"), default_max_tokens)
-        if model is None and isinstance(body, dict) and isinstance(body.get("model"), str):
-            model = body["model"]
-    return JobShape(requests, input_tokens, output_tokens, model, skipped)
+            if len(problems) < MAX_PROBLEMS:
+                problems.append(outcome)
+        elif outcome is not None:
+            requests += 1
+            input_tokens += -(-len(raw or b"") // BYTES_PER_TOKEN)
+            output_tokens += output_limit(outcome.body, outcome.url, default_max_tokens)
+    return JobShape(requests, input_tokens, output_tokens, checker.model, skipped, tuple(problems))
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,7 @@ class Estimate:
             "completion_window": self.completion_window,
             "requests": self.job.requests,
             "skipped_lines": self.job.skipped_lines,
+            "problems": [problem.to_json() for problem in self.job.problems],
             "throughput": {
                 "work_per_second": round(self.throughput.work_per_second, 3),
                 "output_tokens_per_second": round(self.throughput.output_tokens_per_second, 3),

@@ -10,12 +10,10 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from storage.lines import LineError
+
 DEFAULT_MAX_TOKENS = 256
-
-
 BYTES_PER_TOKEN = 4
-
-
 _NO_OUTPUT_URLS = frozenset({"/v1/embeddings"})
 
 
@@ -27,7 +25,8 @@ class JobShape:
     input_tokens: int
     output_tokens: int
     model: str | None = None
-    skipped_lines: int = 0
+    skipped_lines: int = 0  # lines a file had that ingest would reject (so the batch would fail validation)
+    problems: tuple[LineError, ...] = ()  # the first of them
 
 
 def output_limit(body: Any, url: str | None, default_max_tokens: int = DEFAULT_MAX_TOKENS) -> int:

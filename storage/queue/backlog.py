@@ -5,9 +5,10 @@ Jobs are sized as ingest stored them (`est_input_tokens`, `max_output_tokens`): 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import func, select
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
 
 from storage import lifecycle
@@ -38,6 +39,18 @@ def batches_ready_to_finalize(session: Session) -> list[str]:
         Batch.status.in_((lifecycle.IN_PROGRESS, lifecycle.CANCELLING, lifecycle.FINALIZING)), ~open_exists
     )
     return list(session.scalars(query))
+
+
+def models_waiting_unserved(session: Session) -> list[str]:
+    """Models with queued requests and none running: no live worker is feeding them (they need a wake-up)."""
+    busy = select(BatchRequest.model).where(BatchRequest.status == lifecycle.REQ_RUNNING).distinct()
+    return list(
+        session.scalars(
+            select(BatchRequest.model)
+            .where(BatchRequest.status == lifecycle.REQ_QUEUED, BatchRequest.model.not_in(busy))
+            .distinct()
+        )
+    )
 
 
 def has_queued(session: Session, *, model: str) -> bool:
@@ -81,3 +94,27 @@ def backlog(session: Session, *, model: str) -> JobShape:
         sum(j.shape.output_tokens for j in jobs),
         model,
     )
+
+
+def open_work_by_deadline(
+    session: Session, *, models: Sequence[str], worker_id: str | None, at: float
+) -> list[tuple[str, int, int, int, int]]:
+    """(model, deadline, requests, max output tokens, est. input tokens) of queued requests (and those
+    `worker_id` holds) per model and deadline, leaving out rows already past their deadline (the reaper's)."""
+    mine = and_(BatchRequest.status == lifecycle.REQ_RUNNING, BatchRequest.lease_owner == worker_id)
+    rows = session.execute(
+        select(
+            BatchRequest.model,
+            BatchRequest.deadline,
+            func.count(),
+            func.sum(BatchRequest.max_output_tokens),
+            func.sum(BatchRequest.est_input_tokens),
+        )
+        .where(
+            BatchRequest.model.in_(models),
+            BatchRequest.deadline > at,
+            or_(BatchRequest.status == lifecycle.REQ_QUEUED, mine),
+        )
+        .group_by(BatchRequest.model, BatchRequest.deadline)
+    ).all()
+    return [(model, int(deadline), int(n), int(out or 0), int(inp or 0)) for model, deadline, n, out, inp in rows]

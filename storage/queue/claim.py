@@ -16,7 +16,7 @@ from storage import lifecycle
 from storage.clock import now_f
 from storage.models import BatchRequest
 from storage.queue.claim_order import ClaimOrder, claim_order, pick
-from storage.queue.rows import _ids_match
+from storage.queue.rows import ids_match
 from storage.settings import get_settings
 
 
@@ -67,7 +67,7 @@ def _lease(
     """Mark the picked rows running under this worker's lease and read them back in one statement."""
     rows = session.execute(
         update(BatchRequest)
-        .where(_ids_match(session, ids))
+        .where(ids_match(session, ids))
         .values(
             status=lifecycle.REQ_RUNNING,
             lease_owner=worker_id,

@@ -1,4 +1,5 @@
-"""Reaping: put requests whose worker vanished back in the queue, or give up after too many tries."""
+"""Reaping: put requests whose worker vanished back in the queue (or give up after too many tries), and
+expire overdue batches, whose unfinished requests become `batch_expired` error lines."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from storage import lifecycle
-from storage.batches import add_counts
-from storage.clock import now_f
-from storage.models import BatchRequest
+from storage.batches import add_counts, close_open_requests
+from storage.clock import now, now_f
+from storage.models import Batch, BatchRequest
 from storage.queue.rows import lock_batches_of
 
 
@@ -46,3 +47,30 @@ def release_expired_leases(session: Session, *, max_attempts: int) -> int:
         .execution_options(synchronize_session=False)
     )
     return int(requeued.rowcount or 0) + len(give_up)  # type: ignore[attr-defined]
+
+
+def expire_overdue(session: Session) -> list[str]:
+    """Turn every unfinished request of an overdue batch into a `batch_expired` error line; return the batches."""
+    overdue = list(
+        session.scalars(
+            select(Batch)
+            .where(
+                Batch.status.in_((lifecycle.VALIDATING, lifecycle.IN_PROGRESS)),
+                Batch.expires_at <= now(),
+            )
+            .with_for_update(skip_locked=True)
+        )
+    )
+    for batch in overdue:
+        if batch.status == lifecycle.VALIDATING:
+            lifecycle.transition(batch, lifecycle.EXPIRED)
+            continue
+        close_open_requests(
+            session,
+            batch=batch,
+            statuses=tuple(lifecycle.REQ_OPEN),
+            status=lifecycle.REQ_EXPIRED,
+            code="batch_expired",
+            message="This request could not be executed before the completion window expired.",
+        )
+    return [batch.id for batch in overdue]

@@ -7,6 +7,7 @@ that still holds the row's lease.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -18,7 +19,7 @@ from storage import lifecycle
 from storage.batches import add_counts
 from storage.clock import now_f
 from storage.models import BatchRequest
-from storage.queue.rows import _ids_match, lock_batches_of
+from storage.queue.rows import ids_match, lock_batches_of
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ def renew(session: Session, *, worker_id: str, request_ids: list[str], lease_sec
     held = session.scalars(
         update(BatchRequest)
         .where(
-            _ids_match(session, request_ids),
+            ids_match(session, request_ids),
             BatchRequest.status == lifecycle.REQ_RUNNING,
             BatchRequest.lease_owner == worker_id,
         )
@@ -200,3 +201,34 @@ def release(session: Session, *, worker_id: str, request_ids: list[str]) -> int:
         .execution_options(synchronize_session=False)
     )
     return int(released.rowcount or 0)  # type: ignore[attr-defined]
+
+
+def has_expired_requests(session: Session, *, batch_id: str) -> bool:
+    """True if any of the batch's requests ended as `expired` (the batch itself expired)."""
+    query = select(BatchRequest.id).where(
+        BatchRequest.batch_id == batch_id, BatchRequest.status == lifecycle.REQ_EXPIRED
+    )
+    return session.scalar(query.limit(1)) is not None
+
+
+ResultRow = tuple[str, str, int | None, dict[str, Any] | None, str | None, str | None]
+
+
+def iter_results(session: Session, *, batch_id: str, statuses: tuple[str, ...]) -> Iterator[ResultRow]:
+    """The batch's finished requests in these statuses, in line order, streamed (id, custom_id, status code,
+    body, error code, error message): what one result line is made of."""
+    query = (
+        select(
+            BatchRequest.id,
+            BatchRequest.custom_id,
+            BatchRequest.response_status,
+            BatchRequest.response_body,
+            BatchRequest.error_code,
+            BatchRequest.error_message,
+        )
+        .where(BatchRequest.batch_id == batch_id, BatchRequest.status.in_(statuses))
+        .order_by(BatchRequest.line)
+        .execution_options(yield_per=1000)
+    )
+    for row in session.execute(query):
+        yield (row[0], row[1], row[2], row[3], row[4], row[5])

@@ -55,7 +55,12 @@ def run(args: argparse.Namespace) -> int:
         window_seconds(args.completion_window)
         if args.default_tokens_per_second <= 0 or args.default_max_tokens < 1:
             raise ValueError("--default-tokens-per-second and --default-max-tokens must be positive")
-        shape = shape_of_jsonl(_chunks(args.file), default_max_tokens=args.default_max_tokens)
+        shape = shape_of_jsonl(
+            _chunks(args.file),
+            max_line_bytes=settings.line_max_bytes,
+            max_requests=settings.batch_max_requests,
+            default_max_tokens=args.default_max_tokens,
+        )
     except OSError as error:
         print(f"backfill estimate: error: cannot read {args.file}: {error.strerror}", file=sys.stderr)
         return 2
@@ -96,7 +101,9 @@ def render(estimate: Estimate) -> str:
     job, rate, cost = estimate.job, estimate.throughput, estimate.cost
     measured = f"measured over {rate.runs} recent runs" if rate.source == "measured" else "assumed: none measured"
     verdict = "fits" if estimate.fits_window else "does NOT fit"
-    skipped = f" ({job.skipped_lines} unparseable lines skipped)" if job.skipped_lines else ""
+    skipped = (
+        f" ({job.skipped_lines} invalid lines skipped: the batch would fail validation)" if job.skipped_lines else ""
+    )
     return "\n".join(
         [
             f"job:        {job.requests:,} requests{skipped}, ~{job.input_tokens:,} input tokens, "

@@ -9,13 +9,11 @@ from datetime import UTC, date, datetime
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
-from sqlalchemy import select
-
 from storage.db import transaction
 from storage.errors import BackfillError
 from storage.finance.reports import DAY_SECONDS, Bucket, cost_report, page_json, parse_group_by, to_csv, usage_report
-from storage.models import Tenant
 from storage.settings import get_settings
+from storage.tenants import tenant_id_named, tenant_names
 
 _CENTS = Decimal("0.0001")
 
@@ -59,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
                 )
             else:
                 buckets = usage_report(session, start_time=start, end_time=end, tenant_id=tenant_id, group_by=group_by)
-            names = dict(session.execute(select(Tenant.id, Tenant.name)).tuples().all())
+            names = tenant_names(session)
     except (ReportInputError, BackfillError) as error:
         print(f"backfill report: error: {error}", file=sys.stderr)
         return 2
@@ -91,7 +89,7 @@ def _window(start: str, end: str | None) -> tuple[int, int]:
 def _tenant_id(session: Any, name: str | None) -> str | None:
     if name is None:
         return None
-    tenant_id = session.scalar(select(Tenant.id).where(Tenant.name == name))
+    tenant_id = tenant_id_named(session, name=name)
     if tenant_id is None:
         raise ReportInputError(f"no tenant named {name!r}")
     return str(tenant_id)

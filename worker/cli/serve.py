@@ -30,16 +30,13 @@ def ensure_demo_model() -> None:
 
 def _first_run_key() -> str | None:
     """On a fresh embedded install, create a key for tenant 'default' and keep it in data_dir."""
-    from sqlalchemy import select
-
     from storage.db import transaction
-    from storage.models import ApiKey
-    from storage.tenants import create_api_key
+    from storage.tenants import any_api_key, create_api_key
 
     settings = get_settings()
     path = settings.data_dir / "default-api-key"
     with transaction() as session:
-        if session.scalar(select(ApiKey.id).limit(1)) is not None:
+        if any_api_key(session):
             return None
         key = create_api_key(session, tenant_name="default")
     path.write_text(key + "\n")

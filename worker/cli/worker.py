@@ -32,27 +32,24 @@ def run(args: argparse.Namespace) -> int:
     if settings.redis_url is None:
         print("backfill: BACKFILL_REDIS_URL must be set to run a Celery worker", file=sys.stderr)
         return 2
-    if args.model:
-        os.environ["BACKFILL_WORKER_MODEL"] = args.model
-        os.environ.pop("BACKFILL_WORKER_MODELS", None)
-        get_settings.cache_clear()
-    if args.models:
-        os.environ["BACKFILL_WORKER_MODELS"] = args.models
-        get_settings.cache_clear()
+    from worker import service
     from worker.celery_app import app
 
     if args.role == "gpu":
-        from worker import service
-
-        models = get_settings().current_worker_models()
-        # Load an engine once, before the first task; several models share one engine slot.
-        if service.serves_several_models():
-            service.get_slot().warm()
-        else:
-            service.get_runner()
+        if args.models:
+            every = list(settings.served_models())
+            service.serve_models(every if args.models.strip() == "all" else _names(args.models))
+        elif args.model:
+            service.serve_models([args.model])
+        models = service.worker_models()
+        service.get_feeder().warm()  # load an engine once, before the first task
         queues = ",".join(f"gpu.{model}" for model in models)
         argv = ["worker", "-Q", queues, "-P", "solo", "-c", "1", "--prefetch-multiplier", "1"]
     else:
         argv = ["worker", "-Q", "default", "-P", "threads", "-c", "2"]
     app.worker_main([*argv, "--loglevel", "INFO", "-n", f"{args.role}@%h.{os.getpid()}"])
     return 0
+
+
+def _names(text: str) -> list[str]:
+    return [name.strip() for name in text.split(",") if name.strip()]

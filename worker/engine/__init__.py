@@ -1,6 +1,8 @@
-"""The Engine protocol: what the runner needs from an inference engine, and nothing more.
+"""The Engine protocol: everything the runner and the engine slot call on an inference engine, and nothing more.
 
-Only `worker/engine/vllm_engine.py` imports vLLM; everything else talks to this protocol.
+Only `worker/engine/vllm_engine.py` imports vLLM; everything else talks to this protocol. Adapters: the
+in-process vLLM engine (`vllm_engine`), a vLLM server shared with online traffic (`http_engine`, budgeted by
+`shared_budget`), and a deterministic fake (`fake`). This package imports nothing else of `worker/`.
 """
 
 from __future__ import annotations
@@ -69,6 +71,22 @@ class Engine(Protocol):
 
     def has_unfinished(self) -> bool:
         """True while any submitted request has not finished or been aborted."""
+        ...
+
+    def dispatch_limit(self) -> int | None:
+        """How many requests the runner may keep in flight right now; None: the engine sets no limit.
+
+        A shared-mode engine answers from its dispatch budget (online traffic comes first); engines that own
+        their hardware return None and the runner keeps `inflight_per_seq` x max_num_seqs in flight.
+        """
+        ...
+
+    def set_urgent(self, urgent: bool) -> None:
+        """Whether work inside its deadline's urgency horizon is in flight (a shared engine may lend it room)."""
+        ...
+
+    def close(self) -> None:
+        """Release the engine's memory and connections now (a model switch unloads it)."""
         ...
 
 

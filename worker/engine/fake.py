@@ -108,6 +108,16 @@ class FakeEngine:
         """True while any request is waiting or running."""
         return bool(self._waiting or self._running)
 
+    def dispatch_limit(self) -> int | None:
+        """No budget: the runner fills every slot."""
+        return None
+
+    def set_urgent(self, urgent: bool) -> None:
+        """Nothing to lend: the fake engine owns its slots."""
+
+    def close(self) -> None:
+        """Nothing to free."""
+
     def _sequence(self, request_id: str, url: str, body: Body) -> _Sequence:
         wanted = "pooling" if url == EMBEDDINGS_URL else "generate"
         if wanted != self.runner:

@@ -162,9 +162,7 @@ class HttpEngine:
         """True while a request handed to us has neither finished nor been aborted."""
         return bool(self._inflight)
 
-    # -- shared-mode extras ----------------------------------------------------------------------
-
-    def dispatch_limit(self) -> int:
+    def dispatch_limit(self) -> int | None:
         """How many batch requests the runner may hold in flight now (the budget's current limit)."""
         return self.budget.limit
 

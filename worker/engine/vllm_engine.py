@@ -194,6 +194,13 @@ class VllmEngine:
         """True while a submitted request has neither finished nor been aborted."""
         return bool(self._inflight)
 
+    def dispatch_limit(self) -> int | None:
+        """No budget: this engine owns its hardware, the runner fills it."""
+        return None
+
+    def set_urgent(self, urgent: bool) -> None:
+        """Nothing to lend: urgency only orders claims for an engine of our own."""
+
     def close(self) -> None:
         """Abort everything and release the engine's workers."""
         self.abort(list(self._inflight))

@@ -18,14 +18,12 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
 
-from storage import lifecycle
 from storage.clock import now_f
 from storage.db import transaction
-from storage.models import BatchRequest
 from storage.planning.throughput import DEFAULT_TOKENS_PER_SECOND, measured_throughput
+from storage.queue.backlog import open_work_by_deadline
 from storage.settings import Settings
 from worker.engine import Engine
 from worker.runner import Runner
@@ -40,23 +38,7 @@ def read_backlogs(
     session: Session, *, models: Sequence[str], worker_id: str | None, settings: Settings, at: float
 ) -> list[Backlog]:
     """Each model's queued requests (plus those `worker_id` holds) by deadline, in engine seconds of work."""
-    mine = and_(BatchRequest.status == lifecycle.REQ_RUNNING, BatchRequest.lease_owner == worker_id)
-    # Sizes were stored at ingest (est_input_tokens, max_output_tokens): no body is parsed here.
-    rows = session.execute(
-        select(
-            BatchRequest.model,
-            BatchRequest.deadline,
-            func.count(),
-            func.sum(BatchRequest.max_output_tokens),
-            func.sum(BatchRequest.est_input_tokens),
-        )
-        .where(
-            BatchRequest.model.in_(models),
-            BatchRequest.deadline > at,  # claims skip these too; the reaper expires them
-            or_(BatchRequest.status == lifecycle.REQ_QUEUED, mine),
-        )
-        .group_by(BatchRequest.model, BatchRequest.deadline)
-    ).all()
+    rows = open_work_by_deadline(session, models=models, worker_id=worker_id, at=at)
     weight = float(settings.prefill_weight)
     rates = {model: _rate(session, model, settings) for model in {row[0] for row in rows}}
     groups: dict[tuple[str, int], list[float]] = {}
@@ -189,7 +171,7 @@ class EngineSlot:
             started = time.perf_counter()
             requeued = old.hand_back(drain_seconds=float(self.settings.switch_drain_seconds))
             self.runner = None
-            _close(old.engine)
+            old.engine.close()
             del old
             gc.collect()
             unload_seconds = time.perf_counter() - started
@@ -219,10 +201,3 @@ class EngineSlot:
             unload_seconds,
             load_seconds,
         )
-
-
-def _close(engine: Engine) -> None:
-    """Release the engine's memory now (vLLM's adapter has `close`; the fake engine has nothing to free)."""
-    close = getattr(engine, "close", None)
-    if callable(close):
-        close()

@@ -205,9 +205,7 @@ def test_the_openai_sdk_runs_a_batch_through_the_api_on_a_shared_server(
         outputs = read_lines(client, done.output_file_id)
     finally:
         stop()
-        for runner in service._runners.values():
-            runner.engine.close()  # type: ignore[attr-defined]
-        service.drop_runners()
+        service.close_engines()
     assert done.status == "completed" and done.request_counts.completed == 12
     assert sorted(line["custom_id"] for line in outputs) == sorted(line["custom_id"] for line in lines)
     assert all(line["response"]["body"]["model"] == "backfill-demo" for line in outputs)

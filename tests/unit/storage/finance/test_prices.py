@@ -9,7 +9,7 @@ from decimal import Decimal
 import pytest
 
 from storage.finance.attribution import attribute_busy_seconds
-from storage.finance.prices import PriceBook, PriceVersion, cost_block, token_weighted_mean_batch_size
+from storage.finance.prices import PriceBook, PriceVersion, cost_block, price_job, token_weighted_mean_batch_size
 
 BOOK = PriceBook.from_dict(
     {
@@ -77,9 +77,10 @@ def test_unknown_window_and_bad_discount_are_rejected() -> None:
 
 
 def test_cost_block_bills_list_minus_discount_and_margin_over_compute() -> None:
-    block = BOOK.cost_for(
+    block = price_job(
+        BOOK,
         model="m",
-        at=datetime(2025, 7, 1, tzinfo=UTC),
+        created_at=datetime(2025, 7, 1, tzinfo=UTC),
         completion_window="24h",
         input_tokens=1_000_000,
         output_tokens=500_000,
@@ -156,3 +157,16 @@ def test_attribution_rejects_nothing_to_split_and_negatives() -> None:
         attribute_busy_seconds(-1, {"a": (1, 1)})
     with pytest.raises(ValueError):
         attribute_busy_seconds(1, {"a": (-1, 1)})
+
+
+def test_a_window_no_longer_offered_earns_no_discount() -> None:
+    block = price_job(
+        BOOK,
+        model="m",
+        created_at=datetime(2025, 7, 1, tzinfo=UTC),
+        completion_window="1h",
+        input_tokens=1_000_000,
+        output_tokens=0,
+        busy_seconds=Decimal(1),
+    )
+    assert block.list_usd == Decimal("0.5") and block.discount_usd == 0 and block.billed_usd == block.list_usd

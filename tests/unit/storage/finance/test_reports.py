@@ -179,3 +179,30 @@ def test_bad_report_windows_and_groups_are_rejected(
         args["group_by"] = parse_group_by(args.get("group_by"))  # type: ignore[arg-type]
         cost_report(session, settings=settings, **args)  # type: ignore[arg-type]
     assert error.value.param == param
+
+
+def test_a_job_spanning_two_days_splits_its_run_exactly_and_a_day_never_depends_on_the_window(
+    session: Session, settings: Settings
+) -> None:
+    job = make_batch(session, tenant=make_tenant(session, "acme"))
+    run = make_run(session, busy_seconds=10.0)
+    for index in range(6):  # three requests finish each day, the second day's twice as long
+        make_request(
+            session,
+            batch=job,
+            run=run,
+            prompt_tokens=100,
+            completion_tokens=50 if index < 3 else 100,
+            finished_at=DAY0 + 84_000 + index * 1_000,
+        )
+    both = cost_report(session, settings=settings, start_time=DAY0, end_time=DAY0 + 2 * DAY)
+    first_only = cost_report(session, settings=settings, start_time=DAY0, end_time=DAY0 + DAY)
+    second_only = cost_report(session, settings=settings, start_time=DAY0 + DAY, end_time=DAY0 + 2 * DAY)
+
+    day1, day2 = (bucket.results[0] for bucket in both)
+    assert first_only[0].results[0].compute_usd == day1.compute_usd  # the window asked for changes nothing
+    assert second_only[0].results[0].compute_usd == day2.compute_usd
+    block = batch_cost(session, batch=job, settings=settings)
+    assert block is not None and day1.gpu_seconds + day2.gpu_seconds == block.gpu_seconds  # to the last digit
+    # work = output + 0.2 x input: day 1 3 x (50 + 20) = 210, day 2 3 x (100 + 20) = 360
+    assert float(day1.gpu_seconds / block.gpu_seconds) == pytest.approx(210 / 570, rel=1e-9)

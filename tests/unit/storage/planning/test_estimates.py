@@ -27,7 +27,7 @@ def test_a_file_is_sized_from_its_max_tokens_and_bytes_even_across_chunk_boundar
     data = line(1, max_tokens=100) + line(2, max_completion_tokens=50, max_tokens=9) + line(3) + b"not json\n\n"
     chunks = [data[i : i + 7] for i in range(0, len(data), 7)]
 
-    shape = shape_of_jsonl(chunks)
+    shape = shape_of_jsonl(chunks, max_line_bytes=10_000, max_requests=100)
 
     assert (shape.requests, shape.output_tokens, shape.skipped_lines, shape.model) == (3, 100 + 50 + 256, 1, "m")
     sizes = [len(line(1, max_tokens=100)), len(line(2, max_completion_tokens=50, max_tokens=9)), len(line(3))]
@@ -35,9 +35,11 @@ def test_a_file_is_sized_from_its_max_tokens_and_bytes_even_across_chunk_boundar
 
 
 def test_embeddings_produce_no_output_tokens() -> None:
-    data = json.dumps({"custom_id": "e", "method": "POST", "url": "/v1/embeddings", "body": {"input": "hi"}})
+    body = {"model": "m", "input": "hi"}
+    data = json.dumps({"custom_id": "e", "method": "POST", "url": "/v1/embeddings", "body": body})
 
-    assert shape_of_jsonl([data.encode()]).output_tokens == 0
+    shape = shape_of_jsonl([data.encode()], max_line_bytes=10_000, max_requests=100)
+    assert shape.requests == 1 and shape.output_tokens == 0
 
 
 def test_throughput_is_measured_from_recent_runs_of_the_model(session: Session, settings: Settings) -> None:
@@ -73,7 +75,7 @@ def test_estimate_waits_for_the_backlog_and_prices_the_job_at_the_node_rate(
     batch = make_batch(session, tenant=make_tenant(session))
     for _ in range(10):
         make_request(session, batch=batch, status=lifecycle.REQ_QUEUED, max_tokens=1000)
-    job = shape_of_jsonl([line(i, max_tokens=2000) for i in range(10)])
+    job = shape_of_jsonl([line(i, max_tokens=2000) for i in range(10)], max_line_bytes=10_000, max_requests=100)
 
     estimate = estimate_job(session, model="fake-model", shape=job, settings=settings, at=DAY0)
 
@@ -89,7 +91,7 @@ def test_estimate_waits_for_the_backlog_and_prices_the_job_at_the_node_rate(
 
 
 def test_without_measurements_the_default_rate_is_used_and_said(session: Session, settings: Settings) -> None:
-    job = shape_of_jsonl([line(1, max_tokens=500)])
+    job = shape_of_jsonl([line(1, max_tokens=500)], max_line_bytes=10_000, max_requests=100)
 
     estimate = estimate_job(
         session, model="fake-model", shape=job, settings=settings, default_tokens_per_second=50.0, at=DAY0
