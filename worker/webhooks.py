@@ -51,12 +51,20 @@ def next_attempt_at(due: DueDelivery, *, at: float, settings: Settings) -> float
 
 
 def attempt(due: DueDelivery, settings: Settings) -> Outcome:
-    """One signed POST of the event to the endpoint; never raises."""
+    """One signed POST of the event to the endpoint; never raises (a failure is an attempt's outcome)."""
     started, clock = now_f(), time.perf_counter()
 
     def done(status: int | None, error: str | None, body: str | None = None) -> Outcome:
         return Outcome(started, int((time.perf_counter() - clock) * 1000), status, error, body)
 
+    try:
+        return _attempt(due, settings, done)
+    except Exception as error:  # a bug must not leave the row claimed and unrecorded, retried forever unseen
+        log.exception("webhook %s: unexpected failure", due.id)
+        return done(None, f"internal error: {type(error).__name__}: {error}")
+
+
+def _attempt(due: DueDelivery, settings: Settings, done: Callable[..., Outcome]) -> Outcome:
     try:
         target = resolve_target(due.url, TargetPolicy.from_settings(settings))
     except InvalidWebhookUrl as error:

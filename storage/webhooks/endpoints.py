@@ -65,7 +65,7 @@ def create_endpoint(
     endpoint = WebhookEndpoint(
         id=new_id("whep_"),
         tenant_id=tenant_id,
-        name=_check_name(name if name is not None else target.hostname),
+        name=_check_name(name if name is not None else target.hostname[:NAME_MAX_CHARS]),
         url=url,
         event_types=kinds,
         secret=new_secret(),

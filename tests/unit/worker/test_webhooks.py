@@ -44,4 +44,4 @@ def test_the_default_schedule_makes_a_few_dozen_attempts_over_72_hours() -> None
         if elapsed + delay > settings.webhook_retry_window_seconds:
             break
         elapsed, attempts = elapsed + delay, attempts + 1
-    assert 15 <= attempts <= 30 and elapsed > 60 * 3600
+    assert 24 <= attempts <= 36 and elapsed > 60 * 3600  # docs/webhooks.md states this range
