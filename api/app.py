@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from api import errors
 from api.finance import routes as costs
 from api.openai import batches, files, models
+from api.webhooks import routes as webhooks
 
 
 def create_app(*, health_extra: Callable[[], dict[str, Any]] | None = None) -> FastAPI:
@@ -21,6 +22,9 @@ def create_app(*, health_extra: Callable[[], dict[str, Any]] | None = None) -> F
     app.include_router(batches.router)
     app.include_router(models.router)
     app.include_router(costs.router)
+    app.include_router(webhooks.router, prefix="/v1/webhooks")
+    app.include_router(webhooks.router, prefix="/v1/webhook_endpoints")  # the path the openai SDK calls
+    app.include_router(webhooks.event_types_router)
 
     @app.get("/health", tags=["health"])
     def health() -> JSONResponse:

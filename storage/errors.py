@@ -62,3 +62,13 @@ class UploadTooLarge(BackfillError):
 
 class ModelNotFound(InvalidRequest):
     code = "model_not_found"
+
+
+class WebhookEndpointNotFound(NotFound):
+    code = "webhook_endpoint_not_found"
+
+
+class InvalidWebhookUrl(InvalidRequest):
+    """A webhook target that is malformed, not https, or resolves to an address we never send to."""
+
+    code = "invalid_webhook_url"

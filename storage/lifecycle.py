@@ -1,10 +1,14 @@
-"""Every batch status change goes through `transition`: it checks the move and stamps `*_at`."""
+"""Every batch status change goes through `transition`: it checks the move, stamps `*_at` and, for an end
+state, writes the webhook event into the outbox in the same transaction."""
 
 from __future__ import annotations
+
+from sqlalchemy.orm import object_session
 
 from storage.clock import now
 from storage.errors import BatchNotCancellable, IllegalTransition
 from storage.models import Batch
+from storage.webhooks.events import record_batch_event
 
 VALIDATING = "validating"
 FAILED = "failed"
@@ -47,12 +51,20 @@ def can_transition(current: str, target: str) -> bool:
 
 
 def transition(batch: Batch, target: str) -> None:
-    """Move `batch` to `target`, stamping its timestamp; raise IllegalTransition otherwise."""
+    """Move `batch` to `target`, stamping its timestamp; raise IllegalTransition otherwise.
+
+    An end state also adds its webhook event (and deliveries) to the batch's session, so the event
+    commits or rolls back with the status change itself. A batch in no session (unit tests) has no outbox.
+    """
     if not can_transition(batch.status, target):
         error = BatchNotCancellable if target == CANCELLING else IllegalTransition
         raise error(f"Cannot move batch {batch.id} from status '{batch.status}' to '{target}'.")
     batch.status = target
-    setattr(batch, _STAMP[target], now())
+    stamp = now()
+    setattr(batch, _STAMP[target], stamp)
+    session = object_session(batch)
+    if target in TERMINAL and session is not None:
+        record_batch_event(session, tenant_id=batch.tenant_id, batch_id=batch.id, status=target, at=stamp)
 
 
 # Request (queue row) statuses.

@@ -7,10 +7,10 @@ import re
 from decimal import Decimal
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, PositiveInt, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError as PydanticSettingsError
 
 
@@ -173,10 +173,46 @@ class Settings(BaseSettings):
     enqueued_token_limit: int | None = Field(default=None, ge=1)
     enqueued_token_limits: dict[str, PositiveInt] = Field(default_factory=dict)
 
+    # Webhooks (docs/webhooks.md): signed, retried with exponential backoff and jitter for up to the window.
+    webhook_allow_http: bool = False  # plain http:// targets (tests, a receiver on the same trusted host)
+    # Non-public networks a target may resolve to (JSON list or comma-separated CIDRs, e.g. "127.0.0.1/32").
+    # Empty: loopback, private, link-local, CGNAT and reserved addresses are refused. Cloud metadata always is.
+    webhook_allowed_networks: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    webhook_timeout_seconds: float = Field(default=10.0, gt=0, le=60)
+    webhook_retry_base_seconds: float = Field(default=5.0, gt=0)  # first retry after about this long
+    webhook_retry_max_interval_seconds: float = Field(default=6 * 3600.0, gt=0)  # the doubling stops here
+    webhook_retry_window_seconds: int = Field(default=72 * 3600, ge=1)  # give up this long after the event
+    webhook_endpoints_per_tenant_max: int = Field(default=20, ge=1, le=1000)
+    webhook_response_prefix_bytes: int = Field(default=1024, ge=0, le=65536)  # of each answer, kept per attempt
+    webhook_concurrency: int = Field(default=8, ge=1, le=64)  # deliveries sent at once by one deliverer
+    webhook_poll_seconds: float = Field(default=5.0, gt=0)  # how often due retries are looked for
+
     @field_validator("price_book", "models", "enqueued_token_limits", mode="before")
     @classmethod
     def _parse_json(cls, value: Any) -> Any:
         return json.loads(value) if isinstance(value, str) else value
+
+    @field_validator("webhook_allowed_networks", mode="before")
+    @classmethod
+    def _parse_networks(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [part.strip() for part in text.split(",") if part.strip()]
+        return value
+
+    @field_validator("webhook_allowed_networks")
+    @classmethod
+    def _networks_valid(cls, value: list[str]) -> list[str]:
+        import ipaddress
+
+        for network in value:
+            try:
+                ipaddress.ip_network(network, strict=False)
+            except ValueError:
+                raise ValueError(f"{network!r} is not a network like 127.0.0.1/32 or 10.0.0.0/8") from None
+        return value
 
     @field_validator("completion_windows", mode="before")
     @classmethod

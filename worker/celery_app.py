@@ -22,6 +22,7 @@ def make_celery() -> Celery:
         task_ignore_result=True,
         beat_schedule={
             "lease.reap": {"task": "lease.reap", "schedule": float(settings.reap_interval_seconds)},
+            "webhook.deliver": {"task": "webhook.deliver", "schedule": float(settings.webhook_poll_seconds)},
         },
         worker_hijack_root_logger=False,
     )

@@ -9,7 +9,7 @@ import time
 from storage.db import transaction
 from storage.queue.backlog import batches_ready_to_finalize
 from storage.wakeups import EventWaker, set_waker
-from worker import service
+from worker import service, webhooks
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,7 @@ class EmbeddedWorker:
                 for feeder in feeders:
                     busy |= feeder.serve_for(1.0, stop=self.stop)
                 busy |= self._finalize_ready()
+                webhooks.deliver_in_background(stop=self.stop)
             except Exception:
                 log.exception("embedded worker pass failed; retrying")
                 time.sleep(1.0)

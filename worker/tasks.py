@@ -6,7 +6,7 @@ import logging
 
 from storage.settings import get_settings
 from storage.wakeups import get_waker
-from worker import service
+from worker import service, webhooks
 from worker.celery_app import app
 
 log = logging.getLogger(__name__)
@@ -42,3 +42,9 @@ def batch_finalize(batch_id: str) -> str | None:
 def lease_reap() -> int:
     """Release expired leases, expire overdue batches, wake whoever has work."""
     return service.reap_once().requeued
+
+
+@app.task(name="webhook.deliver")
+def webhook_deliver() -> int:
+    """Send the webhook deliveries that are due (new events and retries)."""
+    return webhooks.deliver_due()

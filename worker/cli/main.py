@@ -1,4 +1,5 @@
-"""The `backfill` command: serve, migrate, keys, worker, beat, demo-model, plan, estimate, report.
+"""The `backfill` command: serve, migrate, keys, worker, beat, demo-model, plan, estimate, report; and the
+client commands for a remote server: submit, batches, files, webhooks.
 
 This package is the composition root: the one place that wires the API, storage and worker together
 for a process. Each command lives in its own module with `register(subparsers)`; they are imported
@@ -13,9 +14,23 @@ import os
 import sys
 
 from storage.settings import SettingsError, get_settings
-from worker.cli import beat, demo_model, estimate, keys, migrate, plan, report, serve, worker
+from worker.cli import (
+    batches,
+    beat,
+    demo_model,
+    estimate,
+    files,
+    keys,
+    migrate,
+    plan,
+    report,
+    serve,
+    submit,
+    webhooks,
+    worker,
+)
 
-COMMANDS = (serve, migrate, keys, worker, beat, demo_model, plan, estimate, report)
+COMMANDS = (serve, migrate, keys, worker, beat, demo_model, plan, estimate, report, submit, batches, files, webhooks)
 
 
 def main(argv: list[str] | None = None) -> int:
