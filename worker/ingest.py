@@ -25,7 +25,7 @@ from storage.models import Batch
 from storage.planning.admission import Admission, admission_check
 from storage.queue.backlog import open_jobs
 from storage.queue.prefixes import SharedPrefixes, prefix_key_of
-from storage.queue.rows import insert_rows, new_row, set_prefix_keys
+from storage.queue.rows import QueueWriter, new_row, set_prefix_keys
 from storage.settings import Settings
 from storage.tenants import tenant_name
 
@@ -80,20 +80,21 @@ def _stream_into_queue(
     pending: list[dict[str, Any]] = []
     prefixes = SharedPrefixes()
     chunks = blobs.open_stream(blob_key, chunk_bytes=settings.stream_chunk_bytes)
-    for number, raw in iter_lines(chunks, max_line_bytes=settings.line_max_bytes):
-        outcome = checker.check(number, raw, max_line_bytes=settings.line_max_bytes)
-        if isinstance(outcome, LineError):
-            errors.append(outcome)
-        elif isinstance(outcome, ParsedLine) and not errors:
-            row = new_row(batch, outcome, line_bytes=len(raw or b""))
-            prefixes.assign(row, prefix_key_of(outcome.url, outcome.body, chars=settings.prefix_chars))
-            pending.append(row)
-            if len(pending) >= INSERT_CHUNK:
-                insert_rows(session, pending)
-                pending.clear()
-                prefixes.inserted()
-    if pending and not errors:
-        insert_rows(session, pending)
+    with QueueWriter(session) as writer:
+        for number, raw in iter_lines(chunks, max_line_bytes=settings.line_max_bytes):
+            outcome = checker.check(number, raw, max_line_bytes=settings.line_max_bytes)
+            if isinstance(outcome, LineError):
+                errors.append(outcome)
+            elif isinstance(outcome, ParsedLine) and not errors:
+                row = new_row(batch, outcome, line_bytes=len(raw or b""))
+                prefixes.assign(row, prefix_key_of(outcome.url, outcome.body, chars=settings.prefix_chars))
+                pending.append(row)
+                if len(pending) >= INSERT_CHUNK:  # rows wait this long so most first rows of a prefix get its key
+                    writer.write(pending)
+                    pending.clear()
+                    prefixes.inserted()
+        if pending and not errors:
+            writer.write(pending)
     if prefixes.late_keys and not errors:
         set_prefix_keys(session, prefixes.late_keys)
     if batch.model is None:  # the first line was unreadable at create: the batch fails validation anyway
