@@ -5,7 +5,7 @@ about a third of the server's time in a 200 MB ingest (measured: 3.0 s -> 1.9 s 
 lines). Where lz4 is not available the columns keep pglz; SQLite has nothing to change.
 
 Revision ID: 0012_queue_body_lz4
-Revises: 0003
+Revises: 0005_webhooks
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from alembic import op
 
 revision = "0012_queue_body_lz4"
-down_revision = "0003"
+down_revision = "0005_webhooks"
 branch_labels = None
 depends_on = None
 
