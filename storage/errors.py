@@ -62,3 +62,13 @@ class UploadTooLarge(BackfillError):
 
 class ModelNotFound(InvalidRequest):
     code = "model_not_found"
+
+
+class LinksUnavailable(InvalidRequest):
+    """Presigned links need S3: the local-folder store has no URLs of its own."""
+
+    code = "presigned_urls_unavailable"
+
+
+class ManifestNotFound(NotFound):
+    code = "manifest_not_found"

@@ -173,6 +173,19 @@ class Settings(BaseSettings):
     enqueued_token_limit: int | None = Field(default=None, ge=1)
     enqueued_token_limits: dict[str, PositiveInt] = Field(default_factory=dict)
 
+    # Metrics (docs/operations.md). Workers and beat serve /metrics on `metrics_port` (0: off); the API on
+    # its own port. Set `metrics_token` to require `Authorization: Bearer <token>` on the API's /metrics.
+    metrics_port: int = Field(default=9464, ge=0, le=65535)
+    metrics_token: str | None = None
+    metrics_cache_seconds: float = Field(default=10.0, ge=0, le=300)  # queue gauges: one DB read per interval
+    metrics_tenants_max: int = Field(default=50, ge=0, le=1000)  # tenants labelled by name; the rest "_other"
+    metrics_goodput_window_seconds: int = Field(default=86400, ge=60)  # goodput of deadlines passed in it
+    # Object layout (storage/blobs/layout.py): keys start with this prefix (no leading or trailing "/").
+    object_prefix: str = Field(default="", pattern=r"^([A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*)?$", max_length=200)
+    # Presigned links (a Backfill extension): default and longest expiry; S3 signs for at most 7 days.
+    presign_default_seconds: int = Field(default=3600, ge=1, le=604800)
+    presign_max_seconds: int = Field(default=604800, ge=1, le=604800)
+
     @field_validator("price_book", "models", "enqueued_token_limits", mode="before")
     @classmethod
     def _parse_json(cls, value: Any) -> Any:
@@ -203,6 +216,8 @@ class Settings(BaseSettings):
     def _s3_complete(self) -> Settings:
         if self.s3_endpoint_url and not self.s3_bucket:
             raise ValueError("BACKFILL_S3_BUCKET is required when BACKFILL_S3_ENDPOINT_URL is set")
+        if self.presign_default_seconds > self.presign_max_seconds:
+            raise ValueError("BACKFILL_PRESIGN_DEFAULT_SECONDS must not exceed BACKFILL_PRESIGN_MAX_SECONDS")
         return self
 
     @property
