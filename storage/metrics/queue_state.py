@@ -80,7 +80,10 @@ def read_snapshot(previous: Snapshot | None = None) -> Snapshot:
             finished[(model, label, "completed")] += completed
             finished[(model, label, "failed")] += failed
         snap.open, snap.finished = dict(open_counts), dict(finished)
-        snap.batches = {(model, status): count for model, status, count in batches_by_status(session)}
+        batches: dict[tuple[str, str], int] = defaultdict(int)
+        for model, status, count in batches_by_status(session):
+            batches[(model, status)] += count
+        snap.batches = dict(batches)
         snap.oldest = oldest_queued(session)
         models = set(settings.served_models()) | {model for model, _, _ in snap.open}
         snap.deadlines = {m: deadline_state(session, model=m, settings=settings, at=at) for m in sorted(models)}
@@ -110,14 +113,16 @@ class QueueStateCollector(Collector):
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._snapshot: Snapshot | None = None
+        self._database = ""  # the snapshot's database: another one (tests, a re-configured process) reads anew
 
     def snapshot(self) -> Snapshot:
         """The cached snapshot, re-read once it is older than `metrics_cache_seconds` (single flight)."""
-        ttl = get_settings().metrics_cache_seconds
+        settings = get_settings()
         with self._lock:
-            current = self._snapshot
-            if current is not None and time.monotonic() - current.read_at < ttl:
+            current = self._snapshot if self._database == settings.sqlalchemy_url else None
+            if current is not None and time.monotonic() - current.read_at < settings.metrics_cache_seconds:
                 return current
+            self._database = settings.sqlalchemy_url
             try:
                 self._snapshot = read_snapshot(current)
             except Exception as error:  # a scrape must answer even when the database does not

@@ -35,20 +35,16 @@ def finished_requests(session: Session) -> list[tuple[str, str, int, int]]:
     """(model, tenant id, completed, failed) over every batch: the live counts each batch keeps."""
     rows = session.execute(
         select(
-            func.coalesce(Batch.model, ""),
-            Batch.tenant_id,
-            func.sum(Batch.request_completed),
-            func.sum(Batch.request_failed),
-        ).group_by(func.coalesce(Batch.model, ""), Batch.tenant_id)
+            Batch.model, Batch.tenant_id, func.sum(Batch.request_completed), func.sum(Batch.request_failed)
+        ).group_by(Batch.model, Batch.tenant_id)
     ).all()
-    return [(model, tenant, int(done or 0), int(failed or 0)) for model, tenant, done, failed in rows]
+    return [(model or "", tenant, int(done or 0), int(failed or 0)) for model, tenant, done, failed in rows]
 
 
 def batches_by_status(session: Session) -> list[tuple[str, str, int]]:
     """(model, status, count) of batches; a batch refused before its model was known has model ""."""
-    model = func.coalesce(Batch.model, "")
-    rows = session.execute(select(model, Batch.status, func.count()).group_by(model, Batch.status)).all()
-    return [(name, status, int(count)) for name, status, count in rows]
+    rows = session.execute(select(Batch.model, Batch.status, func.count()).group_by(Batch.model, Batch.status)).all()
+    return [(model or "", status, int(count)) for model, status, count in rows]
 
 
 def oldest_queued(session: Session) -> dict[str, int]:
