@@ -4,7 +4,7 @@ The database is the truth, so depths, deadlines and goodput are read from it rat
 process: any API replica reports the same numbers (dashboards take `max` across instances). One snapshot
 is read in one short transaction and reused for `metrics_cache_seconds`; concurrent scrapes wait for the
 one read in progress instead of starting their own, so a scrape storm costs one read per interval.
-Goodput, the heaviest read, is refreshed at most once a minute.
+Goodput, the heaviest read, is refreshed every sixth interval (once a minute by default).
 
 Tenants are labelled by name for the `metrics_tenants_max` oldest tenants (a stable set, so a series never
 changes hands); every other tenant is summed into `tenant="_other"`.
@@ -39,7 +39,8 @@ from storage.tenants import first_tenants
 log = logging.getLogger(__name__)
 
 OTHER_TENANTS = "_other"
-GOODPUT_REFRESH_SECONDS = 60.0
+GOODPUT_REFRESH_INTERVALS = 6  # goodput is re-read every 6th cache interval (a minute by default)
+FUTURE_SECONDS = 366 * 86400  # open batches' deadlines lie ahead (completion windows are days at most)
 GOODPUT_RESULTS = ("completed_on_time", "completed_late", "failed", "expired", "cancelled", "open")
 
 
@@ -87,11 +88,13 @@ def read_snapshot(previous: Snapshot | None = None) -> Snapshot:
         snap.oldest = oldest_queued(session)
         models = set(settings.served_models()) | {model for model, _, _ in snap.open}
         snap.deadlines = {m: deadline_state(session, model=m, settings=settings, at=at) for m in sorted(models)}
-        if previous is not None and time.monotonic() - previous.goodput_at < GOODPUT_REFRESH_SECONDS:
+        refresh = GOODPUT_REFRESH_INTERVALS * settings.metrics_cache_seconds
+        if previous is not None and time.monotonic() - previous.goodput_at < refresh:
             snap.goodput, snap.goodput_at = previous.goodput, previous.goodput_at
         else:
             window = settings.metrics_goodput_window_seconds
-            results = goodput_by_model(session, deadline_from=int(at) - window, deadline_to=int(at))
+            # Recent and current batches: deadlines from `window` ago on (open ones count once decided).
+            results = goodput_by_model(session, deadline_from=int(at) - window, deadline_to=int(at) + FUTURE_SECONDS)
             snap.goodput = {model: _goodput_values(result.to_json()) for model, result in results.items()}
             snap.goodput_at = time.monotonic()
     snap.read_seconds = time.perf_counter() - started
@@ -100,10 +103,11 @@ def read_snapshot(previous: Snapshot | None = None) -> Snapshot:
 
 
 def _goodput_values(result: dict[str, object]) -> dict[str, float]:
+    """The counts by result, and the ratio over decided requests (open ones are not decided yet)."""
     values = {name: float(result[name]) for name in GOODPUT_RESULTS}  # type: ignore[arg-type]
-    ratio = result["goodput"]
-    if ratio is not None:
-        values["ratio"] = float(ratio)  # type: ignore[arg-type]
+    decided = float(result["accepted"]) - values["open"]  # type: ignore[arg-type]
+    if decided > 0:
+        values["ratio"] = values["completed_on_time"] / decided
     return values
 
 
@@ -218,7 +222,8 @@ def _goodput_families(snap: Snapshot) -> Iterator[GaugeMetricFamily]:
     items = sorted(snap.goodput.items())
     yield _gauge(
         "backfill_goodput_ratio",
-        "Requests completed by their deadline / requests accepted, over deadlines of the goodput window.",
+        "Requests completed by their deadline / requests decided (accepted and no longer open), over batches "
+        "whose deadline is at most the goodput window ago.",
         ["model"],
         [([model], values["ratio"]) for model, values in items if "ratio" in values],
     )

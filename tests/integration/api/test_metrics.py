@@ -14,6 +14,7 @@ from storage.metrics.queue_state import QUEUE_STATE
 from tests.conftest import LiveServer, make_key
 from tests.integration.api.conftest import FAKE_MODELS
 from tests.integration.api.helpers import chat_line, read_lines, to_jsonl, upload, wait_for
+from tests.observability import named_metrics
 from tests.scrape import scrape, total, value
 
 ENV = {"BACKFILL_MODELS": FAKE_MODELS, "BACKFILL_METRICS_CACHE_SECONDS": "0"}
@@ -62,6 +63,12 @@ def test_a_finished_batch_shows_on_metrics_with_its_requests_tokens_cost_and_eng
     assert value(after, "backfill_engine_max_num_seqs", **model) == 8
     assert value(after, "backfill_queue_state_up") == 1
     assert {"backfill_s3_errors", "backfill_database_errors", "backfill_webhook_deliveries"} <= families
+    assert value(after, "backfill_goodput_ratio", **model) == 1.0
+    assert value(after, "backfill_goodput_requests", result="completed_on_time", **model) == 12
+    # Everything the dashboard and the alert rules name is on this live /metrics (API + embedded worker):
+    # as samples, or as a declared family with nothing to report now (no open work: no earliest deadline).
+    exposed = {name for name, _ in after} | families
+    assert named_metrics() - {"up"} <= exposed, sorted(named_metrics() - {"up"} - exposed)
 
 
 def test_tenants_past_the_label_limit_share_one_series(api: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
