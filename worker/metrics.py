@@ -112,7 +112,9 @@ def observed_ingest(ingest: Callable[P, str]) -> Callable[P, str]:
     @functools.wraps(ingest)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> str:
         session, batch_id = cast(Session, args[0]), str(kwargs["batch_id"])
-        before = get_batch(session, tenant_id=None, batch_id=batch_id).status
+        # Read under the row lock ingest takes anyway: a concurrent duplicate pass waits here, then sees the
+        # batch already ingested and counts nothing.
+        before = get_batch(session, tenant_id=None, batch_id=batch_id, lock=True).status
         started = time.perf_counter()
         status = ingest(*args, **kwargs)
         if before == lifecycle.VALIDATING:
