@@ -99,6 +99,8 @@ class ModelSpec(BaseModel):
 
 
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# An object key prefix: "" or plain segments such as "backfill/prod" (no leading "/", "..", "a//b").
+_PLAIN_KEY_PREFIX = r"^([A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*)?$"
 
 
 def window_seconds(window: str) -> int:
@@ -181,7 +183,7 @@ class Settings(BaseSettings):
     metrics_tenants_max: int = Field(default=50, ge=0, le=1000)  # tenants labelled by name; the rest "_other"
     metrics_goodput_window_seconds: int = Field(default=86400, ge=60)  # goodput of batches due since then or later
     # Object layout (storage/blobs/layout.py): keys start with this prefix (no leading or trailing "/").
-    object_prefix: str = Field(default="", pattern=r"^([A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*)?$", max_length=200)
+    object_prefix: str = Field(default="", pattern=_PLAIN_KEY_PREFIX, max_length=200)
     # Presigned links (a Backfill extension): default and longest expiry; S3 signs for at most 7 days.
     presign_default_seconds: int = Field(default=3600, ge=1, le=604800)
     presign_max_seconds: int = Field(default=604800, ge=1, le=604800)
