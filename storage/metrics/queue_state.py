@@ -7,7 +7,8 @@ one read in progress instead of starting their own, so a scrape storm costs one 
 Goodput, the heaviest read, is refreshed every sixth interval (once a minute by default).
 
 Tenants are labelled by name for the `metrics_tenants_max` oldest tenants (a stable set, so a series never
-changes hands); every other tenant is summed into `tenant="_other"`.
+changes hands); every other tenant is summed into `tenant="_other"`. Models are the registry's; rows of any
+other model (removed since, or the unserved name of a refused batch) count as `model="_other"`.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from storage.tenants import first_tenants
 log = logging.getLogger(__name__)
 
 OTHER_TENANTS = "_other"
+OTHER_MODELS = "_other"
 GOODPUT_REFRESH_INTERVALS = 6  # goodput is re-read every 6th cache interval (a minute by default)
 FUTURE_SECONDS = 366 * 86400  # open batches' deadlines lie ahead (completion windows are days at most)
 GOODPUT_RESULTS = ("completed_on_time", "completed_late", "failed", "expired", "cancelled", "open")
@@ -64,30 +66,35 @@ def _tenant_label(names: dict[str, str], tenant_id: str) -> str:
     return names.get(tenant_id, OTHER_TENANTS)
 
 
+def _model_label(served: set[str], model: str) -> str:
+    """A served model's name; anything else (a model since removed, a refused batch's unserved name) is "_other"."""
+    return model if model in served else OTHER_MODELS
+
+
 def read_snapshot(previous: Snapshot | None = None) -> Snapshot:
     """Read the queue's state in one transaction (goodput carried over from `previous` while fresh)."""
     settings = get_settings()
     started = time.perf_counter()
     at = now_f()
     snap = Snapshot(read_at=time.monotonic())
+    served = set(settings.served_models())
     with transaction() as session:
         names = first_tenants(session, limit=settings.metrics_tenants_max)
         open_counts: dict[tuple[str, str, str], int] = defaultdict(int)
         for model, tenant, status, count in open_requests(session):
-            open_counts[(model, _tenant_label(names, tenant), status)] += count
+            open_counts[(_model_label(served, model), _tenant_label(names, tenant), status)] += count
         finished: dict[tuple[str, str, str], int] = defaultdict(int)
         for model, tenant, completed, failed in finished_requests(session):
-            label = _tenant_label(names, tenant)
-            finished[(model, label, "completed")] += completed
-            finished[(model, label, "failed")] += failed
+            key = (_model_label(served, model), _tenant_label(names, tenant))
+            finished[(*key, "completed")] += completed
+            finished[(*key, "failed")] += failed
         snap.open, snap.finished = dict(open_counts), dict(finished)
         batches: dict[tuple[str, str], int] = defaultdict(int)
         for model, status, count in batches_by_status(session):
-            batches[(model, status)] += count
+            batches[(_model_label(served, model), status)] += count
         snap.batches = dict(batches)
-        snap.oldest = oldest_queued(session)
-        models = set(settings.served_models()) | {model for model, _, _ in snap.open}
-        snap.deadlines = {m: deadline_state(session, model=m, settings=settings, at=at) for m in sorted(models)}
+        snap.oldest = {m: at for m, at in oldest_queued(session).items() if m in served}
+        snap.deadlines = {m: deadline_state(session, model=m, settings=settings, at=at) for m in sorted(served)}
         refresh = GOODPUT_REFRESH_INTERVALS * settings.metrics_cache_seconds
         if previous is not None and time.monotonic() - previous.goodput_at < refresh:
             snap.goodput, snap.goodput_at = previous.goodput, previous.goodput_at
@@ -95,7 +102,7 @@ def read_snapshot(previous: Snapshot | None = None) -> Snapshot:
             window = settings.metrics_goodput_window_seconds
             # Recent and current batches: deadlines from `window` ago on (open ones count once decided).
             results = goodput_by_model(session, deadline_from=int(at) - window, deadline_to=int(at) + FUTURE_SECONDS)
-            snap.goodput = {model: _goodput_values(result.to_json()) for model, result in results.items()}
+            snap.goodput = {m: _goodput_values(result.to_json()) for m, result in results.items() if m in served}
             snap.goodput_at = time.monotonic()
     snap.read_seconds = time.perf_counter() - started
     snap.ok = True

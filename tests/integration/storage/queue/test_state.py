@@ -83,3 +83,12 @@ def test_the_collector_reports_running_and_queued_requests_by_tenant(backend: Ba
     assert [(s.labels["model"], s.value) for s in at_risk] == [("fake-model", 0.0)]
     with transaction() as session:
         assert finished_requests(session) == [("fake-model", finished_requests(session)[0][1], 0, 0)]
+
+
+def test_a_model_name_nobody_serves_never_becomes_a_label(backend: Backend, settings: Settings) -> None:
+    for i in range(3):  # a client trying model names: each batch is refused at ingest
+        _, status = submit_job([chat(0, model=f"made-up-{i}")])
+        assert status == "failed"
+    families = {family.name: family for family in QueueStateCollector().collect()}
+    labels = {(s.labels["model"], s.labels["status"], s.value) for s in families["backfill_batches"].samples}
+    assert labels == {("_other", "failed", 3.0)}
