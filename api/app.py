@@ -8,7 +8,8 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from api import errors
+from api import errors, results
+from api import metrics as prometheus
 from api.finance import routes as costs
 from api.openai import batches, files, models
 from api.webhooks import routes as webhooks
@@ -25,6 +26,8 @@ def create_app(*, health_extra: Callable[[], dict[str, Any]] | None = None) -> F
     app.include_router(webhooks.router, prefix="/v1/webhooks")
     app.include_router(webhooks.router, prefix="/v1/webhook_endpoints")  # the path the openai SDK calls
     app.include_router(webhooks.event_types_router)
+    app.include_router(results.router)
+    app.include_router(prometheus.router)
 
     @app.get("/health", tags=["health"])
     def health() -> JSONResponse:

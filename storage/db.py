@@ -8,8 +8,10 @@ from functools import lru_cache
 
 import orjson
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.orm import Session, sessionmaker
 
+from storage.metrics.events import count_database_error
 from storage.settings import get_settings
 
 
@@ -24,6 +26,11 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:  # type: ignore[no-untyp
 
 def _json(value: object) -> str:
     return orjson.dumps(value).decode()
+
+
+def _count_error(context: ExceptionContext) -> None:
+    error = context.sqlalchemy_exception
+    count_database_error(type(error).__name__ if error is not None else "other")
 
 
 def make_engine(url: str) -> Engine:
@@ -51,7 +58,9 @@ def get_engine() -> Engine:
     settings = get_settings()
     if settings.database_url is None:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-    return make_engine(settings.sqlalchemy_url)
+    engine = make_engine(settings.sqlalchemy_url)
+    event.listen(engine, "handle_error", _count_error)  # backfill_database_errors_total
+    return engine
 
 
 @lru_cache(maxsize=1)

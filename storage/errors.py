@@ -72,3 +72,13 @@ class InvalidWebhookUrl(InvalidRequest):
     """A webhook target that is malformed, not https, or resolves to an address we never send to."""
 
     code = "invalid_webhook_url"
+
+
+class LinksUnavailable(InvalidRequest):
+    """Presigned links need S3: the local-folder store has no URLs of its own."""
+
+    code = "presigned_urls_unavailable"
+
+
+class ManifestNotFound(NotFound):
+    code = "manifest_not_found"

@@ -8,10 +8,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from storage.blobs import BlobStore
+from storage.blobs.layout import input_file_key, tenant_segment
 from storage.clock import now
 from storage.errors import FileNotFound
 from storage.ids import new_id
 from storage.models import File
+from storage.tenants import tenant_name
 
 
 def create_file(
@@ -26,7 +28,8 @@ def create_file(
 ) -> File:
     """Stream `chunks` into object storage and record the file row (key, size, checksum)."""
     file_id = file_id or new_id("file-")
-    stored = blobs.put_stream(blob_key_for(file_id), chunks)
+    key = input_file_key(tenant=tenant_folder(session, tenant_id=tenant_id), file_id=file_id)
+    stored = blobs.put_stream(key, chunks)
     row = File(
         id=file_id,
         tenant_id=tenant_id,
@@ -42,13 +45,13 @@ def create_file(
     return row
 
 
-def blob_key_for(file_id: str) -> str:
-    """Where a file's bytes live in object storage: the one key rule for uploads and result files."""
-    return f"files/{file_id}"
+def tenant_folder(session: Session, *, tenant_id: str) -> str:
+    """The tenant's folder in object storage (the key rule itself is storage/blobs/layout.py)."""
+    return tenant_segment(tenant_id=tenant_id, tenant_name=tenant_name(session, tenant_id=tenant_id))
 
 
 def record_result_file(
-    session: Session, *, file_id: str, tenant_id: str, filename: str, size: int, sha256: str
+    session: Session, *, file_id: str, tenant_id: str, filename: str, blob_key: str, size: int, sha256: str
 ) -> File:
     """The row of a result file whose object is already written (idempotent: a finalize re-run keeps the row)."""
     row = session.get(File, file_id)
@@ -59,7 +62,7 @@ def record_result_file(
             filename=filename,
             purpose="batch_output",
             bytes=size,
-            blob_key=blob_key_for(file_id),
+            blob_key=blob_key,
             sha256=sha256,
             created_at=now(),
         )

@@ -87,6 +87,8 @@ class Batch(Base):
     warnings: Mapped[list[Any] | None] = mapped_column(JSON)
     output_file_id: Mapped[str | None] = mapped_column(String(64))
     error_file_id: Mapped[str | None] = mapped_column(String(64))
+    # The key of manifest.json (storage/manifests.py), written when the batch ended with results.
+    manifest_key: Mapped[str | None] = mapped_column(String(512))
     request_total: Mapped[int] = mapped_column(Integer, default=0)
     request_completed: Mapped[int] = mapped_column(Integer, default=0)
     request_failed: Mapped[int] = mapped_column(Integer, default=0)

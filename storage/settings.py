@@ -99,6 +99,8 @@ class ModelSpec(BaseModel):
 
 
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+# An object key prefix: "" or plain segments such as "backfill/prod" (no leading "/", "..", "a//b").
+_PLAIN_KEY_PREFIX = r"^([A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*)?$"
 
 
 def window_seconds(window: str) -> int:
@@ -186,6 +188,18 @@ class Settings(BaseSettings):
     webhook_response_prefix_bytes: int = Field(default=1024, ge=0, le=65536)  # of each answer, kept per attempt
     webhook_concurrency: int = Field(default=8, ge=1, le=64)  # deliveries sent at once by one deliverer
     webhook_poll_seconds: float = Field(default=5.0, gt=0)  # how often due retries are looked for
+    # Metrics (docs/operations.md). Workers and beat serve /metrics on `metrics_port` (0: off); the API on
+    # its own port. Set `metrics_token` to require `Authorization: Bearer <token>` on the API's /metrics.
+    metrics_port: int = Field(default=9464, ge=0, le=65535)
+    metrics_token: str | None = None
+    metrics_cache_seconds: float = Field(default=10.0, ge=0, le=300)  # queue gauges: one DB read per interval
+    metrics_tenants_max: int = Field(default=50, ge=0, le=1000)  # tenants labelled by name; the rest "_other"
+    metrics_goodput_window_seconds: int = Field(default=86400, ge=60)  # goodput of batches due since then or later
+    # Object layout (storage/blobs/layout.py): keys start with this prefix (no leading or trailing "/").
+    object_prefix: str = Field(default="", pattern=_PLAIN_KEY_PREFIX, max_length=200)
+    # Presigned links (a Backfill extension): default and longest expiry; S3 signs for at most 7 days.
+    presign_default_seconds: int = Field(default=3600, ge=1, le=604800)
+    presign_max_seconds: int = Field(default=604800, ge=1, le=604800)
 
     @field_validator("price_book", "models", "enqueued_token_limits", mode="before")
     @classmethod
@@ -239,6 +253,8 @@ class Settings(BaseSettings):
     def _s3_complete(self) -> Settings:
         if self.s3_endpoint_url and not self.s3_bucket:
             raise ValueError("BACKFILL_S3_BUCKET is required when BACKFILL_S3_ENDPOINT_URL is set")
+        if self.presign_default_seconds > self.presign_max_seconds:
+            raise ValueError("BACKFILL_PRESIGN_DEFAULT_SECONDS must not exceed BACKFILL_PRESIGN_MAX_SECONDS")
         return self
 
     @property

@@ -1,14 +1,16 @@
-"""Finalize: once every request of a batch is terminal, write output.jsonl and errors.jsonl.
+"""Finalize: once every request of a batch is terminal, write output.jsonl, errors.jsonl and manifest.json.
 
-Three short steps, so no transaction spans the upload: mark `finalizing`, stream the files, then record
-them and the end state. File ids are derived from the batch id, so a re-run after a crash overwrites
-the same objects instead of leaving a second copy.
+Three short steps, so no transaction spans the upload of a result file: mark `finalizing`, stream the
+files, then record them and the end state and write the small manifest naming them (storage/manifests.py).
+File ids and keys are derived from the batch id, so a re-run after a crash overwrites the same objects
+instead of leaving a second copy.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from collections.abc import Iterator
 
 import orjson
@@ -16,12 +18,16 @@ from sqlalchemy.orm import Session
 
 from storage import lifecycle
 from storage.batches import get_batch
-from storage.blobs import BlobStore
+from storage.blobs import BlobStore, StoredBlob
+from storage.blobs.layout import BatchObject, batch_object_key
 from storage.db import transaction
-from storage.files import blob_key_for, record_result_file
+from storage.files import record_result_file, tenant_folder
 from storage.lines import result_line
+from storage.manifests import write_manifest
+from storage.metrics.events import observe_finalized
 from storage.queue.backlog import open_count
 from storage.queue.results import has_expired_requests, iter_results
+from storage.settings import get_settings
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +37,8 @@ _FAILURE = (lifecycle.REQ_FAILED, lifecycle.REQ_EXPIRED, lifecycle.REQ_CANCELLED
 
 
 def finalize_batch(blobs: BlobStore, *, batch_id: str) -> str | None:
-    """Write the result files of a batch whose requests are all terminal; return its end status."""
+    """Write the result files and manifest of a batch whose requests are all terminal; return its end status."""
+    started = time.perf_counter()
     with transaction() as session:
         batch = get_batch(session, tenant_id=None, batch_id=batch_id, lock=True)
         if batch.status not in (lifecycle.IN_PROGRESS, lifecycle.CANCELLING, lifecycle.FINALIZING):
@@ -42,8 +49,9 @@ def finalize_batch(blobs: BlobStore, *, batch_id: str) -> str | None:
         if target == lifecycle.COMPLETED and batch.status == lifecycle.IN_PROGRESS:
             lifecycle.transition(batch, lifecycle.FINALIZING)
         tenant_id = batch.tenant_id
+        folder = tenant_folder(session, tenant_id=tenant_id)
     written = {
-        kind: _write(blobs, batch_id=batch_id, kind=kind, statuses=statuses)
+        kind: _write(blobs, batch_id=batch_id, kind=kind, folder=folder, statuses=statuses)
         for kind, statuses in (("output", _SUCCESS), ("errors", _FAILURE))
     }
     with transaction() as session:
@@ -53,18 +61,26 @@ def finalize_batch(blobs: BlobStore, *, batch_id: str) -> str | None:
         for kind, stored in written.items():
             if stored is None:
                 continue
-            file_id, size, digest = stored
+            file_id, blob = stored
             filename = f"{batch_id}_{kind}.jsonl"
             record_result_file(
-                session, file_id=file_id, tenant_id=tenant_id, filename=filename, size=size, sha256=digest
+                session,
+                file_id=file_id,
+                tenant_id=tenant_id,
+                filename=filename,
+                blob_key=blob.key,
+                size=blob.size,
+                sha256=blob.sha256,
             )
             if kind == "output":
                 batch.output_file_id = file_id
             else:
                 batch.error_file_id = file_id
         lifecycle.transition(batch, target)
-        log.info("batch %s finalized as %s", batch_id, target)
-        return target
+        manifest = write_manifest(session, blobs, batch=batch, folder=folder, settings=get_settings())
+    observe_finalized(manifest, seconds=time.perf_counter() - started)
+    log.info("batch %s finalized as %s", batch_id, target)
+    return target
 
 
 def _end_state(session: Session, *, status: str, batch_id: str) -> str:
@@ -79,15 +95,19 @@ def result_file_id(batch_id: str, kind: str) -> str:
     return "file-" + hashlib.sha256(f"{batch_id}:{kind}".encode()).hexdigest()[:24]
 
 
-def _write(blobs: BlobStore, *, batch_id: str, kind: str, statuses: tuple[str, ...]) -> tuple[str, int, str] | None:
+def _write(
+    blobs: BlobStore, *, batch_id: str, kind: str, folder: str, statuses: tuple[str, ...]
+) -> tuple[str, StoredBlob] | None:
     file_id = result_file_id(batch_id, kind)
+    name: BatchObject = "output.jsonl" if kind == "output" else "errors.jsonl"
+    key = batch_object_key(tenant=folder, batch_id=batch_id, name=name)
     with transaction() as session:
         lines = _result_lines(session, batch_id=batch_id, statuses=statuses)
         first = next(lines, None)
         if first is None:
             return None
-        stored = blobs.put_stream(blob_key_for(file_id), _chunks(first, lines))
-    return file_id, stored.size, stored.sha256
+        stored = blobs.put_stream(key, _chunks(first, lines))
+    return file_id, stored
 
 
 def _chunks(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:

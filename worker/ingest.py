@@ -28,6 +28,7 @@ from storage.queue.prefixes import SharedPrefixes, prefix_key_of
 from storage.queue.rows import QueueWriter, new_row, set_prefix_keys
 from storage.settings import Settings
 from storage.tenants import tenant_name
+from worker.metrics import observed_ingest
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,7 @@ INSERT_CHUNK = 2000
 Problem = dict[str, Any]  # a batch-level entry of `errors.data` / `warnings.data`
 
 
+@observed_ingest
 def ingest_batch(session: Session, blobs: BlobStore, settings: Settings, *, batch_id: str) -> str:
     """Validate a `validating` batch and enqueue its lines; return the batch's new status."""
     batch = get_batch(session, tenant_id=None, batch_id=batch_id, lock=True)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
+from storage.metrics.events import count_lease_expiries
 from storage.queue.backlog import batches_ready_to_finalize, models_waiting_unserved
 from storage.queue.reaping import expire_overdue, release_expired_leases
 
@@ -28,6 +29,7 @@ class Reaped:
 def reap(session: Session) -> Reaped:
     """One reaper pass (one transaction)."""
     requeued = release_expired_leases(session, max_attempts=MAX_ATTEMPTS)
+    count_lease_expiries(requeued)
     expired = expire_overdue(session)
     ready = batches_ready_to_finalize(session)
     # Wake a model's GPU worker only when its queue waits and no worker holds any of its rows: a busy

@@ -28,6 +28,7 @@ from storage.queue.claim import claim
 from storage.queue.results import Outcome, record, release, renew
 from storage.settings import Settings
 from worker.engine import Engine, EngineRequest, EngineResult
+from worker.metrics import probe
 
 log = logging.getLogger(__name__)
 
@@ -181,6 +182,7 @@ class Runner:
                 limit=want,
                 lease_seconds=self.settings.lease_seconds,
             )
+        probe(self).claimed(claimed)
         self._queue_backlog = len(claimed) == want
         if len(claimed) < want:
             self._last_empty_claim = time.monotonic()
@@ -246,6 +248,7 @@ class Runner:
                 outcomes=[_outcome(result) for result in results],
             )
             done = [batch_id for batch_id in touched if not open_count(session, batch_id=batch_id)]
+        probe(self).flushed(self, results)
         for batch_id in done:
             if self.on_batch_done is not None:
                 self.on_batch_done(batch_id)

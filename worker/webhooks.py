@@ -20,6 +20,7 @@ import httpx
 from storage.clock import now, now_f
 from storage.db import transaction
 from storage.errors import InvalidWebhookUrl
+from storage.metrics.events import WebhookOutcome, count_webhook_delivery
 from storage.settings import Settings, get_settings
 from storage.webhooks.deliveries import DueDelivery, Outcome, claim_due, record_attempt
 from storage.webhooks.signing import signature_headers
@@ -89,6 +90,17 @@ def _attempt(due: DueDelivery, settings: Settings, done: Callable[..., Outcome])
     return done(status, problem, prefix)
 
 
+def _metric_outcome(outcome: Outcome, *, gave_up: bool) -> WebhookOutcome:
+    """The bounded label an attempt counts under in `backfill_webhook_deliveries_total`."""
+    if outcome.delivered:
+        return "delivered"
+    if gave_up:
+        return "gave_up"
+    if outcome.error is not None and outcome.error.startswith("refused"):
+        return "refused"
+    return "http_error" if outcome.status_code is not None else "network_error"
+
+
 def post(target: Target, headers: dict[str, str], body: bytes, settings: Settings) -> tuple[int, str, str]:
     """POST to the checked address (no proxy, no redirects, one connection); return status, body prefix, Location.
 
@@ -139,6 +151,7 @@ def deliver_due(
                 for item, outcome in zip(due, outcomes, strict=True):
                     retry_at = None if outcome.delivered else next_attempt_at(item, at=now_f(), settings=settings)
                     record_attempt(session, delivery_id=item.id, outcome=outcome, retry_at=retry_at)
+                    count_webhook_delivery(_metric_outcome(outcome, gave_up=retry_at is None))
             for item, outcome in zip(due, outcomes, strict=True):
                 log.info("webhook %s attempt %d: %s", item.id, item.attempts + 1, outcome.error or outcome.status_code)
             made += len(due)

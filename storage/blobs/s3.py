@@ -9,9 +9,12 @@ from typing import Any
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
 from storage.blobs import StoredBlob
+from storage.metrics.events import count_s3_error
+
+_S3_ERRORS = (BotoCoreError, ClientError)
 
 
 class S3BlobStore:
@@ -70,7 +73,9 @@ class S3BlobStore:
                 self.client.complete_multipart_upload(
                     Bucket=self.bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
                 )
-        except BaseException:
+        except BaseException as error:
+            if isinstance(error, _S3_ERRORS):
+                count_s3_error("put")
             if upload_id is not None:
                 self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
             raise
@@ -90,28 +95,45 @@ class S3BlobStore:
 
     def open_stream(self, key: str, *, chunk_bytes: int = 1024 * 1024) -> Iterator[bytes]:
         """Yield the object in chunks of at most `chunk_bytes`."""
-        body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"]
+        try:
+            body = self.client.get_object(Bucket=self.bucket, Key=key)["Body"]
+        except _S3_ERRORS:
+            count_s3_error("get")
+            raise
         try:
             yield from body.iter_chunks(chunk_size=chunk_bytes)
+        except _S3_ERRORS:
+            count_s3_error("get")
+            raise
         finally:
             body.close()
 
     def presign(self, key: str, *, expires_seconds: int = 3600) -> str | None:
         """A time-limited GET URL for people fetching results straight from S3."""
-        url: str = self.client.generate_presigned_url(
-            "get_object", Params={"Bucket": self.bucket, "Key": key}, ExpiresIn=expires_seconds
-        )
+        try:
+            url: str = self.client.generate_presigned_url(
+                "get_object", Params={"Bucket": self.bucket, "Key": key}, ExpiresIn=expires_seconds
+            )
+        except _S3_ERRORS:
+            count_s3_error("presign")
+            raise
         return url
 
     def delete(self, key: str) -> None:
         """Remove the object (S3 deletes are idempotent)."""
-        self.client.delete_object(Bucket=self.bucket, Key=key)
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=key)
+        except _S3_ERRORS:
+            count_s3_error("delete")
+            raise
 
     def exists(self, key: str) -> bool:
         """True if the object is stored."""
         try:
             self.client.head_object(Bucket=self.bucket, Key=key)
-        except ClientError:
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") not in ("404", "NoSuchKey", "NotFound"):
+                count_s3_error("head")
             return False
         return True
 

@@ -126,3 +126,18 @@ def goodput_report(
         result = table[int(deadline) // DAY_SECONDS].setdefault(tuple(group.values()), GoodputResult(group))
         result.add(status, bool(good), count)
     return day_buckets(start_time, end_time, {day: sorted_groups(results) for day, results in table.items()})
+
+
+def goodput_by_model(session: Session, *, deadline_from: int, deadline_to: int) -> dict[str, GoodputResult]:
+    """Goodput per model of the requests whose deadline fell in [deadline_from, deadline_to) (metrics)."""
+    on_time = _on_time()
+    rows = session.execute(
+        select(BatchRequest.model, BatchRequest.status, on_time, func.count())
+        .join(Batch, Batch.id == BatchRequest.batch_id)
+        .where(Batch.expires_at >= deadline_from, Batch.expires_at < deadline_to)
+        .group_by(BatchRequest.model, BatchRequest.status, on_time)
+    ).all()
+    results: dict[str, GoodputResult] = {}
+    for model, status, good, count in rows:
+        results.setdefault(model, GoodputResult({"model": model})).add(status, bool(good), int(count))
+    return results

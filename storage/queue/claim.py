@@ -33,6 +33,7 @@ class ClaimedRequest:
     # Inside the urgency horizon (see storage/queue/claim_order.py): a worker holding urgent rows may ask for
     # more capacity (in shared mode, from online traffic) so they finish before their deadline.
     urgent: bool = False
+    attempts: int = 1  # this lease included: more than 1 is a re-claim (a lease expired or was handed back)
 
 
 def claim(
@@ -81,13 +82,14 @@ def _lease(
             BatchRequest.url,
             BatchRequest.body,
             BatchRequest.deadline,
+            BatchRequest.attempts,
         )
         .execution_options(synchronize_session=False)
     ).all()
     order = {request_id: index for index, request_id in enumerate(ids)}
     claimed = [
-        ClaimedRequest(rid, batch_id, tenant_id, url, body, deadline, urgent=deadline <= urgent_before)
-        for rid, batch_id, tenant_id, url, body, deadline in rows
+        ClaimedRequest(rid, batch_id, tenant_id, url, body, deadline, deadline <= urgent_before, attempts)
+        for rid, batch_id, tenant_id, url, body, deadline, attempts in rows
     ]
     claimed.sort(key=lambda item: order[item.id])  # `ids` is already in claim order
     return claimed

@@ -23,6 +23,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--models", help="several models, one loaded at a time: 'a,b' or 'all' (default BACKFILL_WORKER_MODELS)"
     )
+    parser.add_argument(
+        "--metrics-port", type=int, help="serve /metrics on this port (default BACKFILL_METRICS_PORT; 0: off)"
+    )
     parser.set_defaults(func=run)
 
 
@@ -32,9 +35,11 @@ def run(args: argparse.Namespace) -> int:
     if settings.redis_url is None:
         print("backfill: BACKFILL_REDIS_URL must be set to run a Celery worker", file=sys.stderr)
         return 2
+    from storage.metrics import serve_metrics
     from worker import service
     from worker.celery_app import app
 
+    serve_metrics(settings.metrics_port if args.metrics_port is None else args.metrics_port, role=f"worker-{args.role}")
     if args.role == "gpu":
         if args.models:
             every = list(settings.served_models())

@@ -119,11 +119,20 @@ def test_a_sender_that_dies_mid_attempt_is_retried_with_the_same_id(backend: Bac
     assert SDK.webhooks.unwrap(post.body, post.headers, secret=secret).type == "batch.cancelled"
 
 
+def delivered_metric(outcome: str) -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value("backfill_webhook_deliveries_total", {"outcome": outcome}) or 0.0
+
+
 def test_a_failing_receiver_gets_retries_with_one_id_and_fresh_signatures(backend: Backend, receiver: Receiver) -> None:
     receiver.script = [Reply(500, b"boom"), Reply(503, b"later"), Reply(204, b"")]
+    before = {outcome: delivered_metric(outcome) for outcome in ("delivered", "http_error")}
     _, secret = register(f"{receiver.url}/hook")
     end_batch()
     deliver_until(lambda: delivery_rows()[0].status == "delivered")
+    assert delivered_metric("http_error") - before["http_error"] == 2  # what an operator's dashboard counts
+    assert delivered_metric("delivered") - before["delivered"] == 1
     posts = receiver.wait_for(3)
     assert len(posts) == 3 and len({post.headers["webhook-id"] for post in posts}) == 1
     for post in posts:
