@@ -155,6 +155,9 @@ class Settings(BaseSettings):
     broker_visibility_timeout_seconds: int = Field(default=3600, ge=60)
     reap_interval_seconds: int = Field(default=15, ge=1)
     inflight_per_seq: int = Field(default=2, ge=1)
+    # An ingest that fails with an error no line explains is retried after 5, 10, 20 ... s, then fails its batch.
+    ingest_max_attempts: int = Field(default=5, ge=1, le=100)
+    ingest_retry_seconds: int = Field(default=5, ge=0, le=3600)
 
     # Deadline-aware packing (storage/queue/claim.py `claim`). A request is urgent, and claimed ahead of
     # the fair share, once its deadline is nearer than the larger of `urgent_within_seconds` and
