@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from api import errors
+from api import errors, limits
 from api.finance import routes as costs
 from api.openai import batches, files, models
 
@@ -17,6 +17,7 @@ def create_app(*, health_extra: Callable[[], dict[str, Any]] | None = None) -> F
     """Build the API. `health_extra` lets the process report its in-process worker's state."""
     app = FastAPI(title="Backfill", version="0.1.0", description="OpenAI-compatible Batch API on your own GPUs.")
     errors.install(app)
+    limits.install(app)
     app.include_router(files.router)
     app.include_router(batches.router)
     app.include_router(models.router)

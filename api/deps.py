@@ -30,6 +30,13 @@ def _principal(session: DbSession, authorization: Annotated[str | None, Header()
     return authenticate(session, key=authorization[7:].strip())
 
 
+def release_connection(session: Session) -> None:
+    """End the request's read-only part (the key check) before slow work, so no connection or snapshot is
+    held while a body streams to object storage; the session opens a short write transaction after it."""
+    session.commit()
+
+
+principal_dependency = _principal  # api/errors.py documents 401 on every route that depends on it
 Caller = Annotated[Principal, Depends(_principal)]
 Blobs = Annotated[BlobStore, Depends(get_blob_store)]
 Config = Annotated[Settings, Depends(get_settings)]

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from urllib.parse import quote
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from storage.blobs import BlobStore
 from storage.clock import now
-from storage.errors import FileNotFound
+from storage.errors import FileNotFound, InvalidRequest
 from storage.ids import new_id
 from storage.models import File
 
@@ -40,6 +41,28 @@ def create_file(
     session.add(row)
     session.flush()
     return row
+
+
+FILENAME_MAX_CHARS = 512  # the column's width
+
+
+def check_filename(name: str) -> str:
+    """The name as given, or InvalidRequest if a database cannot hold it (too long, NUL or control characters).
+
+    A filename is the user's label and is returned verbatim (`../../etc/passwd` included); it is never
+    part of an object key or a path: `blob_key_for` keys objects by file id alone.
+    """
+    if len(name) > FILENAME_MAX_CHARS:
+        raise InvalidRequest(f"The filename is longer than {FILENAME_MAX_CHARS} characters.", param="file")
+    if any(ord(char) < 32 or ord(char) == 127 for char in name):
+        raise InvalidRequest("The filename contains control characters.", param="file", code="invalid_filename")
+    return name
+
+
+def content_disposition(filename: str) -> str:
+    """`attachment` with an ASCII fallback and the exact name as RFC 5987 `filename*` (any script, no path)."""
+    fallback = "".join(c if 32 <= ord(c) < 127 and c not in '"\\/' else "_" for c in filename) or "download"
+    return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(filename, safe='')}"
 
 
 def blob_key_for(file_id: str) -> str:

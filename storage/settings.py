@@ -128,6 +128,9 @@ class Settings(BaseSettings):
     batch_max_requests: int = Field(default=50_000, ge=1)
     line_max_bytes: int = Field(default=1024 * 1024, ge=1)
     stream_chunk_bytes: int = Field(default=1024 * 1024, ge=4096)
+    # Threads serving (sync) API routes; each may hold one database connection, so the pool is sized to them.
+    api_threads: int = Field(default=40, ge=1, le=1000)
+    sql_echo: bool = False  # log every SQL statement with its parameters (tenant ids, key hashes): debugging only
 
     # Completion windows offered -> discount (fraction of list price). "24h" is always offered.
     completion_windows: dict[str, Decimal] = Field(default_factory=lambda: {"24h": Decimal("0.5")})
