@@ -9,6 +9,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from api import errors, limits
+from api.deps import commit_in_route_threads
 from api.finance import routes as costs
 from api.openai import batches, files, models
 
@@ -31,4 +32,5 @@ def create_app(*, health_extra: Callable[[], dict[str, Any]] | None = None) -> F
             body.update(health_extra())
         return JSONResponse(body)
 
+    commit_in_route_threads(app)
     return app

@@ -58,7 +58,7 @@ class LoadResult:
     def summary(self) -> dict[str, Any]:
         return {
             "clients": self.clients,
-            "ok": len(self.batch_ids),
+            "batches_created": len(self.batch_ids),
             "errors": sum(self.errors.values()),
             "error_kinds": dict(self.errors),
             "client_p50_s": _pct(self.client_seconds, 50),
@@ -79,8 +79,8 @@ def _pct(values: list[float], q: int, scale: float = 1.0) -> float | None:
     return round(statistics.quantiles(values, n=100, method="inclusive")[q - 1] * scale, 3)
 
 
-def drive(base_url: str, keys: Callable[[int], str], *, clients: int, lines: int = 20) -> LoadResult:
-    """Run `clients` threads at once (each: upload, create a batch) with a latency probe beside them."""
+def drive(base_url: str, keys: Callable[[int], str], *, clients: int, lines: int = 20, rounds: int = 1) -> LoadResult:
+    """Run `clients` threads at once (each: upload, create a batch; `rounds` times) with a latency probe beside."""
     result = LoadResult(clients)
     start = threading.Barrier(clients + 1)
     done = threading.Event()
@@ -90,28 +90,33 @@ def drive(base_url: str, keys: Callable[[int], str], *, clients: int, lines: int
         headers = {"Authorization": f"Bearer {keys(index)}"}
         with httpx.Client(base_url=base_url, headers=headers, timeout=120) as http:
             start.wait()
-            began = time.perf_counter()
-            try:
-                up = http.post(
-                    "/v1/files", data={"purpose": "batch"}, files={"file": ("j.jsonl", io.BytesIO(job(index, lines)))}
-                )
-                if up.status_code != 200:
-                    raise RuntimeError(f"upload HTTP {up.status_code}: {up.text[:120]}")
-                body = {
-                    "input_file_id": up.json()["id"],
-                    "endpoint": "/v1/chat/completions",
-                    "completion_window": "24h",
-                }
-                created = http.post("/v1/batches", json=body)
-                if created.status_code != 200:
-                    raise RuntimeError(f"create HTTP {created.status_code}: {created.text[:120]}")
-            except Exception as error:  # every failure is counted by kind, none stops the others
-                with lock:
-                    result.errors[str(error).split(":")[0] if "HTTP" in str(error) else type(error).__name__] += 1
-                return
+            for round_ in range(rounds):
+                if not _round(http, index, round_):
+                    return
+
+    def _round(http: httpx.Client, index: int, round_: int) -> bool:
+        began = time.perf_counter()
+        try:
+            data = job(index * 1000 + round_, lines)
+            up = http.post("/v1/files", data={"purpose": "batch"}, files={"file": ("j.jsonl", io.BytesIO(data))})
+            if up.status_code != 200:
+                raise RuntimeError(f"upload HTTP {up.status_code}: {up.text[:120]}")
+            body = {
+                "input_file_id": up.json()["id"],
+                "endpoint": "/v1/chat/completions",
+                "completion_window": "24h",
+            }
+            created = http.post("/v1/batches", json=body)
+            if created.status_code != 200:
+                raise RuntimeError(f"create HTTP {created.status_code}: {created.text[:120]}")
+        except Exception as error:  # every failure is counted by kind, none stops the others
             with lock:
-                result.client_seconds.append(time.perf_counter() - began)
-                result.batch_ids.append(created.json()["id"])
+                result.errors[str(error).split(":")[0] if "HTTP" in str(error) else type(error).__name__] += 1
+            return False
+        with lock:
+            result.client_seconds.append(time.perf_counter() - began)
+            result.batch_ids.append(created.json()["id"])
+        return True
 
     def probe() -> None:
         headers = {"Authorization": f"Bearer {keys(0)}"}
@@ -185,11 +190,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=100)
     parser.add_argument("--lines", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=3, help="upload + create this many times per client")
     parser.add_argument("--postgres", action="store_true", help="Postgres instead of SQLite")
     parser.add_argument("--s3", action="store_true", help="moto's S3 server instead of a local folder")
     args = parser.parse_args()
-    if not 1 <= args.clients <= 1000 or not 1 <= args.lines <= 10_000:
-        parser.error("--clients must be 1..1000 and --lines 1..10000")
+    if not 1 <= args.clients <= 1000 or not 1 <= args.lines <= 10_000 or not 1 <= args.rounds <= 100:
+        parser.error("--clients must be 1..1000, --lines 1..10000 and --rounds 1..100")
     sys.path.insert(0, str(ROOT / "bench"))
     from _setup import fresh_postgres
 
@@ -221,7 +227,9 @@ def main() -> int:
     port = 19000 + os.getpid() % 1000
     server, key = _serve(env, port)
     try:
-        result = drive(f"http://127.0.0.1:{port}", lambda _: key, clients=args.clients, lines=args.lines)
+        result = drive(
+            f"http://127.0.0.1:{port}", lambda _: key, clients=args.clients, lines=args.lines, rounds=args.rounds
+        )
     finally:
         server.terminate()
         server.wait(30)

@@ -8,7 +8,7 @@ from urllib.parse import quote
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from storage.blobs import BlobStore
+from storage.blobs import BlobStore, delete_on_rollback
 from storage.clock import now
 from storage.errors import FileNotFound, InvalidRequest
 from storage.ids import new_id
@@ -28,6 +28,7 @@ def create_file(
     """Stream `chunks` into object storage and record the file row (key, size, checksum)."""
     file_id = file_id or new_id("file-")
     stored = blobs.put_stream(blob_key_for(file_id), chunks)
+    delete_on_rollback(session, blobs, stored.key)  # the row may never land (a failed flush or commit)
     row = File(
         id=file_id,
         tenant_id=tenant_id,

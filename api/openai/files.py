@@ -8,7 +8,7 @@ from typing import Annotated, BinaryIO
 from fastapi import APIRouter, Form, Query, UploadFile
 from fastapi.responses import StreamingResponse
 
-from api.deps import Blobs, Caller, Config, DbSession, release_connection
+from api.deps import Blobs, Caller, Config, DbSession
 from api.openai.schemas import FileDeleted, FileList, FileObject
 from storage.errors import InvalidRequest, UploadTooLarge
 from storage.files import check_filename, content_disposition, create_file, delete_file, get_file, list_files
@@ -44,7 +44,6 @@ def upload_file(
     filename = check_filename(file.filename or "upload.jsonl")
     limit = settings.upload_max_bytes  # api/limits.py already refused a larger declared or streamed body
     chunks = _bounded(file.file, limit=limit, chunk_bytes=settings.stream_chunk_bytes)
-    release_connection(session)  # the key is checked: hold no connection while the object is written
     try:
         row = create_file(
             session,
