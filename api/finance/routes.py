@@ -6,7 +6,7 @@ from decimal import Decimal
 from importlib import resources
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
 
 from api.deps import Caller, Config, DbSession
@@ -89,7 +89,13 @@ def _sizes(text: str | None) -> list[int] | None:
 
 
 @router.get("/finance", include_in_schema=False)
-def finance_page() -> HTMLResponse:
+def finance_page(request: Request) -> HTMLResponse:
     """The finance page: a static shell that asks for an API key and calls the JSON endpoints."""
+    if {"key", "api_key"} & set(request.query_params):
+        raise InvalidRequest(
+            "Never put an API key in a URL: servers and proxies log URLs. Open /finance and enter the key, "
+            "or pass it in the fragment (/finance#key=...), which the browser never sends.",
+            param="key",
+        )
     page = resources.files("api.finance").joinpath("static/finance.html").read_text(encoding="utf-8")
     return HTMLResponse(page, headers={"Cache-Control": "no-store"})
