@@ -39,14 +39,15 @@ def make_engine(url: str, *, threads: int = 40, echo: bool = False) -> Engine:
     tenant ids and key hashes).
     """
     if url.startswith("sqlite"):
+        in_memory = url in ("sqlite://", "sqlite:///:memory:")  # one connection per thread: no pool to size
+        pool = {} if in_memory else {"pool_size": threads + _WORKER_CONNECTIONS, "max_overflow": _WORKER_CONNECTIONS}
         engine = create_engine(
             url,
             connect_args={"check_same_thread": False, "timeout": 30},
             json_serializer=_json,
             json_deserializer=orjson.loads,
-            pool_size=threads + _WORKER_CONNECTIONS,
-            max_overflow=_WORKER_CONNECTIONS,
             echo=echo,
+            **pool,  # type: ignore[arg-type]
         )
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
