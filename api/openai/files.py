@@ -31,7 +31,7 @@ def _bounded(handle: BinaryIO, *, limit: int, chunk_bytes: int) -> Iterator[byte
 @router.post("", response_model=FileObject)
 def upload_file(
     file: UploadFile,
-    purpose: Annotated[str, Form()],
+    purpose: Annotated[str, Form(json_schema_extra={"enum": list(PURPOSES)})],
     session: DbSession,
     caller: Caller,
     blobs: Blobs,

@@ -5,6 +5,7 @@ data, never an exception; what it accepts is a valid `BatchRequestLine` the queu
 from __future__ import annotations
 
 import json
+import os
 from types import SimpleNamespace
 from typing import Any
 
@@ -21,7 +22,8 @@ from storage.models import Base, Batch, BatchRequest, Tenant
 from storage.queue.rows import insert_rows, new_row
 
 CHAT = "/v1/chat/completions"
-FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+EXAMPLES = int(os.environ.get("BACKFILL_FUZZ_EXAMPLES", "200"))  # `make fuzz` runs more
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 scalars = st.one_of(
     st.none(),
