@@ -13,7 +13,6 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
-
 from sqlalchemy.orm import Session
 
 from storage.db import make_engine
