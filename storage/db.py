@@ -47,7 +47,7 @@ def make_engine(url: str, *, threads: int = 40, echo: bool = False) -> Engine:
             json_serializer=_json,
             json_deserializer=orjson.loads,
             echo=echo,
-            **pool,  # type: ignore[arg-type]
+            **pool,
         )
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
