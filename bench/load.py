@@ -216,7 +216,9 @@ def main() -> int:
     if args.s3:
         from moto.server import ThreadedMotoServer
 
-        env.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1")
+        aws = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
+        env.update(aws)
+        os.environ.update(aws)
         moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         moto.start()
         env["BACKFILL_S3_ENDPOINT_URL"] = f"http://127.0.0.1:{moto._server.server_port}"  # type: ignore[attr-defined]
