@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: setup run test lint migrate services bench clean
+.PHONY: setup run test lint migrate services bench fuzz clean
 
 setup: $(VENV)/.installed
 
@@ -34,6 +34,11 @@ lint: setup
 # The benchmark suite (docs/benchmarks.md): ~15 min on 2 cores; ARGS=--quick for a smoke run.
 bench: setup services
 	$(PY) bench/suite.py $(ARGS)
+
+# The fuzzers of the default suite with many more examples (schemathesis over the live API, hypothesis over
+# the line checker): ~15 min on 2 cores.
+fuzz: setup services
+	BACKFILL_FUZZ_EXAMPLES=200 $(PY) -m pytest tests/integration/api/test_openapi_fuzz.py tests/unit/storage/test_lines_fuzz.py
 
 migrate: setup
 	$(VENV)/bin/backfill migrate

@@ -8,8 +8,9 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from api import errors, results
+from api import errors, limits, results
 from api import metrics as prometheus
+from api.deps import commit_in_route_threads
 from api.finance import routes as costs
 from api.openai import batches, files, models
 from api.webhooks import routes as webhooks
@@ -19,6 +20,7 @@ def create_app(*, health_extra: Callable[[], dict[str, Any]] | None = None) -> F
     """Build the API. `health_extra` lets the process report its in-process worker's state."""
     app = FastAPI(title="Backfill", version="0.1.0", description="OpenAI-compatible Batch API on your own GPUs.")
     errors.install(app)
+    limits.install(app)
     app.include_router(files.router)
     app.include_router(batches.router)
     app.include_router(models.router)
@@ -37,4 +39,5 @@ def create_app(*, health_extra: Callable[[], dict[str, Any]] | None = None) -> F
             body.update(health_extra())
         return JSONResponse(body)
 
+    commit_in_route_threads(app)
     return app

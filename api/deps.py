@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Annotated
+import functools
+from collections.abc import Callable, Iterator
+from typing import Annotated, Any
 
-from fastapi import Depends, Header
+from fastapi import Depends, FastAPI, Header
+from fastapi.routing import APIRoute
 from sqlalchemy.orm import Session
 
 from storage.blobs import BlobStore, get_blob_store
@@ -27,9 +29,40 @@ DbSession = Annotated[Session, Depends(_session, scope="function")]
 def _principal(session: DbSession, authorization: Annotated[str | None, Header()] = None) -> Principal:
     if not authorization or not authorization.lower().startswith("bearer "):
         raise Unauthorized("You didn't provide an API key. Send it in the Authorization header as 'Bearer YOUR_KEY'.")
-    return authenticate(session, key=authorization[7:].strip())
+    principal = authenticate(session, key=authorization[7:].strip())
+    session.commit()  # the key check is a read: hand the connection back while the route waits for a thread
+    return principal
 
 
+def commit_in_route_threads(app: FastAPI) -> None:
+    """Commit each sync route's session in the route's own thread, before FastAPI serializes the answer.
+
+    FastAPI validates a sync route's response on another pool thread, after the route returned but before
+    a `yield` dependency's exit runs. A transaction still open there holds SQLite's write lock (or Postgres
+    row locks) while it waits for a free thread, and the threads are all taken by requests waiting for that
+    lock: every write stalls until the busy timeout (the "database is locked" 500s under 50 clients). With
+    the commit here, no request holds a lock or a connection while it waits for a thread; the session
+    dependency's exit still rolls back on an error (and commits whatever a route did after this point).
+    """
+    for route in app.routes:
+        sync = isinstance(route, APIRoute) and route.dependant.call and not route.dependant.is_coroutine_callable
+        if sync and isinstance(route, APIRoute) and route.dependant.call is not None:
+            route.dependant.call = _committing(route.dependant.call)
+
+
+def _committing(endpoint: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(endpoint)
+    def call(**values: Any) -> Any:
+        result = endpoint(**values)
+        for value in values.values():
+            if isinstance(value, Session):
+                value.commit()
+        return result
+
+    return call
+
+
+principal_dependency = _principal  # api/errors.py documents 401 on every route that depends on it
 Caller = Annotated[Principal, Depends(_principal)]
 Blobs = Annotated[BlobStore, Depends(get_blob_store)]
 Config = Annotated[Settings, Depends(get_settings)]

@@ -1,13 +1,19 @@
-"""The one error handler: every failure leaves as OpenAI's envelope."""
+"""The one error handler: every failure leaves as OpenAI's envelope, and the OpenAPI document says so."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
+from http import HTTPStatus
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from storage.errors import BackfillError
@@ -15,18 +21,41 @@ from storage.errors import BackfillError
 log = logging.getLogger(__name__)
 
 
-def envelope(status: int, message: str, *, type_: str, code: str | None, param: str | None = None) -> JSONResponse:
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI's error envelope, the body of every 4xx and 5xx."""
+
+    error: ErrorDetail
+
+
+def envelope(
+    status: int,
+    message: str,
+    *,
+    type_: str,
+    code: str | None,
+    param: str | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> JSONResponse:
     """OpenAI's error body: {"error": {"message", "type", "param", "code"}}."""
     body: dict[str, Any] = {"error": {"message": message, "type": type_, "param": param, "code": code}}
-    return JSONResponse(body, status_code=status)
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def install(app: FastAPI) -> None:
-    """Register the handlers on `app`."""
+    """Register the handlers on `app`, and make its OpenAPI document list the statuses they answer."""
 
     @app.exception_handler(BackfillError)
     async def _backfill(_: Request, error: BackfillError) -> JSONResponse:
-        return envelope(error.status, error.message, type_=error.type, code=error.code, param=error.param)
+        return envelope(
+            error.status, error.message, type_=error.type, code=error.code, param=error.param, headers=error.headers
+        )
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, error: RequestValidationError) -> JSONResponse:
@@ -41,9 +70,76 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def _http(_: Request, error: HTTPException) -> JSONResponse:
         code = "not_found" if error.status_code == 404 else None
-        return envelope(error.status_code, str(error.detail), type_="invalid_request_error", code=code)
+        # Starlette's 405 carries `Allow`; keep whatever headers the exception names.
+        return envelope(
+            error.status_code, str(error.detail), type_="invalid_request_error", code=code, headers=error.headers
+        )
 
     @app.exception_handler(Exception)
     async def _bug(_: Request, error: Exception) -> JSONResponse:
         log.exception("unhandled error")
         return envelope(500, "The server had an error processing your request.", type_="server_error", code=None)
+
+    app.openapi = _documented(app)  # type: ignore[method-assign]
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """`responses=` for a route or router: these statuses answer with the error envelope."""
+    return {status: {"model": ErrorResponse, "description": HTTPStatus(status).phrase} for status in statuses}
+
+
+def _documented(app: FastAPI) -> Callable[[], dict[str, Any]]:
+    """app.openapi with the statuses the server really answers: 400 instead of FastAPI's 422, 401 where a key is
+    required, 404 where a path names an object, 413 where a body is sent; each with the error envelope."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        envelope_schema = ErrorResponse.model_json_schema(ref_template="#/components/schemas/{model}")
+        for name, definition in envelope_schema.pop("$defs", {}).items():
+            components.setdefault(name, definition)
+        components.setdefault("ErrorResponse", envelope_schema)
+        for route in app.routes:
+            if isinstance(route, APIRoute) and route.include_in_schema:
+                for method in route.methods:
+                    operation = schema["paths"].get(route.path_format, {}).get(method.lower())
+                    if operation is not None:
+                        _document_errors(operation, route)
+        for unused in ("HTTPValidationError", "ValidationError"):
+            components.pop(unused, None)
+        app.openapi_schema = schema
+        return schema
+
+    return openapi
+
+
+def _document_errors(operation: dict[str, Any], route: APIRoute) -> None:
+    responses = operation.setdefault("responses", {})
+    statuses = {int(status) for status in responses if status[:1] in "45" and status != "422"}
+    if responses.pop("422", None) is not None:
+        statuses.add(400)
+    if _requires_key(route.dependant):
+        statuses |= {400, 401}
+    if "{" in route.path_format:
+        statuses.add(404)
+    if route.methods & {"POST", "PUT", "PATCH"}:
+        statuses.add(413)  # api/limits.py refuses bodies over their limit
+    for status in sorted(statuses):
+        responses[str(status)] = {
+            "description": HTTPStatus(status).phrase,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}},
+        }
+
+
+def _requires_key(dependant: Dependant) -> bool:
+    from api.deps import principal_dependency
+
+    stack: list[Dependant] = [dependant]
+    while stack:
+        current = stack.pop()
+        if current.call is principal_dependency:
+            return True
+        stack.extend(current.dependencies)
+    return False

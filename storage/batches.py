@@ -75,8 +75,9 @@ def list_batches(session: Session, *, tenant_id: str, after: str | None, limit: 
 
 
 def batches_validating(session: Session) -> list[str]:
-    """Ids of batches waiting for validation (ingest picks them up)."""
-    return list(session.scalars(select(Batch.id).where(Batch.status == lifecycle.VALIDATING)))
+    """Ids of batches waiting for validation (ingest picks them up), but not those backing off a failed try."""
+    due = (Batch.ingest_retry_at.is_(None)) | (Batch.ingest_retry_at <= now())
+    return list(session.scalars(select(Batch.id).where(Batch.status == lifecycle.VALIDATING, due)))
 
 
 def cancel_batch(session: Session, *, tenant_id: str, batch_id: str) -> Batch:
@@ -141,3 +142,26 @@ def batch_errors(errors: list[dict[str, Any]] | None) -> dict[str, Any] | None:
     if not errors:
         return None
     return {"object": "list", "data": errors}
+
+
+def note_ingest_failure(session: Session, *, batch_id: str, reason: str, max_attempts: int, retry_seconds: int) -> bool:
+    """Count a failed ingest of a `validating` batch: back off, or fail the batch after `max_attempts`.
+
+    Returns True if the batch failed. `reason` (an error's type name) goes into the user-visible message.
+    """
+    batch = get_batch(session, tenant_id=None, batch_id=batch_id, lock=True)
+    if batch.status != lifecycle.VALIDATING:
+        return False
+    batch.ingest_attempts = (batch.ingest_attempts or 0) + 1
+    if batch.ingest_attempts < max_attempts:
+        batch.ingest_retry_at = now() + retry_seconds * 2 ** (batch.ingest_attempts - 1)
+        session.flush()
+        return False
+    message = (
+        f"The input file could not be validated and enqueued after {batch.ingest_attempts} attempts ({reason}); "
+        "nothing of this batch ran. Create a new batch to try again."
+    )
+    batch.errors = [{"code": "ingest_failed", "message": message, "param": None, "line": None}]
+    lifecycle.transition(batch, lifecycle.FAILED)
+    session.flush()
+    return True

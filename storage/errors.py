@@ -9,6 +9,7 @@ class BackfillError(Exception):
     status = 400
     code = "invalid_request_error"
     type = "invalid_request_error"
+    headers: dict[str, str] | None = None  # HTTP headers the error answers with (401: WWW-Authenticate)
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
@@ -26,6 +27,7 @@ class Unauthorized(BackfillError):
     status = 401
     code = "invalid_api_key"
     type = "invalid_request_error"
+    headers = {"WWW-Authenticate": 'Bearer realm="backfill"'}
 
 
 class PermissionDenied(BackfillError):

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from urllib.parse import quote
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from storage.blobs import BlobStore
+from storage.blobs import BlobStore, delete_on_rollback
 from storage.blobs.layout import input_file_key, tenant_segment
 from storage.clock import now
-from storage.errors import FileNotFound
+from storage.errors import FileNotFound, InvalidRequest
 from storage.ids import new_id
 from storage.models import File
 from storage.tenants import tenant_name
@@ -30,6 +31,7 @@ def create_file(
     file_id = file_id or new_id("file-")
     key = input_file_key(tenant=tenant_folder(session, tenant_id=tenant_id), file_id=file_id)
     stored = blobs.put_stream(key, chunks)
+    delete_on_rollback(session, blobs, stored.key)  # the row may never land (a failed flush or commit)
     row = File(
         id=file_id,
         tenant_id=tenant_id,
@@ -48,6 +50,28 @@ def create_file(
 def tenant_folder(session: Session, *, tenant_id: str) -> str:
     """The tenant's folder in object storage (the key rule itself is storage/blobs/layout.py)."""
     return tenant_segment(tenant_id=tenant_id, tenant_name=tenant_name(session, tenant_id=tenant_id))
+
+
+FILENAME_MAX_CHARS = 512  # the column's width
+
+
+def check_filename(name: str) -> str:
+    """The name as given, or InvalidRequest if a database cannot hold it (too long, NUL or control characters).
+
+    A filename is the user's label and is returned verbatim (`../../etc/passwd` included); it is never
+    part of an object key or a path: `storage/blobs/layout.py` keys objects by tenant and file id alone.
+    """
+    if len(name) > FILENAME_MAX_CHARS:
+        raise InvalidRequest(f"The filename is longer than {FILENAME_MAX_CHARS} characters.", param="file")
+    if any(ord(char) < 32 or ord(char) == 127 for char in name):
+        raise InvalidRequest("The filename contains control characters.", param="file", code="invalid_filename")
+    return name
+
+
+def content_disposition(filename: str) -> str:
+    """`attachment` with an ASCII fallback and the exact name as RFC 5987 `filename*` (any script, no path)."""
+    fallback = "".join(c if 32 <= ord(c) < 127 and c not in '"\\/' else "_" for c in filename) or "download"
+    return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(filename, safe='')}"
 
 
 def record_result_file(

@@ -10,6 +10,7 @@ reports every bad line with its number.
 from __future__ import annotations
 
 import codecs
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -19,6 +20,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 BOM = "\ufeff"
 CUSTOM_ID_MAX_CHARS = 512
+# A line nests at most this deep (the line's own object is level 1). orjson reads 1024 levels but writes
+# only 254, and the queue stores bodies through orjson: anything deeper would fail at ingest, not here.
+LINE_MAX_DEPTH = 64
+# Every integer of a line fits a signed 64-bit column and orjson's writer (which stops at 2^64 - 1).
+INT_MIN, INT_MAX = -(2**63), 2**63 - 1
+ECHO_MAX_CHARS = 200  # how much of an offending value an error message repeats
+PROBLEMS_MAX = 100  # line problems a batch keeps (`errors.data`); one more entry counts the rest
 
 
 class BatchRequestLine(BaseModel):
@@ -87,6 +95,75 @@ class LineError:
 
     def to_json(self) -> dict[str, Any]:
         return {"code": self.code, "message": self.message, "param": self.param, "line": self.line}
+
+
+class ProblemList:
+    """A batch's line problems as stored: the first `limit` in line order, and how many there were in all.
+
+    A file of 50,000 bad lines must not make a 50,000-entry batch object: `to_json` keeps OpenAI's
+    `errors.data` shape with the first `limit` entries and, past them, one `too_many_errors` entry
+    (no line) that says how many more there were.
+    """
+
+    def __init__(self, *, limit: int = PROBLEMS_MAX) -> None:
+        self.limit = limit
+        self.kept: list[LineError] = []
+        self.total = 0
+
+    def __bool__(self) -> bool:
+        return self.total > 0
+
+    def add(self, error: LineError) -> None:
+        """Count the problem; keep it if fewer than `limit` are kept."""
+        self.total += 1
+        if len(self.kept) < self.limit:
+            self.kept.append(error)
+
+    def to_json(self) -> list[dict[str, Any]]:
+        """The kept entries, plus a summary entry when some were left out."""
+        entries = [error.to_json() for error in self.kept]
+        hidden = self.total - len(self.kept)
+        if hidden:
+            message = (
+                f"{hidden:,} more lines have errors ({self.total:,} in all); the first {len(self.kept)} are shown."
+            )
+            entries.append({"code": "too_many_errors", "message": message, "param": None, "line": None})
+        return entries
+
+
+def clip(value: object, limit: int = ECHO_MAX_CHARS) -> str:
+    """`repr` of a value for an error message, cut to `limit` characters (an echo never amplifies input)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+_LONG_NUMBER = re.compile(rb"\d{19}")
+
+
+def _may_be_unstorable(raw: bytes) -> bool:
+    """Cheap pre-test on the bytes: too few brackets to nest too deep and no 19-digit run: nothing to walk."""
+    return raw.count(b"[") + raw.count(b"{") > LINE_MAX_DEPTH or _LONG_NUMBER.search(raw) is not None
+
+
+def shape_problem(item: Any, *, max_depth: int = LINE_MAX_DEPTH) -> str | None:
+    """Why a parsed line cannot be stored ('too_deeply_nested' or 'integer_out_of_range'), else None.
+
+    Iterative, so a 1,024-level line costs one pass and no Python recursion.
+    """
+    stack: list[tuple[Any, int]] = [(item, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            if depth > max_depth:
+                return "too_deeply_nested"
+            stack.extend((child, depth + 1) for child in value.values())
+        elif isinstance(value, list):
+            if depth > max_depth:
+                return "too_deeply_nested"
+            stack.extend((child, depth + 1) for child in value)
+        elif isinstance(value, int) and not INT_MIN <= value <= INT_MAX:
+            return "integer_out_of_range"
+    return None
 
 
 @dataclass(frozen=True)
@@ -173,6 +250,13 @@ class LineChecker:
             return LineError(number, "invalid_json", f"Line {number} is not valid JSON: {error}.")
         if not isinstance(item, dict):
             return LineError(number, "invalid_json", f"Line {number} must be a JSON object.")
+        problem = shape_problem(item) if _may_be_unstorable(raw) else None
+        if problem == "too_deeply_nested":
+            message = f"Line {number} nests deeper than {LINE_MAX_DEPTH} levels."
+            return LineError(number, problem, message, "body")
+        if problem == "integer_out_of_range":
+            message = f"Line {number} has an integer outside the signed 64-bit range."
+            return LineError(number, problem, message, "body")
         return self._check_fields(number, item)
 
     def _check_fields(self, number: int, item: dict[str, Any]) -> ParsedLine | LineError:
@@ -182,14 +266,16 @@ class LineChecker:
         if len(custom_id) > CUSTOM_ID_MAX_CHARS:
             message = f"'custom_id' is longer than {CUSTOM_ID_MAX_CHARS} characters."
             return LineError(number, "invalid_custom_id", message, "custom_id")
+        if "\x00" in custom_id:  # a text column (and Postgres' COPY) cannot hold NUL
+            return LineError(number, "invalid_custom_id", "'custom_id' contains a NUL character.", "custom_id")
         if custom_id in self.custom_ids:
-            return LineError(number, "duplicate_custom_id", f"Duplicate custom_id '{custom_id}'.", "custom_id")
+            return LineError(number, "duplicate_custom_id", f"Duplicate custom_id {clip(custom_id)}.", "custom_id")
         self.custom_ids.add(custom_id)
         if item.get("method") != "POST":
             return LineError(number, "invalid_method", "'method' must be 'POST'.", "method")
         url = item.get("url")
         if not isinstance(url, str) or (self.endpoint is not None and url != self.endpoint):
-            message = f"'url' is {url!r} but the batch endpoint is '{self.endpoint}'."
+            message = f"'url' is {clip(url)} but the batch endpoint is '{self.endpoint}'."
             return LineError(number, "mismatched_url", message, "url")
         self.endpoint = url
         body = item.get("body")
@@ -201,7 +287,7 @@ class LineChecker:
         if self.model is None:
             self.model = model
         elif model != self.model:
-            message = f"Model '{model}' differs from '{self.model}': one batch serves one model."
+            message = f"Model {clip(model)} differs from {clip(self.model)}: one batch serves one model."
             return LineError(number, "mismatched_model", message, "body.model")
         return ParsedLine(number, custom_id, model, url, body)
 

@@ -92,6 +92,9 @@ class Batch(Base):
     request_total: Mapped[int] = mapped_column(Integer, default=0)
     request_completed: Mapped[int] = mapped_column(Integer, default=0)
     request_failed: Mapped[int] = mapped_column(Integer, default=0)
+    # Failed ingest attempts (an error no line explains) and when the next may run: bounded, then the batch fails.
+    ingest_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    ingest_retry_at: Mapped[int | None] = mapped_column(BigInteger)
     created_at: Mapped[int] = mapped_column(BigInteger)
     expires_at: Mapped[int] = mapped_column(BigInteger)
     in_progress_at: Mapped[int | None] = mapped_column(BigInteger)

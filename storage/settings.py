@@ -130,6 +130,9 @@ class Settings(BaseSettings):
     batch_max_requests: int = Field(default=50_000, ge=1)
     line_max_bytes: int = Field(default=1024 * 1024, ge=1)
     stream_chunk_bytes: int = Field(default=1024 * 1024, ge=4096)
+    # Threads serving (sync) API routes; each may hold one database connection, so the pool is sized to them.
+    api_threads: int = Field(default=40, ge=1, le=1000)
+    sql_echo: bool = False  # log every SQL statement with its parameters (tenant ids, key hashes): debugging only
 
     # Completion windows offered -> discount (fraction of list price). "24h" is always offered.
     completion_windows: dict[str, Decimal] = Field(default_factory=lambda: {"24h": Decimal("0.5")})
@@ -157,6 +160,9 @@ class Settings(BaseSettings):
     broker_visibility_timeout_seconds: int = Field(default=3600, ge=60)
     reap_interval_seconds: int = Field(default=15, ge=1)
     inflight_per_seq: int = Field(default=2, ge=1)
+    # An ingest that fails with an error no line explains is retried after 5, 10, 20 ... s, then fails its batch.
+    ingest_max_attempts: int = Field(default=5, ge=1, le=100)
+    ingest_retry_seconds: int = Field(default=5, ge=0, le=3600)
 
     # Deadline-aware packing (storage/queue/claim.py `claim`). A request is urgent, and claimed ahead of
     # the fair share, once its deadline is nearer than the larger of `urgent_within_seconds` and

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from storage.db import transaction
 from storage.queue.backlog import batches_ready_to_finalize
@@ -69,12 +70,20 @@ class EmbeddedWorker:
         with transaction() as session:
             ids = service.pending_ingest(session)
         for batch_id in ids:
-            service.ingest(batch_id)
+            _isolated(service.ingest, batch_id)
         return bool(ids)
 
     def _finalize_ready(self) -> bool:
         with transaction() as session:
             ids = batches_ready_to_finalize(session)
         for batch_id in ids:
-            service.finalize(batch_id)
+            _isolated(service.finalize, batch_id)
         return bool(ids)
+
+
+def _isolated(operation: Callable[[str], object], batch_id: str) -> None:
+    """One batch's failure is logged and left for the next pass; the other batches still get theirs."""
+    try:
+        operation(batch_id)
+    except Exception:
+        log.exception("embedded worker: %s of batch %s failed", operation.__name__, batch_id)

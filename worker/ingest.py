@@ -20,7 +20,7 @@ from storage.batches import get_batch
 from storage.blobs import BlobStore
 from storage.errors import FileNotFound
 from storage.files import get_file
-from storage.lines import LineChecker, LineError, ParsedLine, iter_lines
+from storage.lines import LineChecker, LineError, ParsedLine, ProblemList, clip, iter_lines
 from storage.models import Batch
 from storage.planning.admission import Admission, admission_check
 from storage.queue.backlog import open_jobs
@@ -46,13 +46,13 @@ def ingest_batch(session: Session, blobs: BlobStore, settings: Settings, *, batc
         source = get_file(session, tenant_id=batch.tenant_id, file_id=batch.input_file_id)
     except FileNotFound:
         return _fail(batch, [LineError(0, "file_not_found", "The input file was deleted.")])
-    errors: list[LineError] = []
+    errors = ProblemList()  # the first PROBLEMS_MAX bad lines and a count of the rest
     savepoint = session.begin_nested()
     count = _stream_into_queue(session, blobs, settings, batch=batch, blob_key=source.blob_key, errors=errors)
     if not errors and count == 0:
-        errors.append(LineError(0, "empty_file", "The input file has no requests."))
+        errors.add(LineError(0, "empty_file", "The input file has no requests."))
     if not errors and batch.model not in settings.served_models():
-        errors.append(LineError(1, "model_not_found", f"The model '{batch.model}' is not served here."))
+        errors.add(LineError(1, "model_not_found", f"The model {clip(batch.model)} is not served here."))
     if errors:
         savepoint.rollback()
         return _fail(batch, errors)
@@ -76,7 +76,7 @@ def _stream_into_queue(
     *,
     batch: Batch,
     blob_key: str,
-    errors: list[LineError],
+    errors: ProblemList,
 ) -> int:
     checker = LineChecker(endpoint=batch.endpoint, max_requests=settings.batch_max_requests, model=batch.model)
     pending: list[dict[str, Any]] = []
@@ -86,7 +86,7 @@ def _stream_into_queue(
         for number, raw in iter_lines(chunks, max_line_bytes=settings.line_max_bytes):
             outcome = checker.check(number, raw, max_line_bytes=settings.line_max_bytes)
             if isinstance(outcome, LineError):
-                errors.append(outcome)
+                errors.add(outcome)
             elif isinstance(outcome, ParsedLine) and not errors:
                 row = new_row(batch, outcome, line_bytes=len(raw or b""))
                 prefixes.assign(row, prefix_key_of(outcome.url, outcome.body, chars=settings.prefix_chars))
@@ -181,8 +181,9 @@ def _reject(batch: Batch, problem: Problem) -> str:
     return batch.status
 
 
-def _fail(batch: Batch, errors: list[LineError]) -> str:
-    batch.errors = [error.to_json() for error in errors]
+def _fail(batch: Batch, errors: ProblemList | list[LineError]) -> str:
+    batch.errors = errors.to_json() if isinstance(errors, ProblemList) else [error.to_json() for error in errors]
     lifecycle.transition(batch, lifecycle.FAILED)
-    log.info("batch %s failed validation: %d bad lines", batch.id, len(errors))
+    total = errors.total if isinstance(errors, ProblemList) else len(errors)
+    log.info("batch %s failed validation: %d bad lines", batch.id, total)
     return batch.status

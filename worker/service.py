@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from sqlalchemy.orm import Session
 
 from storage import lifecycle
-from storage.batches import batches_validating, get_batch
+from storage.batches import batches_validating, get_batch, note_ingest_failure
 from storage.blobs import get_blob_store
 from storage.db import transaction
 from storage.queue.rows import refresh_statistics
@@ -136,7 +136,28 @@ def request_finalize(batch_id: str) -> None:
 
 
 def ingest(batch_id: str) -> str:
-    """Validate and enqueue one batch; wake the GPU worker for its model."""
+    """Validate and enqueue one batch; wake the GPU worker for its model.
+
+    An error no line explains is counted on the batch (back-off, then `ingest_failed`): one batch's
+    failure never reaches the caller, so the embedded loop and a Celery worker go on serving the rest.
+    """
+    try:
+        return _ingest(batch_id)
+    except Exception as error:
+        log.exception("ingest of batch %s failed", batch_id)
+        settings = get_settings()
+        with transaction() as session:
+            failed = note_ingest_failure(
+                session,
+                batch_id=batch_id,
+                reason=type(error).__name__,
+                max_attempts=settings.ingest_max_attempts,
+                retry_seconds=settings.ingest_retry_seconds,
+            )
+        return lifecycle.FAILED if failed else lifecycle.VALIDATING
+
+
+def _ingest(batch_id: str) -> str:
     settings = get_settings()
     with transaction() as session:
         status = ingest_batch(session, get_blob_store(), settings, batch_id=batch_id)

@@ -8,23 +8,28 @@ from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse, Response
 
 from api.deps import Caller, Config, DbSession
+from api.errors import error_responses
 from storage.clock import now
 from storage.errors import InvalidRequest, PermissionDenied
 from storage.finance.goodput import goodput_report
 from storage.finance.reports import Bucket, check_window, cost_report, page_json, parse_group_by, to_csv, usage_report
 from storage.tenants import Principal
 
-router = APIRouter(prefix="/v1/organization", tags=["organization"])
+router = APIRouter(prefix="/v1/organization", tags=["organization"], responses=error_responses(403))
 
-StartTime = Annotated[int, Query(description="Start of the window, unix seconds (inclusive).")]
-EndTime = Annotated[int | None, Query(description="End of the window, unix seconds (exclusive); default now.")]
-BucketWidth = Annotated[str, Query(description="Bucket width; only '1d' (UTC days) is supported.")]
+LAST_SECOND = 253402300799  # 9999-12-31T23:59:59Z: every window fits a 64-bit column and a calendar
+StartTime = Annotated[int, Query(ge=0, le=LAST_SECOND, description="Start of the window, unix seconds (inclusive).")]
+EndTime = Annotated[
+    int | None,
+    Query(ge=1, le=LAST_SECOND + 1, description="End of the window, unix seconds (exclusive); default now."),
+]
+BucketWidth = Annotated[str, Query(max_length=16, description="Bucket width; only '1d' (UTC days) is supported.")]
 GroupBy = Annotated[
     list[str] | None,
-    Query(description="Repeat or comma-separate: tenant, model, completion_window."),
+    Query(max_length=8, description="Repeat or comma-separate: tenant, model, completion_window."),
 ]
-TenantFilter = Annotated[str | None, Query(description="Admin keys only: one tenant's rows.")]
-Format = Annotated[str, Query(alias="format", description="'json' (default) or 'csv'.")]
+TenantFilter = Annotated[str | None, Query(max_length=128, description="Admin keys only: one tenant's rows.")]
+Format = Annotated[str, Query(alias="format", max_length=16, description="'json' (default) or 'csv'.")]
 
 
 def _scope(caller: Principal, tenant_id: str | None) -> str | None:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from importlib import resources
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
 
 from api.deps import Caller, Config, DbSession
@@ -14,7 +14,8 @@ from api.finance import reports as organization
 from storage.batches import get_batch
 from storage.errors import InvalidRequest
 from storage.finance.job_cost import batch_cost_json
-from storage.planning.roofline import GB, HARDWARE_PRESETS, Hardware, ModelShape, plan
+from storage.lines import clip
+from storage.planning.roofline import BOUNDS, GB, HARDWARE_PRESETS, Hardware, ModelShape, plan
 
 router = APIRouter()
 router.include_router(organization.router)
@@ -39,58 +40,62 @@ def batch_cost(batch_id: str, session: DbSession, caller: Caller, settings: Conf
     }
 
 
+def _query(name: str, **extra: Any) -> Any:
+    """A numeric query parameter bounded as the planner bounds it: finite, `ge`/`le` in the schema."""
+    bound = BOUNDS[name]
+    return Query(ge=bound.low, le=bound.high, allow_inf_nan=False, **extra)
+
+
 @router.get("/v1/planner", tags=["planner"], response_model=dict[str, Any])
 def planner(
     caller: Caller,
     settings: Config,
-    weights_gb: Annotated[float, Query(gt=0)] = EXAMPLE_WEIGHTS_GB,
-    kv_bytes_per_token: Annotated[float, Query(gt=0)] = EXAMPLE_KV_BYTES_PER_TOKEN,
-    hardware: str = EXAMPLE_HARDWARE,
-    gpus: Annotated[int | None, Query(ge=1)] = None,
-    gpu_hour_usd: str | None = None,
-    context: Annotated[int, Query(ge=1)] = 4096,
-    batch_sizes: str | None = None,
+    weights_gb: Annotated[float, _query("weights_gb")] = EXAMPLE_WEIGHTS_GB,
+    kv_bytes_per_token: Annotated[float, _query("kv_bytes_per_token")] = EXAMPLE_KV_BYTES_PER_TOKEN,
+    hardware: Annotated[str, Query(max_length=64)] = EXAMPLE_HARDWARE,
+    gpus: Annotated[int | None, _query("gpus")] = None,
+    gpu_hour_usd: Annotated[Decimal | None, _query("gpu_hour_usd")] = None,
+    context: Annotated[int, _query("context")] = 4096,
+    batch_sizes: Annotated[str | None, Query(max_length=1024, description="Up to 64 comma-separated sizes.")] = None,
 ) -> dict[str, Any]:
     """The roofline: cost per 1M tokens and TPOT by batch size. Defaults to the worked example (Llama 3.1
     70B FP8, 4,096-token context) on a node of this deployment's GPU count and price per GPU-hour."""
     if hardware not in HARDWARE_PRESETS:
         offered = ", ".join(HARDWARE_PRESETS)
-        raise InvalidRequest(f"Unknown hardware '{hardware}': use one of {offered}.", param="hardware")
+        raise InvalidRequest(f"Unknown hardware {clip(hardware)}: use one of {offered}.", param="hardware")
     preset = HARDWARE_PRESETS[hardware]
     node = Hardware(
-        gpus=gpus or settings.gpu_count,
+        gpus=gpus or min(settings.gpu_count, int(BOUNDS["gpus"].high)),
         hbm_bytes_per_gpu=preset.hbm_bytes_per_gpu,
         hbm_bandwidth_bytes_per_s_per_gpu=preset.hbm_bandwidth_bytes_per_s_per_gpu,
-        usd_per_gpu_hour=_price(gpu_hour_usd) if gpu_hour_usd is not None else settings.gpu_hour_usd,
+        usd_per_gpu_hour=gpu_hour_usd if gpu_hour_usd is not None else settings.gpu_hour_usd,
     )
     shape = ModelShape(weight_bytes=weights_gb * GB, kv_bytes_per_token=kv_bytes_per_token)
     return {"object": "planner.plan", **plan(shape, node, context, _sizes(batch_sizes)).to_dict()}
 
 
-def _price(text: str) -> Decimal:
-    try:
-        value = Decimal(text)
-    except InvalidOperation:
-        value = Decimal(0)
-    if not value.is_finite() or value <= 0:
-        raise InvalidRequest(f"gpu_hour_usd must be a positive number, got '{text}'.", param="gpu_hour_usd")
-    return value
-
-
 def _sizes(text: str | None) -> list[int] | None:
     if text is None:
         return None
+    bound = BOUNDS["batch_size"]
     try:
         sizes = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         sizes = []
-    if not sizes or min(sizes) < 1 or len(sizes) > 64:
-        raise InvalidRequest("batch_sizes must be 1 to 64 comma-separated positive integers.", param="batch_sizes")
+    if not sizes or len(sizes) > 64 or not all(bound.low <= size <= bound.high for size in sizes):
+        message = f"batch_sizes must be 1 to 64 comma-separated integers from 1 to {bound.high:,.0f}."
+        raise InvalidRequest(message, param="batch_sizes")
     return sizes
 
 
 @router.get("/finance", include_in_schema=False)
-def finance_page() -> HTMLResponse:
+def finance_page(request: Request) -> HTMLResponse:
     """The finance page: a static shell that asks for an API key and calls the JSON endpoints."""
+    if {"key", "api_key"} & set(request.query_params):
+        raise InvalidRequest(
+            "Never put an API key in a URL: servers and proxies log URLs. Open /finance and enter the key, "
+            "or pass it in the fragment (/finance#key=...), which the browser never sends.",
+            param="key",
+        )
     page = resources.files("api.finance").joinpath("static/finance.html").read_text(encoding="utf-8")
     return HTMLResponse(page, headers={"Cache-Control": "no-store"})

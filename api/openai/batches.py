@@ -7,13 +7,14 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 
 from api.deps import Blobs, Caller, Config, DbSession
+from api.errors import error_responses
 from api.openai.schemas import BatchCreate, BatchList, BatchObject
 from storage.batches import cancel_batch, create_batch, get_batch, list_batches
 from storage.errors import InvalidRequest, ModelNotFound
 from storage.files import get_file
 from storage.finance.goodput import batch_goodput
 from storage.finance.job_cost import batch_cost_json
-from storage.lines import peek_model
+from storage.lines import clip, peek_model
 from storage.planning.estimates import estimate_job, shape_of_jsonl
 from storage.wakeups import wake_after_commit
 
@@ -73,7 +74,7 @@ def _served_model(blobs: Blobs, settings: Config, blob_key: str) -> str | None:
     served = settings.served_models()
     if model is not None and model not in served:
         raise ModelNotFound(
-            f"The model '{model}' is not served here. Served models: {', '.join(sorted(served))}.",
+            f"The model {clip(model)} is not served here. Served models: {', '.join(sorted(served))}.",
             param="model",
         )
     return model
@@ -95,7 +96,7 @@ def retrieve(batch_id: str, session: DbSession, caller: Caller, settings: Config
 def list_all(
     session: DbSession,
     caller: Caller,
-    after: str | None = None,
+    after: Annotated[str | None, Query(max_length=128)] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> BatchList:
     """The caller's batches, newest first, paginated with `after` and `limit`."""
@@ -109,7 +110,7 @@ def list_all(
     )
 
 
-@router.post("/{batch_id}/cancel", response_model=BatchObject)
+@router.post("/{batch_id}/cancel", response_model=BatchObject, responses=error_responses(409))
 def cancel(batch_id: str, session: DbSession, caller: Caller) -> BatchObject:
     """Cancel a batch: queued requests end at once, running ones are aborted within seconds."""
     batch = cancel_batch(session, tenant_id=caller.tenant_id, batch_id=batch_id)

@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Annotated, BinaryIO
 
-from fastapi import APIRouter, Form, Query, Request, UploadFile
+from fastapi import APIRouter, Form, Query, UploadFile
 from fastapi.responses import StreamingResponse
 
 from api.deps import Blobs, Caller, Config, DbSession
 from api.openai.schemas import FileDeleted, FileList, FileObject
 from storage.errors import InvalidRequest, UploadTooLarge
-from storage.files import create_file, delete_file, get_file, list_files
-from storage.lines import check_utf8_jsonl
+from storage.files import check_filename, content_disposition, create_file, delete_file, get_file, list_files
+from storage.lines import check_utf8_jsonl, clip
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
 
@@ -30,9 +30,8 @@ def _bounded(handle: BinaryIO, *, limit: int, chunk_bytes: int) -> Iterator[byte
 
 @router.post("", response_model=FileObject)
 def upload_file(
-    request: Request,
     file: UploadFile,
-    purpose: Annotated[str, Form()],
+    purpose: Annotated[str, Form(json_schema_extra={"enum": list(PURPOSES)})],
     session: DbSession,
     caller: Caller,
     blobs: Blobs,
@@ -40,18 +39,17 @@ def upload_file(
 ) -> FileObject:
     """Upload a JSONL file of batch requests (purpose `batch`); it is streamed to object storage."""
     if purpose not in PURPOSES:
-        raise InvalidRequest(f"Invalid purpose '{purpose}': uploads support 'batch'.", param="purpose")
-    limit = settings.upload_max_bytes
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit + 64 * 1024:
-        raise UploadTooLarge(f"File is larger than the {limit} byte limit.", param="file")
+        raise InvalidRequest(f"Invalid purpose {clip(purpose)}: uploads support 'batch'.", param="purpose")
+    # Kept as the user's label, never used as a path: objects are keyed by file id alone.
+    filename = check_filename(file.filename or "upload.jsonl")
+    limit = settings.upload_max_bytes  # api/limits.py already refused a larger declared or streamed body
     chunks = _bounded(file.file, limit=limit, chunk_bytes=settings.stream_chunk_bytes)
     try:
         row = create_file(
             session,
             blobs,
             tenant_id=caller.tenant_id,
-            filename=file.filename or "upload.jsonl",
+            filename=filename,
             purpose=purpose,
             chunks=check_utf8_jsonl(chunks),
         )
@@ -67,8 +65,8 @@ def upload_file(
 def list_all_files(
     session: DbSession,
     caller: Caller,
-    purpose: str | None = None,
-    after: str | None = None,
+    purpose: Annotated[str | None, Query(max_length=64)] = None,
+    after: Annotated[str | None, Query(max_length=128)] = None,
     limit: Annotated[int, Query(ge=1, le=10000)] = 10000,
     order: Annotated[str, Query(pattern="^(asc|desc)$")] = "desc",
 ) -> FileList:
@@ -97,7 +95,7 @@ def file_content(file_id: str, session: DbSession, caller: Caller, blobs: Blobs,
     return StreamingResponse(
         stream,
         media_type="application/octet-stream",
-        headers={"Content-Length": str(row.bytes), "Content-Disposition": f'attachment; filename="{row.filename}"'},
+        headers={"Content-Length": str(row.bytes), "Content-Disposition": content_disposition(row.filename)},
     )
 
 

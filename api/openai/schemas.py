@@ -47,9 +47,9 @@ class FileDeleted(BaseModel):
 
 
 class BatchCreate(BaseModel):
-    input_file_id: str
-    endpoint: str
-    completion_window: str = "24h"
+    input_file_id: str = Field(max_length=128)
+    endpoint: str = Field(max_length=64)
+    completion_window: str = Field(default="24h", max_length=16)
     metadata: dict[str, str] | None = None
 
     @field_validator("endpoint")

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Protocol
+
+from sqlalchemy import event
+from sqlalchemy.orm import Session
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -49,3 +55,25 @@ def get_blob_store() -> BlobStore:
     from storage.blobs.local import LocalBlobStore
 
     return LocalBlobStore(settings.data_dir / "objects")
+
+
+_PENDING = "backfill_blobs_pending"
+
+
+def delete_on_rollback(session: Session, blobs: BlobStore, key: str) -> None:
+    """Remove the object at `key` if `session` rolls back: an object written before its row never outlives it."""
+    session.info.setdefault(_PENDING, []).append((blobs, key))
+
+
+@event.listens_for(Session, "after_commit")
+def _keep(session: Session) -> None:
+    session.info.pop(_PENDING, None)
+
+
+@event.listens_for(Session, "after_rollback")
+def _remove(session: Session) -> None:
+    for blobs, key in session.info.pop(_PENDING, []):
+        try:
+            blobs.delete(key)
+        except Exception:  # the orphan stays; a lifecycle rule or an operator removes it
+            log.exception("could not remove the object %s of a rolled-back upload", key)

@@ -25,6 +25,7 @@ from storage import lifecycle
 from storage.errors import InvalidRequest
 from storage.finance.attribution import RunShare, attribute_busy_seconds, attribute_runs
 from storage.finance.prices import price_book, price_job
+from storage.lines import clip
 from storage.models import Batch, BatchRequest
 from storage.settings import Settings
 
@@ -47,7 +48,8 @@ def parse_group_by(values: Sequence[str] | None) -> tuple[str, ...]:
     unknown = wanted - set(GROUP_FIELDS)
     if unknown:
         raise InvalidRequest(
-            f"Invalid group_by {', '.join(sorted(unknown))!r}: use any of {', '.join(GROUP_FIELDS)}.", param="group_by"
+            f"Invalid group_by {clip(', '.join(sorted(unknown)))}: use any of {', '.join(GROUP_FIELDS)}.",
+            param="group_by",
         )
     return tuple(name for name in GROUP_FIELDS if name in wanted)
 

@@ -25,6 +25,33 @@ GB = 1e9
 _SECONDS_PER_HOUR = Decimal(3600)
 _MILLION = Decimal(1_000_000)
 
+
+@dataclass(frozen=True)
+class Bound:
+    """The accepted range of one planner input (the API's `ge`/`le` and the CLI's check use the same)."""
+
+    low: float
+    high: float
+
+    def check(self, name: str, value: float | Decimal) -> None:
+        """ValueError naming the input unless low <= value <= high (and finite)."""
+        if not self.low <= value <= self.high:
+            raise ValueError(f"{name} must be between {self.low:g} and {self.high:g}, got {value}")
+
+
+# Generous for any real node (a 4,096-GPU pod, 100 TB of weights, a 10M-token context) and small enough that
+# every figure the planner derives stays a finite float well inside 2**53.
+BOUNDS = {
+    "weights_gb": Bound(0.001, 100_000),
+    "kv_bytes_per_token": Bound(1, 1e9),
+    "gpus": Bound(1, 4096),
+    "hbm_gb": Bound(0.001, 100_000),
+    "hbm_tbps": Bound(0.001, 1000),
+    "gpu_hour_usd": Bound(0.0001, 10_000),
+    "context": Bound(1, 10_000_000),
+    "batch_size": Bound(1, 10_000_000),
+}
+
 WEIGHT_DTYPE_BYTES: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int4": 0.5}
 KV_DTYPE_BYTES: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
 # config.json "torch_dtype" -> our dtype names; vLLM's kv_cache_dtype "auto" follows the model dtype.
@@ -275,12 +302,19 @@ def max_batch_size(model: ModelShape, hardware: Hardware, context: int, *, memor
     if not 0 < memory_fraction <= 1:
         raise ValueError(f"memory fraction must be in (0, 1], got {memory_fraction}")
     budget = hardware.hbm_bytes * memory_fraction
-    batch = max(0, math.floor((budget - model.weight_bytes) / model.kv_bytes_per_sequence(context)))
-    # Float division can land one off at an exact boundary; settle it with the same test `fits` uses.
-    while memory_bytes(model, context, batch + 1) <= budget:
-        batch += 1
-    while batch > 0 and memory_bytes(model, context, batch) > budget:
-        batch -= 1
+    spare = (budget - model.weight_bytes) / model.kv_bytes_per_sequence(context)
+    if not math.isfinite(spare):
+        raise ValueError("the node's memory over one sequence's KV cache is not a finite number")
+    batch = max(0, math.floor(spare))
+    # Float division can land one off at an exact boundary; settle it with the same test `fits` uses, a
+    # bounded number of steps (closed form: a huge batch must never turn this into a +1 loop).
+    for _ in range(4):
+        if memory_bytes(model, context, batch + 1) <= budget:
+            batch += 1
+        elif batch > 0 and memory_bytes(model, context, batch) > budget:
+            batch -= 1
+        else:
+            break
     return batch
 
 

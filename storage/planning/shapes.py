@@ -13,6 +13,7 @@ from typing import Any
 from storage.lines import LineError
 
 DEFAULT_MAX_TOKENS = 256
+MAX_OUTPUT_TOKENS = 2**31 - 1  # `max_output_tokens` is a 32-bit column; no engine produces more anyway
 BYTES_PER_TOKEN = 4
 _NO_OUTPUT_URLS = frozenset({"/v1/embeddings"})
 
@@ -36,7 +37,7 @@ def output_limit(body: Any, url: str | None, default_max_tokens: int = DEFAULT_M
     for name in ("max_completion_tokens", "max_tokens"):
         value = body.get(name) if isinstance(body, dict) else None
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
+            return min(value, MAX_OUTPUT_TOKENS)
     return default_max_tokens
 
 

@@ -35,9 +35,7 @@ COMMANDS = (serve, migrate, keys, worker, beat, demo_model, plan, estimate, repo
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `backfill` console script."""
-    logging.basicConfig(
-        level=os.environ.get("BACKFILL_LOG_LEVEL", "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not hasattr(args, "func"):
@@ -49,6 +47,22 @@ def main(argv: list[str] | None = None) -> int:
     except SettingsError as error:
         print(f"backfill: {error}", file=sys.stderr)
         return 2
+
+
+def configure_logging() -> None:
+    """BACKFILL_LOG_LEVEL on the root logger; SQL statements stay silent at any level unless BACKFILL_SQL_ECHO.
+
+    SQL is logged with its parameters (tenant ids, API key hashes): never part of ordinary logs.
+    """
+    logging.basicConfig(
+        level=os.environ.get("BACKFILL_LOG_LEVEL", "INFO"), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    echo = os.environ.get("BACKFILL_SQL_ECHO", "").lower() in {"1", "true", "yes", "on"}
+    logging.getLogger("sqlalchemy.engine").setLevel(logging.INFO if echo else logging.WARNING)
+    from api.logs import RedactSecrets
+
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RedactSecrets())
 
 
 def build_parser() -> argparse.ArgumentParser:

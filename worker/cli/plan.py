@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from storage.planning.roofline import (
+    BOUNDS,
     GB,
     HARDWARE_PRESETS,
     KV_DTYPE_BYTES,
@@ -68,8 +69,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _positive(flag: str, value: float | None) -> Any:
+    """The value if it is None or inside the planner's bound for this input (roofline.BOUNDS)."""
     if value is not None and not value > 0:
         raise PlanInputError(f"{flag} must be positive, got {value}")
+    if value is not None:
+        BOUNDS[flag.removeprefix("--").replace("-", "_")].check(flag, value)
     return value
 
 
@@ -120,6 +124,7 @@ def _usd(text: str) -> Decimal:
         raise PlanInputError(f"--gpu-hour-usd must be a number, got {text!r}") from None
     if not value.is_finite() or value <= 0:
         raise PlanInputError(f"--gpu-hour-usd must be positive, got {text}")
+    BOUNDS["gpu_hour_usd"].check("--gpu-hour-usd", value)
     return value
 
 
@@ -132,6 +137,8 @@ def _batch_sizes(args: argparse.Namespace) -> list[int] | None:
         raise PlanInputError(f"--batch-sizes must be comma-separated integers, got {args.batch_sizes!r}") from None
     if not sizes or min(sizes) < 1:
         raise PlanInputError(f"--batch-sizes must be positive integers, got {args.batch_sizes!r}")
+    for size in sizes:
+        BOUNDS["batch_size"].check("--batch-sizes", size)
     return sizes
 
 

@@ -49,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from api.app import create_app
+    from api.logs import uvicorn_log_config
     from worker.cli.migrate import migrate_database
 
     settings = get_settings()
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
 
     app = create_app(health_extra=health_extra)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+        uvicorn.run(app, host=args.host, port=args.port, log_level="info", log_config=uvicorn_log_config())
     finally:
         if embedded_worker is not None:
             embedded_worker.shutdown()

@@ -112,7 +112,7 @@ class ChartPoints(HTMLParser):
 def test_finance_page_draws_daily_costs_and_the_planner_curve(server: LiveServer, tmp_path: Path) -> None:
     days = seed_three_days()
     key = make_key("ops", admin=True)
-    url = f"{server.base_url}/finance?key={key}&days=7"
+    url = f"{server.base_url}/finance?days=7#key={key}"
     screenshot = tmp_path / "finance.png"
 
     chromium(f"--screenshot={screenshot}", url)

@@ -100,3 +100,42 @@ def test_bad_input_is_one_line_on_stderr_with_exit_2(
     assert out == ""
     assert needle in err
     assert err.count("\n") == 1
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        ([*WORKED_EXAMPLE, "--gpus", "100000000000000000000000"], "--gpus"),
+        ([*WORKED_EXAMPLE[2:], "--weights-gb", "1e308"], "--weights-gb"),
+        ([*WORKED_EXAMPLE[2:], "--weights-gb", "inf"], "--weights-gb"),
+        (["--weights-gb", "70.6", "--kv-bytes-per-token", "1e-320", "--context", "4096"], "--kv-bytes-per-token"),
+        ([*WORKED_EXAMPLE, "--gpu-hour-usd", "1e999999999"], "--gpu-hour-usd"),
+        ([*WORKED_EXAMPLE, "--batch-sizes", "1," + "9" * 40], "--batch-sizes"),
+    ],
+)
+def test_out_of_range_numbers_are_refused_at_once_not_computed_forever(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run_cli(argv, capsys)
+    assert code == 2 and out == "" and needle in err and err.count("\n") == 1
+
+
+@pytest.mark.timeout(20)
+def test_the_largest_node_the_bounds_allow_is_planned_in_closed_form(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [
+        "--weights-gb",
+        "0.001",
+        "--kv-bytes-per-token",
+        "1",
+        "--context",
+        "1",
+        "--gpus",
+        "4096",
+        "--format",
+        "json",
+    ]
+    code, out, _ = run_cli(argv, capsys)
+    assert code == 0
+    plan = json.loads(out)
+    assert plan["max_batch_size"] == 4096 * 80 * 10**9 - 10**6
