@@ -112,7 +112,7 @@ def test_a_path_like_filename_is_kept_verbatim_and_never_used_as_a_path(server: 
     assert uploaded["filename"] == name  # the name is the user's label, returned as given
     with transaction() as session:
         row = session.get(File, uploaded["id"])
-        assert row is not None and row.blob_key == f"files/{uploaded['id']}"  # the key is ours alone
+        assert row is not None and row.blob_key == f"acme/files/{uploaded['id']}.jsonl"  # the key is ours alone
     response = get(server, f"/v1/files/{uploaded['id']}/content", key)
     assert response.status_code == 200 and response.content == LINE
     assert 'filename="../../etc/passwd"' not in response.headers["content-disposition"]

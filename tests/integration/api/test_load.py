@@ -37,4 +37,7 @@ def test_sixty_clients_uploading_and_creating_batches_at_once_all_succeed(api: L
     assert summary["health_p99_ms"] is None or summary["health_p99_ms"] < 10_000, summary
     with transaction() as session:
         keys = {row.blob_key for row in session.query(File)}
-    assert stored_objects() - before <= keys  # no orphan: every object written now has its row
+    # No orphan upload: every input object written now has its row. (Result objects and manifests belong to
+    # batches finalizing meanwhile; the chaos suite's history checker covers those once work has settled.)
+    uploads = {name for name in stored_objects() - before if "/files/" in f"/{name}"}
+    assert uploads and uploads <= keys
