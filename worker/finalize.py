@@ -56,7 +56,13 @@ def finalize_batch(blobs: BlobStore, *, batch_id: str) -> str | None:
             file_id, size, digest = stored
             filename = f"{batch_id}_{kind}.jsonl"
             record_result_file(
-                session, file_id=file_id, tenant_id=tenant_id, filename=filename, size=size, sha256=digest
+                session,
+                file_id=file_id,
+                tenant_id=tenant_id,
+                filename=filename,
+                size=size,
+                sha256=digest,
+                expires_after_seconds=batch.output_expires_after_seconds,
             )
             if kind == "output":
                 batch.output_file_id = file_id
