@@ -19,10 +19,11 @@ from openai.types.responses import Response
 from tests.conftest import LiveServer, make_key
 from tests.integration.api.helpers import chat_line, read_lines, to_jsonl, upload, wait_for
 
+# Names of their own: a worker's engines are cached per model name for the whole test session.
 MODELS = json.dumps(
     {
-        "fake-model": {"path": "fake:", "max_num_seqs": 8, "max_model_len": 2048},
-        "fake-embed": {"path": "fake:", "runner": "pooling"},
+        "ctx-model": {"path": "fake:", "max_num_seqs": 8, "max_model_len": 2048},
+        "ctx-embed": {"path": "fake:", "runner": "pooling"},
     }
 )
 pytestmark = pytest.mark.backfill_env({"BACKFILL_MODELS": MODELS})
@@ -34,18 +35,22 @@ def run(client: Any, lines: list[dict[str, Any]], endpoint: str = "/v1/chat/comp
     return wait_for(client, batch.id)
 
 
+def line(i: int, **extra: Any) -> dict[str, Any]:
+    return chat_line(i, model="ctx-model", **extra)
+
+
 def responses_line(i: int, **body: Any) -> dict[str, Any]:
     return {
         "custom_id": f"resp-{i}",
         "method": "POST",
         "url": "/v1/responses",
-        "body": {"model": "fake-model", "input": f"question {i}", **body},
+        "body": {"model": "ctx-model", "input": f"question {i}", **body},
     }
 
 
 def test_max_tokens_beyond_the_context_lands_in_the_error_file_as_a_400_and_is_not_billed(api: LiveServer) -> None:
     client = api.client(make_key("acme"))
-    done = run(client, [chat_line(0, max_tokens=10_000_000), chat_line(1, max_tokens=3)])
+    done = run(client, [line(0, max_tokens=10_000_000), line(1, max_tokens=3)])
     assert done.status == "completed" and done.request_counts.completed == 1 and done.request_counts.failed == 1
     (error,) = read_lines(client, done.error_file_id)
     assert error["custom_id"] == "req-0" and error["response"]["status_code"] == 400
@@ -62,7 +67,7 @@ def test_max_tokens_beyond_the_context_lands_in_the_error_file_as_a_400_and_is_n
 def test_every_batch_carries_usage_summed_from_its_lines_with_cached_prompt_tokens(api: LiveServer) -> None:
     client = api.client(make_key("acme"))
     system = {"role": "system", "content": "you are terse " * 20}
-    lines = [chat_line(i, max_tokens=2, messages=[system, {"role": "user", "content": f"q{i}"}]) for i in range(6)]
+    lines = [line(i, max_tokens=2, messages=[system, {"role": "user", "content": f"q{i}"}]) for i in range(6)]
     done = run(client, lines)
     assert done.status == "completed"
     bodies = [
@@ -92,7 +97,7 @@ def test_every_batch_carries_usage_summed_from_its_lines_with_cached_prompt_toke
 
 def test_a_batch_created_just_now_shows_zero_usage(api: LiveServer) -> None:
     client = api.client(make_key("acme"))
-    source = upload(client, to_jsonl([chat_line(0)]))
+    source = upload(client, to_jsonl([line(0)]))
     batch = client.batches.create(input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h")
     assert batch.usage and batch.usage.total_tokens == 0 and batch.usage.input_tokens_details.cached_tokens == 0
 
@@ -106,7 +111,7 @@ def test_a_responses_batch_writes_response_objects_the_sdk_parses(api: LiveServe
     assert done.request_counts.completed == 5 and done.request_counts.failed == 1
     for line in read_lines(client, done.output_file_id):
         response = Response.model_validate(line["response"]["body"])
-        assert response.object == "response" and response.model == "fake-model"
+        assert response.object == "response" and response.model == "ctx-model"
         assert response.output[0].type == "message" and response.output[0].role == "assistant"
         assert response.output[0].content[0].type == "output_text" and len(response.output_text.split()) == 4
         assert response.usage and response.usage.output_tokens == 4
@@ -117,7 +122,7 @@ def test_a_responses_batch_writes_response_objects_the_sdk_parses(api: LiveServe
 
 def test_a_responses_line_in_a_chat_batch_is_reported_by_the_line_checker(api: LiveServer) -> None:
     client = api.client(make_key("acme"))
-    done = run(client, [chat_line(0), responses_line(1)])
+    done = run(client, [line(0), responses_line(1)])
     assert done.status == "failed" and done.errors and done.errors.data
     assert [(e.code, e.line) for e in done.errors.data] == [("mismatched_url", 2)]
 
@@ -125,9 +130,9 @@ def test_a_responses_line_in_a_chat_batch_is_reported_by_the_line_checker(api: L
 @pytest.mark.parametrize(
     ("endpoint", "model", "line"),
     [
-        ("/v1/embeddings", "fake-model", {"input": "hi"}),
-        ("/v1/chat/completions", "fake-embed", {"messages": [{"role": "user", "content": "hi"}]}),
-        ("/v1/responses", "fake-embed", {"input": "hi"}),
+        ("/v1/embeddings", "ctx-model", {"input": "hi"}),
+        ("/v1/chat/completions", "ctx-embed", {"messages": [{"role": "user", "content": "hi"}]}),
+        ("/v1/responses", "ctx-embed", {"input": "hi"}),
     ],
 )
 def test_a_model_that_cannot_serve_the_endpoint_is_refused_at_create(
@@ -146,7 +151,7 @@ def test_a_model_that_cannot_serve_the_endpoint_is_refused_at_create(
 
 def test_an_embeddings_batch_runs_on_an_embedding_model(api: LiveServer) -> None:
     client = api.client(make_key("acme"))
-    line = {"custom_id": "e", "method": "POST", "url": "/v1/embeddings", "body": {"model": "fake-embed", "input": "x"}}
+    line = {"custom_id": "e", "method": "POST", "url": "/v1/embeddings", "body": {"model": "ctx-embed", "input": "x"}}
     done = run(client, [line], "/v1/embeddings")
     assert done.status == "completed" and done.request_counts.completed == 1
     assert done.usage and done.usage.output_tokens == 0
@@ -155,7 +160,7 @@ def test_an_embeddings_batch_runs_on_an_embedding_model(api: LiveServer) -> None
 @pytest.mark.parametrize("seconds", [60, 3599, 2592001])
 def test_output_expires_after_outside_an_hour_to_30_days_is_a_400(api: LiveServer, seconds: int) -> None:
     client = api.client(make_key("acme"))
-    source = upload(client, to_jsonl([chat_line(0)]))
+    source = upload(client, to_jsonl([line(0)]))
     with pytest.raises(openai.BadRequestError) as refused:
         client.batches.create(
             input_file_id=source.id,
@@ -170,12 +175,12 @@ def test_output_expires_after_dates_the_output_and_error_files(api: LiveServer) 
     client = api.client(make_key("acme"))
     done = run(
         client,
-        [chat_line(0), chat_line(1, temperature=-3)],
+        [line(0), line(1, temperature=-3)],
         output_expires_after={"anchor": "created_at", "seconds": 7200},
     )
     assert done.output_file_id and done.error_file_id
     for file_id in (done.output_file_id, done.error_file_id):
         result = client.files.retrieve(file_id)
         assert result.expires_at == result.created_at + 7200
-    plain = run(client, [chat_line(0)])
+    plain = run(client, [line(0)])
     assert plain.output_file_id and client.files.retrieve(plain.output_file_id).expires_at is None
