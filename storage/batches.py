@@ -14,7 +14,7 @@ from storage.ids import new_id
 from storage.models import Batch, BatchRequest
 from storage.settings import window_seconds
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
 
 
 def create_batch(
@@ -26,6 +26,7 @@ def create_batch(
     completion_window: str,
     model: str | None,
     metadata: dict[str, str] | None,
+    output_expires_after_seconds: int | None = None,
 ) -> Batch:
     """Record a new batch in `validating`; ingest validates its file and fills the queue."""
     created = now()
@@ -38,6 +39,7 @@ def create_batch(
         model=model,
         status=lifecycle.VALIDATING,
         metadata_=metadata,
+        output_expires_after_seconds=output_expires_after_seconds,
         created_at=created,
         expires_at=created + window_seconds(completion_window),
         request_total=0,

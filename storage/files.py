@@ -26,12 +26,14 @@ def create_file(
     purpose: str,
     chunks: Iterable[bytes],
     file_id: str | None = None,
+    expires_after_seconds: int | None = None,
 ) -> File:
-    """Stream `chunks` into object storage and record the file row (key, size, checksum)."""
+    """Stream `chunks` into object storage and record the file row (key, size, checksum, expiry)."""
     file_id = file_id or new_id("file-")
     key = input_file_key(tenant=tenant_folder(session, tenant_id=tenant_id), file_id=file_id)
     stored = blobs.put_stream(key, chunks)
     delete_on_rollback(session, blobs, stored.key)  # the row may never land (a failed flush or commit)
+    created = now()
     row = File(
         id=file_id,
         tenant_id=tenant_id,
@@ -40,7 +42,8 @@ def create_file(
         bytes=stored.size,
         blob_key=stored.key,
         sha256=stored.sha256,
-        created_at=now(),
+        created_at=created,
+        expires_at=created + expires_after_seconds if expires_after_seconds else None,
     )
     session.add(row)
     session.flush()
@@ -75,11 +78,20 @@ def content_disposition(filename: str) -> str:
 
 
 def record_result_file(
-    session: Session, *, file_id: str, tenant_id: str, filename: str, blob_key: str, size: int, sha256: str
+    session: Session,
+    *,
+    file_id: str,
+    tenant_id: str,
+    filename: str,
+    blob_key: str,
+    size: int,
+    sha256: str,
+    expires_after_seconds: int | None = None,
 ) -> File:
     """The row of a result file whose object is already written (idempotent: a finalize re-run keeps the row)."""
     row = session.get(File, file_id)
     if row is None:
+        created = now()
         row = File(
             id=file_id,
             tenant_id=tenant_id,
@@ -88,7 +100,8 @@ def record_result_file(
             bytes=size,
             blob_key=blob_key,
             sha256=sha256,
-            created_at=now(),
+            created_at=created,
+            expires_at=created + expires_after_seconds if expires_after_seconds else None,
         )
         session.add(row)
         session.flush()
@@ -96,18 +109,25 @@ def record_result_file(
 
 
 def get_file(session: Session, *, tenant_id: str, file_id: str) -> File:
-    """The tenant's live file, or FileNotFound (foreign ids look exactly like missing ones)."""
+    """The tenant's live file, or FileNotFound (foreign, deleted and expired ids look exactly like missing ones)."""
     row = session.get(File, file_id)
-    if row is None or row.tenant_id != tenant_id or row.deleted_at is not None:
+    if row is None or row.tenant_id != tenant_id or row.deleted_at is not None or is_expired(row):
         raise FileNotFound(f"No such File object: {file_id}", param="file_id")
     return row
+
+
+def is_expired(row: File) -> bool:
+    """True once the file's expiry has passed, whether or not the retention sweep has removed it yet."""
+    return row.expires_at is not None and row.expires_at <= now()
 
 
 def list_files(
     session: Session, *, tenant_id: str, purpose: str | None, after: str | None, limit: int, order: str
 ) -> list[File]:
     """The tenant's files, newest first by default, `limit + 1` rows to tell if more exist."""
-    query = select(File).where(File.tenant_id == tenant_id, File.deleted_at.is_(None))
+    query = select(File).where(
+        File.tenant_id == tenant_id, File.deleted_at.is_(None), (File.expires_at.is_(None)) | (File.expires_at > now())
+    )
     if purpose:
         query = query.where(File.purpose == purpose)
     descending = order != "asc"

@@ -54,7 +54,10 @@ class ApiKey(Base):
 
 class File(Base):
     __tablename__ = "files"
-    __table_args__ = (Index("ix_files_tenant_created", "tenant_id", "created_at"),)
+    __table_args__ = (
+        Index("ix_files_tenant_created", "tenant_id", "created_at"),
+        Index("ix_files_expires_at", "expires_at"),  # the retention sweep reads the oldest expired first
+    )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
@@ -65,6 +68,7 @@ class File(Base):
     sha256: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[int] = mapped_column(BigInteger)
     deleted_at: Mapped[int | None] = mapped_column(BigInteger)
+    expires_at: Mapped[int | None] = mapped_column(BigInteger)  # None: kept until deleted
 
 
 class Batch(Base):
@@ -89,6 +93,8 @@ class Batch(Base):
     error_file_id: Mapped[str | None] = mapped_column(String(64))
     # The key of manifest.json (storage/manifests.py), written when the batch ended with results.
     manifest_key: Mapped[str | None] = mapped_column(String(512))
+    # `output_expires_after.seconds`: the output and error files expire this long after they are written.
+    output_expires_after_seconds: Mapped[int | None] = mapped_column(Integer)
     request_total: Mapped[int] = mapped_column(Integer, default=0)
     request_completed: Mapped[int] = mapped_column(Integer, default=0)
     request_failed: Mapped[int] = mapped_column(Integer, default=0)
@@ -157,6 +163,8 @@ class BatchRequest(Base):
     error_message: Mapped[str | None] = mapped_column(Text)
     prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
     completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    # Prompt tokens the engine served from its prefix cache (vLLM's num_cached_tokens): OpenAI's cached_tokens.
+    cached_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     engine_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     run_id: Mapped[str | None] = mapped_column(String(64))
     finished_at: Mapped[float | None] = mapped_column(Float)

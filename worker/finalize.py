@@ -71,6 +71,7 @@ def finalize_batch(blobs: BlobStore, *, batch_id: str) -> str | None:
                 blob_key=blob.key,
                 size=blob.size,
                 sha256=blob.sha256,
+                expires_after_seconds=batch.output_expires_after_seconds,
             )
             if kind == "output":
                 batch.output_file_id = file_id

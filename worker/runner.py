@@ -318,4 +318,5 @@ def _outcome(result: EngineResult) -> Outcome:
         engine_seconds=result.engine_seconds,
         error_code=result.error_code,
         error_message=result.error_message,
+        cached_tokens=result.cached_tokens,
     )

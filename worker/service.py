@@ -18,6 +18,7 @@ from storage.batches import batches_validating, get_batch, note_ingest_failure
 from storage.blobs import get_blob_store
 from storage.db import transaction
 from storage.queue.rows import refresh_statistics
+from storage.retention import sweep_expired_files
 from storage.settings import Settings, SettingsError, get_settings
 from storage.wakeups import wake_after_commit
 from worker.engine import Engine
@@ -189,6 +190,8 @@ def reap_once() -> Reaped:
             wake_after_commit(session, "batch.run", model=model)
         for batch_id in pending_ingest(session):
             wake_after_commit(session, "batch.ingest", batch_id=batch_id)
+    with transaction() as session:  # its own transaction: object deletes never hold the reaper's batch locks
+        sweep_expired_files(session, get_blob_store(), limit=get_settings().retention_sweep_max_files)
     return result
 
 

@@ -16,6 +16,7 @@ from storage.finance.goodput import batch_goodput
 from storage.finance.job_cost import batch_cost_json
 from storage.lines import clip, peek_model
 from storage.planning.estimates import estimate_job, shape_of_jsonl
+from storage.queue.usage import batch_usages
 from storage.wakeups import wake_after_commit
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
@@ -33,7 +34,7 @@ def create(body: BatchCreate, session: DbSession, caller: Caller, blobs: Blobs, 
     source = get_file(session, tenant_id=caller.tenant_id, file_id=body.input_file_id)
     if source.purpose != "batch":
         raise InvalidRequest("The input file must have purpose 'batch'.", param="input_file_id")
-    model = _served_model(blobs, settings, source.blob_key)
+    model = _served_model(blobs, settings, source.blob_key, endpoint=body.endpoint)
     batch = create_batch(
         session,
         tenant_id=caller.tenant_id,
@@ -42,6 +43,7 @@ def create(body: BatchCreate, session: DbSession, caller: Caller, blobs: Blobs, 
         completion_window=body.completion_window,
         model=model,
         metadata=body.metadata,
+        output_expires_after_seconds=body.output_expires_after.seconds if body.output_expires_after else None,
     )
     wake_after_commit(session, "batch.ingest", batch_id=batch.id)
     return BatchObject.of(batch)
@@ -54,7 +56,7 @@ def estimate(body: BatchCreate, session: DbSession, caller: Caller, blobs: Blobs
     if body.completion_window not in settings.completion_windows:
         raise InvalidRequest(f"Invalid completion_window '{body.completion_window}'.", param="completion_window")
     source = get_file(session, tenant_id=caller.tenant_id, file_id=body.input_file_id)
-    model = _served_model(blobs, settings, source.blob_key)
+    model = _served_model(blobs, settings, source.blob_key, endpoint=body.endpoint)
     if model is None:
         raise InvalidRequest("The input file has no readable first line with 'body.model'.", param="input_file_id")
     shape = shape_of_jsonl(
@@ -69,13 +71,21 @@ def estimate(body: BatchCreate, session: DbSession, caller: Caller, blobs: Blobs
     return result.to_json()
 
 
-def _served_model(blobs: Blobs, settings: Config, blob_key: str) -> str | None:
+def _served_model(blobs: Blobs, settings: Config, blob_key: str, *, endpoint: str) -> str | None:
+    """The batch's model (its first line's), which must be served and able to answer `endpoint`."""
     model = peek_model(blobs.open_stream(blob_key, chunk_bytes=64 * 1024), max_line_bytes=settings.line_max_bytes)
     served = settings.served_models()
     if model is not None and model not in served:
         raise ModelNotFound(
             f"The model {clip(model)} is not served here. Served models: {', '.join(sorted(served))}.",
             param="model",
+        )
+    if model is not None and not served[model].serves(endpoint):
+        able = sorted(name for name, spec in served.items() if spec.serves(endpoint))
+        raise InvalidRequest(
+            f"The model '{model}' does not support {endpoint}. Models that do: {', '.join(able) or 'none'}.",
+            param="endpoint",
+            code="unsupported_endpoint",
         )
     return model
 
@@ -89,6 +99,7 @@ def retrieve(batch_id: str, session: DbSession, caller: Caller, settings: Config
         batch,
         cost=batch_cost_json(session, batch, settings),
         goodput=None if goodput is None else goodput.to_json(object_name="batch.goodput"),
+        usage=batch_usages(session, batch_ids=[batch.id])[batch.id],
     )
 
 
@@ -101,7 +112,8 @@ def list_all(
 ) -> BatchList:
     """The caller's batches, newest first, paginated with `after` and `limit`."""
     rows = list_batches(session, tenant_id=caller.tenant_id, after=after, limit=limit)
-    page = [BatchObject.of(row) for row in rows[:limit]]
+    usages = batch_usages(session, batch_ids=[row.id for row in rows[:limit]])
+    page = [BatchObject.of(row, usage=usages[row.id]) for row in rows[:limit]]
     return BatchList(
         data=page,
         first_id=page[0].id if page else None,
@@ -115,4 +127,4 @@ def cancel(batch_id: str, session: DbSession, caller: Caller) -> BatchObject:
     """Cancel a batch: queued requests end at once, running ones are aborted within seconds."""
     batch = cancel_batch(session, tenant_id=caller.tenant_id, batch_id=batch_id)
     wake_after_commit(session, "batch.finalize", batch_id=batch.id)
-    return BatchObject.of(batch)
+    return BatchObject.of(batch, usage=batch_usages(session, batch_ids=[batch.id])[batch.id])

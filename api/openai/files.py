@@ -17,6 +17,22 @@ from storage.lines import check_utf8_jsonl, clip
 router = APIRouter(prefix="/v1/files", tags=["files"])
 
 PURPOSES = ("batch",)
+EXPIRES_MIN_SECONDS, EXPIRES_MAX_SECONDS = 3600, 30 * 86400  # OpenAI's bounds for expires_after.seconds
+
+
+def expiry_seconds(anchor: str | None, seconds: str | int | None, *, param: str) -> int | None:
+    """OpenAI's `{anchor: "created_at", seconds: N}` checked (3600 <= N <= 2592000); None when not given."""
+    if anchor is None and seconds is None:
+        return None
+    if anchor != "created_at":
+        raise InvalidRequest(f"Invalid '{param}.anchor': only 'created_at' is supported.", param=f"{param}.anchor")
+    text = str(seconds).strip() if seconds is not None else ""
+    if not text.isdigit() or not EXPIRES_MIN_SECONDS <= int(text) <= EXPIRES_MAX_SECONDS:
+        raise InvalidRequest(
+            f"Invalid '{param}.seconds': must be an integer between {EXPIRES_MIN_SECONDS} and {EXPIRES_MAX_SECONDS}.",
+            param=f"{param}.seconds",
+        )
+    return int(text)
 
 
 def _bounded(handle: BinaryIO, *, limit: int, chunk_bytes: int) -> Iterator[bytes]:
@@ -36,13 +52,21 @@ def upload_file(
     caller: Caller,
     blobs: Blobs,
     settings: Config,
+    expires_anchor: Annotated[str | None, Form(alias="expires_after[anchor]", max_length=32)] = None,
+    expires_seconds: Annotated[str | None, Form(alias="expires_after[seconds]", max_length=16)] = None,
 ) -> FileObject:
-    """Upload a JSONL file of batch requests (purpose `batch`); it is streamed to object storage."""
+    """Upload a JSONL file of batch requests (purpose `batch`); it is streamed to object storage.
+
+    `expires_after={anchor: created_at, seconds: N}` (3600 <= N <= 2592000) sets when it expires; by default
+    a batch file expires after 30 days (`BACKFILL_BATCH_FILE_EXPIRES_SECONDS`)."""
     if purpose not in PURPOSES:
         raise InvalidRequest(f"Invalid purpose {clip(purpose)}: uploads support 'batch'.", param="purpose")
     # Kept as the user's label, never used as a path: objects are keyed by file id alone.
     filename = check_filename(file.filename or "upload.jsonl")
     limit = settings.upload_max_bytes  # api/limits.py already refused a larger declared or streamed body
+    expires = expiry_seconds(expires_anchor, expires_seconds, param="expires_after")
+    if expires is None:
+        expires = settings.batch_file_expires_seconds or None
     chunks = _bounded(file.file, limit=limit, chunk_bytes=settings.stream_chunk_bytes)
     try:
         row = create_file(
@@ -52,6 +76,7 @@ def upload_file(
             filename=filename,
             purpose=purpose,
             chunks=check_utf8_jsonl(chunks),
+            expires_after_seconds=expires,
         )
     except ValueError as error:
         raise InvalidRequest(str(error), param="file", code="invalid_file_format") from None

@@ -8,6 +8,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from storage.batches import ENDPOINTS, batch_errors
 from storage.models import Batch, File
+from storage.queue.usage import TokenUsage
 
 
 class FileObject(BaseModel):
@@ -29,6 +30,7 @@ class FileObject(BaseModel):
             created_at=row.created_at,
             filename=row.filename,
             purpose=row.purpose,
+            expires_at=row.expires_at,
         )
 
 
@@ -46,11 +48,19 @@ class FileDeleted(BaseModel):
     deleted: bool = True
 
 
+class ExpiresAfter(BaseModel):
+    """OpenAI's expiration policy: `seconds` after the file's creation, between 1 hour and 30 days."""
+
+    anchor: Literal["created_at"]
+    seconds: int = Field(ge=3600, le=30 * 86400)
+
+
 class BatchCreate(BaseModel):
     input_file_id: str = Field(max_length=128)
     endpoint: str = Field(max_length=64)
     completion_window: str = Field(default="24h", max_length=16)
     metadata: dict[str, str] | None = None
+    output_expires_after: ExpiresAfter | None = None
 
     @field_validator("endpoint")
     @classmethod
@@ -78,6 +88,22 @@ class RequestCounts(BaseModel):
     failed: int
 
 
+class InputTokensDetails(BaseModel):
+    cached_tokens: int
+
+
+class OutputTokensDetails(BaseModel):
+    reasoning_tokens: int
+
+
+class BatchUsage(BaseModel):
+    input_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails
+    total_tokens: int
+
+
 class BatchObject(BaseModel):
     id: str
     object: Literal["batch"] = "batch"
@@ -99,6 +125,7 @@ class BatchObject(BaseModel):
     cancelling_at: int | None = None
     cancelled_at: int | None = None
     request_counts: RequestCounts
+    usage: BatchUsage | None = None
     metadata: dict[str, str] | None = None
     cost: dict[str, Any] | None = Field(default=None, description="Backfill extension: the job's cost block.")
     warnings: dict[str, Any] | None = Field(
@@ -112,7 +139,12 @@ class BatchObject(BaseModel):
 
     @classmethod
     def of(
-        cls, row: Batch, *, cost: dict[str, Any] | None = None, goodput: dict[str, Any] | None = None
+        cls,
+        row: Batch,
+        *,
+        cost: dict[str, Any] | None = None,
+        goodput: dict[str, Any] | None = None,
+        usage: TokenUsage | None = None,
     ) -> BatchObject:
         return cls(
             id=row.id,
@@ -136,6 +168,7 @@ class BatchObject(BaseModel):
             request_counts=RequestCounts(
                 total=row.request_total, completed=row.request_completed, failed=row.request_failed
             ),
+            usage=BatchUsage.model_validate((usage or TokenUsage()).to_json()),
             metadata=row.metadata_,
             cost=cost,
             warnings=batch_errors(row.warnings),

@@ -70,6 +70,7 @@ def batch_cost(session: Session, *, batch: Batch, settings: Settings) -> CostBlo
             func.sum(BatchRequest.prompt_tokens),
             func.sum(BatchRequest.completion_tokens),
             func.count(),
+            func.sum(BatchRequest.cached_tokens),
         )
         .where(BatchRequest.batch_id == batch.id, BILLED)
         .group_by(BatchRequest.run_id)
@@ -85,10 +86,11 @@ def batch_cost(session: Session, *, batch: Batch, settings: Settings) -> CostBlo
         model=batch.model,
         created_at=batch.created_at,
         completion_window=batch.completion_window,
-        input_tokens=sum(int(i or 0) for _, i, _, _ in own),
-        output_tokens=sum(int(o or 0) for _, _, o, _ in own),
+        input_tokens=sum(int(i or 0) for _, i, _, _, _ in own),
+        output_tokens=sum(int(o or 0) for _, _, o, _, _ in own),
         busy_seconds=sum((share.busy_seconds for share in shares), Decimal(0)),
         mean_batch_size=served_batch_size((share, runs[share.run_id].mean_batch_size) for share in shares),
+        cached_input_tokens=sum(int(c or 0) for *_, c in own),
     )
 
 

@@ -1,8 +1,10 @@
 """The price book and the one pricing function (`price_job`): list price, batch discount, compute cost.
 
-List prices are per 1M input and per 1M output tokens, versioned by the date they take effect, so an
-old batch is always billed at the price in force when it ran. A completion window earns a discount
-(fraction of list). Compute cost is measured, not modelled: the engine-busy seconds attributed to a
+List prices are per 1M input, per 1M cached input and per 1M output tokens, versioned by the date they
+take effect, so an old batch is always billed at the price in force when it ran. Cached input is the part
+of the prompt the engine served from its prefix cache; its price is the version's own
+`cached_input_usd_per_mtok`, else the input price x the book's `cached_input_factor`. A completion window
+earns a discount (fraction of list). Compute cost is measured, not modelled: the engine-busy seconds attributed to a
 job x the node's GPUs x the price per GPU-hour. All money is Decimal and is rounded only in
 `CostBlock.to_json()`.
 """
@@ -37,14 +39,30 @@ class PriceVersion:
     effective_from: date
     input_usd_per_mtok: Decimal
     output_usd_per_mtok: Decimal
+    cached_input_usd_per_mtok: Decimal | None = None  # None: input price x the book's cached_input_factor
 
     def __post_init__(self) -> None:
-        if self.input_usd_per_mtok < 0 or self.output_usd_per_mtok < 0:
+        cached = self.cached_input_usd_per_mtok
+        if self.input_usd_per_mtok < 0 or self.output_usd_per_mtok < 0 or (cached is not None and cached < 0):
             raise ValueError(f"prices for {self.model!r} must not be negative")
 
-    def list_usd(self, *, input_tokens: int, output_tokens: int) -> Decimal:
-        """What these tokens cost at list (online) price, unrounded."""
-        tokens_usd = input_tokens * self.input_usd_per_mtok + output_tokens * self.output_usd_per_mtok
+    def list_usd(
+        self,
+        *,
+        input_tokens: int,
+        output_tokens: int,
+        cached_input_tokens: int = 0,
+        cached_input_factor: Decimal = Decimal(1),
+    ) -> Decimal:
+        """What these tokens cost at list (online) price, unrounded; `cached_input_tokens` are part of the input."""
+        cached_price = self.cached_input_usd_per_mtok
+        if cached_price is None:
+            cached_price = self.input_usd_per_mtok * cached_input_factor
+        tokens_usd = (
+            (input_tokens - cached_input_tokens) * self.input_usd_per_mtok
+            + cached_input_tokens * cached_price
+            + output_tokens * self.output_usd_per_mtok
+        )
         return tokens_usd / _MILLION
 
 
@@ -76,8 +94,11 @@ class PriceBook:
     window_discounts: Mapping[str, Decimal] = field(default_factory=lambda: {"24h": Decimal("0.5")})
     gpu_count: int = 8
     usd_per_gpu_hour: Decimal = Decimal("3.99")
+    cached_input_factor: Decimal = Decimal("0.5")  # cached-input price = input price x this, unless a version sets it
 
     def __post_init__(self) -> None:
+        if not Decimal(0) <= self.cached_input_factor <= Decimal(1):
+            raise ValueError(f"cached_input_factor must be in [0, 1], got {self.cached_input_factor}")
         if self.gpu_count < 1:
             raise ValueError(f"gpu_count must be positive, got {self.gpu_count}")
         if self.usd_per_gpu_hour < 0:
@@ -112,9 +133,9 @@ class PriceBook:
         """Build from settings-style JSON; absent keys keep the defaults and a '*' price is always kept.
 
         Shape: {"prices": [{"model", "effective_from": "YYYY-MM-DD", "input_usd_per_mtok",
-        "output_usd_per_mtok"}], "completion_windows": {"24h": "0.5"}, "gpu_count": 8,
-        "usd_per_gpu_hour": "3.99"}. Numbers may be strings or numbers; they go through str() into
-        Decimal so 0.1 stays 0.1.
+        "output_usd_per_mtok", "cached_input_usd_per_mtok" (optional)}], "completion_windows": {"24h": "0.5"},
+        "gpu_count": 8, "usd_per_gpu_hour": "3.99", "cached_input_factor": "0.5"}. Numbers may be strings or
+        numbers; they go through str() into Decimal so 0.1 stays 0.1.
         """
         defaults = cls()
         versions = defaults.versions
@@ -130,6 +151,7 @@ class PriceBook:
             ),
             gpu_count=int(data.get("gpu_count", defaults.gpu_count)),
             usd_per_gpu_hour=to_decimal(data.get("usd_per_gpu_hour", defaults.usd_per_gpu_hour)),
+            cached_input_factor=to_decimal(data.get("cached_input_factor", defaults.cached_input_factor)),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -141,12 +163,18 @@ class PriceBook:
                     "effective_from": v.effective_from.isoformat(),
                     "input_usd_per_mtok": str(v.input_usd_per_mtok),
                     "output_usd_per_mtok": str(v.output_usd_per_mtok),
+                    **(
+                        {"cached_input_usd_per_mtok": str(v.cached_input_usd_per_mtok)}
+                        if v.cached_input_usd_per_mtok is not None
+                        else {}
+                    ),
                 }
                 for v in self.versions
             ],
             "completion_windows": {w: str(d) for w, d in self.window_discounts.items()},
             "gpu_count": self.gpu_count,
             "usd_per_gpu_hour": str(self.usd_per_gpu_hour),
+            "cached_input_factor": str(self.cached_input_factor),
         }
 
 
@@ -164,12 +192,14 @@ def to_decimal(value: Any) -> Decimal:
 
 
 def _version_from_dict(item: Mapping[str, Any]) -> PriceVersion:
+    cached = item.get("cached_input_usd_per_mtok")
     try:
         return PriceVersion(
             model=str(item["model"]),
             effective_from=date.fromisoformat(str(item["effective_from"])),
             input_usd_per_mtok=to_decimal(item["input_usd_per_mtok"]),
             output_usd_per_mtok=to_decimal(item["output_usd_per_mtok"]),
+            cached_input_usd_per_mtok=None if cached is None else to_decimal(cached),
         )
     except KeyError as missing:
         raise ValueError(f"price entry {dict(item)!r} lacks {missing}") from None
@@ -193,11 +223,16 @@ class CostBlock:
     compute_usd: Decimal
     margin_usd: Decimal
     mean_batch_size: Decimal | None
+    cached_input_tokens: int = 0  # of input_tokens, served from the prefix cache (priced at the cached rate)
+    cached_input_usd_per_mtok: Decimal | None = None
 
     def to_json(self) -> dict[str, Any]:
         """Decimal strings, each rounded once here: USD to 6 places, GPU-seconds to 3."""
+        cached_price = self.cached_input_usd_per_mtok
         return {
             "input_tokens": self.input_tokens,
+            "cached_input_tokens": self.cached_input_tokens,
+            "cached_input_usd_per_mtok": None if cached_price is None else _usd(cached_price),
             "output_tokens": self.output_tokens,
             "list_usd": _usd(self.list_usd),
             "discount_pct": str(self.discount_pct.quantize(Decimal("0.01"), ROUND_HALF_UP)),
@@ -224,11 +259,23 @@ def cost_block(
     discount: Decimal,
     price: PriceVersion,
     mean_batch_size: Decimal | float | None = None,
+    cached_input_tokens: int = 0,
+    cached_input_factor: Decimal = Decimal("0.5"),
 ) -> CostBlock:
-    """Price measured tokens and busy time: billed = list - discount, margin = billed - compute."""
-    if input_tokens < 0 or output_tokens < 0:
-        raise ValueError("token counts must not be negative")
-    list_usd = price.list_usd(input_tokens=input_tokens, output_tokens=output_tokens)
+    """Price measured tokens and busy time: billed = list - discount, margin = billed - compute.
+
+    `cached_input_tokens` (part of `input_tokens`) are priced at the cached-input rate."""
+    if input_tokens < 0 or output_tokens < 0 or not 0 <= cached_input_tokens <= input_tokens:
+        raise ValueError("token counts must not be negative, and cached input is part of the input")
+    list_usd = price.list_usd(
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        cached_input_tokens=cached_input_tokens,
+        cached_input_factor=cached_input_factor,
+    )
+    cached_price = price.cached_input_usd_per_mtok
+    if cached_price is None:
+        cached_price = price.input_usd_per_mtok * cached_input_factor
     discount_usd = list_usd * discount
     billed_usd = list_usd - discount_usd
     gpu_seconds = to_decimal(busy_seconds) * gpu_count
@@ -244,6 +291,8 @@ def cost_block(
         compute_usd=compute_usd,
         margin_usd=billed_usd - compute_usd,
         mean_batch_size=None if mean_batch_size is None else to_decimal(mean_batch_size),
+        cached_input_tokens=cached_input_tokens,
+        cached_input_usd_per_mtok=cached_price,
     )
 
 
@@ -262,6 +311,7 @@ def price_book(settings: Settings) -> PriceBook:
     """The price book the settings describe: list prices, window discounts and the node's rent."""
     return PriceBook.from_dict(
         {
+            "cached_input_factor": settings.cached_input_price_factor,  # a price book's own factor wins
             **settings.price_book,
             "completion_windows": settings.completion_windows,
             "gpu_count": settings.gpu_count,
@@ -285,8 +335,11 @@ def price_job(
     output_tokens: int,
     busy_seconds: Decimal,
     mean_batch_size: Decimal | None = None,
+    cached_input_tokens: int = 0,
 ) -> CostBlock:
-    """A cost block at the list price of `created_at` and the window's discount (0 if no longer offered)."""
+    """A cost block at the list price of `created_at` and the window's discount (0 if no longer offered).
+
+    `cached_input_tokens` (part of `input_tokens`) are billed at the book's cached-input price."""
     return cost_block(
         input_tokens=input_tokens,
         output_tokens=output_tokens,
@@ -296,4 +349,6 @@ def price_job(
         discount=book.window_discounts.get(completion_window, Decimal(0)),
         price=book.price_for(model or ANY_MODEL, created_at),
         mean_batch_size=mean_batch_size,
+        cached_input_tokens=cached_input_tokens,
+        cached_input_factor=book.cached_input_factor,
     )

@@ -93,6 +93,7 @@ class CostResult:
     input_tokens: int = 0
     output_tokens: int = 0
     num_model_requests: int = 0
+    input_cached_tokens: int = 0
 
     @property
     def margin_usd(self) -> Decimal:
@@ -111,6 +112,7 @@ class CostResult:
             "margin_usd": _usd(self.margin_usd),
             "gpu_seconds": str(self.gpu_seconds.quantize(Decimal("0.001"), ROUND_HALF_UP)),
             "input_tokens": self.input_tokens,
+            "input_cached_tokens": self.input_cached_tokens,
             "output_tokens": self.output_tokens,
             "num_model_requests": self.num_model_requests,
             **self.group,
@@ -202,6 +204,7 @@ def cost_report(
             func.sum(BatchRequest.prompt_tokens),
             func.sum(BatchRequest.completion_tokens),
             func.count(),
+            func.sum(BatchRequest.cached_tokens),
         )
         .join(Batch, Batch.id == BatchRequest.batch_id)
         .where(BatchRequest.status == lifecycle.REQ_COMPLETED, *_base_filters(start_time, end_time, tenant_id))
@@ -209,15 +212,16 @@ def cost_report(
     ).all()
     runs = attribute_runs(session, run_ids=(r[2] for r in rows if r[2]), prefill_weight=settings.prefill_weight)
     book = price_book(settings)
-    # (day, batch) -> [input, output, requests, busy seconds]
-    jobs: dict[tuple[int, str], list[Any]] = defaultdict(lambda: [0, 0, 0, Decimal(0)])
+    # (day, batch) -> [input, output, requests, busy seconds, cached input]
+    jobs: dict[tuple[int, str], list[Any]] = defaultdict(lambda: [0, 0, 0, Decimal(0), 0])
     info: dict[str, tuple[str, str, str, int]] = {}
     days_of: dict[tuple[str, str], dict[int, tuple[int, int]]] = defaultdict(dict)  # (run, batch) -> day -> tokens
-    for day_index, batch_id, run_id, tenant, model, window, created, i, o, n in rows:
+    for day_index, batch_id, run_id, tenant, model, window, created, i, o, n, c in rows:
         job = jobs[(int(day_index), batch_id)]
         job[0] += int(i or 0)
         job[1] += int(o or 0)
         job[2] += int(n)
+        job[4] += int(c or 0)
         info[batch_id] = (tenant, model, window, created)
         if run_id in runs and batch_id in runs[run_id].shares:
             days_of[(run_id, batch_id)][int(day_index)] = (int(i or 0), int(o or 0))
@@ -225,7 +229,7 @@ def cost_report(
         for day_index, busy in _spread_over_days(runs[run_id].shares[batch_id], days, settings.prefill_weight).items():
             jobs[(day_index, batch_id)][3] += busy
     table: dict[int, dict[tuple[str | None, ...], CostResult]] = defaultdict(dict)
-    for (day_index, batch_id), (i, o, n, busy) in jobs.items():
+    for (day_index, batch_id), (i, o, n, busy, cached) in jobs.items():
         tenant, model, window, created = info[batch_id]
         block = price_job(
             book,
@@ -235,6 +239,7 @@ def cost_report(
             input_tokens=i,
             output_tokens=o,
             busy_seconds=busy,
+            cached_input_tokens=cached,
         )
         group = _group({"tenant": tenant, "model": model, "completion_window": window}, group_by)
         result = table[day_index].setdefault(tuple(group.values()), CostResult(group))
@@ -244,6 +249,7 @@ def cost_report(
         result.compute_usd += block.compute_usd
         result.gpu_seconds += block.gpu_seconds
         result.input_tokens += i
+        result.input_cached_tokens += cached
         result.output_tokens += o
         result.num_model_requests += n
     return day_buckets(start_time, end_time, {d: sorted_groups(results) for d, results in table.items()})

@@ -1,6 +1,7 @@
 """How much work a request or a job asks for, sized without a tokenizer.
 
-Output = the line's max_completion_tokens or max_tokens (default 256; embeddings produce none); input ~
+Output = the line's max_completion_tokens, max_tokens or (Responses) max_output_tokens (default 256;
+embeddings produce none); input ~
 bytes / 4. Ingest sizes every row once this way (`est_input_tokens`, `max_output_tokens`).
 """
 
@@ -31,10 +32,10 @@ class JobShape:
 
 
 def output_limit(body: Any, url: str | None, default_max_tokens: int = DEFAULT_MAX_TOKENS) -> int:
-    """The most output tokens a request may produce: max_completion_tokens, max_tokens, or the default."""
+    """The most output tokens a request may produce: its output cap, or the default."""
     if url in _NO_OUTPUT_URLS:
         return 0
-    for name in ("max_completion_tokens", "max_tokens"):
+    for name in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
         value = body.get(name) if isinstance(body, dict) else None
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return min(value, MAX_OUTPUT_TOKENS)

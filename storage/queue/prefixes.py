@@ -17,13 +17,19 @@ CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
 
 
+RESPONSES_URL = "/v1/responses"
+
+
 def prefix_key_of(url: str, body: dict[str, Any], *, chars: int) -> str:
     """A short hash of the part of the prompt that requests are likely to share ("" if there is none).
 
     Chat: every message but the last (system prompt, few-shot turns) and the tools, which templates render
     first; with a single message, its first `chars` characters. Completions: the first `chars` characters
-    of the (first) prompt, or its first `chars // 4` token ids. Embeddings have no prefix to share.
+    of the (first) prompt, or its first `chars // 4` token ids. Responses: as chat, the instructions
+    leading the input items. Embeddings have no prefix to share.
     """
+    if url == RESPONSES_URL:  # rendered as chat: instructions become the leading system message
+        url, body = CHAT_URL, {"messages": _responses_messages(body), "tools": None}
     if url == CHAT_URL:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -47,6 +53,12 @@ def prefix_key_of(url: str, body: dict[str, Any], *, chars: int) -> str:
         return ""
     data = url.encode() + b"\0" + orjson.dumps(shared, option=orjson.OPT_SORT_KEYS)
     return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def _responses_messages(body: dict[str, Any]) -> list[Any]:
+    items = body.get("input")
+    lead = [{"role": "system", "content": body["instructions"]}] if body.get("instructions") else []
+    return lead + ([{"role": "user", "content": items}] if isinstance(items, str) else list(items or []))
 
 
 class SharedPrefixes:

@@ -34,6 +34,7 @@ class Outcome:
     engine_seconds: float
     error_code: str | None = None
     error_message: str | None = None
+    cached_tokens: int = 0
 
 
 def renew(session: Session, *, worker_id: str, request_ids: list[str], lease_seconds: int) -> set[str]:
@@ -89,12 +90,12 @@ _STORE_JSON = text(
     UPDATE batch_requests AS r SET
         status = v.status, response_status = v.code, response_body = CAST(b.body AS json),
         error_code = v.error_code, error_message = v.error_message, prompt_tokens = v.prompt,
-        completion_tokens = v.completion, engine_seconds = v.seconds, run_id = :run_id,
+        completion_tokens = v.completion, cached_tokens = v.cached, engine_seconds = v.seconds, run_id = :run_id,
         lease_owner = NULL, lease_expires_at = NULL, finished_at = :finished
     FROM ROWS FROM (json_to_recordset(CAST(:rows AS json)) AS (
             id text, status text, code int, error_code text, error_message text,
-            prompt int, completion int, seconds float8
-        )) WITH ORDINALITY AS v(id, status, code, error_code, error_message, prompt, completion, seconds, n),
+            prompt int, completion int, cached int, seconds float8
+        )) WITH ORDINALITY AS v(id, status, code, error_code, error_message, prompt, completion, cached, seconds, n),
         unnest(CAST(:bodies AS text[])) WITH ORDINALITY AS b(body, n)
     WHERE b.n = v.n AND r.id = v.id AND r.status = :running AND r.lease_owner = :worker_id
     RETURNING r.batch_id, r.status
@@ -112,6 +113,7 @@ def _store_json(session: Session, *, worker_id: str, run_id: str, outcomes: list
             "error_message": o.error_message.replace("\x00", "\ufffd") if o.error_message else o.error_message,
             "prompt": o.prompt_tokens,
             "completion": o.completion_tokens,
+            "cached": o.cached_tokens,
             "seconds": o.engine_seconds,
         }
         for o in outcomes
@@ -146,6 +148,7 @@ def _store_executemany(session: Session, *, worker_id: str, run_id: str, outcome
             error_message=bindparam("b_error_message"),
             prompt_tokens=bindparam("b_prompt"),
             completion_tokens=bindparam("b_completion"),
+            cached_tokens=bindparam("b_cached"),
             engine_seconds=bindparam("b_seconds"),
             run_id=run_id,
             lease_owner=None,
@@ -165,6 +168,7 @@ def _store_executemany(session: Session, *, worker_id: str, run_id: str, outcome
                 "b_error_message": o.error_message,
                 "b_prompt": o.prompt_tokens,
                 "b_completion": o.completion_tokens,
+                "b_cached": o.cached_tokens,
                 "b_seconds": o.engine_seconds,
             }
             for o in outcomes

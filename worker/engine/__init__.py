@@ -30,6 +30,7 @@ class EngineResult:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     engine_seconds: float = 0.0
+    cached_tokens: int = 0  # prompt tokens served from the engine's prefix cache
     error_code: str | None = None
     error_message: str | None = None
 

@@ -9,17 +9,19 @@ from __future__ import annotations
 import base64
 import sys
 import time
+import uuid
 from array import array
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from worker.engine import EngineResult, error_result
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
 EMBEDDINGS_URL = "/v1/embeddings"
+RESPONSES_URL = "/v1/responses"
 MAX_CHOICES = 16  # `n`; each choice is a whole sequence in the engine
 MAX_STOP_SEQUENCES = 4
 
@@ -118,6 +120,10 @@ class _SamplingBody(_Strict):
         """The requested output cap, or None for 'up to the context length'."""
         return self.max_tokens
 
+    def requested_output(self) -> tuple[int, str] | None:
+        """The output cap the body asked for explicitly, with the name of its field (None: not asked)."""
+        return None if self.max_tokens is None else (self.max_tokens, "max_tokens")
+
     def stop_list(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
@@ -127,9 +133,17 @@ class ChatBody(_SamplingBody):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    _limit_field: str | None = PrivateAttr(default=None)  # set when a Responses body runs as this chat body
 
     def output_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def requested_output(self) -> tuple[int, str] | None:
+        limit = self.output_limit()
+        if limit is None:
+            return None
+        name = self._limit_field or ("max_completion_tokens" if self.max_completion_tokens else "max_tokens")
+        return limit, name
 
     def conversation(self) -> list[dict[str, str]]:
         """Messages flattened to role + text, the shape every chat template understands."""
@@ -185,11 +199,102 @@ class EmbeddingBody(_Strict):
         return items
 
 
-Body = ChatBody | CompletionBody | EmbeddingBody
+class _InputPart(_Strict):
+    """A text part of a Responses input message (`output_text` when earlier assistant output is passed back)."""
+
+    type: Literal["input_text", "output_text"]
+    text: str
+    annotations: list[Any] | None = None
+    logprobs: list[Any] | None = None
+
+
+class ResponseInputMessage(_Strict):
+    """One item of a Responses `input` list: a message with text content (images, files and tools are not run)."""
+
+    type: Literal["message"] | None = None
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[_InputPart]
+    id: str | None = None
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "\n".join(part.text for part in self.content)
+
+
+class ResponseTextFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+    @model_validator(mode="after")
+    def _schema_named(self) -> ResponseTextFormat:
+        if self.type == "json_schema" and (not self.name or self.schema_ is None):
+            raise ValueError("text.format of type 'json_schema' needs a 'name' and a 'schema'")
+        return self
+
+
+class ResponseText(_Strict):
+    format: ResponseTextFormat | None = None
+
+
+class ResponsesBody(_Strict):
+    """A Responses API request, run on the chat path: `instructions` lead as a system message."""
+
+    model: str | None = None
+    input: str | list[ResponseInputMessage]
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    text: ResponseText | None = None
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    truncation: Literal["disabled"] | None = None
+    ignore_eos: bool = False  # vLLM extension
+    min_tokens: int = Field(default=0, ge=0)  # vLLM extension
+
+    @field_validator("input")
+    @classmethod
+    def _not_empty(cls, value: str | list[ResponseInputMessage]) -> str | list[ResponseInputMessage]:
+        if not value:
+            raise ValueError("input must not be empty")
+        return value
+
+    def as_chat(self) -> ChatBody:
+        """The chat body this request amounts to: what every engine runs."""
+        messages = [{"role": "system", "content": self.instructions}] if self.instructions else []
+        if isinstance(self.input, str):
+            messages.append({"role": "user", "content": self.input})
+        else:
+            messages += [{"role": item.role, "content": item.text()} for item in self.input]
+        fields: dict[str, Any] = {"messages": messages, "ignore_eos": self.ignore_eos, "min_tokens": self.min_tokens}
+        for name, value in (("max_tokens", self.max_output_tokens), ("temperature", self.temperature)):
+            if value is not None:
+                fields[name] = value
+        if self.top_p is not None:
+            fields["top_p"] = self.top_p
+        if (fmt := self.text.format if self.text else None) is not None and fmt.type != "text":
+            fields["response_format"] = {"type": fmt.type}
+            if fmt.type == "json_schema":
+                fields["response_format"]["json_schema"] = {
+                    "name": fmt.name,
+                    "schema": fmt.schema_,
+                    "description": fmt.description,
+                    "strict": fmt.strict,
+                }
+        chat = ChatBody.model_validate(fields)
+        chat._limit_field = "max_output_tokens"
+        return chat
+
+
+Body = ChatBody | CompletionBody | EmbeddingBody | ResponsesBody
 _BODY_TYPES: dict[str, type[Body]] = {
     CHAT_URL: ChatBody,
     COMPLETIONS_URL: CompletionBody,
     EMBEDDINGS_URL: EmbeddingBody,
+    RESPONSES_URL: ResponsesBody,
 }
 
 
@@ -239,7 +344,123 @@ class Choice:
     logprobs: dict[str, Any] | None = None
 
 
-def chat_completion(*, response_id: str, model: str, choices: list[Choice], prompt_tokens: int) -> dict[str, Any]:
+def engine_body(body: Body) -> ChatBody | CompletionBody | EmbeddingBody:
+    """What an engine runs for `body`: a Responses request runs as the chat request it amounts to."""
+    return body.as_chat() if isinstance(body, ResponsesBody) else body
+
+
+def output_budget(
+    body: ChatBody | CompletionBody, *, prompt_tokens: int, max_model_len: int, default: int | None = None
+) -> int:
+    """The output cap to run with: what the body asked for, else `default`, else the rest of the context.
+
+    Asking for more than the context leaves is a 400 with OpenAI's message (`context_length_exceeded`), as
+    OpenAI and vLLM's server answer, never a silent clamp that runs and bills a request nobody asked for.
+    """
+    room = max_model_len - prompt_tokens
+    where = "messages" if isinstance(body, ChatBody) else "prompt"
+    if room < 1:
+        raise BodyError(
+            f"This model's maximum context length is {max_model_len} tokens, "
+            f"but the prompt has {prompt_tokens} tokens, leaving no room for output.",
+            code="context_length_exceeded",
+            param=where,
+        )
+    requested = body.requested_output()
+    if requested is not None and requested[0] > room:
+        raise context_length_error(
+            max_model_len=max_model_len, prompt_tokens=prompt_tokens, requested=requested, chat=where == "messages"
+        )
+    if requested is not None:
+        return requested[0]
+    fallback = 16 if isinstance(body, CompletionBody) else default  # OpenAI's default for legacy completions
+    return min(fallback or room, room)
+
+
+def context_length_error(
+    *, max_model_len: int, prompt_tokens: int | None, requested: tuple[int, str], chat: bool
+) -> BodyError:
+    """OpenAI's 400 for a prompt plus an output cap longer than the model's context (prompt None: not counted)."""
+    limit, name = requested
+    where = "in the messages" if chat else "in your prompt"
+    asked = (
+        f"{prompt_tokens + limit} tokens ({prompt_tokens} {where}, {limit} in the completion)"
+        if prompt_tokens is not None
+        else f"{limit} tokens in the completion alone"
+    )
+    return BodyError(
+        f"This model's maximum context length is {max_model_len} tokens. However, you requested {asked}. "
+        f"Please reduce the length of the {'messages' if chat else 'prompt'} or completion.",
+        code="context_length_exceeded",
+        param=name,
+    )
+
+
+def generated_body(
+    body: Body, *, response_id: str, model: str, choices: list[Choice], prompt_tokens: int, cached_tokens: int = 0
+) -> dict[str, Any]:
+    """The response body for a generated answer, in the shape of the endpoint `body` came in on."""
+    if isinstance(body, ResponsesBody):
+        return response_object(
+            body=body, model=model, choice=choices[0], prompt_tokens=prompt_tokens, cached_tokens=cached_tokens
+        )
+    build = chat_completion if isinstance(body, ChatBody) else text_completion
+    return build(
+        response_id=response_id, model=model, choices=choices, prompt_tokens=prompt_tokens, cached_tokens=cached_tokens
+    )
+
+
+def response_object(
+    *, body: ResponsesBody, model: str, choice: Choice, prompt_tokens: int, cached_tokens: int = 0
+) -> dict[str, Any]:
+    """A Responses API `response`: one assistant message of output text; `incomplete` if it hit the cap."""
+    created = int(time.time())
+    complete = choice.finish_reason != "length"
+    fmt = body.text.format if body.text and body.text.format else None
+    return {
+        "id": f"resp_{uuid.uuid4().hex}",
+        "object": "response",
+        "created_at": created,
+        "completed_at": created if complete else None,
+        "status": "completed" if complete else "incomplete",
+        "error": None,
+        "incomplete_details": None if complete else {"reason": "max_output_tokens"},
+        "instructions": body.instructions,
+        "max_output_tokens": body.max_output_tokens,
+        "model": model,
+        "output": [
+            {
+                "type": "message",
+                "id": f"msg_{uuid.uuid4().hex}",
+                "status": "completed" if complete else "incomplete",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": choice.text, "annotations": [], "logprobs": []}],
+            }
+        ],
+        "parallel_tool_calls": False,
+        "temperature": body.temperature if body.temperature is not None else 1.0,
+        "top_p": body.top_p if body.top_p is not None else 1.0,
+        "tool_choice": "none",
+        "tools": [],
+        "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt else {"type": "text"}},
+        "truncation": "disabled",
+        "metadata": body.metadata or {},
+        "user": body.user,
+        "store": False,
+        "background": False,
+        "usage": {
+            "input_tokens": prompt_tokens,
+            "input_tokens_details": {"cached_tokens": cached_tokens, "cache_write_tokens": 0},
+            "output_tokens": choice.token_count,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": prompt_tokens + choice.token_count,
+        },
+    }
+
+
+def chat_completion(
+    *, response_id: str, model: str, choices: list[Choice], prompt_tokens: int, cached_tokens: int = 0
+) -> dict[str, Any]:
     """A `chat.completion` body."""
     return {
         "id": f"chatcmpl-{response_id}",
@@ -255,11 +476,13 @@ def chat_completion(*, response_id: str, model: str, choices: list[Choice], prom
             }
             for index, choice in enumerate(choices)
         ],
-        "usage": _usage(prompt_tokens, sum(choice.token_count for choice in choices)),
+        "usage": _usage(prompt_tokens, sum(choice.token_count for choice in choices), cached_tokens),
     }
 
 
-def text_completion(*, response_id: str, model: str, choices: list[Choice], prompt_tokens: int) -> dict[str, Any]:
+def text_completion(
+    *, response_id: str, model: str, choices: list[Choice], prompt_tokens: int, cached_tokens: int = 0
+) -> dict[str, Any]:
     """A `text_completion` body."""
     return {
         "id": f"cmpl-{response_id}",
@@ -270,7 +493,7 @@ def text_completion(*, response_id: str, model: str, choices: list[Choice], prom
             {"index": index, "text": choice.text, "logprobs": choice.logprobs, "finish_reason": choice.finish_reason}
             for index, choice in enumerate(choices)
         ],
-        "usage": _usage(prompt_tokens, sum(choice.token_count for choice in choices)),
+        "usage": _usage(prompt_tokens, sum(choice.token_count for choice in choices), cached_tokens),
     }
 
 
@@ -298,9 +521,10 @@ def _encode(vector: list[float], encoding_format: str) -> list[float] | str:
     return base64.b64encode(packed.tobytes()).decode("ascii")
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }

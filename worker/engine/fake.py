@@ -24,11 +24,12 @@ from worker.engine.bodies import (
     Choice,
     CompletionBody,
     EmbeddingBody,
-    chat_completion,
     embedding_list,
+    engine_body,
+    generated_body,
+    output_budget,
     parse_body,
     server_error,
-    text_completion,
 )
 
 _WORDS = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit")
@@ -39,10 +40,12 @@ EMBEDDING_DIMENSIONS = 8
 class _Sequence:
     request_id: str
     body: Body
+    run: ChatBody | CompletionBody | EmbeddingBody
     prompt_tokens: int
     tokens_to_decode: int
     added_at: float
     decoded: int = 0
+    cached_tokens: int = 0
 
 
 class FakeEngine:
@@ -67,6 +70,7 @@ class FakeEngine:
         self.steps = 0
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []
+        self._cached_prefixes: set[str] = set()  # a prefix cache stand-in: chat prefixes (all but the last message)
 
     def add(self, request: EngineRequest) -> EngineResult | None:
         """Validate and queue a request; a body that cannot run comes back as an error result."""
@@ -122,41 +126,47 @@ class FakeEngine:
         wanted = "pooling" if url == EMBEDDINGS_URL else "generate"
         if wanted != self.runner:
             raise BodyError(f"model {self.model_name!r} does not serve {url}", code="unsupported_endpoint", param="url")
-        if isinstance(body, EmbeddingBody):
-            prompt_tokens = sum(_count_tokens(item) for item in body.inputs())
-            return _Sequence(request_id, body, prompt_tokens, 1, time.monotonic())
-        if isinstance(body, ChatBody):
-            prompt_tokens = sum(_count_tokens(m["content"]) + 2 for m in body.conversation())
+        run = engine_body(body)
+        if isinstance(run, EmbeddingBody):
+            prompt_tokens = sum(_count_tokens(item) for item in run.inputs())
+            return _Sequence(request_id, body, run, prompt_tokens, 1, time.monotonic())
+        if isinstance(run, ChatBody):
+            prompt_tokens = sum(_count_tokens(m["content"]) + 2 for m in run.conversation())
         else:
-            prompt_tokens = _count_tokens(body.single_prompt())
-        room = self.max_model_len - prompt_tokens
-        if room < 1:
-            raise BodyError(
-                f"This model's maximum context length is {self.max_model_len} tokens, "
-                f"but the prompt has {prompt_tokens} tokens, leaving no room for output.",
-                code="context_length_exceeded",
-                param="messages" if isinstance(body, ChatBody) else "prompt",
-            )
-        limit = body.output_limit() if isinstance(body, CompletionBody) else (body.output_limit() or 16)
-        if body.min_tokens > limit:
+            prompt_tokens = _count_tokens(run.single_prompt())
+        limit = output_budget(run, prompt_tokens=prompt_tokens, max_model_len=self.max_model_len, default=16)
+        if run.min_tokens > limit:
             raise BodyError("min_tokens must not exceed max_tokens", code="invalid_value", param="min_tokens")
-        return _Sequence(request_id, body, prompt_tokens, min(limit, room), time.monotonic())
+        sequence = _Sequence(request_id, body, run, prompt_tokens, limit, time.monotonic())
+        if isinstance(run, ChatBody):
+            sequence.cached_tokens = self._cached_prefix_tokens(run.conversation()[:-1])
+        return sequence
+
+    def _cached_prefix_tokens(self, prefix: list[dict[str, str]]) -> int:
+        """Tokens of a chat prefix an earlier request already had (then "cached"), else 0 (now remembered)."""
+        if not prefix:
+            return 0
+        key = hashlib.sha256(repr(prefix).encode()).hexdigest()
+        if key not in self._cached_prefixes:
+            self._cached_prefixes.add(key)
+            return 0
+        return sum(_count_tokens(m["content"]) + 2 for m in prefix)
 
     def _result(self, sequence: _Sequence) -> EngineResult:
-        rid, body = sequence.request_id, sequence.body
+        rid, run = sequence.request_id, sequence.run
         if rid in self.fail_request_ids:
             result = server_error(rid, "the fake engine was told to fail this request")
-        elif isinstance(body, EmbeddingBody):
-            vectors = [_vector(item) for item in body.inputs()]
+        elif isinstance(run, EmbeddingBody):
+            vectors = [_vector(item) for item in run.inputs()]
             response = embedding_list(
                 model=self.model_name,
                 vectors=vectors,
-                encoding_format=body.encoding_format,
+                encoding_format=run.encoding_format,
                 prompt_tokens=sequence.prompt_tokens,
             )
             result = EngineResult(rid, 200, response, prompt_tokens=sequence.prompt_tokens)
         else:
-            result = self._completion(sequence, body)
+            result = self._completion(sequence, run)
         result.engine_seconds = time.monotonic() - sequence.added_at
         return result
 
@@ -166,10 +176,14 @@ class FakeEngine:
             Choice(text=_text(sequence.request_id, index, count), finish_reason="length", token_count=count)
             for index in range(body.n)
         ]
-        build = chat_completion if isinstance(body, ChatBody) else text_completion
         response_id = hashlib.sha256(sequence.request_id.encode()).hexdigest()[:24]
-        response = build(
-            response_id=response_id, model=self.model_name, choices=choices, prompt_tokens=sequence.prompt_tokens
+        response = generated_body(
+            sequence.body,
+            response_id=response_id,
+            model=self.model_name,
+            choices=choices,
+            prompt_tokens=sequence.prompt_tokens,
+            cached_tokens=sequence.cached_tokens,
         )
         return EngineResult(
             sequence.request_id,
@@ -177,6 +191,7 @@ class FakeEngine:
             response,
             prompt_tokens=sequence.prompt_tokens,
             completion_tokens=count * body.n,
+            cached_tokens=sequence.cached_tokens,
         )
 
 

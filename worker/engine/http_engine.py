@@ -29,7 +29,20 @@ import httpx
 
 from storage.settings import ModelSpec, SharedModeSpec
 from worker.engine import EngineRequest, EngineResult, EngineStats
-from worker.engine.bodies import BodyError, CompletionBody, EmbeddingBody, parse_body, server_error
+from worker.engine.bodies import (
+    CHAT_URL,
+    Body,
+    BodyError,
+    ChatBody,
+    Choice,
+    CompletionBody,
+    EmbeddingBody,
+    ResponsesBody,
+    context_length_error,
+    parse_body,
+    response_object,
+    server_error,
+)
 from worker.engine.shared_budget import DispatchBudget, MetricsError, parse_load
 
 log = logging.getLogger(__name__)
@@ -51,9 +64,10 @@ class _Flight:
     """A request the runner handed us: its payload, its current send (token) and whether it waits to be sent."""
 
     request_id: str
-    url: str
+    url: str  # where it goes: a Responses request goes to the server's chat endpoint
     payload: dict[str, Any]
     added: float
+    body: Body | None = None  # as parsed here: decides the answer's shape and the context check
     token: int = -1
     future: concurrent.futures.Future[None] | None = None
     parked: bool = True
@@ -70,6 +84,7 @@ class HttpEngine:
         self.max_num_seqs = spec.max_num_seqs
         self.base_url = self.shared.server_url.rstrip("/")
         self.budget = DispatchBudget(self.shared, slots=spec.max_num_seqs)
+        self.max_model_len = spec.max_model_len  # else the server's, from /v1/models when it is asked there
         self._inflight: dict[str, _Flight] = {}
         self._parked: deque[str] = deque()
         self._done: queue.Queue[tuple[str, int, EngineResult | str]] = queue.Queue()
@@ -96,11 +111,13 @@ class HttpEngine:
         try:
             if rid in self._inflight:
                 raise BodyError(f"request {rid!r} is already in flight", code="duplicate_request")
-            _validate(request.url, request.body)
+            parsed = _validate(request.url, request.body)
+            self._check_cap(parsed, prompt_tokens=None)
         except BodyError as error:
             return error.to_result(rid)
-        payload = {**request.body, "model": self.server_model, "priority": self.shared.batch_priority}
-        self._inflight[rid] = _Flight(rid, request.url, payload, time.monotonic())
+        url, body = _wire(request.url, request.body, parsed)
+        payload = {**body, "model": self.server_model, "priority": self.shared.batch_priority}
+        self._inflight[rid] = _Flight(rid, url, payload, time.monotonic(), body=parsed)
         self._parked.append(rid)
         self._dispatch()
         return None
@@ -212,33 +229,36 @@ class HttpEngine:
     async def _served_model(self) -> str:
         response = await self._client.get(f"{self.base_url}/v1/models", timeout=10)
         response.raise_for_status()
-        return str(response.json()["data"][0]["id"])
+        card = response.json()["data"][0]
+        if self.max_model_len is None and isinstance(card.get("max_model_len"), int):
+            self.max_model_len = card["max_model_len"]  # vLLM's model card carries the context length
+        return str(card["id"])
 
     async def _call(self, flight: _Flight) -> None:
         rid, token, task = flight.request_id, flight.token, asyncio.current_task()
         assert task is not None
         self._calls[token] = (time.monotonic(), rid, task)
         try:
-            result = await self._attempts(rid, flight.url, flight.payload)
+            result = await self._attempts(flight)
         finally:
             self._calls.pop(token, None)
         self._done.put((rid, token, result))
 
-    async def _attempts(self, rid: str, url: str, payload: dict[str, Any]) -> EngineResult:
-        last = ""
+    async def _attempts(self, flight: _Flight) -> EngineResult:
+        rid, last = flight.request_id, ""
         for attempt in range(self.shared.max_attempts):
             if attempt:
                 await asyncio.sleep(min(RETRY_MAX_SECONDS, RETRY_BASE_SECONDS * 2 ** (attempt - 1)))
             try:
-                response = await self._client.post(f"{self.base_url}{url}", json=payload)
-                return self._result(rid, response)
+                response = await self._client.post(f"{self.base_url}{flight.url}", json=flight.payload)
+                return self._result(flight, response)
             except (httpx.HTTPError, _Retry) as error:
                 last = f"{type(error).__name__}: {error}"
                 log.info("attempt %d of %s failed: %s", attempt + 1, rid, last)
         return server_error(rid, f"the inference server failed this request {self.shared.max_attempts} times ({last})")
 
-    def _result(self, rid: str, response: httpx.Response) -> EngineResult:
-        status = response.status_code
+    def _result(self, flight: _Flight, response: httpx.Response) -> EngineResult:
+        rid, status = flight.request_id, response.status_code
         if status >= 500 or status in _RETRY_STATUS:
             raise _Retry(f"HTTP {status}: {response.text[:300]}")
         try:
@@ -254,12 +274,32 @@ class HttpEngine:
             raise _Retry(f"the server ended the request early ({', '.join(sorted(map(str, reasons)))})")
         body["model"] = self.model_name
         usage = body.get("usage") or {}
-        return EngineResult(
-            rid,
-            status,
-            body,
-            prompt_tokens=int(usage.get("prompt_tokens") or 0),
-            completion_tokens=int(usage.get("completion_tokens") or 0),
+        prompt, completion = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+        # Reported when the server runs with --enable-prompt-tokens-details; 0 otherwise.
+        cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        try:
+            self._check_cap(flight.body, prompt_tokens=prompt)  # the server clamps; OpenAI refuses (not billed)
+        except BodyError as error:
+            return error.to_result(rid)
+        if isinstance(flight.body, ResponsesBody):
+            body = _as_response(flight.body, body, model=self.model_name, cached_tokens=cached)
+        elif "choices" in body and isinstance(usage, dict):
+            usage["prompt_tokens_details"] = {**(usage.get("prompt_tokens_details") or {}), "cached_tokens": cached}
+        return EngineResult(rid, status, body, prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached)
+
+    def _check_cap(self, body: Body | None, *, prompt_tokens: int | None) -> None:
+        """Refuse an output cap the context cannot hold: alone at `add`, with the prompt once the server counted it."""
+        run = body.as_chat() if isinstance(body, ResponsesBody) else body
+        if self.max_model_len is None or not isinstance(run, (ChatBody, CompletionBody)):
+            return
+        requested = run.requested_output()
+        if requested is None or requested[0] + (prompt_tokens or 0) <= self.max_model_len:
+            return
+        raise context_length_error(
+            max_model_len=self.max_model_len,
+            prompt_tokens=prompt_tokens,
+            requested=requested,
+            chat=isinstance(run, ChatBody),
         )
 
     async def _poll_metrics(self) -> None:
@@ -287,13 +327,34 @@ class HttpEngine:
                 self._done.put((rid, token, _YIELDED))
 
 
-def _validate(url: str, body: Any) -> None:
+def _validate(url: str, body: Any) -> Body:
     """The same strict checks as the in-process engine, so a line fails the same way in both modes."""
     parsed = parse_body(url, body)
     if isinstance(parsed, CompletionBody):
         parsed.single_prompt()
     elif isinstance(parsed, EmbeddingBody):
         parsed.inputs()
+    return parsed
+
+
+def _wire(url: str, body: dict[str, Any], parsed: Body) -> tuple[str, dict[str, Any]]:
+    """Where a request goes and what it says: a Responses request runs as the chat request it amounts to."""
+    if isinstance(parsed, ResponsesBody):
+        return CHAT_URL, parsed.as_chat().model_dump(by_alias=True, exclude_none=True, exclude_defaults=True)
+    return url, body
+
+
+def _as_response(request: ResponsesBody, chat: dict[str, Any], *, model: str, cached_tokens: int) -> dict[str, Any]:
+    """The server's chat.completion answer to a Responses request, as a `response` object."""
+    first = (chat.get("choices") or [{}])[0]
+    usage = chat.get("usage") or {}
+    choice = Choice(
+        text=str((first.get("message") or {}).get("content") or ""),
+        finish_reason=str(first.get("finish_reason") or "stop"),
+        token_count=int(usage.get("completion_tokens") or 0),
+    )
+    prompt = int(usage.get("prompt_tokens") or 0)
+    return response_object(body=request, model=model, choice=choice, prompt_tokens=prompt, cached_tokens=cached_tokens)
 
 
 def _refusal(rid: str, status: int, body: dict[str, Any]) -> EngineResult:

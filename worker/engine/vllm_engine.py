@@ -26,11 +26,12 @@ from worker.engine.bodies import (
     Choice,
     CompletionBody,
     EmbeddingBody,
-    chat_completion,
     embedding_list,
+    engine_body,
+    generated_body,
+    output_budget,
     parse_body,
     server_error,
-    text_completion,
 )
 
 logger = logging.getLogger(__name__)
@@ -63,10 +64,11 @@ def _forget_import_tracebacks() -> None:
 
 @dataclass
 class _InFlight:
-    """A submitted request: its parsed body and the engine requests it fanned out to."""
+    """A submitted request: its parsed body, what the engine runs for it, and the engine requests it fanned out to."""
 
     request_id: str
     body: Body
+    run: ChatBody | CompletionBody | EmbeddingBody
     started: float
     engine_ids: list[str]
     done: dict[str, Any] = field(default_factory=dict)
@@ -124,7 +126,8 @@ class VllmEngine:
                 raise BodyError(f"request {rid!r} is already in flight", code="duplicate_request")
             body = parse_body(request.url, request.body)
             self._check_endpoint(request.url)
-            prepared = self._prepare(rid, body)
+            run = engine_body(body)
+            prepared = self._prepare(rid, run)
         except BodyError as error:
             return error.to_result(rid)
         except (VLLMClientError, ValueError, TypeError, LookupError) as error:
@@ -132,7 +135,7 @@ class VllmEngine:
         except Exception as error:  # a template or tokenizer failure on this body alone
             logger.exception("rendering request %s failed", rid)
             return error_result(rid, 400, f"could not render the request: {error}", code="invalid_value")
-        return self._submit(rid, body, prepared)
+        return self._submit(rid, body, run, prepared)
 
     def step(self) -> list[EngineResult]:
         """Run one engine iteration; return the requests that finished in it."""
@@ -220,7 +223,7 @@ class VllmEngine:
         kwargs = {"add_generation_prompt": True, "continue_final_message": False, "tools": None, "tokenize": False}
         return ChatParams(chat_template=None, chat_template_content_format="auto", chat_template_kwargs=kwargs)
 
-    def _prepare(self, rid: str, body: Body) -> list[tuple[str, Any, Any]]:
+    def _prepare(self, rid: str, body: ChatBody | CompletionBody | EmbeddingBody) -> list[tuple[str, Any, Any]]:
         """(engine id, rendered prompt, params) for each engine request this body becomes."""
         if isinstance(body, EmbeddingBody):
             from vllm import PoolingParams
@@ -245,20 +248,14 @@ class VllmEngine:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
-        room = self._max_model_len - prompt_tokens
-        if room < 1:
-            raise BodyError(
-                f"This model's maximum context length is {self._max_model_len} tokens, "
-                f"but the prompt has {prompt_tokens} tokens, leaving no room for output.",
-                code="context_length_exceeded",
-                param="messages" if isinstance(body, ChatBody) else "prompt",
-            )
-        # Like vLLM's server: an output cap beyond the context is clamped, not refused.
-        limit = body.output_limit() or self._defaults.get("max_tokens") or room
+        # No cap asked: the generation config's default, else the rest of the context (as vLLM's server);
+        # a cap beyond the context is refused with OpenAI's 400 (`output_budget`).
+        default = self._defaults.get("max_tokens")
+        limit = output_budget(body, prompt_tokens=prompt_tokens, max_model_len=self._max_model_len, default=default)
         values: dict[str, Any] = {
             **{k: v for k, v in self._defaults.items() if k != "max_tokens"},
             "n": body.n,
-            "max_tokens": min(limit, room),
+            "max_tokens": limit,
             "min_tokens": body.min_tokens,
             "stop": body.stop_list(),
             "ignore_eos": body.ignore_eos,
@@ -279,7 +276,9 @@ class VllmEngine:
             )
         return SamplingParams(**values)
 
-    def _submit(self, rid: str, body: Body, prepared: list[tuple[str, Any, Any]]) -> EngineResult | None:
+    def _submit(
+        self, rid: str, body: Body, run: ChatBody | CompletionBody | EmbeddingBody, prepared: list[tuple[str, Any, Any]]
+    ) -> EngineResult | None:
         from vllm.exceptions import VLLMClientError
 
         added: list[str] = []
@@ -294,7 +293,7 @@ class VllmEngine:
                 return _invalid(rid, error)
             logger.exception("engine refused request %s", rid)
             return server_error(rid, f"the engine could not accept the request: {error}")
-        self._inflight[rid] = _InFlight(rid, body, time.monotonic(), [engine_id for engine_id, _, _ in prepared])
+        self._inflight[rid] = _InFlight(rid, body, run, time.monotonic(), [engine_id for engine_id, _, _ in prepared])
         self._owner.update((engine_id, rid) for engine_id, _, _ in prepared)
         return None
 
@@ -314,31 +313,43 @@ class VllmEngine:
         problem = next((o.error for o in outputs if getattr(o, "error", None) is not None), None)
         if problem is not None:
             return server_error(flight.request_id, f"the engine failed on this request: {problem.message}")
-        body = flight.body
+        body, run = flight.body, flight.run
         prompt_tokens = sum(len(o.prompt_token_ids or ()) for o in outputs)
+        cached_tokens = sum(getattr(o, "num_cached_tokens", None) or 0 for o in outputs)
         self._prefix_queries += prompt_tokens
-        self._prefix_hits += sum(getattr(o, "num_cached_tokens", None) or 0 for o in outputs)
-        if isinstance(body, EmbeddingBody):
+        self._prefix_hits += cached_tokens
+        if isinstance(run, EmbeddingBody):
             vectors = [o.outputs.data.float().tolist() for o in outputs]
             response = embedding_list(
                 model=self.model_name,
                 vectors=vectors,
-                encoding_format=body.encoding_format,
+                encoding_format=run.encoding_format,
                 prompt_tokens=prompt_tokens,
             )
-            return EngineResult(flight.request_id, 200, response, prompt_tokens=prompt_tokens)
+            return EngineResult(
+                flight.request_id, 200, response, prompt_tokens=prompt_tokens, cached_tokens=cached_tokens
+            )
         completions = sorted(outputs[0].outputs, key=lambda c: c.index)
         if any(c.finish_reason not in ("stop", "length") for c in completions):
             reasons = sorted({str(c.finish_reason) for c in completions})
             return server_error(flight.request_id, f"the engine ended the request early ({', '.join(reasons)})")
-        choices = [self._choice(c, body) for c in completions]
-        build = chat_completion if isinstance(body, ChatBody) else text_completion
-        response = build(
-            response_id=uuid.uuid4().hex, model=self.model_name, choices=choices, prompt_tokens=prompt_tokens
+        choices = [self._choice(c, run) for c in completions]
+        response = generated_body(
+            body,
+            response_id=uuid.uuid4().hex,
+            model=self.model_name,
+            choices=choices,
+            prompt_tokens=prompt_tokens,
+            cached_tokens=cached_tokens,
         )
         completion_tokens = sum(choice.token_count for choice in choices)
         return EngineResult(
-            flight.request_id, 200, response, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens
+            flight.request_id,
+            200,
+            response,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            cached_tokens=cached_tokens,
         )
 
     def _choice(self, completion: Any, body: ChatBody | CompletionBody) -> Choice:

@@ -72,7 +72,7 @@ def test_a_batch_harvested_beside_online_traffic_lands_every_line_once_and_onlin
     engine = load_engine(get_settings(), "backfill-demo")
     assert isinstance(engine, HttpEngine) and engine.server_model == SERVED_NAME
     lines = [batch_line(i) for i in range(40)]
-    lines.append({**batch_line(99), "body": {**batch_line(99)["body"], "max_tokens": 5000}})  # the server refuses it
+    lines.append({**batch_line(99), "body": {**batch_line(99)["body"], "max_tokens": 5000}})  # beyond the context
     batch_id = submit(lines)
     answers: list[tuple[int, int]] = []
     online = threading.Thread(target=online_user, args=(vllm_server, 6, 0.4, answers))
@@ -96,7 +96,8 @@ def test_a_batch_harvested_beside_online_traffic_lands_every_line_once_and_onlin
     assert sorted(ids) == sorted(line["custom_id"] for line in lines)  # each line exactly once
     assert [line["custom_id"] for line in errors] == ["b99"]
     refusal = errors[0]["response"]
-    assert refusal["status_code"] == 400 and "max_model_len" in refusal["body"]["error"]["message"]
+    assert refusal["status_code"] == 400 and refusal["body"]["error"]["code"] == "context_length_exceeded"
+    assert "maximum context length is 1024 tokens" in refusal["body"]["error"]["message"]  # from the server's card
     for line in outputs:
         body = line["response"]["body"]
         assert line["response"]["status_code"] == 200 and body["model"] == "backfill-demo"
@@ -177,6 +178,39 @@ def test_aborting_a_batch_request_frees_its_sequence_on_the_server(vllm_server: 
         assert engine.step() == []
     finally:
         engine.close()
+
+
+def test_a_responses_request_and_an_over_long_cap_on_a_shared_server(vllm_server: str) -> None:
+    from openai.types.responses import Response
+
+    from storage.settings import ModelSpec, SharedModeSpec
+    from worker.engine import EngineRequest, EngineResult
+    from worker.engine.http_engine import HttpEngine
+
+    spec = ModelSpec(
+        path="served-by-the-server", max_num_seqs=MAX_NUM_SEQS, shared=SharedModeSpec(server_url=vllm_server)
+    )
+    engine = HttpEngine("backfill-demo", spec)
+    try:
+        assert engine.max_model_len == 1024  # learnt from the server's /v1/models card
+        answer = {"model": "x", "input": "Name a color.", "instructions": "Be brief.", "max_output_tokens": 5}
+        assert engine.add(EngineRequest("resp", "/v1/responses", {**answer, "ignore_eos": True})) is None
+        # Fits alone, not with the prompt: vLLM's server clamps and runs it, the line is still OpenAI's 400.
+        ids = [100 + i % 100 for i in range(1000)]
+        long_body = {"model": "x", "prompt": ids, "max_tokens": 100}  # 1000 + 100 > 1024; the server runs 24
+        assert engine.add(EngineRequest("long", "/v1/completions", long_body)) is None
+        results: dict[str, EngineResult] = {}
+        deadline = time.monotonic() + 120
+        while engine.has_unfinished():
+            assert time.monotonic() < deadline, "the server never answered"
+            results.update((r.request_id, r) for r in engine.step())
+    finally:
+        engine.close()
+    response = Response.model_validate(results["resp"].body)
+    assert response.object == "response" and response.model == "backfill-demo" and response.instructions == "Be brief."
+    assert response.usage and response.usage.output_tokens == 5 and response.output[0].content[0].type == "output_text"
+    long = results["long"]
+    assert (long.status_code, long.error_code, long.completion_tokens) == (400, "context_length_exceeded", 0)
 
 
 def test_the_openai_sdk_runs_a_batch_through_the_api_on_a_shared_server(

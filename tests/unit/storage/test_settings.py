@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from storage.planning.roofline import HARDWARE_PRESETS, ModelShape, max_num_seqs_for
 from storage.settings import ModelSpec, Settings, window_seconds
@@ -51,8 +52,23 @@ def test_embedded_default_needs_no_configuration(tmp_path: Path, monkeypatch: py
     monkeypatch.chdir(tmp_path)
     settings = Settings()
     assert settings.embedded and settings.sqlalchemy_url.startswith("sqlite:///")
-    assert list(settings.served_models()) == ["backfill-demo"]
+    models = settings.served_models()
+    assert list(models) == ["backfill-demo", "all-MiniLM-L6-v2"]  # a chat model and an embedding model
+    assert models["backfill-demo"].serves("/v1/chat/completions") and models["backfill-demo"].serves("/v1/responses")
+    assert models["all-MiniLM-L6-v2"].serves("/v1/embeddings")
+    assert not models["all-MiniLM-L6-v2"].serves("/v1/chat/completions")
+    assert (models["all-MiniLM-L6-v2"].runner, models["all-MiniLM-L6-v2"].dtype) == ("pooling", "bfloat16")
     assert settings.completion_windows == {"24h": 0.5}
+    assert settings.batch_file_expires_seconds == 30 * 86400
+
+
+@pytest.mark.parametrize("seconds", ["60", "2592001", "-1"])
+def test_a_batch_file_expiry_outside_openais_range_stops_the_start(
+    seconds: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BACKFILL_BATCH_FILE_EXPIRES_SECONDS", seconds)
+    with pytest.raises(ValidationError):
+        Settings()
 
 
 def test_windows_parse_units() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import math
 import struct
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 from openai.types import Completion, CreateEmbeddingResponse
 from openai.types.chat import ChatCompletion
+from openai.types.responses import Response
 
 from worker.engine import EngineRequest, EngineResult
 from worker.engine.vllm_engine import VllmEngine
@@ -172,3 +174,99 @@ def test_embedding_engine_refuses_over_long_input_and_chat(vllm_embed_engine: Vl
     assert results["long"].status_code == 400 and results["long"].error_code == "context_length_exceeded"
     assert results["chat"].error_code == "unsupported_endpoint"
     assert results["ok"].ok
+
+
+RESPONSES = "/v1/responses"
+
+
+def test_a_responses_request_runs_on_the_chat_path_and_parses_as_a_response(vllm_chat_engine: VllmEngine) -> None:
+    body = {
+        "model": "backfill-demo",
+        "instructions": "Answer briefly.",
+        "input": [{"role": "user", "content": [{"type": "input_text", "text": "Name a color."}]}],
+        "max_output_tokens": 6,
+        "ignore_eos": True,
+    }
+    results, _ = run_all(vllm_chat_engine, [EngineRequest("r", RESPONSES, body)])
+    result = results["r"]
+    assert result.ok, result.body
+    response = Response.model_validate(result.body)
+    assert response.object == "response" and response.model == "backfill-demo" and response.status == "incomplete"
+    assert response.output[0].type == "message" and response.output[0].content[0].type == "output_text"
+    assert response.usage and response.usage.output_tokens == 6 == result.completion_tokens
+    assert response.usage.input_tokens == result.prompt_tokens > 5  # the instructions were rendered in
+    plain, _ = run_all(vllm_chat_engine, [EngineRequest("p", RESPONSES, {**body, "instructions": None})])
+    assert plain["p"].prompt_tokens < result.prompt_tokens
+
+
+def test_a_responses_json_schema_format_constrains_the_output(vllm_chat_engine: VllmEngine) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"color": {"type": "string", "enum": ["red", "blue"]}},
+        "required": ["color"],
+        "additionalProperties": False,
+    }
+    body = {
+        "model": "backfill-demo",
+        "input": "Pick a color.",
+        "max_output_tokens": 64,
+        "text": {"format": {"type": "json_schema", "name": "pick", "schema": schema, "strict": True}},
+    }
+    results, _ = run_all(vllm_chat_engine, [EngineRequest("j", RESPONSES, body)])
+    response = Response.model_validate(results["j"].body)
+    if response.status == "completed":  # random weights may pad with whitespace up to the cap
+        assert json.loads(response.output_text)["color"] in {"red", "blue"}
+    else:
+        assert response.output_text.lstrip().startswith("{")
+
+
+def test_an_output_cap_beyond_the_context_is_refused_before_it_runs_and_no_cap_fills_the_context(
+    vllm_chat_engine: VllmEngine,
+) -> None:
+    ids = [100 + i % 100 for i in range(1000)]  # a 1000-token prompt in a 1024-token context: room for 24
+    long = [{"role": "user", "content": "alpha beta gamma " * _repeats_leaving(vllm_chat_engine, room=40)}]
+    requests = [
+        chat("huge", max_tokens=10_000_000),
+        EngineRequest("over", COMPLETIONS, {"model": "m", "prompt": ids, "max_tokens": 25}),
+        EngineRequest("fits", COMPLETIONS, {"model": "m", "prompt": ids, "max_tokens": 24, "ignore_eos": True}),
+        EngineRequest("resp", RESPONSES, {"model": "m", "input": "hello", "max_output_tokens": 4096}),
+        chat("absent", messages=long),
+    ]
+    del requests[-1].body["max_tokens"]
+    results, finished_at = run_all(vllm_chat_engine, requests)
+    for rid, param in (("huge", "max_tokens"), ("over", "max_tokens"), ("resp", "max_output_tokens")):
+        result = results[rid]
+        assert (result.status_code, result.error_code, finished_at[rid]) == (400, "context_length_exceeded", 0), rid
+        assert result.body["error"]["param"] == param and result.prompt_tokens == 0
+        assert (result.error_message or "").startswith("This model's maximum context length is 1024 tokens.")
+    assert "1025 tokens (1000 in your prompt, 25 in the completion)" in (results["over"].error_message or "")
+    assert results["fits"].ok and results["fits"].completion_tokens == 24
+    absent = results["absent"]  # no cap: vLLM's rest of the context
+    assert absent.ok and absent.completion_tokens == 1024 - absent.prompt_tokens < 200
+
+
+def _repeats_leaving(engine: VllmEngine, *, room: int) -> int:
+    """How often to repeat "alpha beta gamma " in one chat message to leave about `room` tokens of context."""
+    counts = []
+    for repeats in (20, 40):
+        rid = f"probe{repeats}"
+        probe, _ = run_all(
+            engine, [chat(rid, max_tokens=1, messages=[{"role": "user", "content": "alpha beta gamma " * repeats}])]
+        )
+        counts.append(probe[rid].prompt_tokens)
+    per_repeat = (counts[1] - counts[0]) / 20
+    return 40 + int((1024 - room - counts[1]) / per_repeat)
+
+
+def test_a_repeated_prompt_reports_the_tokens_the_prefix_cache_served(vllm_chat_engine: VllmEngine) -> None:
+    shared = [
+        {"role": "system", "content": "You review Python code for a living. " * 20},
+        {"role": "user", "content": "def f(): pass"},
+    ]
+    first, _ = run_all(vllm_chat_engine, [chat("first", max_tokens=2, messages=shared)])
+    again, _ = run_all(vllm_chat_engine, [chat("again", max_tokens=2, messages=shared)])
+    body = ChatCompletion.model_validate(again["again"].body)
+    assert body.usage and body.usage.prompt_tokens_details
+    cached = body.usage.prompt_tokens_details.cached_tokens
+    assert cached == again["again"].cached_tokens and 0 < cached <= body.usage.prompt_tokens
+    assert first["first"].cached_tokens < cached

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 from openai.types.chat import ChatCompletion
+from openai.types.responses import Response
 
 from storage.settings import ModelSpec, SharedModeSpec
 from worker.engine import Engine, EngineRequest, EngineResult, http_engine
@@ -34,12 +35,15 @@ class FakeServer:
         self.metrics_down = False
         self.calls: Counter[str] = Counter()
         self.bodies: list[dict[str, Any]] = []
+        self.paths: list[str] = []
+        self.cached_tokens: int | None = None  # reported as prompt_tokens_details (--enable-prompt-tokens-details)
         self.cancelled: list[str] = []
         self.release = asyncio.Event()
 
     async def handle(self, request: httpx.Request) -> httpx.Response:
         if request.url.path == "/v1/models":
-            return httpx.Response(200, json={"object": "list", "data": [{"id": "served-name"}]})
+            card = {"id": "served-name", "max_model_len": 1024}  # vLLM's model card carries the context length
+            return httpx.Response(200, json={"object": "list", "data": [card]})
         if request.url.path == "/metrics":
             if self.metrics_down:
                 return httpx.Response(503, text="restarting")
@@ -52,6 +56,7 @@ class FakeServer:
             return httpx.Response(200, text=text)
         payload = json.loads(await request.aread())
         self.bodies.append(payload)
+        self.paths.append(request.url.path)
         script = payload["messages"][0]["content"]
         self.calls[script] += 1
         self.running += 1
@@ -78,7 +83,10 @@ class FakeServer:
             return httpx.Response(400, json={"error": {**error, "param": "max_tokens", "code": 400}})
         if kind == "hold":
             await self.release.wait()
-        return httpx.Response(200, json=completion(payload))
+        answer = completion(payload)
+        if self.cached_tokens is not None:
+            answer["usage"]["prompt_tokens_details"] = {"cached_tokens": self.cached_tokens}
+        return httpx.Response(200, json=answer)
 
 
 def completion(payload: dict[str, Any], finish_reason: str = "length") -> dict[str, Any]:
@@ -263,3 +271,49 @@ def wait_for(condition: Any, engine: HttpEngine | None = None, seconds: float = 
             assert engine.step() == []
         else:
             time.sleep(0.01)
+
+
+def test_a_responses_request_goes_to_the_chat_endpoint_and_comes_back_as_a_response(
+    engine: HttpEngine, server: FakeServer
+) -> None:
+    server.cached_tokens = 4
+    body = {"model": "backfill-demo", "input": [{"role": "user", "content": "ok"}], "max_output_tokens": 3}
+    assert engine.add(EngineRequest("r1", "/v1/responses", {**body, "metadata": {"k": "v"}})) is None
+    (result,) = drain(engine)
+    assert server.paths == [CHAT] and server.bodies[0]["messages"] == [{"role": "user", "content": "ok"}]
+    assert server.bodies[0]["max_tokens"] == 3 and "input" not in server.bodies[0]
+    response = Response.model_validate(result.body)
+    assert response.object == "response" and response.model == "backfill-demo" and response.output_text == "x y"
+    assert response.usage and response.usage.input_tokens == 7 and response.usage.output_tokens == 3
+    assert response.usage.input_tokens_details.cached_tokens == 4 == result.cached_tokens
+    assert response.metadata == {"k": "v"} and response.status == "incomplete"  # finish_reason "length"
+
+
+def test_chat_usage_carries_the_servers_cached_tokens_or_zero(engine: HttpEngine, server: FakeServer) -> None:
+    engine.add(chat("plain"))
+    (plain,) = drain(engine)
+    server.cached_tokens = 5
+    engine.add(chat("cached"))
+    (cached,) = drain(engine)
+    assert plain.body["usage"]["prompt_tokens_details"] == {"cached_tokens": 0} and plain.cached_tokens == 0
+    assert cached.body["usage"]["prompt_tokens_details"] == {"cached_tokens": 5} and cached.cached_tokens == 5
+    ChatCompletion.model_validate(cached.body)
+
+
+def test_an_output_cap_beyond_the_servers_context_is_refused_without_a_call(
+    engine: HttpEngine, server: FakeServer
+) -> None:
+    refused = engine.add(chat("r1", max_tokens=10_000_000))
+    assert refused is not None and refused.status_code == 400 and refused.error_code == "context_length_exceeded"
+    assert refused.error_message and refused.error_message.startswith("This model's maximum context length is 1024")
+    assert not server.bodies and not engine.has_unfinished()
+
+
+def test_a_cap_that_fits_only_without_the_prompt_is_a_400_once_the_server_counted_it(
+    engine: HttpEngine, server: FakeServer
+) -> None:
+    engine.add(chat("r1", max_tokens=1020))  # the server clamps it; OpenAI refuses 7 + 1020 > 1024
+    (result,) = drain(engine)
+    assert result.status_code == 400 and result.error_code == "context_length_exceeded"
+    assert "1027 tokens (7 in the messages, 1020 in the completion)" in (result.error_message or "")
+    assert (result.prompt_tokens, result.completion_tokens) == (0, 0)  # not billed
