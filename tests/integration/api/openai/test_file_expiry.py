@@ -14,7 +14,6 @@ from sqlalchemy import update
 from storage.blobs import get_blob_store
 from storage.clock import now
 from storage.db import transaction
-from storage.files import blob_key_for
 from storage.models import File
 from tests.conftest import LiveServer, make_key
 from tests.integration.api.helpers import chat_line, read_lines, to_jsonl, upload, wait_for
@@ -32,9 +31,17 @@ def expire_now(file_id: str) -> None:
         session.execute(update(File).where(File.id == file_id).values(expires_at=now() - 1))
 
 
-def wait_gone(client: openai.OpenAI, file_id: str, timeout: float = 20) -> None:
+def blob_key_of(file_id: str) -> str:
+    """Where the file's object lives (its row keeps the key; the rule is storage/blobs/layout.py)."""
+    with transaction() as session:
+        row = session.get(File, file_id)
+        assert row is not None
+        return row.blob_key
+
+
+def wait_gone(client: openai.OpenAI, file_id: str, timeout: float = 20, *, key: str) -> None:
     deadline = time.time() + timeout
-    while get_blob_store().exists(blob_key_for(file_id)):
+    while get_blob_store().exists(key):
         assert time.time() < deadline, f"the retention sweep never removed {file_id}"
         time.sleep(0.2)
 
@@ -91,10 +98,11 @@ def test_an_expired_file_is_swept_from_object_storage_and_404s_while_its_running
     batch = client.batches.create(input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h")
     wait_for(client, batch.id, {"in_progress"})
 
+    key = blob_key_of(source.id)
     expire_now(source.id)
     with pytest.raises(openai.NotFoundError):  # expired answers 404 at once, before the sweep ran
         client.files.retrieve(source.id)
-    wait_gone(client, source.id)
+    wait_gone(client, source.id, key=key)
     assert client.batches.retrieve(batch.id).status == "in_progress"  # the sweep came while it ran
     with transaction() as session:
         assert session.get(File, source.id) is None  # the row went with the object
@@ -107,7 +115,7 @@ def test_an_expired_file_is_swept_from_object_storage_and_404s_while_its_running
     assert done.status == "completed" and done.request_counts.completed == 16
     assert len(read_lines(client, done.output_file_id)) == 16
     assert client.files.retrieve(keeper.id).id == keeper.id
-    assert get_blob_store().exists(blob_key_for(keeper.id))
+    assert get_blob_store().exists(blob_key_of(keeper.id))
 
 
 def test_an_output_file_with_output_expires_after_is_swept_once_expired(api: LiveServer) -> None:
@@ -121,8 +129,9 @@ def test_an_output_file_with_output_expires_after_is_swept_once_expired(api: Liv
     )
     done = wait_for(client, batch.id)
     assert done.output_file_id and client.files.content(done.output_file_id).text
+    key = blob_key_of(done.output_file_id)
     expire_now(done.output_file_id)
-    wait_gone(client, done.output_file_id)
+    wait_gone(client, done.output_file_id, key=key)
     with pytest.raises(openai.NotFoundError):
         client.files.content(done.output_file_id)
     assert client.batches.retrieve(batch.id).status == "completed"
