@@ -9,6 +9,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from api import errors
+from api.anthropic import message_batches
 from api.finance import routes as costs
 from api.openai import batches, files, models
 
@@ -21,6 +22,7 @@ def create_app(*, health_extra: Callable[[], dict[str, Any]] | None = None) -> F
     app.include_router(batches.router)
     app.include_router(models.router)
     app.include_router(costs.router)
+    app.include_router(message_batches.router)
 
     @app.get("/health", tags=["health"])
     def health() -> JSONResponse:

@@ -1,4 +1,4 @@
-"""The one error handler: every failure leaves as OpenAI's envelope."""
+"""The one error handler: every failure leaves as OpenAI's envelope (Anthropic's on Anthropic's routes)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from api.anthropic import errors as anthropic
 from storage.errors import BackfillError
 
 log = logging.getLogger(__name__)
@@ -25,25 +26,33 @@ def install(app: FastAPI) -> None:
     """Register the handlers on `app`."""
 
     @app.exception_handler(BackfillError)
-    async def _backfill(_: Request, error: BackfillError) -> JSONResponse:
+    async def _backfill(request: Request, error: BackfillError) -> JSONResponse:
+        if anthropic.is_anthropic(request):
+            return anthropic.envelope(error.status, error.message)
         return envelope(error.status, error.message, type_=error.type, code=error.code, param=error.param)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, error: RequestValidationError) -> JSONResponse:
+    async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
         first = error.errors()[0] if error.errors() else {}
         loc = [str(part) for part in first.get("loc", ()) if part not in ("body", "query", "path")]
         param = ".".join(loc) or None
         message = (
             f"Invalid value for '{param}': {first.get('msg', 'invalid request')}." if param else "Invalid request."
         )
+        if anthropic.is_anthropic(request):
+            return anthropic.envelope(400, message)
         return envelope(400, message, type_="invalid_request_error", code="invalid_request", param=param)
 
     @app.exception_handler(HTTPException)
-    async def _http(_: Request, error: HTTPException) -> JSONResponse:
+    async def _http(request: Request, error: HTTPException) -> JSONResponse:
+        if anthropic.is_anthropic(request):
+            return anthropic.envelope(error.status_code, str(error.detail))
         code = "not_found" if error.status_code == 404 else None
         return envelope(error.status_code, str(error.detail), type_="invalid_request_error", code=code)
 
     @app.exception_handler(Exception)
-    async def _bug(_: Request, error: Exception) -> JSONResponse:
+    async def _bug(request: Request, error: Exception) -> JSONResponse:
         log.exception("unhandled error")
+        if anthropic.is_anthropic(request):
+            return anthropic.envelope(500, "Internal server error.")
         return envelope(500, "The server had an error processing your request.", type_="server_error", code=None)

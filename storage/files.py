@@ -13,6 +13,9 @@ from storage.errors import FileNotFound
 from storage.ids import new_id
 from storage.models import File
 
+# Files Backfill keeps for an Anthropic Message Batch (its requests, its results): not listed at /v1/files.
+INTERNAL_PURPOSES = ("message_batch_input", "message_batch_results")
+
 
 def create_file(
     session: Session,
@@ -48,7 +51,14 @@ def blob_key_for(file_id: str) -> str:
 
 
 def record_result_file(
-    session: Session, *, file_id: str, tenant_id: str, filename: str, size: int, sha256: str
+    session: Session,
+    *,
+    file_id: str,
+    tenant_id: str,
+    filename: str,
+    size: int,
+    sha256: str,
+    purpose: str = "batch_output",
 ) -> File:
     """The row of a result file whose object is already written (idempotent: a finalize re-run keeps the row)."""
     row = session.get(File, file_id)
@@ -57,7 +67,7 @@ def record_result_file(
             id=file_id,
             tenant_id=tenant_id,
             filename=filename,
-            purpose="batch_output",
+            purpose=purpose,
             bytes=size,
             blob_key=blob_key_for(file_id),
             sha256=sha256,
@@ -81,8 +91,8 @@ def list_files(
 ) -> list[File]:
     """The tenant's files, newest first by default, `limit + 1` rows to tell if more exist."""
     query = select(File).where(File.tenant_id == tenant_id, File.deleted_at.is_(None))
-    if purpose:
-        query = query.where(File.purpose == purpose)
+    wanted = File.purpose == purpose if purpose else File.purpose.not_in(INTERNAL_PURPOSES)
+    query = query.where(wanted)
     descending = order != "asc"
     if after:
         anchor = session.get(File, after)

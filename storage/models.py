@@ -99,6 +99,10 @@ class Batch(Base):
     expired_at: Mapped[int | None] = mapped_column(BigInteger)
     cancelling_at: Mapped[int | None] = mapped_column(BigInteger)
     cancelled_at: Mapped[int | None] = mapped_column(BigInteger)
+    # Which API created the batch: "openai" or "anthropic" (storage/message_batches.py renders the latter).
+    protocol: Mapped[str] = mapped_column(String(16), default="openai", server_default="openai")
+    archived_at: Mapped[int | None] = mapped_column(BigInteger)  # results removed after their retention
+    deleted_at: Mapped[int | None] = mapped_column(BigInteger)  # deleted by its owner; kept for accounting
 
 
 class BatchRequest(Base):

@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import orjson
 from sqlalchemy.orm import Session
 
 from storage import lifecycle
-from storage.batches import get_batch
+from storage.batches import ANTHROPIC, get_batch
 from storage.blobs import BlobStore
 from storage.db import transaction
 from storage.files import blob_key_for, record_result_file
 from storage.lines import result_line
+from storage.message_batch_lines import result_line as message_result_line
 from storage.queue.backlog import open_count
 from storage.queue.results import has_expired_requests, iter_results
 
@@ -28,6 +30,13 @@ log = logging.getLogger(__name__)
 CHUNK_BYTES = 1024 * 1024
 _SUCCESS = (lifecycle.REQ_COMPLETED,)
 _FAILURE = (lifecycle.REQ_FAILED, lifecycle.REQ_EXPIRED, lifecycle.REQ_CANCELLED)
+Render = Callable[..., dict[str, Any]]
+# (kind, the request statuses it holds, how a line is rendered, file purpose) per protocol. An Anthropic
+# batch has one results file with every request, in Anthropic's line format.
+_FILES: dict[str, tuple[tuple[str, tuple[str, ...], Render, str], ...]] = {
+    "openai": (("output", _SUCCESS, result_line, "batch_output"), ("errors", _FAILURE, result_line, "batch_output")),
+    ANTHROPIC: (("results", _SUCCESS + _FAILURE, message_result_line, "message_batch_results"),),
+}
 
 
 def finalize_batch(blobs: BlobStore, *, batch_id: str) -> str | None:
@@ -42,26 +51,33 @@ def finalize_batch(blobs: BlobStore, *, batch_id: str) -> str | None:
         if target == lifecycle.COMPLETED and batch.status == lifecycle.IN_PROGRESS:
             lifecycle.transition(batch, lifecycle.FINALIZING)
         tenant_id = batch.tenant_id
+        files = _FILES.get(batch.protocol, _FILES["openai"])
     written = {
-        kind: _write(blobs, batch_id=batch_id, kind=kind, statuses=statuses)
-        for kind, statuses in (("output", _SUCCESS), ("errors", _FAILURE))
+        kind: (_write(blobs, batch_id=batch_id, kind=kind, statuses=statuses, render=render), purpose)
+        for kind, statuses, render, purpose in files
     }
     with transaction() as session:
         batch = get_batch(session, tenant_id=None, batch_id=batch_id, lock=True)
         if batch.status in lifecycle.TERMINAL:
             return batch.status
-        for kind, stored in written.items():
+        for kind, (stored, purpose) in written.items():
             if stored is None:
                 continue
             file_id, size, digest = stored
             filename = f"{batch_id}_{kind}.jsonl"
             record_result_file(
-                session, file_id=file_id, tenant_id=tenant_id, filename=filename, size=size, sha256=digest
+                session,
+                file_id=file_id,
+                tenant_id=tenant_id,
+                filename=filename,
+                size=size,
+                sha256=digest,
+                purpose=purpose,
             )
-            if kind == "output":
-                batch.output_file_id = file_id
-            else:
+            if kind == "errors":
                 batch.error_file_id = file_id
+            else:
+                batch.output_file_id = file_id
         lifecycle.transition(batch, target)
         log.info("batch %s finalized as %s", batch_id, target)
         return target
@@ -79,10 +95,12 @@ def result_file_id(batch_id: str, kind: str) -> str:
     return "file-" + hashlib.sha256(f"{batch_id}:{kind}".encode()).hexdigest()[:24]
 
 
-def _write(blobs: BlobStore, *, batch_id: str, kind: str, statuses: tuple[str, ...]) -> tuple[str, int, str] | None:
+def _write(
+    blobs: BlobStore, *, batch_id: str, kind: str, statuses: tuple[str, ...], render: Render = result_line
+) -> tuple[str, int, str] | None:
     file_id = result_file_id(batch_id, kind)
     with transaction() as session:
-        lines = _result_lines(session, batch_id=batch_id, statuses=statuses)
+        lines = _result_lines(session, batch_id=batch_id, statuses=statuses, render=render)
         first = next(lines, None)
         if first is None:
             return None
@@ -101,6 +119,8 @@ def _chunks(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
         yield bytes(buffer)
 
 
-def _result_lines(session: Session, *, batch_id: str, statuses: tuple[str, ...]) -> Iterator[bytes]:
+def _result_lines(
+    session: Session, *, batch_id: str, statuses: tuple[str, ...], render: Render = result_line
+) -> Iterator[bytes]:
     for row in iter_results(session, batch_id=batch_id, statuses=statuses):
-        yield orjson.dumps(result_line(*row)) + b"\n"
+        yield orjson.dumps(render(*row)) + b"\n"

@@ -21,7 +21,7 @@ EndTime = Annotated[int | None, Query(description="End of the window, unix secon
 BucketWidth = Annotated[str, Query(description="Bucket width; only '1d' (UTC days) is supported.")]
 GroupBy = Annotated[
     list[str] | None,
-    Query(description="Repeat or comma-separate: tenant, model, completion_window."),
+    Query(description="Repeat or comma-separate: tenant, model, completion_window, protocol."),
 ]
 TenantFilter = Annotated[str | None, Query(description="Admin keys only: one tenant's rows.")]
 Format = Annotated[str, Query(alias="format", description="'json' (default) or 'csv'.")]

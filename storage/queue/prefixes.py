@@ -17,6 +17,9 @@ CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
 
 
+MESSAGES_URL = "/v1/messages"  # Anthropic: like chat, with the system prompt (a separate field) leading
+
+
 def prefix_key_of(url: str, body: dict[str, Any], *, chars: int) -> str:
     """A short hash of the part of the prompt that requests are likely to share ("" if there is none).
 
@@ -24,7 +27,10 @@ def prefix_key_of(url: str, body: dict[str, Any], *, chars: int) -> str:
     first; with a single message, its first `chars` characters. Completions: the first `chars` characters
     of the (first) prompt, or its first `chars // 4` token ids. Embeddings have no prefix to share.
     """
-    if url == CHAT_URL:
+    if url == MESSAGES_URL and body.get("system"):
+        body = {"messages": [{"role": "system", "content": body["system"]}, *(body.get("messages") or [])]}
+        url = CHAT_URL
+    if url in (CHAT_URL, MESSAGES_URL):
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             return ""

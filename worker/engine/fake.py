@@ -24,6 +24,9 @@ from worker.engine.bodies import (
     Choice,
     CompletionBody,
     EmbeddingBody,
+    MessagesBody,
+    anthropic_message,
+    anthropic_stop,
     chat_completion,
     embedding_list,
     parse_body,
@@ -38,7 +41,7 @@ EMBEDDING_DIMENSIONS = 8
 @dataclass
 class _Sequence:
     request_id: str
-    body: Body
+    body: Body | MessagesBody
     prompt_tokens: int
     tokens_to_decode: int
     added_at: float
@@ -118,14 +121,14 @@ class FakeEngine:
     def close(self) -> None:
         """Nothing to free."""
 
-    def _sequence(self, request_id: str, url: str, body: Body) -> _Sequence:
+    def _sequence(self, request_id: str, url: str, body: Body | MessagesBody) -> _Sequence:
         wanted = "pooling" if url == EMBEDDINGS_URL else "generate"
         if wanted != self.runner:
             raise BodyError(f"model {self.model_name!r} does not serve {url}", code="unsupported_endpoint", param="url")
         if isinstance(body, EmbeddingBody):
             prompt_tokens = sum(_count_tokens(item) for item in body.inputs())
             return _Sequence(request_id, body, prompt_tokens, 1, time.monotonic())
-        if isinstance(body, ChatBody):
+        if isinstance(body, ChatBody | MessagesBody):
             prompt_tokens = sum(_count_tokens(m["content"]) + 2 for m in body.conversation())
         else:
             prompt_tokens = _count_tokens(body.single_prompt())
@@ -135,8 +138,10 @@ class FakeEngine:
                 f"This model's maximum context length is {self.max_model_len} tokens, "
                 f"but the prompt has {prompt_tokens} tokens, leaving no room for output.",
                 code="context_length_exceeded",
-                param="messages" if isinstance(body, ChatBody) else "prompt",
+                param="messages" if isinstance(body, ChatBody | MessagesBody) else "prompt",
             )
+        if isinstance(body, MessagesBody):
+            return _Sequence(request_id, body, prompt_tokens, min(body.max_tokens, room), time.monotonic())
         limit = body.output_limit() if isinstance(body, CompletionBody) else (body.output_limit() or 16)
         if body.min_tokens > limit:
             raise BodyError("min_tokens must not exceed max_tokens", code="invalid_value", param="min_tokens")
@@ -155,10 +160,28 @@ class FakeEngine:
                 prompt_tokens=sequence.prompt_tokens,
             )
             result = EngineResult(rid, 200, response, prompt_tokens=sequence.prompt_tokens)
+        elif isinstance(body, MessagesBody):
+            result = self._message(sequence, body)
         else:
             result = self._completion(sequence, body)
         result.engine_seconds = time.monotonic() - sequence.added_at
         return result
+
+    def _message(self, sequence: _Sequence, body: MessagesBody) -> EngineResult:
+        """Anthropic's Message: the fake decodes to its limit, so it stops on max_tokens (or the context)."""
+        count = sequence.tokens_to_decode
+        stop = anthropic_stop(finish_reason="length", matched=None, output_tokens=count, max_tokens=body.max_tokens)
+        message = anthropic_message(
+            message_id=hashlib.sha256(sequence.request_id.encode()).hexdigest()[:24],
+            model=self.model_name,
+            text=_text(sequence.request_id, 0, count),
+            stop=stop,
+            prompt_tokens=sequence.prompt_tokens,
+            output_tokens=count,
+        )
+        return EngineResult(
+            sequence.request_id, 200, message, prompt_tokens=sequence.prompt_tokens, completion_tokens=count
+        )
 
     def _completion(self, sequence: _Sequence, body: ChatBody | CompletionBody) -> EngineResult:
         count = sequence.tokens_to_decode

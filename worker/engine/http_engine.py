@@ -29,7 +29,16 @@ import httpx
 
 from storage.settings import ModelSpec, SharedModeSpec
 from worker.engine import EngineRequest, EngineResult, EngineStats
-from worker.engine.bodies import BodyError, CompletionBody, EmbeddingBody, parse_body, server_error
+from worker.engine.bodies import (
+    CHAT_URL,
+    BodyError,
+    CompletionBody,
+    EmbeddingBody,
+    MessagesBody,
+    message_from_chat_completion,
+    parse_body,
+    server_error,
+)
 from worker.engine.shared_budget import DispatchBudget, MetricsError, parse_load
 
 log = logging.getLogger(__name__)
@@ -57,6 +66,7 @@ class _Flight:
     token: int = -1
     future: concurrent.futures.Future[None] | None = None
     parked: bool = True
+    messages: MessagesBody | None = None  # an Anthropic request, sent as chat and answered as a Message
 
 
 class HttpEngine:
@@ -96,11 +106,13 @@ class HttpEngine:
         try:
             if rid in self._inflight:
                 raise BodyError(f"request {rid!r} is already in flight", code="duplicate_request")
-            _validate(request.url, request.body)
+            parsed = _validate(request.url, request.body)
         except BodyError as error:
             return error.to_result(rid)
-        payload = {**request.body, "model": self.server_model, "priority": self.shared.batch_priority}
-        self._inflight[rid] = _Flight(rid, request.url, payload, time.monotonic())
+        messages = parsed if isinstance(parsed, MessagesBody) else None
+        url, body = (CHAT_URL, messages.chat_payload()) if messages is not None else (request.url, request.body)
+        payload = {**body, "model": self.server_model, "priority": self.shared.batch_priority}
+        self._inflight[rid] = _Flight(rid, url, payload, time.monotonic(), messages=messages)
         self._parked.append(rid)
         self._dispatch()
         return None
@@ -222,6 +234,8 @@ class HttpEngine:
             result = await self._attempts(rid, flight.url, flight.payload)
         finally:
             self._calls.pop(token, None)
+        if flight.messages is not None and result.ok:
+            result.body = message_from_chat_completion(result.body, model=self.model_name, body=flight.messages)
         self._done.put((rid, token, result))
 
     async def _attempts(self, rid: str, url: str, payload: dict[str, Any]) -> EngineResult:
@@ -287,13 +301,14 @@ class HttpEngine:
                 self._done.put((rid, token, _YIELDED))
 
 
-def _validate(url: str, body: Any) -> None:
+def _validate(url: str, body: Any) -> Any:
     """The same strict checks as the in-process engine, so a line fails the same way in both modes."""
     parsed = parse_body(url, body)
     if isinstance(parsed, CompletionBody):
         parsed.single_prompt()
     elif isinstance(parsed, EmbeddingBody):
         parsed.inputs()
+    return parsed
 
 
 def _refusal(rid: str, status: int, body: dict[str, Any]) -> EngineResult:

@@ -26,6 +26,9 @@ from worker.engine.bodies import (
     Choice,
     CompletionBody,
     EmbeddingBody,
+    MessagesBody,
+    anthropic_message,
+    anthropic_stop,
     chat_completion,
     embedding_list,
     parse_body,
@@ -66,7 +69,7 @@ class _InFlight:
     """A submitted request: its parsed body and the engine requests it fanned out to."""
 
     request_id: str
-    body: Body
+    body: Body | MessagesBody
     started: float
     engine_ids: list[str]
     done: dict[str, Any] = field(default_factory=dict)
@@ -213,15 +216,26 @@ class VllmEngine:
         if wanted not in self._tasks:
             raise BodyError(f"model {self.model_name!r} does not serve {url}", code="unsupported_endpoint", param="url")
 
-    def _chat_params(self) -> Any:
+    def _chat_params(self, *, continue_final: bool = False) -> Any:
         from vllm.renderers import ChatParams
 
-        # What LLM.chat() passes for a plain Hugging Face tokenizer.
-        kwargs = {"add_generation_prompt": True, "continue_final_message": False, "tools": None, "tokenize": False}
+        # What LLM.chat() passes for a plain Hugging Face tokenizer; `continue_final` answers by continuing
+        # a final assistant turn (Anthropic's prefill) instead of starting a new one.
+        kwargs = {
+            "add_generation_prompt": not continue_final,
+            "continue_final_message": continue_final,
+            "tools": None,
+            "tokenize": False,
+        }
         return ChatParams(chat_template=None, chat_template_content_format="auto", chat_template_kwargs=kwargs)
 
-    def _prepare(self, rid: str, body: Body) -> list[tuple[str, Any, Any]]:
+    def _prepare(self, rid: str, body: Body | MessagesBody) -> list[tuple[str, Any, Any]]:
         """(engine id, rendered prompt, params) for each engine request this body becomes."""
+        if isinstance(body, MessagesBody):  # Anthropic Messages run on the chat path
+            chat = body.as_chat()
+            params = self._chat_params(continue_final=body.prefill)
+            _, (prompt,) = self._renderer.render_chat([chat.conversation()], params)
+            return [(rid, prompt, self._sampling_params(chat, len(prompt["prompt_token_ids"]), top_k=body.top_k))]
         if isinstance(body, EmbeddingBody):
             from vllm import PoolingParams
 
@@ -241,7 +255,7 @@ class VllmEngine:
         (prompt,) = self._renderer.render_cmpl([parse_model_prompt(self._model_config, raw)])
         return prompt
 
-    def _sampling_params(self, body: ChatBody | CompletionBody, prompt_tokens: int) -> Any:
+    def _sampling_params(self, body: ChatBody | CompletionBody, prompt_tokens: int, *, top_k: int | None = None) -> Any:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
@@ -268,6 +282,8 @@ class VllmEngine:
         for name in ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty"):
             if (value := getattr(body, name)) is not None:
                 values[name] = value
+        if top_k:  # Anthropic's top_k (0: off)
+            values["top_k"] = top_k
         if body.logit_bias:
             values["logit_bias"] = {int(token): bias for token, bias in body.logit_bias.items()}
         if body.response_format is not None and body.response_format.type != "text":
@@ -279,7 +295,7 @@ class VllmEngine:
             )
         return SamplingParams(**values)
 
-    def _submit(self, rid: str, body: Body, prepared: list[tuple[str, Any, Any]]) -> EngineResult | None:
+    def _submit(self, rid: str, body: Body | MessagesBody, prepared: list[tuple[str, Any, Any]]) -> EngineResult | None:
         from vllm.exceptions import VLLMClientError
 
         added: list[str] = []
@@ -331,6 +347,9 @@ class VllmEngine:
         if any(c.finish_reason not in ("stop", "length") for c in completions):
             reasons = sorted({str(c.finish_reason) for c in completions})
             return server_error(flight.request_id, f"the engine ended the request early ({', '.join(reasons)})")
+        if isinstance(body, MessagesBody):
+            cached = getattr(outputs[0], "num_cached_tokens", None) or 0
+            return self._message(flight.request_id, body, completions[0], prompt_tokens, cached)
         choices = [self._choice(c, body) for c in completions]
         build = chat_completion if isinstance(body, ChatBody) else text_completion
         response = build(
@@ -340,6 +359,26 @@ class VllmEngine:
         return EngineResult(
             flight.request_id, 200, response, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens
         )
+
+    def _message(self, rid: str, body: MessagesBody, completion: Any, prompt_tokens: int, cached: int) -> EngineResult:
+        """Anthropic's Message; vLLM's `stop_reason` names the stop string that matched, if one did."""
+        output_tokens = len(completion.token_ids)
+        stop = anthropic_stop(
+            finish_reason=str(completion.finish_reason),
+            matched=completion.stop_reason,
+            output_tokens=output_tokens,
+            max_tokens=body.max_tokens,
+        )
+        message = anthropic_message(
+            message_id=uuid.uuid4().hex[:24],
+            model=self.model_name,
+            text=completion.text,
+            stop=stop,
+            prompt_tokens=prompt_tokens,
+            output_tokens=output_tokens,
+            cached_tokens=cached,
+        )
+        return EngineResult(rid, 200, message, prompt_tokens=prompt_tokens, completion_tokens=output_tokens)
 
     def _choice(self, completion: Any, body: ChatBody | CompletionBody) -> Choice:
         logprobs = None
