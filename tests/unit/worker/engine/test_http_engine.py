@@ -263,3 +263,36 @@ def wait_for(condition: Any, engine: HttpEngine | None = None, seconds: float = 
             assert engine.step() == []
         else:
             time.sleep(0.01)
+
+
+def test_an_anthropic_messages_request_goes_out_as_chat_and_comes_back_as_a_message(server: FakeServer) -> None:
+    from anthropic.types import Message
+
+    paths: list[str] = []
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        paths.append(request.url.path)
+        return await server.handle(request)
+
+    engine = HttpEngine("backfill-demo", spec(), transport=httpx.MockTransport(handle))
+    try:
+        params = {
+            "model": "backfill-demo",
+            "max_tokens": 3,
+            "messages": [{"role": "user", "content": "ok"}, {"role": "assistant", "content": "Sure,"}],
+            "top_k": 5,
+            "stop_sequences": ["END"],
+        }
+        assert engine.add(EngineRequest("m1", "/v1/messages", params)) is None
+        assert engine.add(EngineRequest("m2", "/v1/messages", {**params, "tools": [{"name": "x"}]})) is not None
+        (result,) = drain(engine)
+    finally:
+        engine.close()
+    sent = server.bodies[0]
+    assert CHAT in paths and "/v1/messages" not in paths
+    assert sent["top_k"] == 5 and sent["stop"] == ["END"] and sent["continue_final_message"] is True
+    assert "stop_sequences" not in sent and sent["priority"] == 1_000_000
+    message = Message.model_validate(result.body)
+    assert message.model == "backfill-demo" and message.stop_reason == "max_tokens" and message.content[0].text == "x y"
+    assert (message.usage.input_tokens, message.usage.output_tokens) == (7, 3)
+    assert (result.prompt_tokens, result.completion_tokens) == (7, 3)
