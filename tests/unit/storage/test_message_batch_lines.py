@@ -115,7 +115,7 @@ def test_limits_on_requests_bytes_and_one_request() -> None:
         read({"requests": [request("a"), request("b"), request("c")]}, max_requests=2)
     with pytest.raises(RequestTooLarge, match="maximum size of 100 bytes"):
         read({"requests": [request("a"), request("b")]}, max_body_bytes=100)
-    with pytest.raises(InvalidRequest, match="requests.1: larger than 300 bytes"):
+    with pytest.raises(InvalidRequest, match=r"requests\.1: larger than 300 bytes"):
         read({"requests": [request("a"), request("b", system="s" * 400)]}, max_request_bytes=300)
 
 
@@ -146,7 +146,11 @@ def message(text: str = "Hi") -> dict[str, Any]:
     ("row", "kind", "error_type"),
     [
         ((200, message(), None, None), "succeeded", None),
-        ((400, {"error": {"message": "x"}}, "unsupported_parameter", "tools: not supported"), "errored", "invalid_request_error"),
+        (
+            (400, {"error": {"message": "x"}}, "unsupported_parameter", "tools: not supported"),
+            "errored",
+            "invalid_request_error",
+        ),
         ((404, None, "model_not_found", "model: 'nope' is not served here"), "errored", "not_found_error"),
         ((500, None, "engine_error", "The request was interrupted 3 times"), "errored", "api_error"),
         ((None, None, "batch_cancelled", "The batch was cancelled"), "canceled", None),
@@ -165,7 +169,12 @@ def test_each_result_type_parses_as_the_sdk_types_it(row: tuple[Any, ...], kind:
 def test_a_batch_refused_before_queueing_reports_each_request_errored_with_the_refusal() -> None:
     _, out = read({"requests": [request("a"), request("b")]})
     refusal = {"code": "token_limit_exceeded", "message": "Enqueued token limit reached"}
-    lines = [json.loads(x) for x in b"".join(unqueued_results([out], outcome="errored", refusal=refusal, max_line_bytes=10_000)).splitlines()]
+    lines = [
+        json.loads(x)
+        for x in b"".join(
+            unqueued_results([out], outcome="errored", refusal=refusal, max_line_bytes=10_000)
+        ).splitlines()
+    ]
     parsed = [MessageBatchIndividualResponse.model_validate(line) for line in lines]
     assert [p.custom_id for p in parsed] == ["a", "b"]
     assert all(p.result.error.error.type == "rate_limit_error" for p in parsed)  # type: ignore[union-attr]

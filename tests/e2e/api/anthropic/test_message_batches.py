@@ -21,7 +21,9 @@ from tests.conftest import Backend, LiveServer, configure, make_key, start_serve
 pytestmark = pytest.mark.vllm
 
 LONG, SHORT = "demo-long", "demo-short"  # one model folder, two registry entries (the short one: 160-token context)
-SYSTEM = "You are a careful Python reviewer. " + " ".join(f"Rule {i}: keep functions small and named well." for i in range(40))
+SYSTEM = "You are a careful Python reviewer. " + " ".join(
+    f"Rule {i}: keep functions small and named well." for i in range(40)
+)
 
 
 @pytest.fixture
@@ -30,7 +32,9 @@ def live(backend: Backend, demo_model_path: Path, monkeypatch: pytest.MonkeyPatc
 
     engine = {"path": str(demo_model_path), "dtype": "float32", "max_num_seqs": 8, "kv_cache_memory_bytes": 64 << 20}
     models = {LONG: {**engine, "max_model_len": 1024}, SHORT: {**engine, "max_model_len": 160}}
-    configure(monkeypatch, {**backend.env, "BACKFILL_MODELS": json.dumps(models), "BACKFILL_REAP_INTERVAL_SECONDS": "1"})
+    configure(
+        monkeypatch, {**backend.env, "BACKFILL_MODELS": json.dumps(models), "BACKFILL_REAP_INTERVAL_SECONDS": "1"}
+    )
     service.drop_runners()
     server, stop = start_server(with_worker=True)
     assert server.worker is not None and server.worker.ready.wait(300)  # type: ignore[attr-defined]
@@ -54,7 +58,10 @@ def wait_ended(client: anthropic.Anthropic, batch_id: str, timeout: float = 240)
     while time.time() < deadline:
         batch = client.messages.batches.retrieve(batch_id)
         counts = batch.request_counts
-        assert counts.processing + counts.succeeded + counts.errored + counts.canceled + counts.expired == batch_total[batch_id]
+        assert (
+            counts.processing + counts.succeeded + counts.errored + counts.canceled + counts.expired
+            == batch_total[batch_id]
+        )
         if batch.processing_status == "ended":
             return batch
         time.sleep(0.2)
@@ -87,7 +94,10 @@ def test_the_sdk_flow_with_mixed_models_stop_reasons_and_the_prefix_cache(live: 
     client = client_for(live)
     first = create(
         client,
-        [req("greedy", "def parse(line):", max_tokens=24, temperature=0), req("warm", "Review f().", system=SYSTEM, max_tokens=4)],
+        [
+            req("greedy", "def parse(line):", max_tokens=24, temperature=0),
+            req("warm", "Review f().", system=SYSTEM, max_tokens=4),
+        ],
     )
     assert first.processing_status == "in_progress" and first.results_url is None
     first_done = wait_ended(client, first.id)
@@ -109,7 +119,10 @@ def test_the_sdk_flow_with_mixed_models_stop_reasons_and_the_prefix_cache(live: 
             req("window", "import os", model=SHORT, max_tokens=4096),  # more than the 160-token context leaves
             {"custom_id": "prefill", "params": {"model": LONG, "max_tokens": 6, "messages": prefill}},
             req("unserved", "hi", model="claude-3-5-haiku-latest"),
-            {"custom_id": "image", "params": {"model": LONG, "max_tokens": 4, "messages": [{"role": "user", "content": [image]}]}},
+            {
+                "custom_id": "image",
+                "params": {"model": LONG, "max_tokens": 4, "messages": [{"role": "user", "content": [image]}]},
+            },
         ],
     )
     done = wait_ended(client, second.id)
@@ -121,12 +134,21 @@ def test_the_sdk_flow_with_mixed_models_stop_reasons_and_the_prefix_cache(live: 
     assert (stopped.stop_reason, stopped.stop_sequence) == ("stop_sequence", stop)
     assert (stopped.content[0].text if stopped.content else "") == text[:at]
     cached = lines["cached"].message
-    assert cached.usage.cache_read_input_tokens and cached.usage.cache_read_input_tokens > 0  # the system prompt, from batch one
+    assert (
+        cached.usage.cache_read_input_tokens and cached.usage.cache_read_input_tokens > 0
+    )  # the system prompt, from batch one
     warm = early["warm"].message.usage
-    assert cached.usage.input_tokens + cached.usage.cache_read_input_tokens >= warm.input_tokens + (warm.cache_read_input_tokens or 0) - 4
+    assert (
+        cached.usage.input_tokens + cached.usage.cache_read_input_tokens
+        >= warm.input_tokens + (warm.cache_read_input_tokens or 0) - 4
+    )
     assert lines["short"].message.model == SHORT and lines["short"].message.stop_reason == "max_tokens"
     window = lines["window"].message
-    assert window.model == SHORT and window.stop_reason == "model_context_window_exceeded" and window.usage.output_tokens < 160
+    assert (
+        window.model == SHORT
+        and window.stop_reason == "model_context_window_exceeded"
+        and window.usage.output_tokens < 160
+    )
     assert lines["prefill"].type == "succeeded" and lines["prefill"].message.usage.output_tokens == 6
     assert lines["unserved"].error.error.type == "not_found_error"
     assert lines["image"].error.error.type == "invalid_request_error" and "image" in lines["image"].error.error.message

@@ -22,7 +22,12 @@ from tests.integration.api.conftest import FAKE_MODELS
 PRICES = {
     "prices": [
         {"model": "fake-model", "effective_from": "2025-01-01", "input_usd_per_mtok": "1", "output_usd_per_mtok": "4"},
-        {"model": "other-model", "effective_from": "2025-01-01", "input_usd_per_mtok": "10", "output_usd_per_mtok": "40"},
+        {
+            "model": "other-model",
+            "effective_from": "2025-01-01",
+            "input_usd_per_mtok": "10",
+            "output_usd_per_mtok": "40",
+        },
     ]
 }
 ENV = {
@@ -90,9 +95,13 @@ def test_a_mixed_model_batch_runs_each_request_on_its_own_model_and_is_priced_pe
     assert set(lines) == {r["custom_id"] for r in requests}
     for custom_id, result in lines.items():
         if custom_id[0] in "ab":
-            assert result.type == "succeeded" and result.message.model == ("fake-model" if custom_id[0] == "a" else "other-model")
+            assert result.type == "succeeded" and result.message.model == (
+                "fake-model" if custom_id[0] == "a" else "other-model"
+            )
             assert result.message.id.startswith("msg_") and result.message.content[0].type == "text"
-            assert result.message.stop_reason == "max_tokens" and result.message.usage.output_tokens == (4 if custom_id[0] == "a" else 6)
+            assert result.message.stop_reason == "max_tokens" and result.message.usage.output_tokens == (
+                4 if custom_id[0] == "a" else 6
+            )
     assert lines["unserved"].type == "errored" and lines["unserved"].error.error.type == "not_found_error"
     assert "claude-nope" in lines["unserved"].error.error.message
     assert lines["tools"].error.error.type == "invalid_request_error" and "tools" in lines["tools"].error.error.message
@@ -106,8 +115,13 @@ def test_a_mixed_model_batch_runs_each_request_on_its_own_model_and_is_priced_pe
     with transaction() as session:
         runs = dict(session.execute(select(EngineRun.id, EngineRun.model)).tuples().all())
         rows = session.execute(
-            select(BatchRequest.custom_id, BatchRequest.model, BatchRequest.run_id, BatchRequest.prompt_tokens, BatchRequest.completion_tokens)
-            .where(BatchRequest.batch_id == done.id)
+            select(
+                BatchRequest.custom_id,
+                BatchRequest.model,
+                BatchRequest.run_id,
+                BatchRequest.prompt_tokens,
+                BatchRequest.completion_tokens,
+            ).where(BatchRequest.batch_id == done.id)
         ).all()
     tokens: dict[str, list[int]] = {"fake-model": [0, 0], "other-model": [0, 0]}
     for custom_id, model, run_id, prompt, completion in rows:
@@ -115,14 +129,22 @@ def test_a_mixed_model_batch_runs_each_request_on_its_own_model_and_is_priced_pe
             assert runs[run_id] == model
             tokens[model][0] += prompt
             tokens[model][1] += completion
-    listed = (tokens["fake-model"][0] * 1 + tokens["fake-model"][1] * 4 + tokens["other-model"][0] * 10 + tokens["other-model"][1] * 40)
+    listed = (
+        tokens["fake-model"][0] * 1
+        + tokens["fake-model"][1] * 4
+        + tokens["other-model"][0] * 10
+        + tokens["other-model"][1] * 40
+    )
     cost = client.messages.batches.retrieve(done.id).model_extra["cost"]  # type: ignore[index]
     assert Decimal(cost["list_usd"]) == (Decimal(listed) / 1_000_000).quantize(Decimal("0.000001"))
     assert cost["input_tokens"] == tokens["fake-model"][0] + tokens["other-model"][0]
 
     # The finance reports carry it, grouped by protocol; OpenAI's API does not see it.
     report = raw(
-        api, "GET", "/v1/organization/costs", params={"start_time": int(time.time()) - 3600, "group_by": "protocol,model"},
+        api,
+        "GET",
+        "/v1/organization/costs",
+        params={"start_time": int(time.time()) - 3600, "group_by": "protocol,model"},
         headers={"Authorization": f"Bearer {key}"},
     ).json()
     rows_by = {(r["protocol"], r["model"]): r for bucket in report["data"] for r in bucket["results"]}
@@ -140,12 +162,20 @@ def test_a_mixed_model_batch_runs_each_request_on_its_own_model_and_is_priced_pe
         client.messages.batches.retrieve(done.id)
     assert list(client.messages.batches.list()) == []
     with transaction() as session:
-        bodies = set(json.dumps(b) for b in session.scalars(select(BatchRequest.body).where(BatchRequest.batch_id == done.id)))
+        bodies = set(
+            json.dumps(b) for b in session.scalars(select(BatchRequest.body).where(BatchRequest.batch_id == done.id))
+        )
     assert bodies == {"{}"}
     again = raw(
-        api, "GET", "/v1/organization/costs", params={"start_time": int(time.time()) - 3600}, headers={"Authorization": f"Bearer {key}"}
+        api,
+        "GET",
+        "/v1/organization/costs",
+        params={"start_time": int(time.time()) - 3600},
+        headers={"Authorization": f"Bearer {key}"},
     ).json()
-    assert sum(Decimal(r["list_usd"]) for bucket in again["data"] for r in bucket["results"]) == Decimal(cost["list_usd"])
+    assert sum(Decimal(r["list_usd"]) for bucket in again["data"] for r in bucket["results"]) == Decimal(
+        cost["list_usd"]
+    )
 
 
 def test_list_pages_newest_first_after_and_before_a_cursor(api: LiveServer) -> None:
@@ -163,14 +193,27 @@ def test_list_pages_newest_first_after_and_before_a_cursor(api: LiveServer) -> N
     # Auto-paging with before_id walks towards the newest, page by page (the SDK follows first_id).
     assert [b.id for b in client.messages.batches.list(limit=2, before_id=ids[0])] == [ids[2], ids[1], ids[4], ids[3]]
     assert list(client_for(api, make_key("globex")).messages.batches.list()) == []
-    assert_envelope(raw(api, "GET", "/v1/messages/batches", params={"limit": 1001}, headers={"x-api-key": make_key("a")}), 400, "invalid_request_error", "limit")
-    both = raw(api, "GET", "/v1/messages/batches", params={"before_id": ids[0], "after_id": ids[1]}, headers={"x-api-key": make_key("a")})
+    assert_envelope(
+        raw(api, "GET", "/v1/messages/batches", params={"limit": 1001}, headers={"x-api-key": make_key("a")}),
+        400,
+        "invalid_request_error",
+        "limit",
+    )
+    both = raw(
+        api,
+        "GET",
+        "/v1/messages/batches",
+        params={"before_id": ids[0], "after_id": ids[1]},
+        headers={"x-api-key": make_key("a")},
+    )
     assert_envelope(both, 400, "invalid_request_error", "at most one")
 
 
 def test_cancel_ends_queued_requests_as_canceled_and_delete_waits_for_the_end(api: LiveServer) -> None:
     client = client_for(api, make_key("acme"))
-    requests = [req(f"quick{i}", max_tokens=2) for i in range(3)] + [req(f"slow{i}", max_tokens=10**8) for i in range(20)]
+    requests = [req(f"quick{i}", max_tokens=2) for i in range(3)] + [
+        req(f"slow{i}", max_tokens=10**8) for i in range(20)
+    ]
     batch = client.messages.batches.create(requests=requests)
     while client.messages.batches.retrieve(batch.id).request_counts.succeeded < 3:
         time.sleep(0.05)
@@ -196,7 +239,9 @@ def test_requests_left_when_the_batch_expires_end_as_expired(api: LiveServer) ->
     from storage.models import Batch, BatchRequest
 
     client = client_for(api, make_key("acme"))
-    batch = client.messages.batches.create(requests=[req("done", max_tokens=2)] + [req(f"late{i}", max_tokens=10**8) for i in range(12)])
+    batch = client.messages.batches.create(
+        requests=[req("done", max_tokens=2)] + [req(f"late{i}", max_tokens=10**8) for i in range(12)]
+    )
     while client.messages.batches.retrieve(batch.id).request_counts.succeeded < 1:
         time.sleep(0.05)
     past = int(time.time()) - 1  # the 24 hours are up
@@ -248,7 +293,12 @@ def test_every_error_leaves_in_anthropics_envelope_with_its_status(api: LiveServ
     key = make_key("acme")
     body = {"requests": [req("a")]}
     assert_envelope(raw(api, "POST", "/v1/messages/batches", json=body), 401, "authentication_error", "x-api-key")
-    wrong = raw(api, "GET", "/v1/messages/batches/msgbatch_x", headers={"x-api-key": "sk-wrong", "anthropic-version": "2023-06-01"})
+    wrong = raw(
+        api,
+        "GET",
+        "/v1/messages/batches/msgbatch_x",
+        headers={"x-api-key": "sk-wrong", "anthropic-version": "2023-06-01"},
+    )
     assert_envelope(wrong, 401, "authentication_error")
     with pytest.raises(anthropic.AuthenticationError):
         client_for(api, "sk-wrong").messages.batches.list()
@@ -256,20 +306,37 @@ def test_every_error_leaves_in_anthropics_envelope_with_its_status(api: LiveServ
     assert bearer.status_code == 200 and bearer.json()["type"] == "message_batch"
     mine = bearer.json()["id"]
     other = make_key("globex")
-    for method, path in (("GET", f"/v1/messages/batches/{mine}"), ("POST", f"/v1/messages/batches/{mine}/cancel"),
-                         ("DELETE", f"/v1/messages/batches/{mine}"), ("GET", f"/v1/messages/batches/{mine}/results"),
-                         ("GET", "/v1/messages/batches/msgbatch_missing")):
+    for method, path in (
+        ("GET", f"/v1/messages/batches/{mine}"),
+        ("POST", f"/v1/messages/batches/{mine}/cancel"),
+        ("DELETE", f"/v1/messages/batches/{mine}"),
+        ("GET", f"/v1/messages/batches/{mine}/results"),
+        ("GET", "/v1/messages/batches/msgbatch_missing"),
+    ):
         assert_envelope(raw(api, method, path, headers={"x-api-key": other}), 404, "not_found_error")
     shape = {"requests": [req("ok"), req("bad id"), {"custom_id": "c"}, req("ok")]}
     response = raw(api, "POST", "/v1/messages/batches", json=shape, headers={"x-api-key": key})
     assert_envelope(response, 400, "invalid_request_error", "3 invalid requests (indices 1-3)")
     big = {"requests": [req(f"r{i}", system="x" * 2000) for i in range(40)]}  # > 64 KiB
-    assert_envelope(raw(api, "POST", "/v1/messages/batches", json=big, headers={"x-api-key": key}), 413, "request_too_large")
-    chunked = raw(api, "POST", "/v1/messages/batches", content=iter([json.dumps(big).encode()]), headers={"x-api-key": key})
+    assert_envelope(
+        raw(api, "POST", "/v1/messages/batches", json=big, headers={"x-api-key": key}), 413, "request_too_large"
+    )
+    chunked = raw(
+        api, "POST", "/v1/messages/batches", content=iter([json.dumps(big).encode()]), headers={"x-api-key": key}
+    )
     assert_envelope(chunked, 413, "request_too_large")  # no Content-Length: counted while streaming
-    assert_envelope(raw(api, "POST", "/v1/messages/batches", content=b"{nope", headers={"x-api-key": key}), 400, "invalid_request_error", "not valid JSON")
-    assert_envelope(raw(api, "GET", f"/v1/messages/batches/{mine}/nope", headers={"x-api-key": key}), 404, "not_found_error")
-    assert_envelope(raw(api, "PUT", f"/v1/messages/batches/{mine}", headers={"x-api-key": key}), 405, "invalid_request_error")
+    assert_envelope(
+        raw(api, "POST", "/v1/messages/batches", content=b"{nope", headers={"x-api-key": key}),
+        400,
+        "invalid_request_error",
+        "not valid JSON",
+    )
+    assert_envelope(
+        raw(api, "GET", f"/v1/messages/batches/{mine}/nope", headers={"x-api-key": key}), 404, "not_found_error"
+    )
+    assert_envelope(
+        raw(api, "PUT", f"/v1/messages/batches/{mine}", headers={"x-api-key": key}), 405, "invalid_request_error"
+    )
     # OpenAI's routes keep OpenAI's envelope.
     openai_error = raw(api, "GET", "/v1/batches", headers={"Authorization": "Bearer sk-wrong"})
     assert openai_error.status_code == 401 and openai_error.json()["error"]["code"] == "invalid_api_key"

@@ -41,7 +41,10 @@ def refused(**extra: Any) -> BodyError:
 
 def test_system_and_text_blocks_become_one_chat_conversation_with_consecutive_turns_combined() -> None:
     body = parse(
-        system=[{"type": "text", "text": "Be brief."}, {"type": "text", "text": "Use English.", "cache_control": {"type": "ephemeral"}}],
+        system=[
+            {"type": "text", "text": "Be brief."},
+            {"type": "text", "text": "Use English.", "cache_control": {"type": "ephemeral"}},
+        ],
         messages=[
             {"role": "user", "content": "One"},
             {"role": "user", "content": [{"type": "text", "text": "Two"}]},
@@ -69,7 +72,9 @@ def test_the_chat_body_carries_the_sampling_parameters_and_any_number_of_stop_se
 
 
 def test_a_final_assistant_turn_is_continued_not_answered() -> None:
-    body = parse(messages=[{"role": "user", "content": "Name a colour"}, {"role": "assistant", "content": "The colour is"}])
+    body = parse(
+        messages=[{"role": "user", "content": "Name a colour"}, {"role": "assistant", "content": "The colour is"}]
+    )
     assert body.prefill
     payload = body.chat_payload()
     assert payload["continue_final_message"] is True and payload["add_generation_prompt"] is False
@@ -90,7 +95,9 @@ def test_a_final_assistant_turn_is_continued_not_answered() -> None:
         ({"messages": []}, "invalid_value", "messages"),
     ],
 )
-def test_what_the_engine_cannot_do_is_refused_with_a_message_naming_it(extra: dict[str, Any], code: str, says: str) -> None:
+def test_what_the_engine_cannot_do_is_refused_with_a_message_naming_it(
+    extra: dict[str, Any], code: str, says: str
+) -> None:
     error = refused(**extra)
     assert error.code == code and says in error.message and error.status_code == 400
 
@@ -109,7 +116,9 @@ def test_missing_max_tokens_reads_as_anthropic_says_it() -> None:
 
 
 def test_parameters_at_their_off_value_run() -> None:
-    body = parse(stream=False, thinking={"type": "disabled"}, tools=[], service_tier="auto", cache_control={"type": "ephemeral"})
+    body = parse(
+        stream=False, thinking={"type": "disabled"}, tools=[], service_tier="auto", cache_control={"type": "ephemeral"}
+    )
     assert body.max_tokens == 16
 
 
@@ -131,27 +140,48 @@ def test_stop_reasons_follow_what_the_engine_reports(
 
 def test_the_message_parses_as_the_sdk_types_it_and_splits_cached_input() -> None:
     body = anthropic_message(
-        message_id="abc", model="m", text="Hi", stop=("stop_sequence", "END"), prompt_tokens=100, output_tokens=3, cached_tokens=64
+        message_id="abc",
+        model="m",
+        text="Hi",
+        stop=("stop_sequence", "END"),
+        prompt_tokens=100,
+        output_tokens=3,
+        cached_tokens=64,
     )
     message = Message.model_validate(body)
     assert message.id == "msg_abc" and message.type == "message" and message.role == "assistant"
     assert message.content[0].type == "text" and message.content[0].text == "Hi"
     assert (message.stop_reason, message.stop_sequence) == ("stop_sequence", "END")
-    assert (message.usage.input_tokens, message.usage.cache_read_input_tokens, message.usage.output_tokens) == (36, 64, 3)
+    assert (message.usage.input_tokens, message.usage.cache_read_input_tokens, message.usage.output_tokens) == (
+        36,
+        64,
+        3,
+    )
 
 
 def test_an_empty_answer_has_no_content_blocks_as_anthropic_sends_it() -> None:
-    body = anthropic_message(message_id="x", model="m", text="", stop=("end_turn", None), prompt_tokens=5, output_tokens=1)
+    body = anthropic_message(
+        message_id="x", model="m", text="", stop=("end_turn", None), prompt_tokens=5, output_tokens=1
+    )
     assert Message.model_validate(body).content == []
 
 
 def test_a_servers_chat_completion_becomes_a_message_with_the_matched_stop_string() -> None:
     completion = {
         "id": "chatcmpl-42",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": "abc"}, "finish_reason": "stop", "stop_reason": "END"}],
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "abc"},
+                "finish_reason": "stop",
+                "stop_reason": "END",
+            }
+        ],
         "usage": {"prompt_tokens": 20, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 16}},
     }
-    message = Message.model_validate(message_from_chat_completion(completion, model="mine", body=parse(stop_sequences=["END"])))
+    message = Message.model_validate(
+        message_from_chat_completion(completion, model="mine", body=parse(stop_sequences=["END"]))
+    )
     assert message.model == "mine" and message.id == "msg_42"
     assert (message.stop_reason, message.stop_sequence) == ("stop_sequence", "END")
     assert (message.usage.input_tokens, message.usage.cache_read_input_tokens) == (4, 16)
