@@ -48,6 +48,8 @@ def create_batch(
         request_total=0,
         request_completed=0,
         request_failed=0,
+        request_cancelled=0,
+        request_expired=0,
     )
     session.add(batch)
     session.flush()
@@ -128,19 +130,25 @@ def close_open_requests(
     count = int(result.rowcount or 0)  # type: ignore[attr-defined]
     if count:
         session.flush()
-        add_counts(session, batch_id=batch.id, completed=0, failed=count)
+        ended = {"cancelled": count} if status == lifecycle.REQ_CANCELLED else {"expired": count}
+        add_counts(session, batch_id=batch.id, completed=0, failed=count, **ended)
         session.refresh(batch)
     return count
 
 
-def add_counts(session: Session, *, batch_id: str, completed: int, failed: int) -> None:
-    """Move a batch's live request counts (an atomic increment, safe with concurrent workers)."""
+def add_counts(
+    session: Session, *, batch_id: str, completed: int, failed: int, cancelled: int = 0, expired: int = 0
+) -> None:
+    """Move a batch's live request counts (an atomic increment, safe with concurrent workers); `cancelled`
+    and `expired` say how many of `failed` ended that way."""
     session.execute(
         update(Batch)
         .where(Batch.id == batch_id)
         .values(
             request_completed=Batch.request_completed + completed,
             request_failed=Batch.request_failed + failed,
+            request_cancelled=Batch.request_cancelled + cancelled,
+            request_expired=Batch.request_expired + expired,
         )
         .execution_options(synchronize_session=False)
     )

@@ -11,7 +11,7 @@ failed, expired, cancelled -> ended.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from sqlalchemy import or_, select
@@ -26,7 +26,7 @@ from storage.files import blob_key_for, create_file
 from storage.ids import new_id
 from storage.message_batch_lines import MESSAGES_URL, RequestsReader, unqueued_results
 from storage.models import Batch, File
-from storage.queue.batch_rows import scrub_content, status_counts
+from storage.queue.batch_rows import scrub_content
 from storage.settings import Settings
 
 INPUT_PURPOSE = "message_batch_input"
@@ -151,24 +151,23 @@ class RequestCounts:
     expired: int = 0
 
 
-def request_counts(session: Session, batches: Sequence[Batch]) -> dict[str, RequestCounts]:
-    """Live counts per batch from its queue rows (one grouped query for the lot)."""
-    rows = status_counts(session, batch_ids=[batch.id for batch in batches])
-    return {batch.id: _counts(batch, rows.get(batch.id, {})) for batch in batches}
-
-
-def _counts(batch: Batch, rows: dict[str, int]) -> RequestCounts:
-    if not rows:  # not queued yet, or ended before anything was queued
-        outcome = _UNQUEUED_OUTCOME.get(batch.status)
-        if outcome is None:
-            return RequestCounts(processing=batch.request_total)
-        return RequestCounts(**{outcome: batch.request_total})
+def request_counts(batch: Batch) -> RequestCounts:
+    """Live counts from the batch row's counters (no request is read, so a list page costs one query)."""
+    completed, failed = batch.request_completed, batch.request_failed
+    canceled, expired = batch.request_cancelled, batch.request_expired
+    processing = max(0, batch.request_total - completed - failed)
+    outcome = _UNQUEUED_OUTCOME.get(batch.status)
+    if outcome is not None and processing:  # ended before these were queued (cancelled, expired, refused)
+        canceled += processing if outcome == "canceled" else 0
+        expired += processing if outcome == "expired" else 0
+        failed += processing
+        processing = 0
     return RequestCounts(
-        processing=rows.get(lifecycle.REQ_QUEUED, 0) + rows.get(lifecycle.REQ_RUNNING, 0),
-        succeeded=rows.get(lifecycle.REQ_COMPLETED, 0),
-        errored=rows.get(lifecycle.REQ_FAILED, 0),
-        canceled=rows.get(lifecycle.REQ_CANCELLED, 0),
-        expired=rows.get(lifecycle.REQ_EXPIRED, 0),
+        processing=processing,
+        succeeded=completed,
+        errored=failed - canceled - expired,
+        canceled=canceled,
+        expired=expired,
     )
 
 
@@ -196,8 +195,8 @@ def results_stream(
     if batch.output_file_id is not None:
         return blobs.open_stream(blob_key_for(batch.output_file_id), chunk_bytes=chunk)
     source = session.get(File, batch.input_file_id)
-    if source is None or source.deleted_at is not None or status_counts(session, batch_ids=[batch.id]):
-        return iter(())
+    if source is None or source.deleted_at is not None or batch.request_completed + batch.request_failed:
+        return iter(())  # nothing was left unqueued: the results file holds every request
     refusal = batch.errors[0] if batch.errors else None
     return unqueued_results(
         blobs.open_stream(source.blob_key, chunk_bytes=chunk),

@@ -90,6 +90,9 @@ class Batch(Base):
     request_total: Mapped[int] = mapped_column(Integer, default=0)
     request_completed: Mapped[int] = mapped_column(Integer, default=0)
     request_failed: Mapped[int] = mapped_column(Integer, default=0)
+    # Of request_failed, those cancelled or expired (Anthropic's request_counts tell them apart).
+    request_cancelled: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    request_expired: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     created_at: Mapped[int] = mapped_column(BigInteger)
     expires_at: Mapped[int] = mapped_column(BigInteger)
     in_progress_at: Mapped[int | None] = mapped_column(BigInteger)

@@ -68,9 +68,8 @@ def list_all(
     rows, has_more = list_message_batches(
         session, tenant_id=caller.tenant_id, before_id=before_id, after_id=after_id, limit=limit
     )
-    counts = request_counts(session, rows)
     base = str(request.base_url)
-    page = [MessageBatch.of(row, counts[row.id], base_url=base) for row in rows]
+    page = [MessageBatch.of(row, request_counts(row), base_url=base) for row in rows]
     return MessageBatchList(
         data=page,
         has_more=has_more,
@@ -107,7 +106,7 @@ def results(
 
 
 def _render(session: DbSession, request: Request, batch: Batch, *, settings: Settings | None = None) -> MessageBatch:
-    counts = request_counts(session, [batch])[batch.id]
+    counts = request_counts(batch)
     extras = {}
     if settings is not None:
         goodput = batch_goodput(session, batch_id=batch.id)

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from storage.batches import batch_errors
 from storage.message_batches import RequestCounts, ended_at, processing_status
 from storage.models import Batch
 
@@ -41,6 +42,9 @@ class MessageBatch(BaseModel):
     goodput: dict[str, Any] | None = Field(
         default=None, description="Backfill extension: requests completed before the deadline / accepted."
     )
+    warnings: dict[str, Any] | None = Field(
+        default=None, description="Backfill extension: admission warnings (e.g. `deadline_at_risk`)."
+    )
 
     @classmethod
     def of(
@@ -66,6 +70,7 @@ class MessageBatch(BaseModel):
             results_url=results,
             cost=cost,
             goodput=goodput,
+            warnings=batch_errors(row.warnings),
         )
 
 

@@ -1,13 +1,11 @@
-"""One batch's rows as a whole: counts by status, the models it queues, rows no worker can serve, and
-scrubbing the content of a deleted or archived batch. Used for Anthropic Message Batches, which may mix
-models and report per-status counts."""
+"""One batch's rows as a whole: the models it queues, rows no worker can serve, and scrubbing the content
+of a deleted or archived batch. Used for Anthropic Message Batches, which may mix models."""
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Collection
 
-from sqlalchemy import func, select, update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from storage import lifecycle
@@ -16,21 +14,6 @@ from storage.clock import now_f
 from storage.models import BatchRequest
 
 UNSERVED_CODE = "model_not_found"
-
-
-def status_counts(session: Session, *, batch_ids: Collection[str]) -> dict[str, dict[str, int]]:
-    """{batch id: {request status: rows}} for these batches, in one grouped query."""
-    counts: dict[str, dict[str, int]] = defaultdict(dict)
-    if not batch_ids:
-        return counts
-    rows = session.execute(
-        select(BatchRequest.batch_id, BatchRequest.status, func.count())
-        .where(BatchRequest.batch_id.in_(list(batch_ids)))
-        .group_by(BatchRequest.batch_id, BatchRequest.status)
-    )
-    for batch_id, status, count in rows:
-        counts[batch_id][status] = int(count)
-    return counts
 
 
 def queued_models(session: Session, *, batch_id: str) -> list[str]:

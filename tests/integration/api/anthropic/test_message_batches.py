@@ -340,3 +340,27 @@ def test_every_error_leaves_in_anthropics_envelope_with_its_status(api: LiveServ
     # OpenAI's routes keep OpenAI's envelope.
     openai_error = raw(api, "GET", "/v1/batches", headers={"Authorization": "Bearer sk-wrong"})
     assert openai_error.status_code == 401 and openai_error.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_a_batch_cancelled_before_it_was_queued_reports_every_request_canceled(backend: Any) -> None:
+    from tests.conftest import start_server
+    from worker import service
+
+    server, stop = start_server(with_worker=False)  # nothing ingests: the batch stays validating
+    try:
+        client = client_for(server, make_key("acme"))
+        batch = client.messages.batches.create(requests=[req("a"), req("b"), req("c")])
+        assert batch.request_counts.processing == 3
+        canceling = client.messages.batches.cancel(batch.id)
+        assert canceling.processing_status == "canceling" and canceling.cancel_initiated_at is not None
+        assert service.ingest(batch.id) == "cancelling"  # a late ingest leaves it alone
+        assert service.finalize(batch.id) == "cancelled"
+        done = client.messages.batches.retrieve(batch.id)
+        assert done.processing_status == "ended" and (done.request_counts.canceled, counted(done)) == (3, 3)
+        assert {line.custom_id: line.result.type for line in client.messages.batches.results(batch.id)} == {
+            "a": "canceled",
+            "b": "canceled",
+            "c": "canceled",
+        }
+    finally:
+        stop()
