@@ -1,4 +1,5 @@
-"""The one error handler: every failure leaves as OpenAI's envelope, and the OpenAPI document says so."""
+"""The one error handler: every failure leaves as OpenAI's envelope (Anthropic's on Anthropic's routes), and the
+OpenAPI document says so."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
+from api.anthropic import errors as anthropic
 from storage.errors import BackfillError
 
 log = logging.getLogger(__name__)
@@ -52,23 +54,29 @@ def install(app: FastAPI) -> None:
     """Register the handlers on `app`, and make its OpenAPI document list the statuses they answer."""
 
     @app.exception_handler(BackfillError)
-    async def _backfill(_: Request, error: BackfillError) -> JSONResponse:
+    async def _backfill(request: Request, error: BackfillError) -> JSONResponse:
+        if anthropic.is_anthropic(request):
+            return anthropic.envelope(error.status, error.message, headers=error.headers)
         return envelope(
             error.status, error.message, type_=error.type, code=error.code, param=error.param, headers=error.headers
         )
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, error: RequestValidationError) -> JSONResponse:
+    async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
         first = error.errors()[0] if error.errors() else {}
         loc = [str(part) for part in first.get("loc", ()) if part not in ("body", "query", "path")]
         param = ".".join(loc) or None
         message = (
             f"Invalid value for '{param}': {first.get('msg', 'invalid request')}." if param else "Invalid request."
         )
+        if anthropic.is_anthropic(request):
+            return anthropic.envelope(400, message)
         return envelope(400, message, type_="invalid_request_error", code="invalid_request", param=param)
 
     @app.exception_handler(HTTPException)
-    async def _http(_: Request, error: HTTPException) -> JSONResponse:
+    async def _http(request: Request, error: HTTPException) -> JSONResponse:
+        if anthropic.is_anthropic(request):
+            return anthropic.envelope(error.status_code, str(error.detail), headers=dict(error.headers or {}))
         code = "not_found" if error.status_code == 404 else None
         # Starlette's 405 carries `Allow`; keep whatever headers the exception names.
         return envelope(
@@ -76,8 +84,10 @@ def install(app: FastAPI) -> None:
         )
 
     @app.exception_handler(Exception)
-    async def _bug(_: Request, error: Exception) -> JSONResponse:
+    async def _bug(request: Request, error: Exception) -> JSONResponse:
         log.exception("unhandled error")
+        if anthropic.is_anthropic(request):
+            return anthropic.envelope(500, "Internal server error.")
         return envelope(500, "The server had an error processing your request.", type_="server_error", code=None)
 
     app.openapi = _documented(app)  # type: ignore[method-assign]

@@ -15,6 +15,9 @@ from storage.models import Batch, BatchRequest
 from storage.settings import window_seconds
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
+# Which API a batch was created through; each API sees only its own batches (storage/message_batches.py).
+OPENAI = "openai"
+ANTHROPIC = "anthropic"
 
 
 def create_batch(
@@ -27,11 +30,13 @@ def create_batch(
     model: str | None,
     metadata: dict[str, str] | None,
     output_expires_after_seconds: int | None = None,
+    protocol: str = OPENAI,
 ) -> Batch:
     """Record a new batch in `validating`; ingest validates its file and fills the queue."""
     created = now()
     batch = Batch(
-        id=new_id("batch_"),
+        id=new_id("msgbatch_" if protocol == ANTHROPIC else "batch_"),
+        protocol=protocol,
         tenant_id=tenant_id,
         input_file_id=input_file_id,
         endpoint=endpoint,
@@ -45,18 +50,25 @@ def create_batch(
         request_total=0,
         request_completed=0,
         request_failed=0,
+        request_cancelled=0,
+        request_expired=0,
     )
     session.add(batch)
     session.flush()
     return batch
 
 
-def get_batch(session: Session, *, tenant_id: str | None, batch_id: str, lock: bool = False) -> Batch:
-    """The tenant's batch (any tenant's when tenant_id is None), or BatchNotFound."""
+def get_batch(
+    session: Session, *, tenant_id: str | None, batch_id: str, lock: bool = False, protocol: str | None = None
+) -> Batch:
+    """The tenant's batch (any tenant's when tenant_id is None), or BatchNotFound; with `protocol`, only a
+    live batch created through that API."""
     query = select(Batch).where(Batch.id == batch_id)
     if lock:
         query = query.with_for_update()
     batch = session.scalar(query)
+    if batch is not None and protocol is not None and (batch.protocol != protocol or batch.deleted_at is not None):
+        batch = None
     if batch is None or (tenant_id is not None and batch.tenant_id != tenant_id):
         raise BatchNotFound(f"No batch found with id '{batch_id}'.", param="batch_id")
     return batch
@@ -64,7 +76,7 @@ def get_batch(session: Session, *, tenant_id: str | None, batch_id: str, lock: b
 
 def list_batches(session: Session, *, tenant_id: str, after: str | None, limit: int) -> list[Batch]:
     """The tenant's batches newest first, `limit + 1` rows so callers can tell if more exist."""
-    query = select(Batch).where(Batch.tenant_id == tenant_id)
+    query = select(Batch).where(Batch.tenant_id == tenant_id, Batch.protocol == OPENAI)
     if after:
         anchor = session.get(Batch, after)
         if anchor is not None and anchor.tenant_id == tenant_id:
@@ -82,13 +94,13 @@ def batches_validating(session: Session) -> list[str]:
     return list(session.scalars(select(Batch.id).where(Batch.status == lifecycle.VALIDATING, due)))
 
 
-def cancel_batch(session: Session, *, tenant_id: str, batch_id: str) -> Batch:
+def cancel_batch(session: Session, *, tenant_id: str, batch_id: str, protocol: str = OPENAI) -> Batch:
     """Move the batch to `cancelling` and turn its unfinished requests into cancelled error lines.
 
     Requests already in an engine lose their lease here; their worker aborts them at its next lease
     renewal (within seconds) and any result it still produces is dropped.
     """
-    batch = get_batch(session, tenant_id=tenant_id, batch_id=batch_id, lock=True)
+    batch = get_batch(session, tenant_id=tenant_id, batch_id=batch_id, lock=True, protocol=protocol)
     lifecycle.transition(batch, lifecycle.CANCELLING)
     close_open_requests(
         session,
@@ -121,19 +133,25 @@ def close_open_requests(
     count = int(result.rowcount or 0)  # type: ignore[attr-defined]
     if count:
         session.flush()
-        add_counts(session, batch_id=batch.id, completed=0, failed=count)
+        ended = {"cancelled": count} if status == lifecycle.REQ_CANCELLED else {"expired": count}
+        add_counts(session, batch_id=batch.id, completed=0, failed=count, **ended)
         session.refresh(batch)
     return count
 
 
-def add_counts(session: Session, *, batch_id: str, completed: int, failed: int) -> None:
-    """Move a batch's live request counts (an atomic increment, safe with concurrent workers)."""
+def add_counts(
+    session: Session, *, batch_id: str, completed: int, failed: int, cancelled: int = 0, expired: int = 0
+) -> None:
+    """Move a batch's live request counts (an atomic increment, safe with concurrent workers); `cancelled`
+    and `expired` say how many of `failed` ended that way."""
     session.execute(
         update(Batch)
         .where(Batch.id == batch_id)
         .values(
             request_completed=Batch.request_completed + completed,
             request_failed=Batch.request_failed + failed,
+            request_cancelled=Batch.request_cancelled + cancelled,
+            request_expired=Batch.request_expired + expired,
         )
         .execution_options(synchronize_session=False)
     )

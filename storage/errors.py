@@ -62,6 +62,13 @@ class UploadTooLarge(BackfillError):
     code = "file_too_large"
 
 
+class RequestTooLarge(BackfillError):
+    """A request body over its size limit (an Anthropic Message Batch's 256 MB)."""
+
+    status = 413
+    code = "request_too_large"
+
+
 class ModelNotFound(InvalidRequest):
     code = "model_not_found"
 

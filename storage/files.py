@@ -16,6 +16,9 @@ from storage.ids import new_id
 from storage.models import File
 from storage.tenants import tenant_name
 
+# Files Backfill keeps for an Anthropic Message Batch (its requests, its results): not listed at /v1/files.
+INTERNAL_PURPOSES = ("message_batch_input", "message_batch_results")
+
 
 def create_file(
     session: Session,
@@ -87,6 +90,7 @@ def record_result_file(
     size: int,
     sha256: str,
     expires_after_seconds: int | None = None,
+    purpose: str = "batch_output",
 ) -> File:
     """The row of a result file whose object is already written (idempotent: a finalize re-run keeps the row)."""
     row = session.get(File, file_id)
@@ -96,7 +100,7 @@ def record_result_file(
             id=file_id,
             tenant_id=tenant_id,
             filename=filename,
-            purpose="batch_output",
+            purpose=purpose,
             bytes=size,
             blob_key=blob_key,
             sha256=sha256,
@@ -128,8 +132,8 @@ def list_files(
     query = select(File).where(
         File.tenant_id == tenant_id, File.deleted_at.is_(None), (File.expires_at.is_(None)) | (File.expires_at > now())
     )
-    if purpose:
-        query = query.where(File.purpose == purpose)
+    wanted = File.purpose == purpose if purpose else File.purpose.not_in(INTERNAL_PURPOSES)
+    query = query.where(wanted)
     descending = order != "asc"
     if after:
         anchor = session.get(File, after)

@@ -222,13 +222,17 @@ class LineChecker:
 
     `endpoint` and `model` are the batch's (decided when it was created); with either left None the first
     valid line sets it, for callers that size a file before a batch exists (the estimate, the CLI).
+    `one_model=False` lets each line name its own model (an Anthropic Message Batch may mix models).
     """
 
-    def __init__(self, *, endpoint: str | None, max_requests: int, model: str | None = None) -> None:
+    def __init__(
+        self, *, endpoint: str | None, max_requests: int, model: str | None = None, one_model: bool = True
+    ) -> None:
         self.endpoint = endpoint
         self.max_requests = max_requests
         self.custom_ids: set[str] = set()
         self.model = model
+        self.one_model = one_model
         self.count = 0
 
     def check(self, number: int, raw: bytes | None, *, max_line_bytes: int) -> ParsedLine | LineError | None:
@@ -284,9 +288,9 @@ class LineChecker:
         model = body.get("model")
         if not isinstance(model, str) or not model:
             return LineError(number, "missing_required_parameter", "Missing 'body.model'.", "body.model")
-        if self.model is None:
+        if self.one_model and self.model is None:
             self.model = model
-        elif model != self.model:
+        elif self.one_model and model != self.model:
             message = f"Model {clip(model)} differs from {clip(self.model)}: one batch serves one model."
             return LineError(number, "mismatched_model", message, "body.model")
         return ParsedLine(number, custom_id, model, url, body)

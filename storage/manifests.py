@@ -58,7 +58,7 @@ def build_manifest(session: Session, *, batch: Batch, folder: str, settings: Set
         "object": "batch.manifest",
         "version": MANIFEST_VERSION,
         "batch_id": batch.id,
-        "protocol": "openai",
+        "protocol": batch.protocol,
         "endpoint": batch.endpoint,
         "model": batch.model,
         "tenant": folder,

@@ -101,6 +101,9 @@ class Batch(Base):
     # Failed ingest attempts (an error no line explains) and when the next may run: bounded, then the batch fails.
     ingest_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     ingest_retry_at: Mapped[int | None] = mapped_column(BigInteger)
+    # Of request_failed, those cancelled or expired (Anthropic's request_counts tell them apart).
+    request_cancelled: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    request_expired: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     created_at: Mapped[int] = mapped_column(BigInteger)
     expires_at: Mapped[int] = mapped_column(BigInteger)
     in_progress_at: Mapped[int | None] = mapped_column(BigInteger)
@@ -110,6 +113,10 @@ class Batch(Base):
     expired_at: Mapped[int | None] = mapped_column(BigInteger)
     cancelling_at: Mapped[int | None] = mapped_column(BigInteger)
     cancelled_at: Mapped[int | None] = mapped_column(BigInteger)
+    # Which API created the batch: "openai" or "anthropic" (storage/message_batches.py renders the latter).
+    protocol: Mapped[str] = mapped_column(String(16), default="openai", server_default="openai")
+    archived_at: Mapped[int | None] = mapped_column(BigInteger)  # results removed after their retention
+    deleted_at: Mapped[int | None] = mapped_column(BigInteger)  # deleted by its owner; kept for accounting
 
 
 class BatchRequest(Base):

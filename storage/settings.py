@@ -133,6 +133,11 @@ class Settings(BaseSettings):
     upload_max_bytes: int = Field(default=200 * 1024 * 1024, ge=1)
     batch_max_requests: int = Field(default=50_000, ge=1)
     line_max_bytes: int = Field(default=1024 * 1024, ge=1)
+    # Anthropic Message Batches (Anthropic's limits): requests and body bytes per batch, and how long
+    # results are kept after the batch ends before it is archived.
+    message_batch_max_requests: int = Field(default=100_000, ge=1)
+    message_batch_max_bytes: int = Field(default=256 * 1024 * 1024, ge=1)
+    message_batch_retention_seconds: int = Field(default=29 * 86400, ge=60)
     stream_chunk_bytes: int = Field(default=1024 * 1024, ge=4096)
     # Threads serving (sync) API routes; each may hold one database connection, so the pool is sized to them.
     api_threads: int = Field(default=40, ge=1, le=1000)

@@ -11,19 +11,21 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import orjson
 from sqlalchemy.orm import Session
 
 from storage import lifecycle
-from storage.batches import get_batch
+from storage.batches import ANTHROPIC, OPENAI, get_batch
 from storage.blobs import BlobStore, StoredBlob
 from storage.blobs.layout import BatchObject, batch_object_key
 from storage.db import transaction
 from storage.files import record_result_file, tenant_folder
 from storage.lines import result_line
 from storage.manifests import write_manifest
+from storage.message_batch_lines import result_line as message_result_line
 from storage.metrics.events import observe_finalized
 from storage.queue.backlog import open_count
 from storage.queue.results import has_expired_requests, iter_results
@@ -34,6 +36,16 @@ log = logging.getLogger(__name__)
 CHUNK_BYTES = 1024 * 1024
 _SUCCESS = (lifecycle.REQ_COMPLETED,)
 _FAILURE = (lifecycle.REQ_FAILED, lifecycle.REQ_EXPIRED, lifecycle.REQ_CANCELLED)
+Render = Callable[..., dict[str, Any]]
+# (kind, the request statuses it holds, how a line is rendered, file purpose, object name) per protocol.
+# An Anthropic batch has one results file with every request, in Anthropic's line format.
+_FILES: dict[str, tuple[tuple[str, tuple[str, ...], Render, str, BatchObject], ...]] = {
+    OPENAI: (
+        ("output", _SUCCESS, result_line, "batch_output", "output.jsonl"),
+        ("errors", _FAILURE, result_line, "batch_output", "errors.jsonl"),
+    ),
+    ANTHROPIC: (("results", _SUCCESS + _FAILURE, message_result_line, "message_batch_results", "output.jsonl"),),
+}
 
 
 def finalize_batch(blobs: BlobStore, *, batch_id: str) -> str | None:
@@ -50,15 +62,19 @@ def finalize_batch(blobs: BlobStore, *, batch_id: str) -> str | None:
             lifecycle.transition(batch, lifecycle.FINALIZING)
         tenant_id = batch.tenant_id
         folder = tenant_folder(session, tenant_id=tenant_id)
+        files = _FILES.get(batch.protocol, _FILES[OPENAI])
     written = {
-        kind: _write(blobs, batch_id=batch_id, kind=kind, folder=folder, statuses=statuses)
-        for kind, statuses in (("output", _SUCCESS), ("errors", _FAILURE))
+        kind: (
+            _write(blobs, batch_id=batch_id, kind=kind, folder=folder, statuses=statuses, render=render, name=name),
+            purpose,
+        )
+        for kind, statuses, render, purpose, name in files
     }
     with transaction() as session:
         batch = get_batch(session, tenant_id=None, batch_id=batch_id, lock=True)
         if batch.status in lifecycle.TERMINAL:
             return batch.status
-        for kind, stored in written.items():
+        for kind, (stored, purpose) in written.items():
             if stored is None:
                 continue
             file_id, blob = stored
@@ -72,11 +88,12 @@ def finalize_batch(blobs: BlobStore, *, batch_id: str) -> str | None:
                 size=blob.size,
                 sha256=blob.sha256,
                 expires_after_seconds=batch.output_expires_after_seconds,
+                purpose=purpose,
             )
-            if kind == "output":
-                batch.output_file_id = file_id
-            else:
+            if kind == "errors":
                 batch.error_file_id = file_id
+            else:
+                batch.output_file_id = file_id
         lifecycle.transition(batch, target)
         manifest = write_manifest(session, blobs, batch=batch, folder=folder, settings=get_settings())
     observe_finalized(manifest, seconds=time.perf_counter() - started)
@@ -97,13 +114,19 @@ def result_file_id(batch_id: str, kind: str) -> str:
 
 
 def _write(
-    blobs: BlobStore, *, batch_id: str, kind: str, folder: str, statuses: tuple[str, ...]
+    blobs: BlobStore,
+    *,
+    batch_id: str,
+    kind: str,
+    folder: str,
+    statuses: tuple[str, ...],
+    render: Render,
+    name: BatchObject,
 ) -> tuple[str, StoredBlob] | None:
     file_id = result_file_id(batch_id, kind)
-    name: BatchObject = "output.jsonl" if kind == "output" else "errors.jsonl"
     key = batch_object_key(tenant=folder, batch_id=batch_id, name=name)
     with transaction() as session:
-        lines = _result_lines(session, batch_id=batch_id, statuses=statuses)
+        lines = _result_lines(session, batch_id=batch_id, statuses=statuses, render=render)
         first = next(lines, None)
         if first is None:
             return None
@@ -122,6 +145,6 @@ def _chunks(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
         yield bytes(buffer)
 
 
-def _result_lines(session: Session, *, batch_id: str, statuses: tuple[str, ...]) -> Iterator[bytes]:
+def _result_lines(session: Session, *, batch_id: str, statuses: tuple[str, ...], render: Render) -> Iterator[bytes]:
     for row in iter_results(session, batch_id=batch_id, statuses=statuses):
-        yield orjson.dumps(result_line(*row)) + b"\n"
+        yield orjson.dumps(render(*row)) + b"\n"

@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from storage import lifecycle
-from storage.batches import get_batch
+from storage.batches import OPENAI, get_batch
 from storage.blobs import BlobStore
 from storage.errors import FileNotFound
 from storage.files import get_file
@@ -24,6 +24,7 @@ from storage.lines import LineChecker, LineError, ParsedLine, ProblemList, clip,
 from storage.models import Batch
 from storage.planning.admission import Admission, admission_check
 from storage.queue.backlog import open_jobs
+from storage.queue.batch_rows import fail_unserved, queued_models
 from storage.queue.prefixes import SharedPrefixes, prefix_key_of
 from storage.queue.rows import QueueWriter, new_row, set_prefix_keys
 from storage.settings import Settings
@@ -51,11 +52,14 @@ def ingest_batch(session: Session, blobs: BlobStore, settings: Settings, *, batc
     count = _stream_into_queue(session, blobs, settings, batch=batch, blob_key=source.blob_key, errors=errors)
     if not errors and count == 0:
         errors.add(LineError(0, "empty_file", "The input file has no requests."))
-    if not errors and batch.model not in settings.served_models():
+    one_model = batch.protocol == OPENAI  # an Anthropic batch may mix models; unserved ones end as 404s
+    if not errors and one_model and batch.model not in settings.served_models():
         errors.add(LineError(1, "model_not_found", f"The model {clip(batch.model)} is not served here."))
     if errors:
         savepoint.rollback()
         return _fail(batch, errors)
+    if not one_model:
+        fail_unserved(session, batch_id=batch.id, served=settings.served_models())
     rejection, warnings = _admit(session, settings, batch=batch)
     if rejection is not None:
         savepoint.rollback()
@@ -78,7 +82,9 @@ def _stream_into_queue(
     blob_key: str,
     errors: ProblemList,
 ) -> int:
-    checker = LineChecker(endpoint=batch.endpoint, max_requests=settings.batch_max_requests, model=batch.model)
+    one_model = batch.protocol == OPENAI
+    limit = settings.batch_max_requests if one_model else settings.message_batch_max_requests
+    checker = LineChecker(endpoint=batch.endpoint, max_requests=limit, model=batch.model, one_model=one_model)
     pending: list[dict[str, Any]] = []
     prefixes = SharedPrefixes()
     chunks = blobs.open_stream(blob_key, chunk_bytes=settings.stream_chunk_bytes)
@@ -105,8 +111,20 @@ def _stream_into_queue(
 
 
 def _admit(session: Session, settings: Settings, *, batch: Batch) -> tuple[Problem | None, list[Problem]]:
-    """(a rejection, warnings) for a job whose rows are queued but not yet committed."""
-    model = batch.model or ""
+    """(a rejection, warnings) for a job whose rows are queued but not yet committed, model by model."""
+    warnings: list[Problem] = []
+    models = [batch.model or ""] if batch.protocol == OPENAI else queued_models(session, batch_id=batch.id)
+    for model in models:
+        rejection, more = _admit_model(session, settings, batch=batch, model=model)
+        if rejection is not None:
+            return rejection, []
+        warnings += more
+    return None, warnings
+
+
+def _admit_model(
+    session: Session, settings: Settings, *, batch: Batch, model: str
+) -> tuple[Problem | None, list[Problem]]:
     limit = _token_limit(session, settings, tenant_id=batch.tenant_id)
     if limit is None and settings.admission_policy == "off":
         return None, []
@@ -116,7 +134,8 @@ def _admit(session: Session, settings: Settings, *, batch: Batch) -> tuple[Probl
         enqueued = sum(job.shape.input_tokens for job in mine)
         if enqueued > limit:
             added = sum(job.shape.input_tokens for job in mine if job.batch_id == batch.id)
-            return _quota_problem(session, batch, limit=limit, enqueued=enqueued - added, added=added), []
+            quota = _quota_problem(session, batch, model=model, limit=limit, enqueued=enqueued - added, added=added)
+            return quota, []
     if settings.admission_policy == "off":
         return None, []
     check = admission_check(session, batch_id=batch.id, model=model, settings=settings, jobs=jobs)
@@ -144,10 +163,10 @@ def _token_limit(session: Session, settings: Settings, *, tenant_id: str) -> int
     return settings.enqueued_token_limit
 
 
-def _quota_problem(session: Session, batch: Batch, *, limit: int, enqueued: int, added: int) -> Problem:
+def _quota_problem(session: Session, batch: Batch, *, model: str, limit: int, enqueued: int, added: int) -> Problem:
     name = tenant_name(session, tenant_id=batch.tenant_id) or batch.tenant_id
     message = (
-        f"Enqueued token limit reached for {batch.model} in organization {name}. Limit: {limit:,} enqueued "
+        f"Enqueued token limit reached for {model} in organization {name}. Limit: {limit:,} enqueued "
         f"tokens; {enqueued:,} are already enqueued and this batch adds about {added:,}. Please try again "
         "once some in_progress batches have been completed, or submit a smaller batch."
     )

@@ -17,6 +17,9 @@ from storage import lifecycle
 from storage.batches import batches_validating, get_batch, note_ingest_failure
 from storage.blobs import get_blob_store
 from storage.db import transaction
+from storage.message_batches import archive_due
+from storage.queue.backlog import open_count
+from storage.queue.batch_rows import queued_models
 from storage.queue.rows import refresh_statistics
 from storage.retention import sweep_expired_files
 from storage.settings import Settings, SettingsError, get_settings
@@ -164,8 +167,11 @@ def _ingest(batch_id: str) -> str:
         status = ingest_batch(session, get_blob_store(), settings, batch_id=batch_id)
         batch = get_batch(session, tenant_id=None, batch_id=batch_id)
         enqueued = batch.request_total if status == lifecycle.IN_PROGRESS else 0
-        if enqueued and batch.model:
-            wake_after_commit(session, "batch.run", model=batch.model)
+        if enqueued:  # each model the batch queued work for (an Anthropic batch may mix them)
+            for model in queued_models(session, batch_id=batch_id):
+                wake_after_commit(session, "batch.run", model=model)
+            if not open_count(session, batch_id=batch_id):  # every request already ended (unserved models)
+                wake_after_commit(session, "batch.finalize", batch_id=batch_id)
     if enqueued >= ANALYZE_AFTER_ROWS:
         with transaction() as session:
             refresh_statistics(session)
@@ -192,7 +198,18 @@ def reap_once() -> Reaped:
             wake_after_commit(session, "batch.ingest", batch_id=batch_id)
     with transaction() as session:  # its own transaction: object deletes never hold the reaper's batch locks
         sweep_expired_files(session, get_blob_store(), limit=get_settings().retention_sweep_max_files)
+    archive_once()
     return result
+
+
+def archive_once() -> int:
+    """Archive Anthropic batches past their results retention, then remove their objects; return how many objects."""
+    with transaction() as session:
+        keys = archive_due(session, retention_seconds=get_settings().message_batch_retention_seconds)
+    blobs = get_blob_store()
+    for key in keys:  # after commit: a failed delete leaves an orphan object, never a batch without results
+        blobs.delete(key)
+    return len(keys)
 
 
 def pending_ingest(session: Session) -> list[str]:

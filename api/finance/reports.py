@@ -26,7 +26,7 @@ EndTime = Annotated[
 BucketWidth = Annotated[str, Query(max_length=16, description="Bucket width; only '1d' (UTC days) is supported.")]
 GroupBy = Annotated[
     list[str] | None,
-    Query(max_length=8, description="Repeat or comma-separate: tenant, model, completion_window."),
+    Query(max_length=8, description="Repeat or comma-separate: tenant, model, completion_window, protocol."),
 ]
 TenantFilter = Annotated[str | None, Query(max_length=128, description="Admin keys only: one tenant's rows.")]
 Format = Annotated[str, Query(alias="format", max_length=16, description="'json' (default) or 'csv'.")]

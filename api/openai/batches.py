@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query
 from api.deps import Blobs, Caller, Config, DbSession
 from api.errors import error_responses
 from api.openai.schemas import BatchCreate, BatchList, BatchObject
-from storage.batches import cancel_batch, create_batch, get_batch, list_batches
+from storage.batches import OPENAI, cancel_batch, create_batch, get_batch, list_batches
 from storage.errors import InvalidRequest, ModelNotFound
 from storage.files import get_file
 from storage.finance.goodput import batch_goodput
@@ -93,7 +93,7 @@ def _served_model(blobs: Blobs, settings: Config, blob_key: str, *, endpoint: st
 @router.get("/{batch_id}", response_model=BatchObject)
 def retrieve(batch_id: str, session: DbSession, caller: Caller, settings: Config) -> BatchObject:
     """One batch, with live request counts and (Backfill extensions) its cost block and goodput."""
-    batch = get_batch(session, tenant_id=caller.tenant_id, batch_id=batch_id)
+    batch = get_batch(session, tenant_id=caller.tenant_id, batch_id=batch_id, protocol=OPENAI)
     goodput = batch_goodput(session, batch_id=batch.id)
     return BatchObject.of(
         batch,

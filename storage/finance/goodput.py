@@ -25,6 +25,7 @@ _GROUP_COLUMNS = {
     "tenant": BatchRequest.tenant_id,
     "model": BatchRequest.model,
     "completion_window": Batch.completion_window,
+    "protocol": Batch.protocol,
 }
 _STATUS_FIELD = {
     lifecycle.REQ_FAILED: "failed",

@@ -63,17 +63,21 @@ def run_costs(session: Session, run_id: str, *, settings: Settings) -> RunCosts 
 
 
 def batch_cost(session: Session, *, batch: Batch, settings: Settings) -> CostBlock | None:
-    """The job's cost block from its completed requests and their runs (None when nothing is billable yet)."""
+    """The job's cost block from its completed requests and their runs (None when nothing is billable yet).
+
+    Tokens are priced at their own model's list price, so a batch mixing models (an Anthropic Message
+    Batch may) sums one priced part per model; an engine run serves one model, so its share goes with it.
+    """
     own = session.execute(
         select(
             BatchRequest.run_id,
+            BatchRequest.model,
             func.sum(BatchRequest.prompt_tokens),
             func.sum(BatchRequest.completion_tokens),
-            func.count(),
             func.sum(BatchRequest.cached_tokens),
         )
         .where(BatchRequest.batch_id == batch.id, BILLED)
-        .group_by(BatchRequest.run_id)
+        .group_by(BatchRequest.run_id, BatchRequest.model)
     ).all()
     if not own:
         return None
@@ -81,16 +85,45 @@ def batch_cost(session: Session, *, batch: Batch, settings: Settings) -> CostBlo
         session, run_ids=(run_id for run_id, *_ in own if run_id), prefill_weight=settings.prefill_weight
     )
     shares = [run.shares[batch.id] for run in runs.values() if batch.id in run.shares]
-    return price_job(
-        price_book(settings),
-        model=batch.model,
-        created_at=batch.created_at,
-        completion_window=batch.completion_window,
-        input_tokens=sum(int(i or 0) for _, i, _, _, _ in own),
-        output_tokens=sum(int(o or 0) for _, _, o, _, _ in own),
-        busy_seconds=sum((share.busy_seconds for share in shares), Decimal(0)),
-        mean_batch_size=served_batch_size((share, runs[share.run_id].mean_batch_size) for share in shares),
-        cached_input_tokens=sum(int(c or 0) for *_, c in own),
+    model_of_run = {run_id: model for run_id, model, *_ in own}
+    book = price_book(settings)
+    parts = []
+    for model in sorted({model for _, model, *_ in own}):
+        mine = [share for share in shares if model_of_run.get(share.run_id) == model]
+        parts.append(
+            price_job(
+                book,
+                model=model,
+                created_at=batch.created_at,
+                completion_window=batch.completion_window,
+                input_tokens=sum(int(i or 0) for _, m, i, _, _ in own if m == model),
+                output_tokens=sum(int(o or 0) for _, m, _, o, _ in own if m == model),
+                busy_seconds=sum((share.busy_seconds for share in mine), Decimal(0)),
+                cached_input_tokens=sum(int(c or 0) for _, m, _, _, c in own if m == model),
+            )
+        )
+    mean = served_batch_size((share, runs[share.run_id].mean_batch_size) for share in shares)
+    return _combined(parts, mean_batch_size=mean)
+
+
+def _combined(parts: list[CostBlock], *, mean_batch_size: Decimal | None) -> CostBlock:
+    """One block for a job priced in parts (one per model): amounts add up, the discount is the window's.
+
+    The cached-input price is shown only when every part has the same one (mixed models: per model)."""
+    cached_prices = {p.cached_input_usd_per_mtok for p in parts}
+    return CostBlock(
+        input_tokens=sum(p.input_tokens for p in parts),
+        output_tokens=sum(p.output_tokens for p in parts),
+        list_usd=sum((p.list_usd for p in parts), Decimal(0)),
+        discount_pct=parts[0].discount_pct,
+        discount_usd=sum((p.discount_usd for p in parts), Decimal(0)),
+        billed_usd=sum((p.billed_usd for p in parts), Decimal(0)),
+        gpu_seconds=sum((p.gpu_seconds for p in parts), Decimal(0)),
+        compute_usd=sum((p.compute_usd for p in parts), Decimal(0)),
+        margin_usd=sum((p.margin_usd for p in parts), Decimal(0)),
+        mean_batch_size=mean_batch_size,
+        cached_input_tokens=sum(p.cached_input_tokens for p in parts),
+        cached_input_usd_per_mtok=cached_prices.pop() if len(cached_prices) == 1 else None,
     )
 
 

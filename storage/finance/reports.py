@@ -33,12 +33,18 @@ DAY_SECONDS = 86400
 MAX_DAYS = 366
 BUCKET_WIDTHS = ("1d",)
 # group_by value -> the result field it fills
-GROUP_FIELDS = {"tenant": "tenant_id", "model": "model", "completion_window": "completion_window"}
+GROUP_FIELDS = {
+    "tenant": "tenant_id",
+    "model": "model",
+    "completion_window": "completion_window",
+    "protocol": "protocol",  # the API the batch came through: openai or anthropic
+}
 _USD = Decimal("0.000001")
 _GROUP_COLUMNS = {
     "tenant": BatchRequest.tenant_id,
     "model": BatchRequest.model,
     "completion_window": Batch.completion_window,
+    "protocol": Batch.protocol,
 }
 
 
@@ -201,6 +207,7 @@ def cost_report(
             BatchRequest.model,
             Batch.completion_window,
             Batch.created_at,
+            Batch.protocol,
             func.sum(BatchRequest.prompt_tokens),
             func.sum(BatchRequest.completion_tokens),
             func.count(),
@@ -212,25 +219,28 @@ def cost_report(
     ).all()
     runs = attribute_runs(session, run_ids=(r[2] for r in rows if r[2]), prefill_weight=settings.prefill_weight)
     book = price_book(settings)
-    # (day, batch) -> [input, output, requests, busy seconds, cached input]
-    jobs: dict[tuple[int, str], list[Any]] = defaultdict(lambda: [0, 0, 0, Decimal(0), 0])
-    info: dict[str, tuple[str, str, str, int]] = {}
+    # (day, batch, model) -> [input, output, requests, busy seconds, cached input]; a batch may mix models
+    # (Anthropic's may), an engine run serves one, so a (run, batch) share belongs to one model.
+    jobs: dict[tuple[int, str, str], list[Any]] = defaultdict(lambda: [0, 0, 0, Decimal(0), 0])
+    info: dict[str, tuple[str, str, int, str]] = {}
     days_of: dict[tuple[str, str], dict[int, tuple[int, int]]] = defaultdict(dict)  # (run, batch) -> day -> tokens
-    for day_index, batch_id, run_id, tenant, model, window, created, i, o, n, c in rows:
-        job = jobs[(int(day_index), batch_id)]
+    model_of: dict[tuple[str, str], str] = {}
+    for day_index, batch_id, run_id, tenant, model, window, created, protocol, i, o, n, c in rows:
+        job = jobs[(int(day_index), batch_id, model)]
         job[0] += int(i or 0)
         job[1] += int(o or 0)
         job[2] += int(n)
         job[4] += int(c or 0)
-        info[batch_id] = (tenant, model, window, created)
+        info[batch_id] = (tenant, window, created, protocol)
         if run_id in runs and batch_id in runs[run_id].shares:
             days_of[(run_id, batch_id)][int(day_index)] = (int(i or 0), int(o or 0))
+            model_of[(run_id, batch_id)] = model
     for (run_id, batch_id), days in days_of.items():
         for day_index, busy in _spread_over_days(runs[run_id].shares[batch_id], days, settings.prefill_weight).items():
-            jobs[(day_index, batch_id)][3] += busy
+            jobs[(day_index, batch_id, model_of[(run_id, batch_id)])][3] += busy
     table: dict[int, dict[tuple[str | None, ...], CostResult]] = defaultdict(dict)
-    for (day_index, batch_id), (i, o, n, busy, cached) in jobs.items():
-        tenant, model, window, created = info[batch_id]
+    for (day_index, batch_id, model), (i, o, n, busy, cached) in jobs.items():
+        tenant, window, created, protocol = info[batch_id]
         block = price_job(
             book,
             model=model,
@@ -241,7 +251,8 @@ def cost_report(
             busy_seconds=busy,
             cached_input_tokens=cached,
         )
-        group = _group({"tenant": tenant, "model": model, "completion_window": window}, group_by)
+        values = {"tenant": tenant, "model": model, "completion_window": window, "protocol": protocol}
+        group = _group(values, group_by)
         result = table[day_index].setdefault(tuple(group.values()), CostResult(group))
         result.list_usd += block.list_usd
         result.discount_usd += block.discount_usd

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ARRAY, Select, String, all_, func, literal, select, true
+from sqlalchemy import ARRAY, Select, String, all_, func, literal, or_, select, true
 from sqlalchemy.orm import Session
 
 from storage import lifecycle
@@ -169,7 +169,8 @@ def _tenant_heads(session: Session, *, model: str, urgent_before: int) -> Select
     return (
         select(Batch.tenant_id, func.min(Batch.expires_at))
         .where(
-            Batch.model == model,
+            # A batch whose requests name several models (an Anthropic Message Batch) has no single model.
+            or_(Batch.model == model, Batch.model.is_(None)),
             Batch.status == lifecycle.IN_PROGRESS,
             Batch.expires_at > max(now(), urgent_before),
         )

@@ -18,6 +18,7 @@ COMPLETIONS_URL = "/v1/completions"
 
 
 RESPONSES_URL = "/v1/responses"
+MESSAGES_URL = "/v1/messages"  # Anthropic: like chat, with the system prompt (a separate field) leading
 
 
 def prefix_key_of(url: str, body: dict[str, Any], *, chars: int) -> str:
@@ -30,7 +31,10 @@ def prefix_key_of(url: str, body: dict[str, Any], *, chars: int) -> str:
     """
     if url == RESPONSES_URL:  # rendered as chat: instructions become the leading system message
         url, body = CHAT_URL, {"messages": _responses_messages(body), "tools": None}
-    if url == CHAT_URL:
+    if url == MESSAGES_URL and body.get("system"):
+        body = {"messages": [{"role": "system", "content": body["system"]}, *(body.get("messages") or [])]}
+        url = CHAT_URL
+    if url in (CHAT_URL, MESSAGES_URL):
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             return ""

@@ -33,7 +33,7 @@ def register(subparsers: Any) -> None:
         parser.add_argument("--to", dest="end", help="last day, inclusive, YYYY-MM-DD (default: today)")
         parser.add_argument("--tenant", help="only this tenant (by name)")
         parser.add_argument(
-            "--group-by", action="append", help="tenant, model, completion_window (repeat or comma-separate)"
+            "--group-by", action="append", help="tenant, model, completion_window, protocol (repeat or comma-separate)"
         )
         parser.add_argument("--format", choices=["table", "csv", "json"], default="table")
         parser.set_defaults(func=run, kind=kind)

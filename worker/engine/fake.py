@@ -24,6 +24,9 @@ from worker.engine.bodies import (
     Choice,
     CompletionBody,
     EmbeddingBody,
+    MessagesBody,
+    anthropic_message,
+    anthropic_stop,
     embedding_list,
     engine_body,
     generated_body,
@@ -39,8 +42,8 @@ EMBEDDING_DIMENSIONS = 8
 @dataclass
 class _Sequence:
     request_id: str
-    body: Body
-    run: ChatBody | CompletionBody | EmbeddingBody
+    body: Body | MessagesBody
+    run: ChatBody | CompletionBody | EmbeddingBody  # what the engine runs (Responses and Messages as chat)
     prompt_tokens: int
     tokens_to_decode: int
     added_at: float
@@ -122,10 +125,24 @@ class FakeEngine:
     def close(self) -> None:
         """Nothing to free."""
 
-    def _sequence(self, request_id: str, url: str, body: Body) -> _Sequence:
+    def _sequence(self, request_id: str, url: str, body: Body | MessagesBody) -> _Sequence:
         wanted = "pooling" if url == EMBEDDINGS_URL else "generate"
         if wanted != self.runner:
             raise BodyError(f"model {self.model_name!r} does not serve {url}", code="unsupported_endpoint", param="url")
+        if isinstance(body, MessagesBody):  # Anthropic: decode up to max_tokens or the context, never a 400
+            chat = body.as_chat()
+            prompt_tokens = sum(_count_tokens(m["content"]) + 2 for m in chat.conversation())
+            room = self.max_model_len - prompt_tokens
+            if room < 1:
+                raise BodyError(
+                    f"This model's maximum context length is {self.max_model_len} tokens, "
+                    f"but the prompt has {prompt_tokens} tokens, leaving no room for output.",
+                    code="context_length_exceeded",
+                    param="messages",
+                )
+            sequence = _Sequence(request_id, body, chat, prompt_tokens, min(body.max_tokens, room), time.monotonic())
+            sequence.cached_tokens = self._cached_prefix_tokens(chat.conversation()[:-1])
+            return sequence
         run = engine_body(body)
         if isinstance(run, EmbeddingBody):
             prompt_tokens = sum(_count_tokens(item) for item in run.inputs())
@@ -153,7 +170,7 @@ class FakeEngine:
         return sum(_count_tokens(m["content"]) + 2 for m in prefix)
 
     def _result(self, sequence: _Sequence) -> EngineResult:
-        rid, run = sequence.request_id, sequence.run
+        rid, body, run = sequence.request_id, sequence.body, sequence.run
         if rid in self.fail_request_ids:
             result = server_error(rid, "the fake engine was told to fail this request")
         elif isinstance(run, EmbeddingBody):
@@ -165,10 +182,34 @@ class FakeEngine:
                 prompt_tokens=sequence.prompt_tokens,
             )
             result = EngineResult(rid, 200, response, prompt_tokens=sequence.prompt_tokens)
+        elif isinstance(body, MessagesBody):
+            result = self._message(sequence, body)
         else:
             result = self._completion(sequence, run)
         result.engine_seconds = time.monotonic() - sequence.added_at
         return result
+
+    def _message(self, sequence: _Sequence, body: MessagesBody) -> EngineResult:
+        """Anthropic's Message: the fake decodes to its limit, so it stops on max_tokens (or the context)."""
+        count = sequence.tokens_to_decode
+        stop = anthropic_stop(finish_reason="length", matched=None, output_tokens=count, max_tokens=body.max_tokens)
+        message = anthropic_message(
+            message_id=hashlib.sha256(sequence.request_id.encode()).hexdigest()[:24],
+            model=self.model_name,
+            text=_text(sequence.request_id, 0, count),
+            stop=stop,
+            prompt_tokens=sequence.prompt_tokens,
+            output_tokens=count,
+            cached_tokens=sequence.cached_tokens,
+        )
+        return EngineResult(
+            sequence.request_id,
+            200,
+            message,
+            prompt_tokens=sequence.prompt_tokens,
+            completion_tokens=count,
+            cached_tokens=sequence.cached_tokens,
+        )
 
     def _completion(self, sequence: _Sequence, body: ChatBody | CompletionBody) -> EngineResult:
         count = sequence.tokens_to_decode
@@ -177,6 +218,7 @@ class FakeEngine:
             for index in range(body.n)
         ]
         response_id = hashlib.sha256(sequence.request_id.encode()).hexdigest()[:24]
+        assert not isinstance(sequence.body, MessagesBody)  # Messages are answered by `_message`
         response = generated_body(
             sequence.body,
             response_id=response_id,

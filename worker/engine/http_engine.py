@@ -37,8 +37,10 @@ from worker.engine.bodies import (
     Choice,
     CompletionBody,
     EmbeddingBody,
+    MessagesBody,
     ResponsesBody,
     context_length_error,
+    message_from_chat_completion,
     parse_body,
     response_object,
     server_error,
@@ -71,6 +73,7 @@ class _Flight:
     token: int = -1
     future: concurrent.futures.Future[None] | None = None
     parked: bool = True
+    messages: MessagesBody | None = None  # an Anthropic request, sent as chat and answered as a Message
 
 
 class HttpEngine:
@@ -112,12 +115,18 @@ class HttpEngine:
             if rid in self._inflight:
                 raise BodyError(f"request {rid!r} is already in flight", code="duplicate_request")
             parsed = _validate(request.url, request.body)
-            self._check_cap(parsed, prompt_tokens=None)
+            if not isinstance(parsed, MessagesBody):  # Anthropic's max_tokens stops at the context instead
+                self._check_cap(parsed, prompt_tokens=None)
         except BodyError as error:
             return error.to_result(rid)
-        url, body = _wire(request.url, request.body, parsed)
+        messages = parsed if isinstance(parsed, MessagesBody) else None
+        if messages is not None:
+            url, body = CHAT_URL, messages.chat_payload()
+        else:
+            url, body = _wire(request.url, request.body, parsed)  # type: ignore[arg-type]
         payload = {**body, "model": self.server_model, "priority": self.shared.batch_priority}
-        self._inflight[rid] = _Flight(rid, url, payload, time.monotonic(), body=parsed)
+        flight_body = None if messages is not None else parsed
+        self._inflight[rid] = _Flight(rid, url, payload, time.monotonic(), body=flight_body, messages=messages)  # type: ignore[arg-type]
         self._parked.append(rid)
         self._dispatch()
         return None
@@ -242,6 +251,8 @@ class HttpEngine:
             result = await self._attempts(flight)
         finally:
             self._calls.pop(token, None)
+        if flight.messages is not None and result.ok:
+            result.body = message_from_chat_completion(result.body, model=self.model_name, body=flight.messages)
         self._done.put((rid, token, result))
 
     async def _attempts(self, flight: _Flight) -> EngineResult:
@@ -327,7 +338,7 @@ class HttpEngine:
                 self._done.put((rid, token, _YIELDED))
 
 
-def _validate(url: str, body: Any) -> Body:
+def _validate(url: str, body: Any) -> Body | MessagesBody:
     """The same strict checks as the in-process engine, so a line fails the same way in both modes."""
     parsed = parse_body(url, body)
     if isinstance(parsed, CompletionBody):

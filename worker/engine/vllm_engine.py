@@ -26,6 +26,9 @@ from worker.engine.bodies import (
     Choice,
     CompletionBody,
     EmbeddingBody,
+    MessagesBody,
+    anthropic_message,
+    anthropic_stop,
     embedding_list,
     engine_body,
     generated_body,
@@ -67,8 +70,8 @@ class _InFlight:
     """A submitted request: its parsed body, what the engine runs for it, and the engine requests it fanned out to."""
 
     request_id: str
-    body: Body
-    run: ChatBody | CompletionBody | EmbeddingBody
+    body: Body | MessagesBody
+    run: ChatBody | CompletionBody | EmbeddingBody  # what runs (Responses and Messages as chat)
     started: float
     engine_ids: list[str]
     done: dict[str, Any] = field(default_factory=dict)
@@ -126,8 +129,8 @@ class VllmEngine:
                 raise BodyError(f"request {rid!r} is already in flight", code="duplicate_request")
             body = parse_body(request.url, request.body)
             self._check_endpoint(request.url)
-            run = engine_body(body)
-            prepared = self._prepare(rid, run)
+            run = body.as_chat() if isinstance(body, MessagesBody) else engine_body(body)
+            prepared = self._prepare(rid, body if isinstance(body, MessagesBody) else run)
         except BodyError as error:
             return error.to_result(rid)
         except (VLLMClientError, ValueError, TypeError, LookupError) as error:
@@ -216,15 +219,29 @@ class VllmEngine:
         if wanted not in self._tasks:
             raise BodyError(f"model {self.model_name!r} does not serve {url}", code="unsupported_endpoint", param="url")
 
-    def _chat_params(self) -> Any:
+    def _chat_params(self, *, continue_final: bool = False) -> Any:
         from vllm.renderers import ChatParams
 
-        # What LLM.chat() passes for a plain Hugging Face tokenizer.
-        kwargs = {"add_generation_prompt": True, "continue_final_message": False, "tools": None, "tokenize": False}
+        # What LLM.chat() passes for a plain Hugging Face tokenizer; `continue_final` answers by continuing
+        # a final assistant turn (Anthropic's prefill) instead of starting a new one.
+        kwargs = {
+            "add_generation_prompt": not continue_final,
+            "continue_final_message": continue_final,
+            "tools": None,
+            "tokenize": False,
+        }
         return ChatParams(chat_template=None, chat_template_content_format="auto", chat_template_kwargs=kwargs)
 
-    def _prepare(self, rid: str, body: ChatBody | CompletionBody | EmbeddingBody) -> list[tuple[str, Any, Any]]:
+    def _prepare(
+        self, rid: str, body: ChatBody | CompletionBody | EmbeddingBody | MessagesBody
+    ) -> list[tuple[str, Any, Any]]:
         """(engine id, rendered prompt, params) for each engine request this body becomes."""
+        if isinstance(body, MessagesBody):  # Anthropic Messages run on the chat path
+            chat = body.as_chat()
+            params = self._chat_params(continue_final=body.prefill)
+            _, (prompt,) = self._renderer.render_chat([chat.conversation()], params)
+            sampling = self._sampling_params(chat, len(prompt["prompt_token_ids"]), top_k=body.top_k, clamp=True)
+            return [(rid, prompt, sampling)]
         if isinstance(body, EmbeddingBody):
             from vllm import PoolingParams
 
@@ -244,14 +261,28 @@ class VllmEngine:
         (prompt,) = self._renderer.render_cmpl([parse_model_prompt(self._model_config, raw)])
         return prompt
 
-    def _sampling_params(self, body: ChatBody | CompletionBody, prompt_tokens: int) -> Any:
+    def _sampling_params(
+        self, body: ChatBody | CompletionBody, prompt_tokens: int, *, top_k: int | None = None, clamp: bool = False
+    ) -> Any:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
         # No cap asked: the generation config's default, else the rest of the context (as vLLM's server);
         # a cap beyond the context is refused with OpenAI's 400 (`output_budget`).
+        # Anthropic's `max_tokens` (clamp) instead stops at the context: `model_context_window_exceeded`.
         default = self._defaults.get("max_tokens")
-        limit = output_budget(body, prompt_tokens=prompt_tokens, max_model_len=self._max_model_len, default=default)
+        if clamp:
+            room = self._max_model_len - prompt_tokens
+            if room < 1:
+                raise BodyError(
+                    f"This model's maximum context length is {self._max_model_len} tokens, "
+                    f"but the prompt has {prompt_tokens} tokens, leaving no room for output.",
+                    code="context_length_exceeded",
+                    param="messages",
+                )
+            limit = min(body.output_limit() or room, room)
+        else:
+            limit = output_budget(body, prompt_tokens=prompt_tokens, max_model_len=self._max_model_len, default=default)
         values: dict[str, Any] = {
             **{k: v for k, v in self._defaults.items() if k != "max_tokens"},
             "n": body.n,
@@ -265,6 +296,8 @@ class VllmEngine:
         for name in ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty"):
             if (value := getattr(body, name)) is not None:
                 values[name] = value
+        if top_k:  # Anthropic's top_k (0: off)
+            values["top_k"] = top_k
         if body.logit_bias:
             values["logit_bias"] = {int(token): bias for token, bias in body.logit_bias.items()}
         if body.response_format is not None and body.response_format.type != "text":
@@ -277,7 +310,11 @@ class VllmEngine:
         return SamplingParams(**values)
 
     def _submit(
-        self, rid: str, body: Body, run: ChatBody | CompletionBody | EmbeddingBody, prepared: list[tuple[str, Any, Any]]
+        self,
+        rid: str,
+        body: Body | MessagesBody,
+        run: ChatBody | CompletionBody | EmbeddingBody,
+        prepared: list[tuple[str, Any, Any]],
     ) -> EngineResult | None:
         from vllm.exceptions import VLLMClientError
 
@@ -333,6 +370,8 @@ class VllmEngine:
         if any(c.finish_reason not in ("stop", "length") for c in completions):
             reasons = sorted({str(c.finish_reason) for c in completions})
             return server_error(flight.request_id, f"the engine ended the request early ({', '.join(reasons)})")
+        if isinstance(body, MessagesBody):
+            return self._message(flight.request_id, body, completions[0], prompt_tokens, cached_tokens)
         choices = [self._choice(c, run) for c in completions]
         response = generated_body(
             body,
@@ -350,6 +389,28 @@ class VllmEngine:
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             cached_tokens=cached_tokens,
+        )
+
+    def _message(self, rid: str, body: MessagesBody, completion: Any, prompt_tokens: int, cached: int) -> EngineResult:
+        """Anthropic's Message; vLLM's `stop_reason` names the stop string that matched, if one did."""
+        output_tokens = len(completion.token_ids)
+        stop = anthropic_stop(
+            finish_reason=str(completion.finish_reason),
+            matched=completion.stop_reason,
+            output_tokens=output_tokens,
+            max_tokens=body.max_tokens,
+        )
+        message = anthropic_message(
+            message_id=uuid.uuid4().hex[:24],
+            model=self.model_name,
+            text=completion.text,
+            stop=stop,
+            prompt_tokens=prompt_tokens,
+            output_tokens=output_tokens,
+            cached_tokens=cached,
+        )
+        return EngineResult(
+            rid, 200, message, prompt_tokens=prompt_tokens, completion_tokens=output_tokens, cached_tokens=cached
         )
 
     def _choice(self, completion: Any, body: ChatBody | CompletionBody) -> Choice:

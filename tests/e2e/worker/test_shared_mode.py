@@ -244,3 +244,45 @@ def test_the_openai_sdk_runs_a_batch_through_the_api_on_a_shared_server(
     assert sorted(line["custom_id"] for line in outputs) == sorted(line["custom_id"] for line in lines)
     assert all(line["response"]["body"]["model"] == "backfill-demo" for line in outputs)
     assert all(line["response"]["body"]["usage"]["completion_tokens"] == 8 for line in outputs)
+
+
+def test_anthropic_messages_run_on_the_servers_chat_path_and_come_back_as_messages(vllm_server: str) -> None:
+    from anthropic.types import Message
+
+    from storage.settings import ModelSpec, SharedModeSpec
+    from worker.engine import EngineRequest, EngineResult
+    from worker.engine.http_engine import HttpEngine
+
+    spec = ModelSpec(
+        path="served-by-the-server", max_num_seqs=MAX_NUM_SEQS, shared=SharedModeSpec(server_url=vllm_server)
+    )
+    engine = HttpEngine("backfill-demo", spec)
+
+    def run(**params: object) -> EngineResult:
+        body = {"model": "backfill-demo", "max_tokens": 24, "messages": [{"role": "user", "content": "def f():"}]}
+        assert engine.add(EngineRequest("m", "/v1/messages", {**body, **params})) is None
+        deadline = time.monotonic() + 60
+        while engine.has_unfinished():
+            assert time.monotonic() < deadline
+            if results := engine.step():
+                return results[0]
+        raise AssertionError("no result")
+
+    try:
+        greedy = Message.model_validate(run(temperature=0, top_k=5).body)
+        assert (
+            greedy.stop_reason == "max_tokens" and greedy.usage.output_tokens == 24 and greedy.model == "backfill-demo"
+        )
+        text = greedy.content[0].text
+        start = next(
+            i
+            for i in range(2, len(text) - 3)
+            if text[i : i + 3].strip() == text[i : i + 3] and text.find(text[i : i + 3]) == i
+        )
+        stopped = Message.model_validate(run(temperature=0, top_k=5, stop_sequences=[text[start : start + 3]]).body)
+        assert (stopped.stop_reason, stopped.stop_sequence) == ("stop_sequence", text[start : start + 3])
+        assert (stopped.content[0].text if stopped.content else "") == text[:start]
+        prefill = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "The colour is"}]
+        assert Message.model_validate(run(messages=prefill, max_tokens=4).body).usage.output_tokens == 4
+    finally:
+        engine.close()

@@ -317,3 +317,36 @@ def test_a_cap_that_fits_only_without_the_prompt_is_a_400_once_the_server_counte
     assert result.status_code == 400 and result.error_code == "context_length_exceeded"
     assert "1027 tokens (7 in the messages, 1020 in the completion)" in (result.error_message or "")
     assert (result.prompt_tokens, result.completion_tokens) == (0, 0)  # not billed
+
+
+def test_an_anthropic_messages_request_goes_out_as_chat_and_comes_back_as_a_message(server: FakeServer) -> None:
+    from anthropic.types import Message
+
+    paths: list[str] = []
+
+    async def handle(request: httpx.Request) -> httpx.Response:
+        paths.append(request.url.path)
+        return await server.handle(request)
+
+    engine = HttpEngine("backfill-demo", spec(), transport=httpx.MockTransport(handle))
+    try:
+        params = {
+            "model": "backfill-demo",
+            "max_tokens": 3,
+            "messages": [{"role": "user", "content": "ok"}, {"role": "assistant", "content": "Sure,"}],
+            "top_k": 5,
+            "stop_sequences": ["END"],
+        }
+        assert engine.add(EngineRequest("m1", "/v1/messages", params)) is None
+        assert engine.add(EngineRequest("m2", "/v1/messages", {**params, "tools": [{"name": "x"}]})) is not None
+        (result,) = drain(engine)
+    finally:
+        engine.close()
+    sent = server.bodies[0]
+    assert CHAT in paths and "/v1/messages" not in paths
+    assert sent["top_k"] == 5 and sent["stop"] == ["END"] and sent["continue_final_message"] is True
+    assert "stop_sequences" not in sent and sent["priority"] == 1_000_000
+    message = Message.model_validate(result.body)
+    assert message.model == "backfill-demo" and message.stop_reason == "max_tokens" and message.content[0].text == "x y"
+    assert (message.usage.input_tokens, message.usage.output_tokens) == (7, 3)
+    assert (result.prompt_tokens, result.completion_tokens) == (7, 3)

@@ -1,0 +1,86 @@
+"""Anthropic's Message Batch shapes, as its SDK types them (`anthropic.types.messages`)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from storage.batches import batch_errors
+from storage.message_batches import RequestCounts, ended_at, processing_status
+from storage.models import Batch
+
+
+def rfc3339(at: int | None) -> str | None:
+    """Unix seconds as Anthropic's RFC 3339 UTC string, e.g. 2024-08-20T18:37:24Z."""
+    if at is None:
+        return None
+    return datetime.fromtimestamp(at, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class MessageBatchRequestCounts(BaseModel):
+    processing: int
+    succeeded: int
+    errored: int
+    canceled: int
+    expired: int
+
+
+class MessageBatch(BaseModel):
+    id: str
+    type: Literal["message_batch"] = "message_batch"
+    processing_status: Literal["in_progress", "canceling", "ended"]
+    request_counts: MessageBatchRequestCounts
+    created_at: str
+    expires_at: str
+    ended_at: str | None = None
+    cancel_initiated_at: str | None = None
+    archived_at: str | None = None
+    results_url: str | None = None
+    cost: dict[str, Any] | None = Field(default=None, description="Backfill extension: the job's cost block.")
+    goodput: dict[str, Any] | None = Field(
+        default=None, description="Backfill extension: requests completed before the deadline / accepted."
+    )
+    warnings: dict[str, Any] | None = Field(
+        default=None, description="Backfill extension: admission warnings (e.g. `deadline_at_risk`)."
+    )
+
+    @classmethod
+    def of(
+        cls,
+        row: Batch,
+        counts: RequestCounts,
+        *,
+        base_url: str,
+        cost: dict[str, Any] | None = None,
+        goodput: dict[str, Any] | None = None,
+    ) -> MessageBatch:
+        status = processing_status(row)
+        results = f"{base_url.rstrip('/')}/v1/messages/batches/{row.id}/results" if status == "ended" else None
+        return cls(
+            id=row.id,
+            processing_status=status,
+            request_counts=MessageBatchRequestCounts(**vars(counts)),
+            created_at=rfc3339(row.created_at) or "",
+            expires_at=rfc3339(row.expires_at) or "",
+            ended_at=rfc3339(ended_at(row)),
+            cancel_initiated_at=rfc3339(row.cancelling_at),
+            archived_at=rfc3339(row.archived_at),
+            results_url=results,
+            cost=cost,
+            goodput=goodput,
+            warnings=batch_errors(row.warnings),
+        )
+
+
+class MessageBatchList(BaseModel):
+    data: list[MessageBatch]
+    has_more: bool
+    first_id: str | None = None
+    last_id: str | None = None
+
+
+class DeletedMessageBatch(BaseModel):
+    id: str
+    type: Literal["message_batch_deleted"] = "message_batch_deleted"

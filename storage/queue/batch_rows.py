@@ -1,0 +1,66 @@
+"""One batch's rows as a whole: the models it queues, rows no worker can serve, and scrubbing the content
+of a deleted or archived batch. Used for Anthropic Message Batches, which may mix models."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from storage import lifecycle
+from storage.batches import add_counts
+from storage.clock import now_f
+from storage.models import BatchRequest
+
+UNSERVED_CODE = "model_not_found"
+
+
+def queued_models(session: Session, *, batch_id: str) -> list[str]:
+    """The models the batch has queued requests for (each needs its GPU worker woken)."""
+    query = (
+        select(BatchRequest.model)
+        .where(BatchRequest.batch_id == batch_id, BatchRequest.status == lifecycle.REQ_QUEUED)
+        .distinct()
+    )
+    return sorted(session.scalars(query))
+
+
+def fail_unserved(session: Session, *, batch_id: str, served: Collection[str]) -> int:
+    """End the batch's queued requests for models this deployment does not serve as 404 results.
+
+    A batch may mix models: a request naming one nobody serves must end (as Anthropic's `not_found_error`)
+    instead of waiting for a worker that never comes. Returns how many requests it ended.
+    """
+    queued = (BatchRequest.batch_id == batch_id, BatchRequest.status == lifecycle.REQ_QUEUED)
+    unserved = select(BatchRequest.model).where(*queued, BatchRequest.model.not_in(served)).distinct()
+    missing = list(session.scalars(unserved))
+    offered = ", ".join(sorted(served))
+    ended = 0
+    for model in missing:
+        result = session.execute(
+            update(BatchRequest)
+            .where(*queued, BatchRequest.model == model)
+            .values(
+                status=lifecycle.REQ_FAILED,
+                response_status=404,
+                error_code=UNSERVED_CODE,
+                error_message=f"model: '{model}' is not served here (served models: {offered})",
+                finished_at=now_f(),
+            )
+            .execution_options(synchronize_session=False)
+        )
+        ended += int(result.rowcount or 0)  # type: ignore[attr-defined]
+    if ended:
+        add_counts(session, batch_id=batch_id, completed=0, failed=ended)
+    return ended
+
+
+def scrub_content(session: Session, *, batch_id: str) -> None:
+    """Drop the prompts and answers a batch's rows hold; tokens, timings and runs stay for cost accounting."""
+    session.execute(
+        update(BatchRequest)
+        .where(BatchRequest.batch_id == batch_id)
+        .values(body={}, response_body=None, error_message=None)
+        .execution_options(synchronize_session=False)
+    )

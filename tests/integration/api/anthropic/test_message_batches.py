@@ -1,0 +1,366 @@
+"""Anthropic Message Batches through the official `anthropic` SDK, with the in-process worker on the fake engine.
+
+The real engine runs the same flows in tests/e2e/api/anthropic/test_message_batches.py; here the fake engine
+makes timing controllable (cancel, expiry, archival) and every error envelope is checked.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from decimal import Decimal
+from typing import Any
+
+import anthropic
+import httpx
+import pytest
+from anthropic.types.messages import MessageBatch
+
+from tests.conftest import LiveServer, make_key
+from tests.integration.api.conftest import FAKE_MODELS
+
+PRICES = {
+    "prices": [
+        {"model": "fake-model", "effective_from": "2025-01-01", "input_usd_per_mtok": "1", "output_usd_per_mtok": "4"},
+        {
+            "model": "other-model",
+            "effective_from": "2025-01-01",
+            "input_usd_per_mtok": "10",
+            "output_usd_per_mtok": "40",
+        },
+    ]
+}
+ENV = {
+    "BACKFILL_MODELS": FAKE_MODELS,
+    "BACKFILL_PRICE_BOOK": json.dumps(PRICES),
+    "BACKFILL_MESSAGE_BATCH_MAX_BYTES": str(64 * 1024),
+    "BACKFILL_REAP_INTERVAL_SECONDS": "1",
+}
+pytestmark = pytest.mark.backfill_env(ENV)
+
+
+def client_for(api: LiveServer, key: str) -> anthropic.Anthropic:
+    return anthropic.Anthropic(api_key=key, base_url=api.base_url, max_retries=0, timeout=60)
+
+
+def req(custom_id: str, model: str = "fake-model", max_tokens: int = 4, **params: Any) -> dict[str, Any]:
+    body = {"model": model, "max_tokens": max_tokens, "messages": [{"role": "user", "content": f"hello {custom_id}"}]}
+    return {"custom_id": custom_id, "params": {**body, **params}}
+
+
+def counted(batch: MessageBatch) -> int:
+    c = batch.request_counts
+    return c.processing + c.succeeded + c.errored + c.canceled + c.expired
+
+
+def wait_ended(client: anthropic.Anthropic, batch_id: str, timeout: float = 60) -> MessageBatch:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        batch = client.messages.batches.retrieve(batch_id)
+        if batch.processing_status == "ended":
+            return batch
+        time.sleep(0.1)
+    raise AssertionError(f"batch {batch_id} stuck in {batch.processing_status}")
+
+
+def results(client: anthropic.Anthropic, batch_id: str) -> dict[str, Any]:
+    return {line.custom_id: line.result for line in client.messages.batches.results(batch_id)}
+
+
+def raw(api: LiveServer, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    return httpx.request(method, f"{api.base_url}{path}", timeout=30, **kwargs)
+
+
+def assert_envelope(response: httpx.Response, status: int, kind: str, says: str = "") -> None:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert body["type"] == "error" and body["error"]["type"] == kind and says in body["error"]["message"], body
+
+
+def test_a_mixed_model_batch_runs_each_request_on_its_own_model_and_is_priced_per_model(api: LiveServer) -> None:
+    key = make_key("acme")
+    client = client_for(api, key)
+    requests = [req(f"a{i}") for i in range(4)] + [req(f"b{i}", model="other-model", max_tokens=6) for i in range(3)]
+    requests += [req("unserved", model="claude-nope"), req("tools", tools=[{"name": "x", "input_schema": {}}])]
+    created = client.messages.batches.create(requests=requests)
+    assert created.id.startswith("msgbatch_") and created.type == "message_batch"
+    assert created.processing_status == "in_progress" and created.results_url is None and created.ended_at is None
+    assert created.request_counts.processing == 9 and counted(created) == 9
+    assert (created.expires_at - created.created_at).total_seconds() == 24 * 3600
+
+    done = wait_ended(client, created.id)
+    assert counted(done) == 9 and (done.request_counts.succeeded, done.request_counts.errored) == (7, 2)
+    assert done.ended_at is not None and done.results_url == f"{api.base_url}/v1/messages/batches/{done.id}/results"
+    lines = results(client, done.id)
+    assert set(lines) == {r["custom_id"] for r in requests}
+    for custom_id, result in lines.items():
+        if custom_id[0] in "ab":
+            assert result.type == "succeeded" and result.message.model == (
+                "fake-model" if custom_id[0] == "a" else "other-model"
+            )
+            assert result.message.id.startswith("msg_") and result.message.content[0].type == "text"
+            assert result.message.stop_reason == "max_tokens" and result.message.usage.output_tokens == (
+                4 if custom_id[0] == "a" else 6
+            )
+    assert lines["unserved"].type == "errored" and lines["unserved"].error.error.type == "not_found_error"
+    assert "claude-nope" in lines["unserved"].error.error.message
+    assert lines["tools"].error.error.type == "invalid_request_error" and "tools" in lines["tools"].error.error.message
+
+    # Each request ran in its own model's engine run; the cost prices each model's tokens at its own list price.
+    from sqlalchemy import select
+
+    from storage.db import transaction
+    from storage.models import BatchRequest, EngineRun
+
+    with transaction() as session:
+        runs = dict(session.execute(select(EngineRun.id, EngineRun.model)).tuples().all())
+        rows = session.execute(
+            select(
+                BatchRequest.custom_id,
+                BatchRequest.model,
+                BatchRequest.run_id,
+                BatchRequest.prompt_tokens,
+                BatchRequest.completion_tokens,
+            ).where(BatchRequest.batch_id == done.id)
+        ).all()
+    tokens: dict[str, list[int]] = {"fake-model": [0, 0], "other-model": [0, 0]}
+    for custom_id, model, run_id, prompt, completion in rows:
+        if custom_id[0] in "ab":
+            assert runs[run_id] == model
+            tokens[model][0] += prompt
+            tokens[model][1] += completion
+    listed = (
+        tokens["fake-model"][0] * 1
+        + tokens["fake-model"][1] * 4
+        + tokens["other-model"][0] * 10
+        + tokens["other-model"][1] * 40
+    )
+    cost = client.messages.batches.retrieve(done.id).model_extra["cost"]  # type: ignore[index]
+    assert Decimal(cost["list_usd"]) == (Decimal(listed) / 1_000_000).quantize(Decimal("0.000001"))
+    assert cost["input_tokens"] == tokens["fake-model"][0] + tokens["other-model"][0]
+
+    # The finance reports carry it, grouped by protocol; OpenAI's API does not see it.
+    report = raw(
+        api,
+        "GET",
+        "/v1/organization/costs",
+        params={"start_time": int(time.time()) - 3600, "group_by": "protocol,model"},
+        headers={"Authorization": f"Bearer {key}"},
+    ).json()
+    rows_by = {(r["protocol"], r["model"]): r for bucket in report["data"] for r in bucket["results"]}
+    assert set(rows_by) == {("anthropic", "fake-model"), ("anthropic", "other-model")}
+    assert sum(Decimal(r["list_usd"]) for r in rows_by.values()) == Decimal(cost["list_usd"])
+    openai_client = api.client(key)
+    assert list(openai_client.batches.list()) == [] and list(openai_client.files.list()) == []
+    with pytest.raises(Exception, match="404"):
+        openai_client.batches.retrieve(done.id)
+
+    # Deleted: gone from the API, its content scrubbed, its cost still reported.
+    deleted = client.messages.batches.delete(done.id)
+    assert (deleted.id, deleted.type) == (done.id, "message_batch_deleted")
+    with pytest.raises(anthropic.NotFoundError):
+        client.messages.batches.retrieve(done.id)
+    assert list(client.messages.batches.list()) == []
+    with transaction() as session:
+        bodies = set(
+            json.dumps(b) for b in session.scalars(select(BatchRequest.body).where(BatchRequest.batch_id == done.id))
+        )
+    assert bodies == {"{}"}
+    again = raw(
+        api,
+        "GET",
+        "/v1/organization/costs",
+        params={"start_time": int(time.time()) - 3600},
+        headers={"Authorization": f"Bearer {key}"},
+    ).json()
+    assert sum(Decimal(r["list_usd"]) for bucket in again["data"] for r in bucket["results"]) == Decimal(
+        cost["list_usd"]
+    )
+
+
+def test_list_pages_newest_first_after_and_before_a_cursor(api: LiveServer) -> None:
+    client = client_for(api, make_key("acme"))
+    ids = [client.messages.batches.create(requests=[req("only")]).id for _ in range(5)]
+    newest_first = list(reversed(ids))
+    page = client.messages.batches.list(limit=2)
+    assert [b.id for b in page.data] == newest_first[:2] and page.has_more
+    assert (page.first_id, page.last_id) == (newest_first[0], newest_first[1])
+    assert [b.id for b in client.messages.batches.list(limit=2)] == newest_first  # the SDK follows after_id
+    older = client.messages.batches.list(limit=2, after_id=ids[3])
+    assert [b.id for b in older.data] == [ids[2], ids[1]] and older.has_more
+    newer = client.messages.batches.list(limit=2, before_id=ids[1])
+    assert [b.id for b in newer.data] == [ids[3], ids[2]] and newer.has_more
+    # Auto-paging with before_id walks towards the newest, page by page (the SDK follows first_id).
+    assert [b.id for b in client.messages.batches.list(limit=2, before_id=ids[0])] == [ids[2], ids[1], ids[4], ids[3]]
+    assert list(client_for(api, make_key("globex")).messages.batches.list()) == []
+    assert_envelope(
+        raw(api, "GET", "/v1/messages/batches", params={"limit": 1001}, headers={"x-api-key": make_key("a")}),
+        400,
+        "invalid_request_error",
+        "limit",
+    )
+    both = raw(
+        api,
+        "GET",
+        "/v1/messages/batches",
+        params={"before_id": ids[0], "after_id": ids[1]},
+        headers={"x-api-key": make_key("a")},
+    )
+    assert_envelope(both, 400, "invalid_request_error", "at most one")
+
+
+def test_cancel_ends_queued_requests_as_canceled_and_delete_waits_for_the_end(api: LiveServer) -> None:
+    client = client_for(api, make_key("acme"))
+    requests = [req(f"quick{i}", max_tokens=2) for i in range(3)] + [
+        req(f"slow{i}", max_tokens=10**8) for i in range(20)
+    ]
+    batch = client.messages.batches.create(requests=requests)
+    while client.messages.batches.retrieve(batch.id).request_counts.succeeded < 3:
+        time.sleep(0.05)
+    with pytest.raises(anthropic.BadRequestError, match="only ended batches can be deleted"):
+        client.messages.batches.delete(batch.id)
+    early = raw(api, "GET", f"/v1/messages/batches/{batch.id}/results", headers={"x-api-key": client.api_key})
+    assert_envelope(early, 400, "invalid_request_error", "has not ended")  # the SDK itself waits for results_url
+    canceling = client.messages.batches.cancel(batch.id)
+    assert canceling.cancel_initiated_at is not None and canceling.processing_status in ("canceling", "ended")
+    done = wait_ended(client, batch.id)
+    assert (done.request_counts.succeeded, done.request_counts.canceled, counted(done)) == (3, 20, 23)
+    lines = results(client, batch.id)
+    assert {lines[f"slow{i}"].type for i in range(20)} == {"canceled"} and lines["quick0"].type == "succeeded"
+    with pytest.raises(anthropic.BadRequestError, match="cannot be canceled"):
+        client.messages.batches.cancel(batch.id)
+    assert client.messages.batches.delete(batch.id).type == "message_batch_deleted"
+
+
+def test_requests_left_when_the_batch_expires_end_as_expired(api: LiveServer) -> None:
+    from sqlalchemy import update
+
+    from storage.db import transaction
+    from storage.models import Batch, BatchRequest
+
+    client = client_for(api, make_key("acme"))
+    batch = client.messages.batches.create(
+        requests=[req("done", max_tokens=2)] + [req(f"late{i}", max_tokens=10**8) for i in range(12)]
+    )
+    while client.messages.batches.retrieve(batch.id).request_counts.succeeded < 1:
+        time.sleep(0.05)
+    past = int(time.time()) - 1  # the 24 hours are up
+    with transaction() as session:
+        session.execute(update(Batch).where(Batch.id == batch.id).values(expires_at=past))
+        session.execute(update(BatchRequest).where(BatchRequest.batch_id == batch.id).values(deadline=past))
+    done = wait_ended(client, batch.id, timeout=30)
+    assert (done.request_counts.succeeded, done.request_counts.expired, counted(done)) == (1, 12, 13)
+    lines = results(client, batch.id)
+    assert {lines[f"late{i}"].type for i in range(12)} == {"expired"} and lines["done"].type == "succeeded"
+
+
+def test_results_are_archived_after_their_retention_and_the_batch_stays_visible(api: LiveServer) -> None:
+    from sqlalchemy import update
+
+    from storage.blobs import get_blob_store
+    from storage.db import transaction
+    from storage.files import blob_key_for
+    from storage.models import Batch
+    from worker import service
+
+    client = client_for(api, make_key("acme"))
+    done = wait_ended(client, client.messages.batches.create(requests=[req("a"), req("b")]).id)
+    assert len(results(client, done.id)) == 2
+    with transaction() as session:
+        output_file_id = session.get(Batch, done.id).output_file_id  # type: ignore[union-attr]
+        session.execute(update(Batch).where(Batch.id == done.id).values(completed_at=int(time.time()) - 29 * 86400 - 1))
+    assert get_blob_store().exists(blob_key_for(output_file_id))
+    assert service.archive_once() == 2  # the input and the results objects
+    archived = client.messages.batches.retrieve(done.id)
+    assert archived.archived_at is not None and archived.processing_status == "ended" and counted(archived) == 2
+    assert not get_blob_store().exists(blob_key_for(output_file_id))
+    with pytest.raises(anthropic.NotFoundError, match="archived"):
+        list(client.messages.batches.results(done.id))
+    assert service.archive_once() == 0
+
+
+@pytest.mark.backfill_env({**ENV, "BACKFILL_ENQUEUED_TOKEN_LIMIT": "5"})
+def test_a_batch_refused_at_admission_ends_with_every_request_errored(api: LiveServer) -> None:
+    client = client_for(api, make_key("acme"))
+    done = wait_ended(client, client.messages.batches.create(requests=[req("a"), req("b")]).id)
+    assert (done.request_counts.errored, counted(done)) == (2, 2)
+    lines = results(client, done.id)
+    assert {line.error.error.type for line in lines.values()} == {"rate_limit_error"}
+    assert "Enqueued token limit" in lines["a"].error.error.message
+
+
+def test_every_error_leaves_in_anthropics_envelope_with_its_status(api: LiveServer) -> None:
+    key = make_key("acme")
+    body = {"requests": [req("a")]}
+    assert_envelope(raw(api, "POST", "/v1/messages/batches", json=body), 401, "authentication_error", "x-api-key")
+    wrong = raw(
+        api,
+        "GET",
+        "/v1/messages/batches/msgbatch_x",
+        headers={"x-api-key": "sk-wrong", "anthropic-version": "2023-06-01"},
+    )
+    assert_envelope(wrong, 401, "authentication_error")
+    with pytest.raises(anthropic.AuthenticationError):
+        client_for(api, "sk-wrong").messages.batches.list()
+    bearer = raw(api, "POST", "/v1/messages/batches", json=body, headers={"Authorization": f"Bearer {key}"})
+    assert bearer.status_code == 200 and bearer.json()["type"] == "message_batch"
+    mine = bearer.json()["id"]
+    other = make_key("globex")
+    for method, path in (
+        ("GET", f"/v1/messages/batches/{mine}"),
+        ("POST", f"/v1/messages/batches/{mine}/cancel"),
+        ("DELETE", f"/v1/messages/batches/{mine}"),
+        ("GET", f"/v1/messages/batches/{mine}/results"),
+        ("GET", "/v1/messages/batches/msgbatch_missing"),
+    ):
+        assert_envelope(raw(api, method, path, headers={"x-api-key": other}), 404, "not_found_error")
+    shape = {"requests": [req("ok"), req("bad id"), {"custom_id": "c"}, req("ok")]}
+    response = raw(api, "POST", "/v1/messages/batches", json=shape, headers={"x-api-key": key})
+    assert_envelope(response, 400, "invalid_request_error", "3 invalid requests (indices 1-3)")
+    big = {"requests": [req(f"r{i}", system="x" * 2000) for i in range(40)]}  # > 64 KiB
+    assert_envelope(
+        raw(api, "POST", "/v1/messages/batches", json=big, headers={"x-api-key": key}), 413, "request_too_large"
+    )
+    chunked = raw(
+        api, "POST", "/v1/messages/batches", content=iter([json.dumps(big).encode()]), headers={"x-api-key": key}
+    )
+    assert_envelope(chunked, 413, "request_too_large")  # no Content-Length: counted while streaming
+    assert_envelope(
+        raw(api, "POST", "/v1/messages/batches", content=b"{nope", headers={"x-api-key": key}),
+        400,
+        "invalid_request_error",
+        "not valid JSON",
+    )
+    assert_envelope(
+        raw(api, "GET", f"/v1/messages/batches/{mine}/nope", headers={"x-api-key": key}), 404, "not_found_error"
+    )
+    assert_envelope(
+        raw(api, "PUT", f"/v1/messages/batches/{mine}", headers={"x-api-key": key}), 405, "invalid_request_error"
+    )
+    # OpenAI's routes keep OpenAI's envelope.
+    openai_error = raw(api, "GET", "/v1/batches", headers={"Authorization": "Bearer sk-wrong"})
+    assert openai_error.status_code == 401 and openai_error.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_a_batch_cancelled_before_it_was_queued_reports_every_request_canceled(backend: Any) -> None:
+    from tests.conftest import start_server
+    from worker import service
+
+    server, stop = start_server(with_worker=False)  # nothing ingests: the batch stays validating
+    try:
+        client = client_for(server, make_key("acme"))
+        batch = client.messages.batches.create(requests=[req("a"), req("b"), req("c")])
+        assert batch.request_counts.processing == 3
+        canceling = client.messages.batches.cancel(batch.id)
+        assert canceling.processing_status == "canceling" and canceling.cancel_initiated_at is not None
+        assert service.ingest(batch.id) == "cancelling"  # a late ingest leaves it alone
+        assert service.finalize(batch.id) == "cancelled"
+        done = client.messages.batches.retrieve(batch.id)
+        assert done.processing_status == "ended" and (done.request_counts.canceled, counted(done)) == (3, 3)
+        assert {line.custom_id: line.result.type for line in client.messages.batches.results(batch.id)} == {
+            "a": "canceled",
+            "b": "canceled",
+            "c": "canceled",
+        }
+    finally:
+        stop()
