@@ -107,10 +107,17 @@ def _documented(app: FastAPI) -> Callable[[], dict[str, Any]]:
             return app.openapi_schema
         schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
         components = schema.setdefault("components", {}).setdefault("schemas", {})
-        envelope_schema = ErrorResponse.model_json_schema(ref_template="#/components/schemas/{model}")
+        template = "#/components/schemas/{model}"
+        envelope_schema = ErrorResponse.model_json_schema(ref_template=template)
         for name, definition in envelope_schema.pop("$defs", {}).items():
             components.setdefault(name, definition)
         components.setdefault("ErrorResponse", envelope_schema)
+        anthropic_schema = anthropic.AnthropicErrorResponse.model_json_schema(
+            ref_template="#/components/schemas/{model}"
+        )
+        for name, definition in anthropic_schema.pop("$defs", {}).items():
+            components.setdefault(name, definition)
+        components.setdefault("AnthropicErrorResponse", anthropic_schema)
         for route in app.routes:
             if isinstance(route, APIRoute) and route.include_in_schema:
                 for method in route.methods:
@@ -132,6 +139,7 @@ def _document_errors(operation: dict[str, Any], route: APIRoute) -> None:
         statuses.add(400)
     if _requires_key(route.dependant):
         statuses |= {400, 401}
+    envelope_name = "AnthropicErrorResponse" if anthropic.is_anthropic_path(route.path_format) else "ErrorResponse"
     if "{" in route.path_format:
         statuses.add(404)
     if route.methods & {"POST", "PUT", "PATCH"}:
@@ -139,17 +147,18 @@ def _document_errors(operation: dict[str, Any], route: APIRoute) -> None:
     for status in sorted(statuses):
         responses[str(status)] = {
             "description": HTTPStatus(status).phrase,
-            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}},
+            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{envelope_name}"}}},
         }
 
 
 def _requires_key(dependant: Dependant) -> bool:
+    from api.anthropic.deps import principal_dependency as anthropic_principal
     from api.deps import principal_dependency
 
     stack: list[Dependant] = [dependant]
     while stack:
         current = stack.pop()
-        if current.call is principal_dependency:
+        if current.call in (principal_dependency, anthropic_principal):
             return True
         stack.extend(current.dependencies)
     return False

@@ -25,3 +25,6 @@ def _principal(
 
 
 Caller = Annotated[Principal, Depends(_principal)]
+
+
+principal_dependency = _principal  # api/errors.py documents 401 on every route that depends on it

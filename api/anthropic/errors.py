@@ -8,18 +8,37 @@ one) is a 400 here, as Anthropic answers it, where the OpenAI routes say 409.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from fastapi import Request
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 
 from storage.message_batch_lines import error_type
 
 PREFIX = "/v1/messages"
 
 
+class AnthropicErrorDetail(BaseModel):
+    type: str
+    message: str
+
+
+class AnthropicErrorResponse(BaseModel):
+    """Anthropic's error envelope, the body of every 4xx and 5xx on its routes."""
+
+    type: Literal["error"] = "error"
+    error: AnthropicErrorDetail
+
+
+def is_anthropic_path(path: str) -> bool:
+    """True for a path of Anthropic's API."""
+    return path == PREFIX or path.startswith(PREFIX + "/")
+
+
 def is_anthropic(request: Request) -> bool:
     """True for a request to Anthropic's API (its errors leave in Anthropic's envelope)."""
-    path = request.url.path
-    return path == PREFIX or path.startswith(PREFIX + "/")
+    return is_anthropic_path(request.url.path)
 
 
 def envelope(status: int, message: str, *, headers: dict[str, str] | None = None) -> JSONResponse:

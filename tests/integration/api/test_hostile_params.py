@@ -159,16 +159,18 @@ def test_openapi_documents_the_statuses_the_server_answers(server: LiveServer) -
     schema = httpx.get(f"{server.base_url}/openapi.json").json()
     envelope = schema["components"]["schemas"]["ErrorResponse"]
     assert set(envelope["properties"]) == {"error"}
+    assert set(schema["components"]["schemas"]["AnthropicErrorResponse"]["properties"]) == {"type", "error"}
     for path, operations in schema["paths"].items():
         for method, operation in operations.items():
             responses = operation["responses"]
             assert "422" not in responses, (method, path)
             if path != "/health":
                 assert "401" in responses and "400" in responses, (method, path)
+            wanted = "/AnthropicErrorResponse" if path.startswith("/v1/messages") else "/ErrorResponse"
             for status, response in responses.items():
                 if status.startswith(("4", "5")):
                     ref = response["content"]["application/json"]["schema"]["$ref"]
-                    assert ref.endswith("/ErrorResponse"), (method, path, status)
+                    assert ref.endswith(wanted), (method, path, status)
     assert "404" in schema["paths"]["/v1/files/{file_id}"]["get"]["responses"]
     assert "413" in schema["paths"]["/v1/files"]["post"]["responses"]
     assert "409" in schema["paths"]["/v1/batches/{batch_id}/cancel"]["post"]["responses"]

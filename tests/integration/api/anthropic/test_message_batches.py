@@ -259,8 +259,7 @@ def test_results_are_archived_after_their_retention_and_the_batch_stays_visible(
 
     from storage.blobs import get_blob_store
     from storage.db import transaction
-    from storage.files import blob_key_for
-    from storage.models import Batch
+    from storage.models import Batch, File
     from worker import service
 
     client = client_for(api, make_key("acme"))
@@ -268,12 +267,13 @@ def test_results_are_archived_after_their_retention_and_the_batch_stays_visible(
     assert len(results(client, done.id)) == 2
     with transaction() as session:
         output_file_id = session.get(Batch, done.id).output_file_id  # type: ignore[union-attr]
+        key = session.get(File, output_file_id).blob_key  # type: ignore[union-attr]
         session.execute(update(Batch).where(Batch.id == done.id).values(completed_at=int(time.time()) - 29 * 86400 - 1))
-    assert get_blob_store().exists(blob_key_for(output_file_id))
+    assert get_blob_store().exists(key)
     assert service.archive_once() == 2  # the input and the results objects
     archived = client.messages.batches.retrieve(done.id)
     assert archived.archived_at is not None and archived.processing_status == "ended" and counted(archived) == 2
-    assert not get_blob_store().exists(blob_key_for(output_file_id))
+    assert not get_blob_store().exists(key)
     with pytest.raises(anthropic.NotFoundError, match="archived"):
         list(client.messages.batches.results(done.id))
     assert service.archive_once() == 0
