@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: setup run test lint migrate services bench clean
+.PHONY: setup run test lint migrate services bench chaos clean
 
 setup: $(VENV)/.installed
 
@@ -33,6 +33,13 @@ lint: setup
 # The benchmark suite (docs/benchmarks.md): ~15 min on 2 cores; ARGS=--quick for a smoke run.
 bench: setup services
 	$(PY) bench/suite.py $(ARGS)
+
+# The fault-injection suite (docs/chaos.md): seeded runs against its own Postgres, Redis and S3, each checked
+# by the history checker; prints runs x outcomes, writes bench/out/chaos/summary-*.json. ~20 min on 2 cores.
+CHAOS_SEEDS ?= 0-54
+CHAOS_VLLM_SEEDS ?= 1,2,9
+chaos: setup
+	$(PY) -m tests.chaos.main --seeds $(CHAOS_SEEDS) --vllm-seeds "$(CHAOS_VLLM_SEEDS)" $(ARGS)
 
 migrate: setup
 	$(VENV)/bin/backfill migrate
