@@ -16,11 +16,15 @@ from tests.chaos.services import Cluster
 
 
 @pytest.fixture(scope="session")
-def chaos_cluster() -> Iterator[Cluster]:
+def chaos_cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     """Postgres + Redis + moto on free ports, with a migrated template database; all killed at the end."""
     if not glob.glob("/usr/lib/postgresql/*/bin/initdb") or shutil.which("redis-server") is None:
         pytest.skip("the chaos suite needs Postgres' binaries (/usr/lib/postgresql/*/bin) and redis-server")
-    cluster = Cluster.start(Path(tempfile.mkdtemp(prefix="backfill-chaos-")))
+    try:
+        cache = Path(request.config.cache.mkdir("chaos"))  # type: ignore[union-attr]
+    except AttributeError:  # -p no:cacheprovider
+        cache = Path(tempfile.mkdtemp(prefix="backfill-chaos-cache-"))
+    cluster = Cluster.start(Path(tempfile.mkdtemp(prefix="backfill-chaos-")), cache=cache)
     try:
         prepare_template(cluster)
         yield cluster

@@ -23,6 +23,13 @@ from tests.chaos.services import AWS_ENV, Cluster
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "chaos-model"
 EngineKind = Literal["fake", "vllm"]
+# The log line after which each kind of process is in service (a GPU worker: once its engine is loaded).
+READY_MARKERS = {
+    "api": "Application startup complete.",
+    "io": " ready.",
+    "gpu": " ready.",
+    "beat": "beat: Starting...",
+}
 
 
 @dataclass(frozen=True)
@@ -155,17 +162,31 @@ class Deployment:
         }
         for name, args in commands.items():
             self.children[name] = Child(
-                name, [sys.executable, "-m", "worker.cli", *args], process_env(self.env), self.logs, cwd=ROOT
+                name,
+                [sys.executable, "-m", "worker.cli", *args],
+                process_env(self.env),
+                self.logs,
+                cwd=ROOT,
+                ready_marker=READY_MARKERS[name.rstrip("0123456789")],
             )
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.api_port}"
 
-    def start(self) -> None:
+    def start(self, *, timeout: float = 300) -> None:
+        """Start every process and wait until each is in service (the GPU workers' engines loaded)."""
         for child in self.children.values():
             child.start()
-        self.wait_healthy(timeout=60)
+        deadline = time.monotonic() + timeout
+        for child in self.children.values():
+            while not child.ready():
+                if not child.alive():
+                    raise RuntimeError(f"{child.name} exited at start: {child.tail()}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{child.name} not ready after {timeout} s: {child.tail()}")
+                time.sleep(0.1)
+        self.wait_healthy(timeout=30)
 
     def wait_healthy(self, *, timeout: float) -> None:
         """Wait for the API's /health (it needs Postgres); raise with the log if it died."""

@@ -144,6 +144,7 @@ class _Active:
     started_at: float
     repair_at: float
     detail: str
+    restarted: bool = False  # a killed process was started again and is on its way back into service
 
 
 @dataclass
@@ -169,8 +170,9 @@ class Injector:
 
     def tick(self) -> None:
         now = time.time()
-        for active in [a for a in self._active if a.repair_at <= now]:
+        for active in [a for a in self._active if a.repair_at <= now and not a.restarted]:
             self._repair(active)
+        self._watch_restarts()
         for spec in list(self._pending):
             detail = self._triggered(spec, now)
             if detail is not None:
@@ -182,11 +184,20 @@ class Injector:
         """Every fault fired, and every one that gets repaired was."""
         return not self._pending and all(math.isinf(a.spec.down_seconds) for a in self._active)
 
-    def repair_all(self) -> None:
+    def repair_all(self, *, timeout: float = 300) -> None:
         """Repair whatever is still broken (a run that ends early must still be read back)."""
         for active in list(self._active):
-            if not math.isinf(active.spec.down_seconds):
+            if not math.isinf(active.spec.down_seconds) and not active.restarted:
                 self._repair(active)
+        deadline = time.monotonic() + timeout
+        while any(a.restarted for a in self._active) and time.monotonic() < deadline:
+            self._watch_restarts()
+            time.sleep(0.1)
+
+    def _watch_restarts(self) -> None:
+        for active in [a for a in self._active if a.restarted]:
+            if self.deployment.children[active.target].ready():
+                self._ended(active)
 
     def _triggered(self, spec: FaultSpec, now: float) -> str | None:
         trigger = spec.trigger
@@ -220,16 +231,22 @@ class Injector:
     def _repair(self, active: _Active) -> None:
         kind = active.spec.kind
         # Two overlapping faults on one target are repaired once (the second repair finds it running).
-        if kind.startswith("kill_") and not self.deployment.children[active.target].alive():
-            self.deployment.restart(active.target)
-        elif kind == "pg_stop" and not self.cluster.postgres.child.alive():
+        if kind.startswith("kill_"):
+            if not self.deployment.children[active.target].alive():
+                self.deployment.restart(active.target)
+            active.restarted = True  # repaired once it is back in service (`tick` watches its log)
+            return
+        if kind == "pg_stop" and not self.cluster.postgres.child.alive():
             self.cluster.postgres.start()
         elif kind == "redis_kill" and not self.cluster.redis.child.alive():
             self.cluster.redis.start()
         elif kind.startswith("s3_down"):
             self.cluster.s3.proxy.up()
+        self._ended(active)
+
+    def _ended(self, active: _Active) -> None:
         self._active.remove(active)
-        self.log.append(FaultRecord(kind, active.target, active.started_at, time.time(), active.detail))
+        self.log.append(FaultRecord(active.spec.kind, active.target, active.started_at, time.time(), active.detail))
 
     def _target(self, kind: str) -> str:
         if kind in ("kill_gpu", "kill_one_gpu"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import signal
 import sys
 import tempfile
@@ -64,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vllm-seeds", default="", help="runs on the real vLLM demo model, e.g. 1,2,9")
     parser.add_argument("--kinds", default="", help=f"force these scenario kinds in turn (of {', '.join(KINDS)})")
     parser.add_argument("--size", default="default", choices=("small", "default"))
-    parser.add_argument("--stuck-bound", type=float, default=60.0, help="seconds after the faults (default 60)")
+    parser.add_argument("--vllm-size", default="small", choices=("small", "default"))
+    parser.add_argument("--stuck-bound", type=float, default=None, help="seconds after the faults (60 fake, 180 vllm)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "chaos")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)
@@ -74,18 +76,20 @@ def main(argv: list[str] | None = None) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = args.out / stamp
     reports: list[RunReport] = []
-    cluster = Cluster.start(Path(tempfile.mkdtemp(prefix="backfill-chaos-")))
+    cluster = Cluster.start(Path(tempfile.mkdtemp(prefix="backfill-chaos-")), cache=args.out / "cache")
     try:
         prepare_template(cluster)
         for index, (seed, engine) in enumerate(runs):
             kind = kinds[index % len(kinds)] if kinds else None
-            options = RunOptions(engine=engine, size=args.size, stuck_bound_seconds=args.stuck_bound)
+            size = args.size if engine == "fake" else args.vllm_size
+            options = RunOptions(engine=engine, size=size, stuck_bound_seconds=args.stuck_bound)
             report, _ = run_seed(cluster, seed, out=out, options=options, scenario=scenario_for(seed, kind=kind))
             reports.append(report)
             print(table([report]).splitlines()[1], flush=True)
     finally:
         cluster.stop()
         kill_all()
+        shutil.rmtree(cluster.root, ignore_errors=True)
     print()
     print(table(reports))
     summary = {

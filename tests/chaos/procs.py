@@ -55,6 +55,7 @@ class Child:
     log_dir: Path
     cwd: Path | None = None
     user: str | None = None  # run as this user (Postgres refuses to run as root)
+    ready_marker: str | None = None  # a log line that says the process is in service
     starts: int = 0
     popen: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
@@ -93,6 +94,17 @@ class Child:
 
     def alive(self) -> bool:
         return self.popen is not None and self.popen.poll() is None
+
+    def ready(self) -> bool:
+        """Alive, and (if it has a marker) its current log says it is in service."""
+        if not self.alive():
+            return False
+        if self.ready_marker is None:
+            return True
+        try:
+            return self.ready_marker in self.log.read_text(errors="replace")
+        except OSError:
+            return False
 
     def returncode(self) -> int | None:
         return None if self.popen is None else self.popen.poll()

@@ -203,19 +203,24 @@ class S3:
 
 @dataclass
 class Cluster:
-    """Postgres + Redis + S3 for a series of runs; each run gets its own database, Redis db and bucket."""
+    """Postgres + Redis + S3 for a series of runs; each run gets its own database, Redis db and bucket.
+
+    `root` is this cluster's scratch directory; `cache` outlives it (the demo model, vLLM's compile caches).
+    """
 
     root: Path
+    cache: Path
     postgres: Postgres
     redis: Redis
     s3: S3
 
     @classmethod
-    def start(cls, root: Path) -> Cluster:
+    def start(cls, root: Path, *, cache: Path) -> Cluster:
         root.mkdir(parents=True, exist_ok=True)
+        cache.mkdir(parents=True, exist_ok=True)
         for name in ("pg", "redis", "s3"):
             (root / name).mkdir(exist_ok=True)
-        cluster = cls(root, Postgres(root / "pg"), Redis(root / "redis"), S3(root / "s3"))
+        cluster = cls(root, cache, Postgres(root / "pg"), Redis(root / "redis"), S3(root / "s3"))
         try:
             cluster.postgres.init()
             cluster.postgres.start()

@@ -18,7 +18,9 @@ from tests.chaos.main import parse_seeds, table
 from tests.chaos.run import RunOptions, run_seed
 from tests.chaos.services import Cluster
 
-CI_SEEDS = os.environ.get("BACKFILL_CHAOS_SEEDS", "1,4,5,6,7,19")
+pytestmark = pytest.mark.chaos
+
+CI_SEEDS = os.environ.get("BACKFILL_CHAOS_SEEDS", "1,4,19,27")
 CI_SIZE = os.environ.get("BACKFILL_CHAOS_SIZE", "small")
 
 

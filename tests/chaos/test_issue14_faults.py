@@ -19,6 +19,8 @@ from tests.chaos.deployment import MODEL, Timing
 from tests.chaos.run import Stage, staged
 from tests.chaos.services import Cluster
 
+pytestmark = pytest.mark.chaos
+
 TERMINAL = {"completed", "failed", "expired", "cancelled"}
 
 
@@ -54,7 +56,7 @@ def counts(client: openai.OpenAI, batch_id: str) -> tuple[str, int]:
     return batch.status, done
 
 
-ITEM_11 = Timing(lease_seconds=30, reap_interval_seconds=1, run_task_seconds=5)
+ITEM_11 = Timing(lease_seconds=20, reap_interval_seconds=1, run_task_seconds=5)
 
 
 @pytest.mark.xfail(
