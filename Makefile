@@ -35,7 +35,7 @@ bench: setup services
 	$(PY) bench/suite.py $(ARGS)
 
 # The fault-injection suite (docs/chaos.md): seeded runs against its own Postgres, Redis and S3, each checked
-# by the history checker; prints runs x outcomes, writes bench/out/chaos/summary-*.json. ~20 min on 2 cores.
+# by the history checker; prints runs x outcomes, writes bench/out/chaos/summary-*.json. 35-60 min on 2 cores.
 CHAOS_SEEDS ?= 0-54
 CHAOS_VLLM_SEEDS ?= 1,2,9
 chaos: setup
