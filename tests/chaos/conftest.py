@@ -20,10 +20,11 @@ def chaos_cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     """Postgres + Redis + moto on free ports, with a migrated template database; all killed at the end."""
     if not glob.glob("/usr/lib/postgresql/*/bin/initdb") or shutil.which("redis-server") is None:
         pytest.skip("the chaos suite needs Postgres' binaries (/usr/lib/postgresql/*/bin) and redis-server")
+    scratch_cache = None
     try:
         cache = Path(request.config.cache.mkdir("chaos"))  # type: ignore[union-attr]
     except AttributeError:  # -p no:cacheprovider
-        cache = Path(tempfile.mkdtemp(prefix="backfill-chaos-cache-"))
+        cache = scratch_cache = Path(tempfile.mkdtemp(prefix="backfill-chaos-cache-"))
     cluster = Cluster.start(Path(tempfile.mkdtemp(prefix="backfill-chaos-")), cache=cache)
     try:
         prepare_template(cluster)
@@ -32,4 +33,6 @@ def chaos_cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
         cluster.stop()
         kill_all()
         shutil.rmtree(cluster.root, ignore_errors=True)
+        if scratch_cache is not None:
+            shutil.rmtree(scratch_cache, ignore_errors=True)
     assert live_children() == []
