@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: setup run test lint migrate services bench fuzz clean
+.PHONY: setup run test lint migrate services bench fuzz chaos clean
 
 setup: $(VENV)/.installed
 
@@ -39,6 +39,13 @@ bench: setup services
 # the line checker): ~15 min on 2 cores.
 fuzz: setup services
 	BACKFILL_FUZZ_EXAMPLES=200 $(PY) -m pytest tests/integration/api/test_openapi_fuzz.py tests/unit/storage/test_lines_fuzz.py
+
+# The fault-injection suite (docs/chaos.md): seeded runs against its own Postgres, Redis and S3, each checked
+# by the history checker; prints runs x outcomes, writes bench/out/chaos/summary-*.json. 35-60 min on 2 cores.
+CHAOS_SEEDS ?= 0-54
+CHAOS_VLLM_SEEDS ?= 1,2,9
+chaos: setup
+	$(PY) -m tests.chaos.main --seeds $(CHAOS_SEEDS) --vllm-seeds "$(CHAOS_VLLM_SEEDS)" $(ARGS)
 
 migrate: setup
 	$(VENV)/bin/backfill migrate

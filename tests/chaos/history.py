@@ -1,0 +1,280 @@
+"""The history of one chaos run, and the checker that holds it to Backfill's promise.
+
+The promise: nothing accepted is ever lost; every request of a job ends in exactly one line of the
+output or error file, whatever crashes in between. A run's history is what the clients sent (input files,
+with the lines built to fail), what they saw at the end (batch objects, output and error lines), what
+the bucket holds, and what the harness did to the system (the fault log). `check` turns it into findings:
+
+* lost: an input custom_id in neither file of its (terminal) batch;
+* duplicated: a custom_id in more than one line across the two files;
+* unexplained: an error line no fault and no input explains (see `explanation`), or a line built to fail
+  that succeeded;
+* stuck: a batch not terminal, or terminal later than `stuck_bound_seconds` after the faults stopped;
+* orphan: an object in the bucket that no file row owns;
+* other: request_counts or the cost block's tokens disagreeing with the files, malformed lines, a
+  file row without its object, an accepted batch that failed or expired, a batch never downloaded.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
+# Faults that can interrupt a request the engine is running (its lease then lapses and the reaper re-queues
+# it). The reaper gives up on a request interrupted MAX_ATTEMPTS times (worker/reaper.py) with `engine_error`.
+INTERRUPTING_FAULTS = frozenset({"kill_gpu", "kill_one_gpu", "pg_stop"})
+MAX_ATTEMPTS = 3
+
+
+@dataclass(frozen=True)
+class InputLine:
+    """One line a client submitted, and the error code it is built to end with (None: it must succeed)."""
+
+    custom_id: str
+    expect_error: str | None = None
+
+
+@dataclass(frozen=True)
+class InputFile:
+    file_id: str
+    tenant: str
+    lines: tuple[InputLine, ...]
+
+
+@dataclass
+class BatchRecord:
+    """An accepted batch as its client saw it at the end."""
+
+    batch_id: str
+    tenant: str
+    input_file_id: str
+    created_at: float
+    status: str | None = None
+    request_counts: dict[str, int] = field(default_factory=dict)
+    cost: dict[str, Any] | None = None
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    output_lines: list[dict[str, Any]] = field(default_factory=list)
+    error_lines: list[dict[str, Any]] = field(default_factory=list)
+    terminal_at: float | None = None  # when a client first saw it terminal (harness clock)
+    cancel_requested: bool = False
+    downloaded: bool = False
+    unknown_to_client: bool = False  # created by a retried call whose first answer a fault lost
+    problems: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class FaultRecord:
+    """One injected fault: what, on which process, from when until the system was whole again."""
+
+    kind: str
+    target: str
+    started_at: float
+    ended_at: float | None  # None: never repaired (the killed one of two GPU workers)
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class ClientEvent:
+    """A client call that failed and was retried."""
+
+    at: float
+    tenant: str
+    call: str
+    error: str
+    status: int | None = None
+
+
+@dataclass
+class History:
+    seed: int
+    scenario: str
+    started_at: float
+    faults: list[FaultRecord] = field(default_factory=list)
+    inputs: dict[str, InputFile] = field(default_factory=dict)
+    batches: dict[str, BatchRecord] = field(default_factory=dict)
+    objects: list[str] = field(default_factory=list)  # every key in the bucket at the end
+    file_keys: dict[str, str] = field(default_factory=dict)  # blob_key -> file id, for every live file row
+    client_events: list[ClientEvent] = field(default_factory=list)
+
+    @property
+    def faults_over_at(self) -> float:
+        """When the last fault was repaired (the run's start if there was none)."""
+        ends = [fault.ended_at or fault.started_at for fault in self.faults]
+        return max([self.started_at, *ends])
+
+    def interrupting_faults(self) -> int:
+        return sum(1 for fault in self.faults if fault.kind in INTERRUPTING_FAULTS)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: str  # lost, duplicated, unexplained, stuck, orphan, other
+    batch_id: str | None
+    detail: str
+    count: int = 1
+
+
+@dataclass
+class Verdict:
+    findings: list[Finding] = field(default_factory=list)
+
+    def total(self, kind: str) -> int:
+        return sum(finding.count for finding in self.findings if finding.kind == kind)
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+    def summary(self) -> dict[str, int]:
+        return {kind: self.total(kind) for kind in ("lost", "duplicated", "unexplained", "stuck", "orphan", "other")}
+
+    def unexplained_codes(self) -> Counter[str]:
+        return Counter(
+            f.detail.split(":", 1)[0] for f in self.findings if f.kind == "unexplained" for _ in range(f.count)
+        )
+
+
+def explanation(code: str | None, *, line: InputLine, record: BatchRecord, history: History) -> str | None:
+    """Why an error line with `code` may exist, or None if nothing explains it.
+
+    * the line was built to fail with exactly this code (the workload's own bad bodies);
+    * `batch_cancelled`: the client cancelled this batch;
+    * `engine_error` (the reaper gave up on a request): the run had at least MAX_ATTEMPTS faults that can
+      interrupt running work, so one request may really have been interrupted that often;
+    * nothing else: not `duplicate_request` (a handover is never the user's problem), not `engine_error`
+      below that many interruptions, not `batch_expired` (runs end long before a 24 h window), not 5xx codes.
+    """
+    if code is not None and code == line.expect_error:
+        return "built to fail"
+    if code == "batch_cancelled" and record.cancel_requested:
+        return "cancelled by its client"
+    if code == "engine_error" and history.interrupting_faults() >= MAX_ATTEMPTS:
+        return f"{history.interrupting_faults()} interrupting faults"
+    return None
+
+
+def error_code(line: dict[str, Any]) -> str | None:
+    """An error line's code: the `error` object's, else the response body's."""
+    error = line.get("error") or {}
+    if error.get("code"):
+        return str(error["code"])
+    body = (line.get("response") or {}).get("body") or {}
+    inner = body.get("error") if isinstance(body, dict) else None
+    return str(inner["code"]) if isinstance(inner, dict) and inner.get("code") else None
+
+
+def check(history: History, *, stuck_bound_seconds: float = 60.0) -> Verdict:
+    """Every finding of the run (an empty verdict means the promise held)."""
+    verdict = Verdict()
+    for record in history.batches.values():
+        source = history.inputs.get(record.input_file_id)
+        if source is None:
+            verdict.findings.append(Finding("other", record.batch_id, f"input file {record.input_file_id} unknown"))
+            continue
+        _check_stuck(verdict, record, history, stuck_bound_seconds)
+        if record.status not in TERMINAL:
+            continue
+        if not record.downloaded:
+            verdict.findings.append(Finding("other", record.batch_id, "terminal but its files were never read"))
+            continue
+        _check_lines(verdict, record, source, history)
+        _check_counts(verdict, record, source)
+        _check_cost(verdict, record)
+        for problem in record.problems:
+            verdict.findings.append(Finding("other", record.batch_id, problem))
+    _check_objects(verdict, history)
+    return verdict
+
+
+def _check_stuck(verdict: Verdict, record: BatchRecord, history: History, bound: float) -> None:
+    since = max(history.faults_over_at, record.created_at)
+    if record.status not in TERMINAL or record.terminal_at is None:
+        verdict.findings.append(Finding("stuck", record.batch_id, f"still {record.status}"))
+    elif record.terminal_at - since > bound:
+        late = record.terminal_at - since
+        verdict.findings.append(Finding("stuck", record.batch_id, f"{record.status} {late:.0f} s after the faults"))
+
+
+def _check_lines(verdict: Verdict, record: BatchRecord, source: InputFile, history: History) -> None:
+    if record.status in ("failed", "expired"):
+        verdict.findings.append(
+            Finding("other", record.batch_id, f"an accepted batch of valid lines ended {record.status}")
+        )
+    planned = {line.custom_id: line for line in source.lines}
+    if record.cancel_requested and record.status == "cancelled" and not record.request_counts.get("total"):
+        planned = {}  # cancelled while still validating: no request was enqueued, so none has a line
+    seen = Counter(str(line.get("custom_id")) for line in record.output_lines + record.error_lines)
+    lost = [cid for cid in planned if cid not in seen]
+    if lost:
+        verdict.findings.append(Finding("lost", record.batch_id, f"missing {sorted(lost)[:5]}", len(lost)))
+    for cid, times in seen.items():
+        if times > 1:
+            verdict.findings.append(Finding("duplicated", record.batch_id, f"{cid} in {times} lines", times - 1))
+        if cid not in planned:
+            verdict.findings.append(Finding("other", record.batch_id, f"a line for {cid}, which was never submitted"))
+    for line in record.output_lines:
+        cid = str(line.get("custom_id"))
+        if cid in planned and planned[cid].expect_error is not None:
+            message = f"{planned[cid].expect_error}: {cid} succeeded but was built to fail"
+            verdict.findings.append(Finding("unexplained", record.batch_id, message))
+        if not _is_chat_completion(line):
+            verdict.findings.append(Finding("other", record.batch_id, f"malformed output line for {cid}"))
+    for line in record.error_lines:
+        cid = str(line.get("custom_id"))
+        code = error_code(line)
+        if cid not in planned:
+            continue
+        if explanation(code, line=planned[cid], record=record, history=history) is None:
+            message = f"{code}: {cid}: {(line.get('error') or {}).get('message', '')}"[:300]
+            verdict.findings.append(Finding("unexplained", record.batch_id, message))
+
+
+def _is_chat_completion(line: dict[str, Any]) -> bool:
+    from openai.types.chat import ChatCompletion
+    from pydantic import ValidationError
+
+    response = line.get("response") or {}
+    if response.get("status_code") != 200 or line.get("error"):
+        return False
+    try:
+        ChatCompletion.model_validate(response.get("body"))
+    except ValidationError:
+        return False
+    return True
+
+
+def _check_counts(verdict: Verdict, record: BatchRecord, source: InputFile) -> None:
+    counts = record.request_counts
+    enqueued = 0 if record.cancel_requested and not counts.get("total") else len(source.lines)
+    want = {"total": enqueued, "completed": len(record.output_lines), "failed": len(record.error_lines)}
+    got = {name: counts.get(name) for name in want}
+    if got != want:
+        verdict.findings.append(Finding("other", record.batch_id, f"request_counts {got} but the files hold {want}"))
+
+
+def _check_cost(verdict: Verdict, record: BatchRecord) -> None:
+    usage = [((line.get("response") or {}).get("body") or {}).get("usage") or {} for line in record.output_lines]
+    want = {
+        "input_tokens": sum(int(u.get("prompt_tokens", 0)) for u in usage),
+        "output_tokens": sum(int(u.get("completion_tokens", 0)) for u in usage),
+    }
+    cost = record.cost or {}
+    got = {name: int(cost.get(name, 0)) for name in want}
+    if got != want:
+        verdict.findings.append(
+            Finding("other", record.batch_id, f"cost tokens {got} but the output usage sums to {want}")
+        )
+
+
+def _check_objects(verdict: Verdict, history: History) -> None:
+    stored = set(history.objects)
+    for key in sorted(stored - set(history.file_keys)):
+        verdict.findings.append(Finding("orphan", None, f"object {key} belongs to no file row"))
+    for key in sorted(set(history.file_keys) - stored):
+        verdict.findings.append(Finding("other", None, f"file {history.file_keys[key]} has no object {key}"))

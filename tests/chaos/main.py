@@ -1,0 +1,109 @@
+"""`make chaos`: many seeded runs, a table of runs x outcomes, and a JSON summary under bench/out/chaos/.
+
+    python -m tests.chaos.main --seeds 0-49 [--vllm-seeds 1,2,9] [--kinds kill_gpu,pg_stop] [--size small]
+
+Exit status 1 if any run has a finding (lost, duplicated, unexplained, stuck, orphan or other).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import NoReturn
+
+from tests.chaos.deployment import ROOT, EngineKind
+from tests.chaos.faults import KINDS, scenario_for
+from tests.chaos.procs import kill_all
+from tests.chaos.run import RunOptions, RunReport, prepare_template, run_seed
+from tests.chaos.services import Cluster
+
+COLUMNS = ("lost", "duplicated", "unexplained", "stuck", "orphan", "other")
+
+
+def parse_seeds(text: str) -> list[int]:
+    """'0-49', '3,5,8' or a mix ('0-9,20')."""
+    seeds: list[int] = []
+    for part in filter(None, text.split(",")):
+        first, _, last = part.partition("-")
+        seeds += range(int(first), int(last or first) + 1)
+    return seeds
+
+
+def table(reports: list[RunReport]) -> str:
+    """One row per run, one column per outcome, and a total row."""
+    head = f"{'seed':>4} {'engine':6} {'scenario':17} " + " ".join(f"{c[:6]:>6}" for c in COLUMNS)
+    head += f" {'reqs':>5} {'retry':>5} {'secs':>5}  faults"
+    rows = [head]
+    for r in reports:
+        cells = " ".join(f"{r.summary[c]:>6}" for c in COLUMNS)
+        rows.append(
+            f"{r.seed:>4} {r.engine:6} {r.scenario:17} {cells} {r.requests:>5} {r.client_retries:>5} "
+            f"{r.seconds:>5.0f}  {r.faults}"
+        )
+    totals = " ".join(f"{sum(r.summary[c] for r in reports):>6}" for c in COLUMNS)
+    requests = sum(r.requests for r in reports)
+    failed = sum(1 for r in reports if not r.ok)
+    rows.append(f"{'all':>4} {'':6} {f'{len(reports)} runs, {failed} bad':17} {totals} {requests:>5}")
+    return "\n".join(rows)
+
+
+def _terminate(signum: int, _frame: object) -> NoReturn:
+    kill_all()
+    raise SystemExit(128 + signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", default="0-49", help="fake-engine runs, e.g. 0-49 (default) or 3,7")
+    parser.add_argument("--vllm-seeds", default="", help="runs on the real vLLM demo model, e.g. 1,2,9")
+    parser.add_argument("--kinds", default="", help=f"force these scenario kinds in turn (of {', '.join(KINDS)})")
+    parser.add_argument("--size", default="default", choices=("small", "default"))
+    parser.add_argument("--vllm-size", default="small", choices=("small", "default"))
+    parser.add_argument("--stuck-bound", type=float, default=None, help="seconds after the faults (60 fake, 180 vllm)")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "chaos")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)
+    kinds = [kind for kind in args.kinds.split(",") if kind]
+    runs: list[tuple[int, EngineKind]] = [(seed, "fake") for seed in parse_seeds(args.seeds)]
+    runs += [(seed, "vllm") for seed in parse_seeds(args.vllm_seeds)]
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = args.out / stamp
+    reports: list[RunReport] = []
+    cluster = Cluster.start(Path(tempfile.mkdtemp(prefix="backfill-chaos-")), cache=args.out / "cache")
+    try:
+        prepare_template(cluster)
+        for index, (seed, engine) in enumerate(runs):
+            kind = kinds[index % len(kinds)] if kinds else None
+            size = args.size if engine == "fake" else args.vllm_size
+            options = RunOptions(engine=engine, size=size, stuck_bound_seconds=args.stuck_bound)
+            report, _ = run_seed(cluster, seed, out=out, options=options, scenario=scenario_for(seed, kind=kind))
+            reports.append(report)
+            print(table([report]).splitlines()[1], flush=True)
+    finally:
+        cluster.stop()
+        kill_all()
+        shutil.rmtree(cluster.root, ignore_errors=True)
+    print()
+    print(table(reports))
+    summary = {
+        "started": stamp,
+        "runs": [asdict(report) for report in reports],
+        "totals": {c: sum(r.summary[c] for r in reports) for c in COLUMNS},
+        "bad_runs": [r.seed for r in reports if not r.ok],
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"summary-{stamp}.json"
+    path.write_text(json.dumps(summary, indent=1))
+    print(f"\nsummary: {path}\nruns:    {out}")
+    return 1 if summary["bad_runs"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,267 @@
+"""One chaos run: a fresh database, Redis db and bucket, the Backfill processes, the workload, the faults,
+then the history read back and checked.
+
+The main thread runs the injector (it restarts processes); tenants run in threads of their own.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import openai
+import redis
+import sqlalchemy as sa
+
+from storage.models import File
+from tests.chaos.deployment import MODEL, Deployment, EngineKind, Timing, backfill_env, cli, create_keys, vllm_env
+from tests.chaos.faults import Injector, Probe, Scenario, scenario_for
+from tests.chaos.history import History, Verdict, check
+from tests.chaos.services import Cluster
+from tests.chaos.workload import (
+    SIZES,
+    GaveUp,
+    PlannedBatch,
+    TenantClient,
+    collect_unknown,
+    plan_workload,
+    run_tenant,
+)
+
+TEMPLATE_DB = "chaos_template"
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    engine: EngineKind = "fake"
+    size: str = "default"
+    timing: Timing = field(default_factory=Timing)
+    # A batch must be terminal this long after the last fault was repaired. The real engine on these shared
+    # CPUs is much slower than the fake one, so it gets longer.
+    stuck_bound_seconds: float | None = None  # None: 60 s (fake), 180 s (vllm)
+    max_seconds: float = 420.0  # a run that takes longer is cut short (its open batches count as stuck)
+
+    @property
+    def stuck_bound(self) -> float:
+        if self.stuck_bound_seconds is not None:
+            return self.stuck_bound_seconds
+        return 60.0 if self.engine == "fake" else 180.0
+
+    keep_database: bool = False
+
+
+@dataclass
+class RunReport:
+    seed: int
+    scenario: str
+    engine: str
+    faults: str
+    summary: dict[str, int]
+    findings: list[dict[str, Any]]
+    seconds: float
+    client_retries: int
+    requests: int
+    run_dir: str
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+
+def prepare_template(cluster: Cluster) -> None:
+    """A migrated database each run copies (CREATE DATABASE … TEMPLATE is much faster than migrating)."""
+    cluster.postgres.admin(f'DROP DATABASE IF EXISTS "{TEMPLATE_DB}"')
+    cluster.postgres.admin(f'CREATE DATABASE "{TEMPLATE_DB}"')
+    cli("migrate", env={"BACKFILL_DATABASE_URL": cluster.postgres.url(TEMPLATE_DB)}, timeout=120)
+
+
+@dataclass
+class Stage:
+    """One run's private slice of the cluster, with the Backfill processes running on it."""
+
+    cluster: Cluster
+    env: dict[str, str]
+    deployment: Deployment
+    keys: dict[str, str]
+    probe: Probe
+    database: str
+    bucket: str
+
+    def client(self, tenant: str, *, timeout: float = 15) -> openai.OpenAI:
+        """The official SDK for one tenant, with no retries of its own."""
+        return openai.OpenAI(
+            api_key=self.keys[tenant], base_url=f"{self.deployment.base_url}/v1", max_retries=0, timeout=timeout
+        )
+
+    def file_keys(self) -> dict[str, str]:
+        """blob_key -> file id for every live file row."""
+        query = sa.select(File.blob_key, File.id).where(File.deleted_at.is_(None))
+        with self.probe.engine.connect() as conn:
+            return {key: file_id for key, file_id in conn.execute(query)}
+
+
+@contextmanager
+def staged(
+    cluster: Cluster,
+    *,
+    run_dir: Path,
+    label: str,
+    tenants: list[str],
+    engine: EngineKind = "fake",
+    timing: Timing | None = None,
+    gpu_workers: int = 1,
+    planned_requests: int = 1,
+    keep_database: bool = False,
+) -> Iterator[Stage]:
+    """A fresh database (from the migrated template), Redis db and bucket; API keys; the processes started.
+
+    Everything is killed and the database dropped on the way out, whatever happened inside.
+    """
+    suffix = uuid.uuid4().hex[:6]
+    database, bucket = f"chaos_{label}_{suffix}", f"chaos-{label}-{suffix}".replace("_", "-")
+    cluster.postgres.admin(f'CREATE DATABASE "{database}" TEMPLATE "{TEMPLATE_DB}"')
+    cluster.s3.client().create_bucket(Bucket=bucket)  # type: ignore[attr-defined]
+    redis.Redis.from_url(cluster.redis.url()).flushall()
+    env = backfill_env(
+        cluster,
+        database=database,
+        redis_db=0,
+        bucket=bucket,
+        data_dir=run_dir / "data",
+        engine=engine,
+        timing=timing or Timing(),
+        demo_model_cache=cluster.cache,
+    )
+    if engine == "vllm":
+        env.update(vllm_env(cluster.cache))
+    deployment = Deployment(env, run_dir / "logs", gpu_workers=gpu_workers)
+    probe = Probe(env["BACKFILL_DATABASE_URL"], planned_requests=planned_requests)
+    try:
+        keys = create_keys(tenants, env=env)
+        deployment.start()
+        yield Stage(cluster, env, deployment, keys, probe, database, bucket)
+    finally:
+        deployment.stop()
+        probe.close()
+        if not cluster.postgres.child.alive():
+            cluster.postgres.start()
+        if not cluster.redis.child.alive():
+            cluster.redis.start()
+        cluster.s3.proxy.up()
+        if not keep_database:
+            cluster.postgres.admin(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+
+
+def run_seed(
+    cluster: Cluster, seed: int, *, out: Path, options: RunOptions, scenario: Scenario | None = None
+) -> tuple[RunReport, History]:
+    """Run one seed end to end and check it; the processes are gone when this returns."""
+    scenario = scenario or scenario_for(seed)
+    run_dir = out / f"seed-{seed:04d}-{scenario.name}-{options.engine}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    plan = plan_workload(random.Random(f"workload/{seed}"), model=MODEL, size=SIZES[options.size])
+    history = History(seed=seed, scenario=scenario.name, started_at=time.time())
+    with staged(
+        cluster,
+        run_dir=run_dir,
+        label=str(seed),
+        tenants=sorted({p.tenant for p in plan}),
+        engine=options.engine,
+        timing=options.timing,
+        gpu_workers=scenario.gpu_workers,
+        planned_requests=sum(len(p.lines) for p in plan),
+        keep_database=options.keep_database,
+    ) as stage:
+        history.started_at = time.time()
+        injector = Injector(scenario, stage.deployment, cluster, stage.probe, started_at=history.started_at)
+        try:
+            clients = _drive(history, plan, stage, injector, options)
+        finally:
+            history.faults = injector.log
+        for client in clients.values():
+            try:
+                collect_unknown(client, records=history.batches, give_up_at=time.time() + 30)
+            except GaveUp:
+                pass
+            history.client_events += client.events
+        history.objects = cluster.s3.keys(stage.bucket)
+        history.file_keys = stage.file_keys()
+    verdict = check(history, stuck_bound_seconds=options.stuck_bound)
+    report = _report(seed, scenario, options, history, verdict, run_dir, seconds=time.time() - history.started_at)
+    (run_dir / "history.json").write_text(json.dumps(history.to_json(), indent=1, default=str))
+    (run_dir / "report.json").write_text(json.dumps(asdict(report), indent=1))
+    return report, history
+
+
+def _drive(
+    history: History, plan: list[PlannedBatch], stage: Stage, injector: Injector, options: RunOptions
+) -> dict[str, TenantClient]:
+    """Run the tenants in threads while the main thread injects faults; stop them once the run is over."""
+    stop = threading.Event()
+    lock = threading.Lock()
+    give_up_at = history.started_at + options.max_seconds
+    clients = {tenant: TenantClient(tenant, stage.client(tenant), stop) for tenant in stage.keys}
+    threads = [
+        threading.Thread(
+            target=run_tenant,
+            args=(clients[tenant], [p for p in plan if p.tenant == tenant]),
+            kwargs={
+                "started_at": history.started_at,
+                "give_up_at": give_up_at,
+                "inputs": history.inputs,
+                "records": history.batches,
+                "lock": lock,
+            },
+            name=f"chaos-{tenant}",
+            daemon=True,
+        )
+        for tenant in clients
+    ]
+    for thread in threads:
+        thread.start()
+    while any(thread.is_alive() for thread in threads):
+        injector.tick()
+        history.faults = injector.log
+        now = time.time()
+        if now > give_up_at or (injector.done and now > history.faults_over_at + options.stuck_bound + 5):
+            stop.set()  # whatever is still open now is stuck; the checker says so
+        time.sleep(0.1)
+    for thread in threads:
+        thread.join()
+    injector.repair_all()
+    if not stage.deployment.children["api"].alive():
+        stage.deployment.restart("api")
+    stage.deployment.wait_healthy(timeout=30)
+    return clients
+
+
+def _report(
+    seed: int,
+    scenario: Scenario,
+    options: RunOptions,
+    history: History,
+    verdict: Verdict,
+    run_dir: Path,
+    *,
+    seconds: float,
+) -> RunReport:
+    return RunReport(
+        seed=seed,
+        scenario=scenario.name,
+        engine=options.engine,
+        faults=", ".join(f"{f.kind}@{f.started_at - history.started_at:.1f}s" for f in history.faults) or "-",
+        summary=verdict.summary(),
+        findings=[asdict(finding) for finding in verdict.findings],
+        seconds=round(seconds, 1),
+        client_retries=len(history.client_events),
+        requests=sum(len(f.lines) for f in history.inputs.values()),
+        run_dir=str(run_dir),
+    )
