@@ -21,7 +21,7 @@ import openai
 import redis
 import sqlalchemy as sa
 
-from storage.models import File
+from storage.models import Batch, File
 from tests.chaos.deployment import MODEL, Deployment, EngineKind, Timing, backfill_env, cli, create_keys, vllm_env
 from tests.chaos.faults import Injector, Probe, Scenario, scenario_for
 from tests.chaos.history import History, Verdict, check
@@ -102,10 +102,13 @@ class Stage:
         )
 
     def file_keys(self) -> dict[str, str]:
-        """blob_key -> file id for every live file row."""
-        query = sa.select(File.blob_key, File.id).where(File.deleted_at.is_(None))
+        """blob_key -> owner for every object a row owns: live file rows, and batches' manifests."""
+        files = sa.select(File.blob_key, File.id).where(File.deleted_at.is_(None))
+        manifests = sa.select(Batch.manifest_key, Batch.id).where(Batch.manifest_key.is_not(None))
         with self.probe.engine.connect() as conn:
-            return {key: file_id for key, file_id in conn.execute(query)}
+            owned = {key: file_id for key, file_id in conn.execute(files)}
+            owned.update((key, f"manifest of {batch_id}") for key, batch_id in conn.execute(manifests))
+            return owned
 
 
 @contextmanager
