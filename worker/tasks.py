@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 
 from storage.settings import get_settings
-from storage.wakeups import get_waker
 from worker import service, webhooks
 from worker.celery_app import app
 
@@ -26,9 +25,12 @@ def batch_run(model: str) -> bool:
         log.warning("worker serves %s, got a wake-up for %s", ", ".join(feeder.models), model)
         return False
     # Any served model's wake-up runs the feeder: a slot decides which model to serve (and may switch).
-    more = feeder.serve_for(float(get_settings().run_task_seconds))
-    if more and feeder.model is not None:
-        get_waker().send("batch.run", {"model": feeder.model})
+    service.run_task_started()
+    more = False
+    try:
+        more = feeder.serve_for(float(get_settings().run_task_seconds))
+    finally:  # with work left the same worker goes on (its own queue): held work never changes hands
+        service.run_task_ended(model=feeder.model, more=more)
     return more
 
 

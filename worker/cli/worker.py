@@ -47,12 +47,25 @@ def run(args: argparse.Namespace) -> int:
         elif args.model:
             service.serve_models([args.model])
         models = service.worker_models()
-        service.get_feeder().warm()  # load an engine once, before the first task
-        queues = ",".join(f"gpu.{model}" for model in models)
+        feeder = service.get_feeder()
+        feeder.warm()  # load an engine once, before the first task
+        # Each GPU worker also listens on a queue of its own: it wakes itself (liveness heartbeat, the end of
+        # a task with work left), so every live worker stays fed and held work never changes hands.
+        own = f"worker.{service.identity().worker_id}"
+
+        def wake() -> None:
+            app.send_task("batch.run", kwargs={"model": feeder.model or models[0]}, queue=own)
+
+        service.start_liveness(wake=wake)
+        queues = ",".join([*(f"gpu.{model}" for model in models), own])
         argv = ["worker", "-Q", queues, "-P", "solo", "-c", "1", "--prefetch-multiplier", "1"]
     else:
         argv = ["worker", "-Q", "default", "-P", "threads", "-c", "2"]
-    app.worker_main([*argv, "--loglevel", "INFO", "-n", f"{args.role}@%h.{os.getpid()}"])
+    try:
+        app.worker_main([*argv, "--loglevel", "INFO", "-n", f"{args.role}@%h.{os.getpid()}"])
+    finally:
+        if args.role == "gpu":
+            service.shut_down()
     return 0
 
 
