@@ -129,3 +129,26 @@ def test_a_lease_that_lapsed_under_a_live_worker_goes_back_without_using_an_atte
     finally:
         heartbeat.shutdown()
     assert set(statuses(batch_id).values()) == {("queued", None, 0)}
+
+
+def test_a_claim_that_returns_rows_the_worker_already_runs_is_a_re_lease_not_a_new_try(backend: Backend) -> None:
+    batch_id, _ = submit_job([chat(i) for i in range(3)])
+    with transaction() as session:
+        first = claim(session, model="fake-model", worker_id="gpu-a", limit=2, lease_seconds=LEASE_SECONDS)
+    with transaction() as session:  # the reaper re-queued them while gpu-a still runs them
+        session.execute(
+            BatchRequest.__table__.update()
+            .where(BatchRequest.id.in_([item.id for item in first]))
+            .values(status="queued", lease_owner=None, lease_expires_at=None)
+        )
+    with transaction() as session:
+        again = claim(
+            session,
+            model="fake-model",
+            worker_id="gpu-a",
+            limit=3,
+            lease_seconds=LEASE_SECONDS,
+            held={item.id for item in first},
+        )
+    assert {item.id for item in first} < {item.id for item in again}
+    assert sorted(attempts for _, _, attempts in statuses(batch_id).values()) == [1, 1, 1]

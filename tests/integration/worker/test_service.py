@@ -50,9 +50,13 @@ def test_a_batch_whose_last_request_finishes_while_the_broker_is_down_is_finaliz
 
     batch_id, _ = submit_job([chat(i) for i in range(3)])
     set_waker(BrokerDown())
-    runner = service.get_runner("fake-model")
-    while runner.run_for(1.0):  # its last flush calls request_finalize, which cannot wake the io worker
-        pass
-    service._finalizer.submit(lambda: None).result(timeout=30)  # the finalize queued behind it has run
+    service.drop_runners()
+    try:
+        runner = service.get_runner("fake-model")
+        while runner.run_for(1.0):  # its last flush calls request_finalize, which cannot wake the io worker
+            pass
+        service._finalizer.submit(lambda: None).result(timeout=30)  # the finalize queued behind it has run
+    finally:
+        service.drop_runners()  # runners are cached per model name: this registry must not leak into others
     with transaction() as session:
         assert get_batch(session, tenant_id=None, batch_id=batch_id).status == "completed"
