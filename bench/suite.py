@@ -240,6 +240,11 @@ def _worker_rows(w: dict[str, Any]) -> list[dict[str, Any]]:
         *rows,
         entry(f"workers_{most['workers']}_engine_busy_share", most["engine_busy_share"], "time in step / wall"),
         entry(
+            f"workers_{most['workers']}_sessions_waiting_on_locks",
+            most.get("sessions_waiting_on_locks_mean"),
+            "database sessions, mean of 0.2 s samples",
+        ),
+        entry(
             f"workers_{most['workers']}_db_wall_share",
             db_share,
             f"claim+record+renew / wall (1 worker: {round(sum(w['runs'][0]['wall_share'].values()), 3)})",

@@ -129,6 +129,15 @@ def progress(engine: sa.Engine, batch_ids: list[str]) -> dict[str, int]:
         return {tenant: int(n) for tenant, n in conn.execute(query, {"ids": batch_ids})}
 
 
+def waiting_on_locks(engine: sa.Engine) -> int:
+    """Database sessions of this run waiting for a row or relation lock right now (the profile's lock side)."""
+    query = sa.text(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    )
+    with engine.connect() as conn:
+        return int(conn.scalar(query) or 0)
+
+
 def reap_once() -> int:
     from storage.db import transaction
     from worker.reaper import reap
@@ -160,8 +169,10 @@ def run(engine: sa.Engine, *, workers: int, args: argparse.Namespace, kill_at: f
     half: dict[str, int] | None = None
     killed_at = None
     last_reap = 0.0
+    lock_waits: list[int] = []
     while True:
         done = progress(engine, batch_ids)
+        lock_waits.append(waiting_on_locks(engine))
         completed = sum(done.values())
         if half is None and completed >= total / 2:
             half = done
@@ -175,7 +186,7 @@ def run(engine: sa.Engine, *, workers: int, args: argparse.Namespace, kill_at: f
             reap_once()
         if time.perf_counter() - began > args.seconds * 20 + 60:
             raise RuntimeError(f"{label}: only {completed}/{total} done")
-        time.sleep(0.05)
+        time.sleep(0.2)  # the poll itself costs a core share on a small machine
     seconds = time.perf_counter() - began
     stop.set()
     alive = workers - (1 if kill_at is not None else 0)
@@ -208,6 +219,7 @@ def run(engine: sa.Engine, *, workers: int, args: argparse.Namespace, kill_at: f
         # waiting for a core: the load average says how many runnable processes shared this machine's).
         "wall_share": {"claim": where["_top_up"], "record": where["_flush"], "renew": where["_reconcile"]},
         "load_average_1m": round(os.getloadavg()[0], 2),
+        "sessions_waiting_on_locks_mean": round(sum(lock_waits) / max(1, len(lock_waits)), 2),
         "claims_per_worker": [len(set(o["added"])) for o in sorted(outs, key=lambda o: o["index"])],
     }
     if kill_at is not None:
