@@ -6,6 +6,7 @@ running one twice (a duplicate wake-up, a redelivered task) does nothing harmful
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -34,7 +35,9 @@ from worker.slot.feeder import Feeder, make_feeder
 
 log = logging.getLogger(__name__)
 
-_feeders: dict[tuple[str, ...], Feeder] = {}
+# Per model set: the registry entries it was built from, and the feeder. An entry that changed (settings
+# reloaded) gets a new engine; the old one is closed first, so a process never serves a stale spec.
+_feeders: dict[tuple[str, ...], tuple[str, Feeder]] = {}
 _worker_models: list[str] = []  # set by `backfill worker --model/--models`; else the settings decide
 _lock = threading.Lock()
 
@@ -83,12 +86,20 @@ def get_feeder(models: Sequence[str] | None = None) -> Feeder:
     """The process's feeder for `models` (default: the worker's), built on first use (one place decides how)."""
     settings = get_settings()
     names = tuple(models or worker_models())
+    served = settings.served_models()
+    specs = json.dumps([served[name].model_dump(mode="json") if name in served else None for name in names])
     with _lock:
-        if names not in _feeders:
-            started = time.perf_counter()
-            _feeders[names] = make_feeder(names, settings, load=load_engine, on_batch_done=request_finalize)
-            log.info("feeder for %s ready in %.1f s", ", ".join(names), time.perf_counter() - started)
-        return _feeders[names]
+        built = _feeders.get(names)
+        if built is not None and built[0] == specs:
+            return built[1]
+        if built is not None:
+            log.info("registry entry of %s changed: closing its engine", ", ".join(names))
+            _close(built[1])
+        started = time.perf_counter()
+        feeder = make_feeder(names, settings, load=load_engine, on_batch_done=request_finalize)
+        _feeders[names] = (specs, feeder)
+        log.info("feeder for %s ready in %.1f s", ", ".join(names), time.perf_counter() - started)
+        return feeder
 
 
 def get_runner(model: str | None = None) -> Runner:
@@ -118,12 +129,16 @@ def embedded_feeders() -> list[Feeder]:
 def close_engines() -> None:
     """Close every loaded engine (its memory and connections) and forget the feeders."""
     with _lock:
-        feeders = list(_feeders.values())
+        feeders = [feeder for _, feeder in _feeders.values()]
     for feeder in feeders:
-        runner = feeder if isinstance(feeder, Runner) else feeder.runner if isinstance(feeder, EngineSlot) else None
-        if runner is not None:
-            runner.engine.close()
+        _close(feeder)
     drop_runners()
+
+
+def _close(feeder: Feeder) -> None:
+    runner = feeder if isinstance(feeder, Runner) else feeder.runner if isinstance(feeder, EngineSlot) else None
+    if runner is not None:
+        runner.engine.close()
 
 
 def drop_runners() -> None:
