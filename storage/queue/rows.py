@@ -8,7 +8,7 @@ from typing import Any, cast
 
 import orjson
 from psycopg.copy import QueuedLibpqWriter
-from sqlalchemy import ARRAY, String, Table, any_, bindparam, insert, literal, select, text
+from sqlalchemy import String, Table, any_, bindparam, func, insert, literal, select, text
 from sqlalchemy.orm import Session
 
 from storage import lifecycle
@@ -19,10 +19,16 @@ from storage.planning.shapes import request_size
 
 
 def ids_match(session: Session, ids: list[str]) -> Any:
-    """`id IN (...)`; on Postgres one array parameter, so the statement text (and its plan) never varies."""
+    """`id IN (...)`; on Postgres one text parameter split by the server, so the statement text (and its plan)
+    never varies and no array is quoted element by element in Python (a third of a claim's client time)."""
     if session.get_bind().dialect.name == "postgresql":
-        return BatchRequest.id == any_(literal(ids, ARRAY(String)))
+        return BatchRequest.id == any_(id_array(ids))
     return BatchRequest.id.in_(ids)
+
+
+def id_array(ids: list[str]) -> Any:
+    """A Postgres text[] of queue ids sent as one comma-joined string (ids are prefix + hex: no commas)."""
+    return func.string_to_array(literal(",".join(ids), String), literal(",", String))
 
 
 def lock_batches_of(session: Session, *, request_ids: list[str]) -> None:
