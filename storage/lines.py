@@ -10,7 +10,6 @@ reports every bad line with its number.
 from __future__ import annotations
 
 import codecs
-import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -137,12 +136,15 @@ def clip(value: object, limit: int = ECHO_MAX_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-_LONG_NUMBER = re.compile(rb"\d{19}")
+# A 19-digit run, found as a substring once every digit reads "9" and everything else " ": bytes.translate
+# and `in` run in C over a 4 KB line in a few microseconds, a regex search took 35 (40% of ingest's time).
+_DIGITS_AS_NINES = bytes(57 if 48 <= byte <= 57 else 32 for byte in range(256))
+_LONG_NUMBER = b"9" * 19
 
 
 def _may_be_unstorable(raw: bytes) -> bool:
     """Cheap pre-test on the bytes: too few brackets to nest too deep and no 19-digit run: nothing to walk."""
-    return raw.count(b"[") + raw.count(b"{") > LINE_MAX_DEPTH or _LONG_NUMBER.search(raw) is not None
+    return raw.count(b"[") + raw.count(b"{") > LINE_MAX_DEPTH or _LONG_NUMBER in raw.translate(_DIGITS_AS_NINES)
 
 
 def shape_problem(item: Any, *, max_depth: int = LINE_MAX_DEPTH) -> str | None:

@@ -104,7 +104,7 @@ def _stream_into_queue(
         if pending and not errors:
             writer.write(pending)
     if prefixes.late_keys and not errors:
-        set_prefix_keys(session, prefixes.late_keys)
+        set_prefix_keys(session, batch_id=batch.id, keys=prefixes.late_keys)
     if batch.model is None:  # the first line was unreadable at create: the batch fails validation anyway
         batch.model = checker.model
     return len(checker.custom_ids)

@@ -71,32 +71,39 @@ class SharedPrefixes:
     A prefix no other request shares gains nothing from grouping, and its hash would only shuffle the job's
     line order, so such rows keep "" and run in line order. Rows come in as the file streams: the first row
     of a key is given "" and gets the key when a second one arrives, in place while it still waits to be
-    inserted, else through `late_keys` ((row id, key) pairs to UPDATE after streaming: one per shared
+    inserted, else through `late_keys` ((line number, key) pairs to UPDATE after streaming: one per shared
     prefix at most).
+
+    Memory is the one thing that grows with the file here: one entry per distinct prefix, kept as two
+    small ints (the key's first 64 bits and the first row's line number), ~100 bytes where the key and row
+    id strings took ~250 (a 500,000-line file of distinct prompts: 50 MB, not 125).
     """
 
     def __init__(self) -> None:
-        self._first: dict[str, str | None] = {}  # key -> id of its only row so far; None once shared
-        self._waiting: dict[str, dict[str, Any]] = {}  # rows not yet inserted, by id
-        self.late_keys: list[tuple[str, str]] = []
+        self._first: dict[int, int] = {}  # first 64 bits of a key -> line of its only row so far; 0 once shared
+        self._waiting: dict[int, dict[str, Any]] = {}  # rows not yet inserted, by line
+        self.late_keys: list[tuple[int, str]] = []
 
     def assign(self, row: dict[str, Any], key: str) -> None:
-        """Set `row["prefix_key"]` for a row about to be inserted."""
+        """Set `row["prefix_key"]` for a row about to be inserted (line numbers start at 1)."""
         row["prefix_key"] = ""
-        self._waiting[row["id"]] = row
+        self._waiting[row["line"]] = row
         if not key:
             return
-        if key not in self._first:
-            self._first[key] = row["id"]
+        # A 64-bit collision between two distinct prefixes (~1 in 10^8 files of 500,000 lines) would only
+        # group two rows that do not share a prefix: claim order, never correctness.
+        short = int(key[:16], 16) if len(key) >= 16 else hash(key)
+        first = self._first.get(short)
+        if first is None:
+            self._first[short] = row["line"]
             return
         row["prefix_key"] = key
-        first = self._first[key]
-        if first is not None:
+        if first:
             if first in self._waiting:
                 self._waiting[first]["prefix_key"] = key
             else:
                 self.late_keys.append((first, key))
-            self._first[key] = None
+            self._first[short] = 0
 
     def inserted(self) -> None:
         """The rows handed in so far are in the database."""

@@ -108,11 +108,16 @@ def insert_rows(session: Session, rows: list[dict[str, Any]]) -> None:
         writer.write(rows)
 
 
-def set_prefix_keys(session: Session, keys: list[tuple[str, str]]) -> None:
-    """Give already inserted rows their prefix key: the first row of each prefix a later row shared."""
+def set_prefix_keys(session: Session, *, batch_id: str, keys: list[tuple[int, str]]) -> None:
+    """Give already inserted rows their prefix key, by (line number, key): the first row of each prefix a
+    later row of the batch shared."""
     table = cast(Table, BatchRequest.__table__)
-    statement = table.update().where(table.c.id == bindparam("b_id")).values(prefix_key=bindparam("b_key"))
-    session.execute(statement, [{"b_id": row_id, "b_key": key} for row_id, key in keys])
+    statement = (
+        table.update()
+        .where(table.c.batch_id == batch_id, table.c.line == bindparam("b_line"))
+        .values(prefix_key=bindparam("b_key"))
+    )
+    session.execute(statement, [{"b_line": line, "b_key": key} for line, key in keys])
 
 
 _ROW_IDS = IdPool("batch_req_")

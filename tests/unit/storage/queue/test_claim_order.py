@@ -77,12 +77,13 @@ def test_without_prefix_ordering_a_claim_goes_by_deadline() -> None:
 
 def test_a_prefix_key_is_kept_only_once_a_second_row_shares_it() -> None:
     prefixes = SharedPrefixes()
-    rows = [{"id": f"r{i}"} for i in range(6)]
-    for row, key in zip(rows[:3], ["a", "b", "a"], strict=True):
+    rows = [{"line": i + 1} for i in range(6)]
+    a, b, c = (prefix_key_of(CHAT, {"messages": [{"role": "user", "content": text}]}, chars=64) for text in "abc")
+    for row, key in zip(rows[:3], [a, b, a], strict=True):
         prefixes.assign(row, key)
-    prefixes.inserted()  # r0-r2 are in the database now
-    for row, key in zip(rows[3:], ["b", "c", ""], strict=True):
+    prefixes.inserted()  # lines 1-3 are in the database now
+    for row, key in zip(rows[3:], [b, c, ""], strict=True):
         prefixes.assign(row, key)
 
-    assert [row["prefix_key"] for row in rows] == ["a", "", "a", "b", "", ""]
-    assert prefixes.late_keys == [("r1", "b")]  # r1 was inserted before r3 shared its prefix
+    assert [row["prefix_key"] for row in rows] == [a, "", a, b, "", ""]
+    assert prefixes.late_keys == [(2, b)]  # line 2 was inserted before line 4 shared its prefix
