@@ -1,4 +1,4 @@
-"""The part of kustomize infra/k8s uses, in Python: resources, namespace, labels, strategic-merge patches.
+"""The part of kustomize infra/k8s uses, in Python: resources, namespace, labels, images, strategic-merge patches.
 
 CI has no kubectl: the tests render the overlays with this, and compare it with `kubectl kustomize` where
 kubectl is installed (tests/unit/infra/test_k8s_manifests.py), so the two cannot drift apart unnoticed.
@@ -21,7 +21,7 @@ MERGE_KEYS = {
     "volumes": "name",
     "volumeMounts": "mountPath",
 }
-KNOWN_FIELDS = {"apiVersion", "kind", "resources", "namespace", "labels", "patches"}
+KNOWN_FIELDS = {"apiVersion", "kind", "resources", "namespace", "labels", "images", "patches"}
 
 
 def render(directory: Path) -> list[Object]:
@@ -47,11 +47,26 @@ def render(directory: Path) -> list[Object]:
             raise ValueError(f"{directory}: labels support only `pairs` (metadata labels)")
         for item in objects:
             item["metadata"].setdefault("labels", {}).update(entry["pairs"])
+    for image in spec.get("images", []):
+        for container in containers(objects):
+            name, _, tag = container["image"].partition(":")
+            if name == image["name"]:
+                container["image"] = f"{image.get('newName', name)}:{image.get('newTag', tag)}"
     if "namespace" in spec:
         for item in objects:
             if item["kind"] != "Namespace":
                 item["metadata"]["namespace"] = spec["namespace"]
     return objects
+
+
+def containers(objects: list[Object]) -> list[Object]:
+    """Every container and init container of the workloads."""
+    found = []
+    for item in objects:
+        if item["kind"] in {"Deployment", "StatefulSet", "Job"}:
+            spec = item["spec"]["template"]["spec"]
+            found += spec.get("initContainers", []) + spec["containers"]
+    return found
 
 
 def load(path: Path) -> list[Object]:

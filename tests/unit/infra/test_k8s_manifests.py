@@ -38,7 +38,7 @@ def backfill_containers(items: list[Object]) -> list[tuple[Object, Object]]:
         if item["kind"] in {"Deployment", "Job"}:
             spec = item["spec"]["template"]["spec"]
             for container in spec.get("initContainers", []) + spec["containers"]:
-                if container["image"].split(":")[0] == "backfill":
+                if container["image"].split(":")[0].rsplit("/", 1)[-1] == "backfill":
                     found.append((item, container))
     return found
 
