@@ -27,7 +27,7 @@ def batch_run(model: str) -> bool:
         return False
     # Any served model's wake-up runs the feeder: a slot decides which model to serve (and may switch).
     more = feeder.serve_for(float(get_settings().run_task_seconds), stop=shutdown.stopping)
-    if more and feeder.model is not None:
+    if more and feeder.model is not None and not shutdown.stopping.is_set():  # stopping: the hand-back wakes
         get_waker().send("batch.run", {"model": feeder.model})
     return more
 

@@ -10,9 +10,11 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -108,38 +110,54 @@ def ready(port: int) -> int | None:
         return None
 
 
-def test_sigterm_on_a_celery_gpu_worker_hands_its_held_requests_back_at_once(backend: Backend, tmp_path: Path) -> None:
+def wait_until(
+    done: Callable[[], bool], *, workers: list[subprocess.Popen[bytes]], logs: list[Path], seconds: float
+) -> None:
+    deadline = time.monotonic() + seconds
+    while not done():
+        alive = all(worker.poll() is None for worker in workers)
+        assert alive and time.monotonic() < deadline, "\n".join(log.read_text()[-2000:] for log in logs)
+        time.sleep(0.1)
+
+
+def test_sigterm_on_a_celery_gpu_worker_hands_its_held_requests_to_another_worker_at_once(
+    backend: Backend, tmp_path: Path
+) -> None:
     if backend.name != "postgres":
         pytest.skip("the Celery deployment runs on Postgres + Redis")
     redis.Redis.from_url(REDIS_URL).flushdb()
-    batch_id, _ = submit_job([chat(i, max_tokens=5000) for i in range(6)])  # ~100 s each: still running at SIGTERM
-    port, log = free_port(), tmp_path / "gpu.log"
-    env = {
-        **os.environ,
-        **backend.env,
-        "BACKFILL_REDIS_URL": REDIS_URL,
-        "BACKFILL_METRICS_PORT": str(port),
-        "BACKFILL_SHUTDOWN_DRAIN_SECONDS": "0",
-    }
-    gpu = start_worker(["--role", "gpu"], env=env, log=log)
+    batch_id, _ = submit_job([chat(i, max_tokens=5000) for i in range(6)])  # ~100 s each on the stopping worker
+    env = {**os.environ, **backend.env, "BACKFILL_REDIS_URL": REDIS_URL, "BACKFILL_SHUTDOWN_DRAIN_SECONDS": "0"}
+    fast = {**FAKE, "extra": {"step_seconds": 0.0}}  # the other node finishes them in a moment
+    ports, logs = [free_port(), free_port()], [tmp_path / "stopping.log", tmp_path / "other.log"]
+    stopping = start_worker(["--role", "gpu"], env={**env, "BACKFILL_METRICS_PORT": str(ports[0])}, log=logs[0])
+    workers = [stopping]
     try:
-        deadline = time.monotonic() + 60
-        while ready(port) != 200:  # the probe turns ready once the engine is warm and Celery consumes
-            assert gpu.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.2)
+        # The probe turns ready once the engine is warm and Celery consumes.
+        wait_until(lambda: ready(ports[0]) == 200, workers=workers, logs=logs, seconds=60)
         CeleryWaker(REDIS_URL).send("batch.run", {"model": "fake-model"})
-        while {row.status for row in rows(batch_id)} != {"running"}:
-            assert gpu.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.1)
+        wait_until(
+            lambda: {row.status for row in rows(batch_id)} == {"running"}, workers=workers, logs=logs, seconds=30
+        )
+        other_env = {**env, "BACKFILL_METRICS_PORT": str(ports[1]), "BACKFILL_MODELS": json.dumps({"fake-model": fast})}
+        workers.append(start_worker(["--role", "gpu"], env=other_env, log=logs[1]))
+        wait_until(lambda: ready(ports[1]) == 200, workers=workers, logs=logs, seconds=60)
+
         stopped_at = time.monotonic()
-        gpu.send_signal(signal.SIGTERM)
-        gpu.wait(30)  # well inside run_task_seconds (300): the running task stops feeding at once
-        took = time.monotonic() - stopped_at
+        stopping.send_signal(signal.SIGTERM)
+        stopping.wait(30)  # well inside run_task_seconds (300): the running task stops feeding at once
+        exited = time.monotonic() - stopped_at
+        workers.remove(stopping)
+        # No beat runs and the leases last 120 s: only the hand-back's wake-up can bring them over now.
+        wait_until(
+            lambda: {row.status for row in rows(batch_id)} == {"completed"}, workers=workers, logs=logs, seconds=30
+        )
     finally:
-        if gpu.poll() is None:
-            os.killpg(gpu.pid, signal.SIGKILL)
-            gpu.wait(30)
-    assert took < 15, log.read_text()[-3000:]
-    back = rows(batch_id)
-    assert {(row.status, row.attempts, row.lease_owner) for row in back} == {("queued", 0, None)}, log.read_text()
-    assert "6 in-flight requests handed back" in log.read_text()
+        for worker in [stopping, *workers]:
+            if worker.poll() is None:
+                os.killpg(worker.pid, signal.SIGKILL)
+                worker.wait(30)
+    assert exited < 15 and "6 in-flight requests handed back" in logs[0].read_text()
+    done = rows(batch_id)
+    assert [row.attempts for row in done] == [1] * 6  # the interrupted first run did not count
+    assert sorted(row.custom_id for row in done) == [f"r{i}" for i in range(6)]
