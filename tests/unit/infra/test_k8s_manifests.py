@@ -200,3 +200,17 @@ def test_disruption_budgets_and_services_select_the_pods_they_protect(overlay: s
     for budget in budgets.values():
         assert len(selects(budget["spec"]["selector"]["matchLabels"])) == 1
     assert selects(named(rendered, "Service")["backfill-api"]["spec"]["selector"]) == {"backfill-api"}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_scraped_pods_are_named_as_the_compose_scrape_jobs_the_alerts_expect(overlay: str) -> None:
+    jobs = {
+        job["job_name"]
+        for job in yaml.safe_load((INFRA / "prometheus" / "prometheus.yml").read_text())["scrape_configs"]
+    }
+    scraped = {
+        d["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"]
+        for d in named(objects(overlay), "Deployment").values()
+        if d["spec"]["template"]["metadata"].get("annotations", {}).get("prometheus.io/scrape") == "true"
+    }
+    assert scraped == jobs
