@@ -6,7 +6,7 @@ import logging
 
 from storage.settings import get_settings
 from storage.wakeups import get_waker
-from worker import service, webhooks
+from worker import service, shutdown, webhooks
 from worker.celery_app import app
 
 log = logging.getLogger(__name__)
@@ -26,8 +26,8 @@ def batch_run(model: str) -> bool:
         log.warning("worker serves %s, got a wake-up for %s", ", ".join(feeder.models), model)
         return False
     # Any served model's wake-up runs the feeder: a slot decides which model to serve (and may switch).
-    more = feeder.serve_for(float(get_settings().run_task_seconds))
-    if more and feeder.model is not None:
+    more = feeder.serve_for(float(get_settings().run_task_seconds), stop=shutdown.stopping)
+    if more and feeder.model is not None and not shutdown.stopping.is_set():  # stopping: the hand-back wakes
         get_waker().send("batch.run", {"model": feeder.model})
     return more
 

@@ -36,10 +36,13 @@ def run(args: argparse.Namespace) -> int:
         print("backfill: BACKFILL_REDIS_URL must be set to run a Celery worker", file=sys.stderr)
         return 2
     from storage.metrics import serve_metrics
-    from worker import service
+    from worker import readiness, service, shutdown
     from worker.celery_app import app
+    from worker.slot.feeder import Feeder
 
-    serve_metrics(settings.metrics_port if args.metrics_port is None else args.metrics_port, role=f"worker-{args.role}")
+    port = settings.metrics_port if args.metrics_port is None else args.metrics_port
+    serve_metrics(port, role=f"worker-{args.role}", ready=readiness.is_ready)
+    feeder: Feeder | None = None  # an io worker holds no engine work
     if args.role == "gpu":
         if args.models:
             every = list(settings.served_models())
@@ -47,11 +50,13 @@ def run(args: argparse.Namespace) -> int:
         elif args.model:
             service.serve_models([args.model])
         models = service.worker_models()
-        service.get_feeder().warm()  # load an engine once, before the first task
+        feeder = service.get_feeder()
+        feeder.warm()  # load an engine once, before the first task
         queues = ",".join(f"gpu.{model}" for model in models)
         argv = ["worker", "-Q", queues, "-P", "solo", "-c", "1", "--prefetch-multiplier", "1"]
     else:
         argv = ["worker", "-Q", "default", "-P", "threads", "-c", "2"]
+    shutdown.install(feeder, drain_seconds=float(settings.shutdown_drain_seconds))  # SIGTERM hands work back
     app.worker_main([*argv, "--loglevel", "INFO", "-n", f"{args.role}@%h.{os.getpid()}"])
     return 0
 
