@@ -58,6 +58,13 @@ def run(args: argparse.Namespace) -> int:
         argv = ["worker", "-Q", "default", "-P", "threads", "-c", "2"]
     shutdown.install(feeder, drain_seconds=float(settings.shutdown_drain_seconds))  # SIGTERM hands work back
     app.worker_main([*argv, "--loglevel", "INFO", "-n", f"{args.role}@%h.{os.getpid()}"])
+    # Celery returns here after a stop it was asked for (SIGTERM, SIGINT: `shutdown.stopping`) and after
+    # one it chose, on an "Unrecoverable error" (e.g. kombu failing in an ack while Redis restarts); its
+    # exit code does not reach us. The second must exit non-zero, so an `on-failure` restart policy brings
+    # ingest, finalize and the reaper back.
+    if not shutdown.stopping.is_set():
+        print("backfill: the Celery worker stopped on its own (see the log above); exiting 1", file=sys.stderr)
+        return 1
     return 0
 
 
