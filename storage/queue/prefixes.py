@@ -74,18 +74,23 @@ class SharedPrefixes:
     inserted, else through `late_keys` ((line number, key) pairs to UPDATE after streaming: one per shared
     prefix at most).
 
-    Memory is the one thing that grows with the file here: one entry per distinct prefix, kept as two
-    small ints (the key's first 64 bits and the first row's line number), ~100 bytes where the key and row
-    id strings took ~250 (a 500,000-line file of distinct prompts: 50 MB, not 125).
+    Memory stays bounded whatever the file's length: a prefix seen once is remembered as two small ints
+    (its key's first 64 bits, its row's line number), and only the latest `ONCE_MAX` of those; prefixes
+    seen twice are kept as one int each (there are few: they are what grouping is for). A prefix whose
+    second row comes more than `ONCE_MAX` distinct prefixes after its first is treated as unshared: its
+    rows run in line order, which changes claim order only, never what is run.
     """
 
+    ONCE_MAX = 100_000  # ~10 MB
+
     def __init__(self) -> None:
-        self._first: dict[int, int] = {}  # first 64 bits of a key -> line of its only row so far; 0 once shared
+        self._once: dict[int, int] = {}  # first 64 bits of a key seen once -> line of its row (oldest first)
+        self._shared: set[int] = set()
         self._waiting: dict[int, dict[str, Any]] = {}  # rows not yet inserted, by line
         self.late_keys: list[tuple[int, str]] = []
 
     def assign(self, row: dict[str, Any], key: str) -> None:
-        """Set `row["prefix_key"]` for a row about to be inserted (line numbers start at 1)."""
+        """Set `row["prefix_key"]` for a row about to be inserted."""
         row["prefix_key"] = ""
         self._waiting[row["line"]] = row
         if not key:
@@ -93,17 +98,21 @@ class SharedPrefixes:
         # A 64-bit collision between two distinct prefixes (~1 in 10^8 files of 500,000 lines) would only
         # group two rows that do not share a prefix: claim order, never correctness.
         short = int(key[:16], 16) if len(key) >= 16 else hash(key)
-        first = self._first.get(short)
+        if short in self._shared:
+            row["prefix_key"] = key
+            return
+        first = self._once.pop(short, None)
         if first is None:
-            self._first[short] = row["line"]
+            self._once[short] = row["line"]
+            if len(self._once) > self.ONCE_MAX:
+                del self._once[next(iter(self._once))]
             return
         row["prefix_key"] = key
-        if first:
-            if first in self._waiting:
-                self._waiting[first]["prefix_key"] = key
-            else:
-                self.late_keys.append((first, key))
-            self._first[short] = 0
+        self._shared.add(short)
+        if first in self._waiting:
+            self._waiting[first]["prefix_key"] = key
+        else:
+            self.late_keys.append((first, key))
 
     def inserted(self) -> None:
         """The rows handed in so far are in the database."""

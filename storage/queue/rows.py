@@ -8,7 +8,9 @@ from typing import Any, cast
 
 import orjson
 from psycopg.copy import QueuedLibpqWriter
+from psycopg.errors import UniqueViolation
 from sqlalchemy import String, Table, any_, bindparam, func, insert, literal, select, text
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from storage import lifecycle
@@ -62,6 +64,22 @@ _COPY_COLUMNS = (
 )
 
 
+class DuplicateCustomId(Exception):
+    """The queue's unique index on (batch_id, custom_id) refused a row: the file repeats a custom_id."""
+
+
+_UNIQUE_CUSTOM_ID = "uq_batch_requests_batch_id_custom_id"
+
+
+def _is_duplicate_custom_id(error: BaseException) -> bool:
+    if isinstance(error, UniqueViolation):
+        return error.diag.constraint_name == _UNIQUE_CUSTOM_ID
+    if isinstance(error, IntegrityError):  # SQLite names the columns, not the constraint
+        text = str(error.orig)
+        return _UNIQUE_CUSTOM_ID in text or "batch_requests.batch_id, batch_requests.custom_id" in text
+    return False
+
+
 class QueueWriter:
     """Streams new queue rows into the table for one ingest: on Postgres one COPY for the whole file.
 
@@ -70,6 +88,7 @@ class QueueWriter:
     client idled ~40% of an ingest). Rows go through psycopg's queued writer, so even the socket writes
     leave the checking thread. Elsewhere (SQLite) rows go in with executemany per `write`.
     Use as a context manager inside the ingest's savepoint; nothing else may use the session until it ends.
+    A repeated custom_id raises `DuplicateCustomId` (from `write` or on leaving): roll the savepoint back.
     """
 
     def __init__(self, session: Session) -> None:
@@ -92,14 +111,24 @@ class QueueWriter:
         """Add rows (in the order given)."""
         if self._copy is None:
             if rows:
-                self.session.execute(insert(BatchRequest), rows)
+                try:
+                    self.session.execute(insert(BatchRequest), rows)
+                except IntegrityError as error:
+                    if _is_duplicate_custom_id(error):
+                        raise DuplicateCustomId(str(error.orig)) from error
+                    raise
             return
         for row in rows:
             self._copy.write_row([orjson.dumps(row[c]).decode() if c == "body" else row[c] for c in _COPY_COLUMNS])
 
     def __exit__(self, *exc: object) -> None:
         if self._stack is not None:
-            self._stack.__exit__(*exc)  # type: ignore[arg-type]
+            try:
+                self._stack.__exit__(*exc)  # type: ignore[arg-type]
+            except UniqueViolation as error:  # COPY reports it when the copy ends
+                if _is_duplicate_custom_id(error):
+                    raise DuplicateCustomId(str(error)) from error
+                raise
 
 
 def insert_rows(session: Session, rows: list[dict[str, Any]]) -> None:
