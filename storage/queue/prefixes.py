@@ -75,7 +75,8 @@ class SharedPrefixes:
     prefix at most).
 
     Memory stays bounded whatever the file's length: a prefix seen once is remembered as two small ints
-    (its key's first 64 bits, its row's line number), and only the latest `ONCE_MAX` of those; prefixes
+    (its key's first 64 bits, its row's line number), and only the latest `ONCE_MAX` or so of those (two
+    generations of half that size: O(1) per row, where evicting a dict's oldest entry is not); prefixes
     seen twice are kept as one int each (there are few: they are what grouping is for). A prefix whose
     second row comes more than `ONCE_MAX` distinct prefixes after its first is treated as unshared: its
     rows run in line order, which changes claim order only, never what is run.
@@ -84,7 +85,8 @@ class SharedPrefixes:
     ONCE_MAX = 100_000  # ~10 MB
 
     def __init__(self) -> None:
-        self._once: dict[int, int] = {}  # first 64 bits of a key seen once -> line of its row (oldest first)
+        self._once: dict[int, int] = {}  # first 64 bits of a key seen once -> line of its row: this generation
+        self._older: dict[int, int] = {}  # and the one before
         self._shared: set[int] = set()
         self._waiting: dict[int, dict[str, Any]] = {}  # rows not yet inserted, by line
         self.late_keys: list[tuple[int, str]] = []
@@ -103,9 +105,11 @@ class SharedPrefixes:
             return
         first = self._once.pop(short, None)
         if first is None:
+            first = self._older.pop(short, None)
+        if first is None:
             self._once[short] = row["line"]
-            if len(self._once) > self.ONCE_MAX:
-                del self._once[next(iter(self._once))]
+            if len(self._once) >= self.ONCE_MAX // 2:
+                self._older, self._once = self._once, {}
             return
         row["prefix_key"] = key
         self._shared.add(short)
