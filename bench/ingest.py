@@ -94,6 +94,7 @@ def main() -> int:
         "BACKFILL_DATA_DIR": str(out / "ingest-data"),
         "BACKFILL_MODELS": json.dumps({"fake-model": {"path": "fake:", "max_num_seqs": 256}}),
         "BACKFILL_LOG_LEVEL": "WARNING",
+        "MALLOC_ARENA_MAX": "2",  # as infra/Dockerfile runs every Backfill process
         # The operator's raised limits, so the GB-scale run is accepted (the defaults stay OpenAI's).
         "BACKFILL_UPLOAD_MAX_BYTES": str(max(200 * 1024 * 1024, size + 1024 * 1024)),
         "BACKFILL_BATCH_MAX_REQUESTS": str(max(50_000, args.lines)),
