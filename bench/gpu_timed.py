@@ -174,11 +174,14 @@ def measure(engine: Any, *, started: float, ended: float) -> dict[str, Any]:
     """Busy share while sequences waited for a slot, and tokens/s against the roofline of the batches run."""
     steps = list(engine.timeline)
     waited = [i for i, s in enumerate(steps) if s.waiting > 0]
+    # Work waits from the first step until the queue ran dry (the runner's last hand-over to the engine)
+    # or, later, the last step that began with sequences waiting for a slot; the tail after it only drains.
+    until = max(engine.last_added, steps[waited[-1]].ended if waited else 0.0)
+    window = [s for s in steps if s.started < until]
     busy_share = None
-    if waited:  # the stretch from the first to the last step that began with work waiting for a slot
-        window = steps[waited[0] : waited[-1] + 1]
-        span = window[-1].ended - window[0].started
-        busy_share = sum(s.ended - s.started for s in window) / span
+    if len(window) > 1:
+        span = min(until, window[-1].ended) - window[0].started
+        busy_share = sum(min(s.ended, until) - s.started for s in window) / span
     tokens = sum(s.batch for s in steps)
     ideal = sum(s.roofline_seconds for s in steps)
     engine_span = steps[-1].ended - steps[0].started

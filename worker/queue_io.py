@@ -24,6 +24,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -36,6 +37,7 @@ from worker.engine import EngineResult
 log = logging.getLogger(__name__)
 
 MAX_PENDING = 16  # writes (flushes and renewals) queued before `submit` makes the engine thread wait
+MAX_COALESCED = 8  # queued flushes the writer commits in one transaction when the database falls behind
 
 
 @dataclass
@@ -165,29 +167,49 @@ class QueueIO:
 
     def _write_loop(self) -> None:
         while (item := self._writes.get()) is not None:
-            try:
-                if isinstance(item, _Flush):
-                    self._commit(item)
-                else:
-                    self._renew(item)
-            except Exception as error:  # surfaced on the engine thread; this thread keeps serving
-                log.exception("runner database write failed")
+            items: list[_Flush | list[str] | None] = [item]
+            while isinstance(items[-1], _Flush) and len(items) < MAX_COALESCED:
+                try:  # flushes queued behind this one share its transaction (the database fell behind)
+                    items.append(self._writes.get_nowait())
+                except queue.Empty:
+                    break
+            flushes = [flush for flush in items if isinstance(flush, _Flush)]
+            if flushes:
+                self._guarded(self._commit, flushes)
                 with self._lock:
-                    self._errors.append(error)
-            finally:
-                if isinstance(item, _Flush):
-                    with self._lock:
-                        self._uncommitted.pop(id(item), None)  # committed, or dropped: no longer renewed
+                    for flush in flushes:  # committed, or dropped: no longer renewed
+                        self._uncommitted.pop(id(flush), None)
+            for other in items[len(flushes) :]:  # at most one, at the end: a renewal or the stop mark
+                if other is None:
+                    break
+                self._guarded(self._renew, other)
+            for _ in items:
                 self._writes.task_done()
+            if items[-1] is None:
+                return
         self._writes.task_done()
 
-    def _commit(self, flush: _Flush) -> None:
+    def _guarded(self, work: Callable[[Any], None], arg: Any) -> None:
+        try:
+            work(arg)
+        except Exception as error:  # surfaced on the engine thread; this thread keeps serving
+            log.exception("runner database write failed")
+            with self._lock:
+                self._errors.append(error)
+
+    def _commit(self, flushes: list[_Flush]) -> None:
+        """One transaction: each run's latest counters, then every result under the lease check."""
+        latest = {flush.run_id: flush.write_run for flush in flushes}  # counters are cumulative: last wins
+        touched: set[str] = set()
         with transaction() as session:
-            flush.write_run(session)
-            touched = record(session, worker_id=self.worker_id, run_id=flush.run_id, outcomes=flush.outcomes)
-            done = [batch_id for batch_id in touched if not open_count(session, batch_id=batch_id)]
+            for write_run in latest.values():
+                write_run(session)
+            for run_id in latest:
+                outcomes = [o for flush in flushes if flush.run_id == run_id for o in flush.outcomes]
+                touched |= set(record(session, worker_id=self.worker_id, run_id=run_id, outcomes=outcomes))
+            done = [batch_id for batch_id in sorted(touched) if not open_count(session, batch_id=batch_id)]
         with self._lock:
-            self._committed.append(flush.results)
+            self._committed.extend(flush.results for flush in flushes)
         for batch_id in done:
             if self.on_batch_done is not None:
                 self.on_batch_done(batch_id)

@@ -27,7 +27,7 @@ from storage.planning.roofline import (
     step_seconds,
 )
 from storage.settings import ModelSpec
-from worker.engine import EngineResult
+from worker.engine import EngineRequest, EngineResult
 from worker.engine.fake import FakeEngine
 
 PATH = "fake:gpu-timed"  # the registry path that selects this engine
@@ -64,7 +64,13 @@ class TimedFakeEngine(FakeEngine):
         self.shape, self.hardware, self.context = shape, hardware, context
         self.timeline: deque[StepRecord] = deque(maxlen=timeline_steps)  # the benchmark reads it
         self.step_cpu_seconds = 0.0  # CPU the fake itself spent inside steps (not the runner's)
+        self.last_added = 0.0  # perf_counter of the latest `add`
         self._lead = 0.0  # wake this much early: time.sleep oversleeps by ~0.1 ms here
+
+    def add(self, request: EngineRequest) -> EngineResult | None:
+        """`FakeEngine.add`, noting when work last arrived (until then the queue still had work)."""
+        self.last_added = time.perf_counter()
+        return super().add(request)
 
     def step_time(self, batch: int) -> float:
         """The roofline's decode step for `batch` running sequences (0 when nothing runs)."""
