@@ -82,6 +82,7 @@ class QueueIO:
         self._committed: deque[list[EngineResult]] = deque()
         self._lost: set[str] = set()
         self._errors: deque[BaseException] = deque()
+        self._closed = False
         self._threads = [
             threading.Thread(target=self._write_loop, name=f"queue-writer-{model}", daemon=True),
             threading.Thread(target=self._claim_loop, name=f"queue-claimer-{model}", daemon=True),
@@ -103,6 +104,7 @@ class QueueIO:
 
         `write_run(session)` writes the engine run's counters as they were at hand-over (a snapshot).
         """
+        self._check_open()
         self.raise_failure()
         flush = _Flush(run_id, write_run, outcomes, results)
         with self._lock:
@@ -111,10 +113,12 @@ class QueueIO:
 
     def renew(self, request_ids: list[str]) -> None:
         """Queue a renewal of these leases (and those of every result not yet committed)."""
+        self._check_open()
         self._writes.put(list(request_ids))
 
     def request_claim(self, limit: int) -> None:
         """Ask the claimer for up to `limit` rows, unless a claim is already on its way."""
+        self._check_open()
         with self._lock:
             if self._claiming or self._claimed or limit <= 0:
                 return
@@ -157,11 +161,18 @@ class QueueIO:
         self.raise_failure()
 
     def close(self) -> None:
-        """Finish what was handed over, then stop both threads."""
+        """Finish what was handed over, then stop both threads (once; later hand-overs raise)."""
+        if self._closed:
+            return
+        self._closed = True
         self._writes.put(None)
         self._claims.put(None)
         for thread in self._threads:
             thread.join(timeout=30)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"the runner I/O threads of {self.model} are closed (after a hand-back)")
 
     # --- the threads ----------------------------------------------------------------------------------
 

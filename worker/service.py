@@ -124,6 +124,7 @@ def close_engines() -> None:
     for feeder in feeders:
         runner = feeder if isinstance(feeder, Runner) else feeder.runner if isinstance(feeder, EngineSlot) else None
         if runner is not None:
+            runner.close_io()
             runner.engine.close()
     drop_runners()
 

@@ -116,7 +116,8 @@ def test_a_worker_that_dies_before_its_writer_commits_loses_nothing_and_its_late
 
     monkeypatch.setattr(queue_io, "record", stalled_for_w1)
     dying = make_runner("w1")
-    threading.Thread(target=dying.run_for, args=(3.0,), daemon=True).start()
+    serving = threading.Thread(target=dying.run_for, args=(3.0,), daemon=True)
+    serving.start()
     for _ in range(100):  # every request decoded and handed to w1's writer
         if not dying.engine.has_unfinished() and not dying.inflight and statuses(batch_id) == {"running": 12}:
             break
@@ -127,6 +128,7 @@ def test_a_worker_that_dies_before_its_writer_commits_loses_nothing_and_its_late
     run_until_idle(survivor)
     survivor.close_io()
     gate.set()  # w1's stalled commit finally runs: the lease check refuses every result
+    serving.join(timeout=10)
     dying.close_io()
     assert sorted(output_custom_ids(batch_id)) == sorted(f"r{i}" for i in range(12))
     with transaction() as session:
@@ -134,3 +136,17 @@ def test_a_worker_that_dies_before_its_writer_commits_loses_nothing_and_its_late
         owners = set(session.scalars(select(BatchRequest.lease_owner).where(BatchRequest.batch_id == batch_id)))
     assert batch is not None and batch.request_completed == 12 and batch.request_failed == 0
     assert owners <= {"w2", None}
+
+
+def test_a_hand_back_returns_in_flight_rows_and_rows_claimed_but_not_yet_started(backend: Backend) -> None:
+    batch_id = enqueue(20, max_tokens=10**8)  # never finishes on its own
+    runner = make_runner(max_num_seqs=4)
+    runner.run_for(0.5)
+    assert statuses(batch_id) == {"running": 8, "queued": 12}
+    assert runner.io is not None
+    runner.io.request_claim(4)  # a claim the engine has not collected when the switch comes
+    assert runner.hand_back(drain_seconds=0) == 12
+    runner.close_io()
+    assert statuses(batch_id) == {"queued": 20}
+    with pytest.raises(RuntimeError, match="closed"):
+        runner.io.request_claim(1)
