@@ -42,15 +42,23 @@ TENANTS = 4
 BUSY_GOAL, TOKENS_GOAL = 0.98, 0.97
 
 
-def prepare(database_url: str, *, io_thread: bool) -> None:
-    """Point Backfill at the run's Postgres and the GPU-timed fake; migrate once."""
+def prepare(*, io_thread: bool) -> None:
+    """A fresh, migrated Postgres database for one runner mode (so both start alike) and the GPU-timed fake."""
+    from storage.db import get_engine, get_sessionmaker
     from storage.settings import get_settings
+    from worker.cli.migrate import migrate_database
 
-    os.environ["BACKFILL_DATABASE_URL"] = database_url
-    os.environ.setdefault("BACKFILL_DATA_DIR", tempfile.mkdtemp(prefix="gpu-timed-", dir=OUT))
-    os.environ["BACKFILL_MODELS"] = json.dumps({MODEL: {"path": "fake:gpu-timed", "max_num_seqs": 384}})
+    database = fresh_postgres("backfill_gputimed")
+    if database is None:
+        raise SystemExit("this benchmark needs Postgres on 127.0.0.1:5432 (the production queue)")
+    os.environ["BACKFILL_DATABASE_URL"] = database
     os.environ["BACKFILL_RUNNER_IO_THREAD"] = "true" if io_thread else "false"
+    if get_engine.cache_info().currsize:
+        get_engine().dispose()
+    get_engine.cache_clear()
+    get_sessionmaker.cache_clear()
     get_settings.cache_clear()
+    migrate_database()
 
 
 def lines(n: int, *, low: int, high: int, seed: int, tenant: int) -> list[dict[str, Any]]:
@@ -221,8 +229,9 @@ def busy_over_time(steps: list[Any], bin_seconds: float = 0.5) -> list[tuple[flo
     ]
 
 
-def engine_limit(requests: int, *, low: int, high: int, seed: int) -> float:
-    """Requests/s of the same engine fed from memory, with no database: the limit a runner can reach."""
+def engine_limit(requests: int, *, low: int, high: int, seed: int) -> tuple[float, float]:
+    """The same engine fed from memory, no database: (requests/s, the limit a runner can reach; its own
+    roofline ratio, how closely the fake keeps the roofline's time on this machine)."""
     from storage.settings import get_settings
     from worker import service
     from worker.engine import EngineRequest
@@ -236,7 +245,8 @@ def engine_limit(requests: int, *, low: int, high: int, seed: int) -> float:
     started = time.perf_counter()
     while engine.has_unfinished():
         engine.step()
-    return len(work) / (time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    return len(work) / seconds, sum(s.roofline_seconds for s in engine.timeline) / seconds
 
 
 def top_functions(profiler: Any, limit: int = 15) -> list[str]:
@@ -287,18 +297,17 @@ def main() -> int:
     if args.quick:
         args.requests, args.short_requests = 1200, 6000
     OUT.mkdir(exist_ok=True)
-    database = fresh_postgres("backfill_gputimed")
-    if database is None:
-        raise SystemExit("this benchmark needs Postgres on 127.0.0.1:5432 (the production queue)")
-    from worker.cli.migrate import migrate_database
-
     modes = [m for m in args.modes.split(",") if m]
-    prepare(database, io_thread=False)
-    migrate_database()
-    limit = engine_limit(args.short_requests, low=1, high=10, seed=args.seed)
-    result: dict[str, Any] = {"engine_limit_short_requests_per_s": round(limit, 1), "modes": {}}
+    os.environ["BACKFILL_DATA_DIR"] = tempfile.mkdtemp(prefix="gpu-timed-", dir=OUT)
+    os.environ["BACKFILL_MODELS"] = json.dumps({MODEL: {"path": "fake:gpu-timed", "max_num_seqs": 384}})
+    limit, precision = engine_limit(args.short_requests, low=1, high=10, seed=args.seed)
+    result: dict[str, Any] = {
+        "engine_limit_short_requests_per_s": round(limit, 1),
+        "engine_alone_ratio_vs_roofline": round(precision, 4),
+        "modes": {},
+    }
     for mode in modes:
-        prepare(database, io_thread=mode == "thread")
+        prepare(io_thread=mode == "thread")
         long = run(args.requests, low=10, high=1000, seed=args.seed, profile=args.profile)
         short = run(args.short_requests, low=1, high=10, seed=args.seed + 1, profile=args.profile)
         short["requests_ratio_vs_engine_limit"] = round(short["requests_per_s"] / limit, 4)

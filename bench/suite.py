@@ -240,6 +240,11 @@ def gpu_timed_measures(r: dict[str, Any]) -> list[dict[str, Any]]:
             r["short_requests_ratio_vs_engine_limit"],
             f"x the engine fed from memory ({r['engine_limit_short_requests_per_s']} requests/s)",
         ),
+        entry(
+            "gpu_timed_engine_alone_ratio_vs_roofline",
+            r.get("engine_alone_ratio_vs_roofline"),
+            "x roofline (the fake fed from memory: its own timing precision here)",
+        ),
         entry("gpu_timed_outputs_exactly_once", r["all_outputs_ok"], "bool", "true", bool(r["all_outputs_ok"])),
     ]
     base = r["modes"].get(r["baseline_mode"])

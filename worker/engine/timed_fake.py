@@ -32,6 +32,7 @@ from worker.engine.fake import FakeEngine
 
 PATH = "fake:gpu-timed"  # the registry path that selects this engine
 _LEAD_WEIGHT = 0.1  # how fast the wake-up lead follows the measured lateness of `time.sleep`
+_MAX_LEAD = 0.002  # `time.sleep` wakes 0.1-1 ms late on a busy 2-core machine; never wake > 2 ms early
 
 
 @dataclass(frozen=True)
@@ -95,8 +96,10 @@ class TimedFakeEngine(FakeEngine):
         if remaining <= 0:
             return
         time.sleep(remaining)
-        late = time.perf_counter() - deadline
-        self._lead = max(0.0, self._lead + _LEAD_WEIGHT * late)
+        # Learn only the timer's usual lateness: a longer stall (the OS, another thread holding the GIL) is
+        # a real delay and must not be paid back by shorter steps afterwards.
+        late = min(max(time.perf_counter() - deadline, -_MAX_LEAD), _MAX_LEAD)
+        self._lead = min(max(0.0, self._lead + _LEAD_WEIGHT * late), _MAX_LEAD)
 
 
 def from_spec(model: str, spec: ModelSpec) -> TimedFakeEngine:
