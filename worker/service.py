@@ -25,7 +25,7 @@ from storage.queue.rows import refresh_statistics
 from storage.retention import sweep_expired_files
 from storage.settings import Settings, SettingsError, get_settings
 from storage.wakeups import wake_after_commit
-from worker.engine import Engine
+from worker.engine import Engine, timed_fake
 from worker.finalize import finalize_batch
 from worker.ingest import ingest_batch
 from worker.reaper import Reaped, reap
@@ -45,6 +45,8 @@ _lock = threading.Lock()
 def load_engine(settings: Settings, model: str) -> Engine:
     """Build the engine for `model` from the registry (the only path to vLLM)."""
     spec = settings.served_models()[model]
+    if spec.path == timed_fake.PATH:  # the fake timed like the target GPU (benchmarks)
+        return timed_fake.from_spec(model, spec)
     if spec.path.startswith("fake:"):
         from worker.engine.fake import FakeEngine
 
@@ -138,6 +140,7 @@ def close_engines() -> None:
 def _close(feeder: Feeder) -> None:
     runner = feeder if isinstance(feeder, Runner) else feeder.runner if isinstance(feeder, EngineSlot) else None
     if runner is not None:
+        runner.close_io()
         runner.engine.close()
 
 

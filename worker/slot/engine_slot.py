@@ -176,6 +176,7 @@ class EngineSlot:
             started = time.perf_counter()
             requeued = old.hand_back(drain_seconds=float(self.settings.switch_drain_seconds))
             self.runner = None
+            old.close_io()
             old.engine.close()
             del old
             gc.collect()
