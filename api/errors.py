@@ -18,9 +18,14 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from api.anthropic import errors as anthropic
-from storage.errors import BackfillError
+from storage.errors import BackfillError, is_unavailable
 
 log = logging.getLogger(__name__)
+
+RETRY_AFTER_SECONDS = 5
+UNAVAILABLE = (
+    "The service is temporarily unavailable (its database or object storage cannot be reached). Retry shortly."
+)
 
 
 class ErrorDetail(BaseModel):
@@ -85,6 +90,12 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _bug(request: Request, error: Exception) -> JSONResponse:
+        if is_unavailable(error):  # Postgres or S3 down: a retry will do, and the SDKs retry a 503 by themselves
+            log.warning("backing service unavailable: %s: %s", type(error).__name__, str(error)[:300])
+            headers = {"Retry-After": str(RETRY_AFTER_SECONDS)}
+            if anthropic.is_anthropic(request):
+                return anthropic.envelope(503, UNAVAILABLE, headers=headers)
+            return envelope(503, UNAVAILABLE, type_="server_error", code="service_unavailable", headers=headers)
         log.exception("unhandled error")
         if anthropic.is_anthropic(request):
             return anthropic.envelope(500, "Internal server error.")
@@ -138,7 +149,7 @@ def _document_errors(operation: dict[str, Any], route: APIRoute) -> None:
     if responses.pop("422", None) is not None:
         statuses.add(400)
     if _requires_key(route.dependant):
-        statuses |= {400, 401}
+        statuses |= {400, 401, 503}  # 503: the key is looked up in the database, which may be down
     envelope_name = "AnthropicErrorResponse" if anthropic.is_anthropic_path(route.path_format) else "ErrorResponse"
     if "{" in route.path_format:
         statuses.add(404)

@@ -20,12 +20,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def main() -> int:
     from storage import lifecycle
+    from storage.batches import get_batch
     from storage.blobs import get_blob_store
-    from storage.db import get_engine
+    from storage.db import get_engine, transaction
+    from storage.files import tenant_folder
+    from storage.lines import result_line
     from worker.finalize import _SUCCESS, _write
 
     batch_id = sys.argv[1]
     blobs = get_blob_store()
+    with transaction() as session:
+        folder = tenant_folder(session, tenant_id=get_batch(session, tenant_id=None, batch_id=batch_id).tenant_id)
     get_engine().connect().close()  # connect before the baseline, as a running worker would be
     me = psutil.Process()
     baseline = me.memory_info().rss
@@ -44,15 +49,23 @@ def main() -> int:
     thread = threading.Thread(target=sample, daemon=True)
     thread.start()
     started = time.perf_counter()
-    written = _write(blobs, batch_id=batch_id, kind="output", statuses=_SUCCESS)
+    written = _write(
+        blobs,
+        batch_id=batch_id,
+        kind="output",
+        folder=folder,
+        statuses=_SUCCESS,
+        render=result_line,
+        name="output.jsonl",
+    )
     seconds = time.perf_counter() - started
     stop.set()
     thread.join()
     assert written is not None, "the batch has no completed requests"
-    _, size, _ = written
+    _, blob = written
+    size = blob.size
     from sqlalchemy import func, select
 
-    from storage.db import transaction
     from storage.models import BatchRequest
 
     with transaction() as session:

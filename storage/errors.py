@@ -91,3 +91,20 @@ class LinksUnavailable(InvalidRequest):
 
 class ManifestNotFound(NotFound):
     code = "manifest_not_found"
+
+
+def is_unavailable(error: BaseException) -> bool:
+    """Whether `error` means a backing service (Postgres, S3) is unreachable or overloaded right now, so the
+    request may succeed if retried: the API answers 503 with Retry-After instead of a 500."""
+    from botocore.exceptions import ClientError, ConnectionError, HTTPClientError
+    from sqlalchemy.exc import DBAPIError, OperationalError
+    from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+    if isinstance(error, OperationalError | PoolTimeout | ConnectionError | HTTPClientError):
+        return True
+    if isinstance(error, DBAPIError) and error.connection_invalidated:
+        return True
+    if isinstance(error, ClientError):
+        status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        return isinstance(status, int) and status >= 500
+    return False

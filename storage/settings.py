@@ -161,6 +161,9 @@ class Settings(BaseSettings):
     switch_reload_seconds: int = Field(default=120, ge=0)  # a model's load time until one is measured
     switch_check_seconds: int = Field(default=10, ge=1)  # how often the backlog is re-read to decide
     switch_drain_seconds: int = Field(default=30, ge=0)  # in-flight work may finish this long, then goes back
+    # A GPU worker told to stop (SIGTERM) lets in-flight work finish this long, then hands the rest back to
+    # the queue (worker/shutdown.py): keep it well inside the pod's terminationGracePeriodSeconds.
+    shutdown_drain_seconds: int = Field(default=10, ge=0)
 
     # Worker and queue.
     lease_seconds: int = Field(default=120, ge=5)
@@ -176,6 +179,9 @@ class Settings(BaseSettings):
     worker_stale_seconds: int = Field(default=15, ge=3, le=3600)
     worker_slot: str | None = Field(default=None, max_length=64)
     inflight_per_seq: int = Field(default=2, ge=1)
+    # The runner's claims, result commits and lease renewals on threads of their own (worker/queue_io.py),
+    # so a slow transaction never leaves the engine idle between steps (bench/gpu_timed.py measures both).
+    runner_io_thread: bool = False
     # An ingest that fails with an error no line explains is retried after 5, 10, 20 ... s, then fails its batch.
     ingest_max_attempts: int = Field(default=5, ge=1, le=100)
     ingest_retry_seconds: int = Field(default=5, ge=0, le=3600)

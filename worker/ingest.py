@@ -26,7 +26,7 @@ from storage.planning.admission import Admission, admission_check
 from storage.queue.backlog import open_jobs
 from storage.queue.batch_rows import fail_unserved, queued_models
 from storage.queue.prefixes import SharedPrefixes, prefix_key_of
-from storage.queue.rows import QueueWriter, new_row, set_prefix_keys
+from storage.queue.rows import DuplicateCustomId, QueueWriter, new_row, set_prefix_keys
 from storage.settings import Settings
 from storage.tenants import tenant_name
 from worker.metrics import observed_ingest
@@ -49,7 +49,22 @@ def ingest_batch(session: Session, blobs: BlobStore, settings: Settings, *, batc
         return _fail(batch, [LineError(0, "file_not_found", "The input file was deleted.")])
     errors = ProblemList()  # the first PROBLEMS_MAX bad lines and a count of the rest
     savepoint = session.begin_nested()
-    count = _stream_into_queue(session, blobs, settings, batch=batch, blob_key=source.blob_key, errors=errors)
+    # The first pass keeps no set of custom_ids (its memory would grow with the file): the queue's unique
+    # index finds a repeated one. A file with any bad line is read once more with every check, so each bad
+    # line (duplicates included) is reported with its number; such a file never queues anything.
+    try:
+        count = _stream_into_queue(
+            session, blobs, settings, batch=batch, blob_key=source.blob_key, errors=errors, track_duplicates=False
+        )
+    except DuplicateCustomId:
+        errors.add(LineError(0, "duplicate_custom_id", "The file repeats a custom_id."))  # replaced below
+    if errors:
+        savepoint.rollback()
+        errors = ProblemList()
+        savepoint = session.begin_nested()
+        count = _stream_into_queue(
+            session, blobs, settings, batch=batch, blob_key=source.blob_key, errors=errors, track_duplicates=True
+        )
     if not errors and count == 0:
         errors.add(LineError(0, "empty_file", "The input file has no requests."))
     one_model = batch.protocol == OPENAI  # an Anthropic batch may mix models; unserved ones end as 404s
@@ -81,10 +96,17 @@ def _stream_into_queue(
     batch: Batch,
     blob_key: str,
     errors: ProblemList,
+    track_duplicates: bool,
 ) -> int:
     one_model = batch.protocol == OPENAI
     limit = settings.batch_max_requests if one_model else settings.message_batch_max_requests
-    checker = LineChecker(endpoint=batch.endpoint, max_requests=limit, model=batch.model, one_model=one_model)
+    checker = LineChecker(
+        endpoint=batch.endpoint,
+        max_requests=limit,
+        model=batch.model,
+        one_model=one_model,
+        track_duplicates=track_duplicates,
+    )
     pending: list[dict[str, Any]] = []
     prefixes = SharedPrefixes()
     chunks = blobs.open_stream(blob_key, chunk_bytes=settings.stream_chunk_bytes)
@@ -104,10 +126,10 @@ def _stream_into_queue(
         if pending and not errors:
             writer.write(pending)
     if prefixes.late_keys and not errors:
-        set_prefix_keys(session, prefixes.late_keys)
+        set_prefix_keys(session, batch_id=batch.id, keys=prefixes.late_keys)
     if batch.model is None:  # the first line was unreadable at create: the batch fails validation anyway
         batch.model = checker.model
-    return len(checker.custom_ids)
+    return checker.accepted
 
 
 def _admit(session: Session, settings: Settings, *, batch: Batch) -> tuple[Problem | None, list[Problem]]:

@@ -9,6 +9,7 @@ the worker's heartbeat thread (`renew_idle`, worker/liveness.py), and reconciled
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -26,11 +27,12 @@ from storage.db import transaction
 from storage.engine_runs import RunCounters, save_run
 from storage.ids import new_id
 from storage.queue.backlog import has_queued, open_count
-from storage.queue.claim import claim
+from storage.queue.claim import ClaimedRequest, claim
 from storage.queue.results import Outcome, record, release, relet, renew
 from storage.settings import Settings
 from worker.engine import Engine, EngineRequest, EngineResult
 from worker.metrics import probe
+from worker.queue_io import QueueIO
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +108,16 @@ class Runner:
         self._lock = threading.Lock()
         self._dirty = False
         self._queue_backlog = False
+        self.io = (  # database I/O on threads of its own, off the engine's (worker/queue_io.py)
+            QueueIO(
+                model=model,
+                worker_id=self.worker_id,
+                lease_seconds=settings.lease_seconds,
+                on_batch_done=on_batch_done,
+            )
+            if settings.runner_io_thread
+            else None
+        )
 
     @property
     def models(self) -> list[str]:
@@ -169,6 +181,7 @@ class Runner:
             self.engine.abort(left)
             self.urgent.clear()
             self._flush(force=True)
+            left += self._take_unstarted()
             with transaction() as session:
                 released = release(session, worker_id=self.worker_id, request_ids=left)
             self.inflight.clear()
@@ -187,12 +200,17 @@ class Runner:
     def _top_up(self) -> None:
         if (limit := self.engine.dispatch_limit()) is not None:
             self.max_inflight = self.refill_below = limit  # shared mode: the engine's budget decides
+        if self.io is not None and (arrived := self.io.take_claimed()) is not None:
+            self._admit(arrived.rows, asked=arrived.asked)
         if len(self.inflight) >= self.refill_below:
             return
         idle = not self.engine.has_unfinished()
         if not idle and time.monotonic() - self._last_empty_claim < IDLE_CLAIM_SECONDS:
             return  # the queue was empty a moment ago; don't poll it on every step
         want = self.max_inflight - len(self.inflight)
+        if self.io is not None:  # claimed on the claimer thread; the rows arrive at a later top-up
+            self.io.request_claim(want)
+            return
         held = set(self.held())
         with transaction() as session:
             claimed = claim(
@@ -203,6 +221,11 @@ class Runner:
                 lease_seconds=self.settings.lease_seconds,
                 held=held,
             )
+        self._admit(claimed, asked=want)
+
+    def _admit(self, claimed: list[ClaimedRequest], *, asked: int) -> None:
+        """Hand claimed rows to the engine; fewer than `asked` means the queue ran dry for now."""
+        want, held = asked, set(self.held())
         probe(self).claimed(claimed)
         self._queue_backlog = len(claimed) == want
         if len(claimed) < want:
@@ -250,6 +273,8 @@ class Runner:
         self.pending.extend(results)
 
     def _flush(self, *, force: bool) -> None:
+        if self.io is not None:
+            self._collect_io(wait=force)
         due = time.monotonic() - self._last_flush >= FLUSH_SECONDS or len(self.pending) >= FLUSH_RESULTS
         if not (force or due):
             return
@@ -262,6 +287,10 @@ class Runner:
         self.totals.prompt_tokens += sum(result.prompt_tokens for result in results)
         self.totals.completion_tokens += sum(result.completion_tokens for result in results)
         self.totals.finished += len(results)
+        if self.io is not None:  # the writer thread commits it (worker/queue_io.py); the engine steps on
+            del self.pending[: len(results)]
+            self._hand_over(results, wait=force)
+            return
         try:
             with transaction() as session:
                 self._write_run(session)
@@ -284,6 +313,11 @@ class Runner:
                 self.on_batch_done(batch_id)
 
     def _write_run(self, session: Session) -> None:
+        self._run_writer()(session)
+        self._run_written = True
+
+    def _run_writer(self) -> Callable[[Session], None]:
+        """Writes the run's counters as they are now (a snapshot: the writer thread may run it later)."""
         occ, tot = self.occupancy, self.totals
         counters = RunCounters(
             ended_at=now_f(),
@@ -297,8 +331,8 @@ class Runner:
             queued_running_seq_steps=occ.queued_running_seq_steps,
         )
         # A row written before may be gone (a fresh database under a warm runner): save_run inserts it again.
-        save_run(
-            session,
+        return functools.partial(
+            save_run,
             run_id=self.run_id,
             worker_id=self.worker_id,
             model=self.model,
@@ -307,7 +341,6 @@ class Runner:
             counters=counters,
             exists=self._run_written,
         )
-        self._run_written = True
 
     def _renew_if_due(self) -> None:
         if time.monotonic() - self._last_renew >= RENEW_SECONDS:
@@ -319,11 +352,17 @@ class Runner:
         held = self.held()
         if not held:
             return
+        if self.io is not None:  # renewed on the writer thread; leases it finds lost come back via _collect_io
+            self.io.renew(held)
+            return
         lease = self.settings.lease_seconds
         with transaction() as session:
             lost = renew(session, worker_id=self.worker_id, request_ids=held, lease_seconds=lease)
             if lost:
                 lost -= relet(session, worker_id=self.worker_id, request_ids=sorted(lost), lease_seconds=lease)
+        self._drop_lost(lost)
+
+    def _drop_lost(self, lost: set[str]) -> None:
         if lost:
             log.info("aborting %d requests no longer leased (cancelled, expired or leased again)", len(lost))
             self.engine.abort(sorted(lost & self.inflight))
@@ -331,7 +370,38 @@ class Runner:
             self.pending = [result for result in self.pending if result.request_id not in lost]
             self._signal_urgency()
 
+    def _hand_over(self, results: list[EngineResult], *, wait: bool) -> None:
+        """Give one flush to the writer thread; with `wait`, return once it (and all before it) committed."""
+        assert self.io is not None
+        outcomes = [_outcome(result) for result in results]
+        self.io.submit(run_id=self.run_id, write_run=self._run_writer(), outcomes=outcomes, results=results)
+        self._run_written = True
+        if wait:
+            self._collect_io(wait=True)
+
+    def _collect_io(self, *, wait: bool) -> None:
+        """What the I/O threads finished: committed results to the probe, lost leases aborted, errors raised."""
+        assert self.io is not None
+        if wait:
+            self.io.drain()
+        for results in self.io.take_committed():
+            probe(self).flushed(self, results)
+        self._drop_lost(self.io.take_lost() & self.inflight)
+        self.io.raise_failure()
+
+    def _take_unstarted(self) -> list[str]:
+        """Rows a finished claim leased that never reached the engine (a hand-back releases them too)."""
+        arrived = self.io.take_claimed() if self.io is not None else None
+        return [row.id for row in arrived.rows] if arrived is not None else []
+
+    def close_io(self) -> None:
+        """Stop the I/O threads once what was handed to them is done (tests, benchmarks, shutdown)."""
+        if self.io is not None:
+            self.io.close()
+
     def _queue_has_work(self) -> bool:
+        if self.io is not None and self.io.claiming():
+            return True  # a claim is on its way or its rows wait to be handed to the engine
         with transaction() as session:
             return has_queued(session, model=self.model)
 

@@ -6,6 +6,7 @@ running one twice (a duplicate wake-up, a redelivered task) does nothing harmful
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -26,7 +27,7 @@ from storage.retention import sweep_expired_files
 from storage.settings import Settings, SettingsError, get_settings
 from storage.wakeups import get_waker, wake_after_commit
 from storage.workers import WorkerIdentity
-from worker.engine import Engine
+from worker.engine import Engine, timed_fake
 from worker.finalize import finalize_batch
 from worker.ingest import ingest_batch
 from worker.liveness import Heartbeat, SelfWake, make_identity
@@ -37,7 +38,9 @@ from worker.slot.feeder import Feeder, make_feeder
 
 log = logging.getLogger(__name__)
 
-_feeders: dict[tuple[str, ...], Feeder] = {}
+# Per model set: the registry entries it was built from, and the feeder. An entry that changed (settings
+# reloaded) gets a new engine; the old one is closed first, so a process never serves a stale spec.
+_feeders: dict[tuple[str, ...], tuple[str, Feeder]] = {}
 _worker_models: list[str] = []  # set by `backfill worker --model/--models`; else the settings decide
 _lock = threading.Lock()
 _identity: list[WorkerIdentity] = []
@@ -63,7 +66,7 @@ def start_liveness(*, wake: Callable[[], None] | None = None) -> Heartbeat:
     with _lock:
         if _liveness:
             return _liveness[0]
-        feeders = list(_feeders.values())
+        feeders = [feeder for _, feeder in _feeders.values()]
     models = list(dict.fromkeys(model for feeder in feeders for model in feeder.models))
     heartbeat = Heartbeat(
         identity(),
@@ -98,7 +101,7 @@ def stop_liveness() -> None:
 
 def _runners() -> list[Runner]:
     with _lock:
-        feeders = list(_feeders.values())
+        feeders = [feeder for _, feeder in _feeders.values()]
     runners = [
         feeder if isinstance(feeder, Runner) else feeder.runner if isinstance(feeder, EngineSlot) else None
         for feeder in feeders
@@ -124,6 +127,8 @@ def run_task_ended(*, model: str | None, more: bool) -> None:
 def load_engine(settings: Settings, model: str) -> Engine:
     """Build the engine for `model` from the registry (the only path to vLLM)."""
     spec = settings.served_models()[model]
+    if spec.path == timed_fake.PATH:  # the fake timed like the target GPU (benchmarks)
+        return timed_fake.from_spec(model, spec)
     if spec.path.startswith("fake:"):
         from worker.engine.fake import FakeEngine
 
@@ -166,14 +171,20 @@ def get_feeder(models: Sequence[str] | None = None) -> Feeder:
     settings = get_settings()
     names = tuple(models or worker_models())
     worker_id = identity().worker_id
+    served = settings.served_models()
+    specs = json.dumps([served[name].model_dump(mode="json") if name in served else None for name in names])
     with _lock:
-        if names not in _feeders:
-            started = time.perf_counter()
-            _feeders[names] = make_feeder(
-                names, settings, load=load_engine, on_batch_done=request_finalize, worker_id=worker_id
-            )
-            log.info("feeder for %s ready in %.1f s", ", ".join(names), time.perf_counter() - started)
-        return _feeders[names]
+        built = _feeders.get(names)
+        if built is not None and built[0] == specs:
+            return built[1]
+        if built is not None:
+            log.info("registry entry of %s changed: closing its engine", ", ".join(names))
+            _close(built[1])
+        started = time.perf_counter()
+        feeder = make_feeder(names, settings, load=load_engine, on_batch_done=request_finalize, worker_id=worker_id)
+        _feeders[names] = (specs, feeder)
+        log.info("feeder for %s ready in %.1f s", ", ".join(names), time.perf_counter() - started)
+        return feeder
 
 
 def get_runner(model: str | None = None) -> Runner:
@@ -202,9 +213,18 @@ def embedded_feeders() -> list[Feeder]:
 
 def close_engines() -> None:
     """Close every loaded engine (its memory and connections) and forget the feeders."""
-    for runner in _runners():
-        runner.engine.close()
+    with _lock:
+        feeders = [feeder for _, feeder in _feeders.values()]
+    for feeder in feeders:
+        _close(feeder)
     drop_runners()
+
+
+def _close(feeder: Feeder) -> None:
+    runner = feeder if isinstance(feeder, Runner) else feeder.runner if isinstance(feeder, EngineSlot) else None
+    if runner is not None:
+        runner.close_io()
+        runner.engine.close()
 
 
 def drop_runners() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from storage.settings import get_settings
-from worker import service, webhooks
+from worker import service, shutdown, webhooks
 from worker.celery_app import app
 
 log = logging.getLogger(__name__)
@@ -28,9 +28,9 @@ def batch_run(model: str) -> bool:
     service.run_task_started()
     more = False
     try:
-        more = feeder.serve_for(float(get_settings().run_task_seconds))
-    finally:  # with work left the same worker goes on (its own queue): held work never changes hands
-        service.run_task_ended(model=feeder.model, more=more)
+        more = feeder.serve_for(float(get_settings().run_task_seconds), stop=shutdown.stopping)
+    finally:  # with work left the same worker goes on (its own queue); stopping: the hand-back wakes others
+        service.run_task_ended(model=feeder.model, more=more and not shutdown.stopping.is_set())
     return more
 
 

@@ -15,15 +15,24 @@ from storage.batches import get_batch
 from storage.errors import InvalidRequest
 from storage.finance.job_cost import batch_cost_json
 from storage.lines import clip
-from storage.planning.roofline import BOUNDS, GB, HARDWARE_PRESETS, Hardware, ModelShape, plan
+from storage.planning.roofline import (
+    BOUNDS,
+    EXAMPLE_CONTEXT,
+    EXAMPLE_HARDWARE,
+    GB,
+    HARDWARE_PRESETS,
+    LLAMA_70B_FP8,
+    Hardware,
+    ModelShape,
+    plan,
+)
 
 router = APIRouter()
 router.include_router(organization.router)
 
-# The worked example of shared/inference-economics.txt: Llama 3.1 70B in FP8, 4,096-token context.
-EXAMPLE_WEIGHTS_GB = 70.6
-EXAMPLE_KV_BYTES_PER_TOKEN = 327680.0
-EXAMPLE_HARDWARE = "8xH100-SXM"
+# The worked example of shared/inference-economics.txt (storage/planning/roofline.py): Llama 3.1 70B in FP8.
+EXAMPLE_WEIGHTS_GB = LLAMA_70B_FP8.weight_bytes / GB
+EXAMPLE_KV_BYTES_PER_TOKEN = LLAMA_70B_FP8.kv_bytes_per_token
 
 
 @router.get("/v1/batches/{batch_id}/cost", tags=["batches"], response_model=dict[str, Any])
@@ -55,7 +64,7 @@ def planner(
     hardware: Annotated[str, Query(max_length=64)] = EXAMPLE_HARDWARE,
     gpus: Annotated[int | None, _query("gpus")] = None,
     gpu_hour_usd: Annotated[Decimal | None, _query("gpu_hour_usd")] = None,
-    context: Annotated[int, _query("context")] = 4096,
+    context: Annotated[int, _query("context")] = EXAMPLE_CONTEXT,
     batch_sizes: Annotated[str | None, Query(max_length=1024, description="Up to 64 comma-separated sizes.")] = None,
 ) -> dict[str, Any]:
     """The roofline: cost per 1M tokens and TPOT by batch size. Defaults to the worked example (Llama 3.1

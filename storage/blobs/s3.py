@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import base64
 import hashlib
+from collections import deque
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import boto3
@@ -15,6 +17,7 @@ from storage.blobs import StoredBlob
 from storage.metrics.events import count_s3_error
 
 _S3_ERRORS = (BotoCoreError, ClientError)
+PARTS_IN_FLIGHT = 2  # parts being sent while the next is read: ~3 parts (48 MiB) of memory per upload
 
 
 class S3BlobStore:
@@ -46,13 +49,17 @@ class S3BlobStore:
             self.client.create_bucket(Bucket=self.bucket)
 
     def put_stream(self, key: str, chunks: Iterable[bytes]) -> StoredBlob:
-        """Upload chunks to `key`: one PUT if small, else a multipart upload part by part."""
+        """Upload chunks to `key`: one PUT if small, else a multipart upload whose parts go out while the next
+        ones are read (at most `PARTS_IN_FLIGHT` parts sent at once, so memory stays a few parts)."""
         digest = hashlib.sha256()
         size = 0
         buffer = bytearray()
         upload_id: str | None = None
+        sending: deque[Future[dict[str, Any]]] = deque()
         parts: list[dict[str, Any]] = []
+        pool = ThreadPoolExecutor(max_workers=PARTS_IN_FLIGHT, thread_name_prefix="s3-part")
         try:
+            number = 0
             for chunk in chunks:
                 digest.update(chunk)
                 size += len(chunk)
@@ -64,21 +71,32 @@ class S3BlobStore:
                         )["UploadId"]
                     part = bytes(buffer[: self.part_bytes])
                     del buffer[: self.part_bytes]
-                    parts.append(self._upload_part(key, upload_id, len(parts) + 1, part))
+                    if len(sending) >= PARTS_IN_FLIGHT:
+                        parts.append(sending.popleft().result())
+                    number += 1
+                    sending.append(pool.submit(self._upload_part, key, upload_id, number, part))
             if upload_id is None:
                 self.client.put_object(Bucket=self.bucket, Key=key, Body=bytes(buffer), ChecksumSHA256=_b64sha(buffer))
             else:
-                if buffer or not parts:
-                    parts.append(self._upload_part(key, upload_id, len(parts) + 1, bytes(buffer)))
+                if buffer or number == 0:
+                    number += 1
+                    sending.append(pool.submit(self._upload_part, key, upload_id, number, bytes(buffer)))
+                while sending:
+                    parts.append(sending.popleft().result())
                 self.client.complete_multipart_upload(
                     Bucket=self.bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
                 )
         except BaseException as error:
             if isinstance(error, _S3_ERRORS):
                 count_s3_error("put")
+            for future in sending:
+                future.cancel()
+            pool.shutdown(wait=True)  # no part may land after the abort
             if upload_id is not None:
                 self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
             raise
+        finally:
+            pool.shutdown(wait=True)
         return StoredBlob(key=key, size=size, sha256=digest.hexdigest())
 
     def _upload_part(self, key: str, upload_id: str, number: int, data: bytes) -> dict[str, Any]:

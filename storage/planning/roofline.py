@@ -197,6 +197,13 @@ HARDWARE_PRESETS: dict[str, Hardware] = {
 }
 
 
+# The worked example of shared/inference-economics.txt, and the target the GPU-timed fake engine is timed
+# after: Llama 3.1 70B in FP8 (70.6 GB of weights, 320 KiB of KV cache per token), 4,096-token context.
+LLAMA_70B_FP8 = ModelShape(weight_bytes=70.6e9, kv_bytes_per_token=327680.0)
+EXAMPLE_CONTEXT = 4096
+EXAMPLE_HARDWARE = "8xH100-SXM"
+
+
 @dataclass(frozen=True)
 class PlanRow:
     """The roofline at one batch size."""

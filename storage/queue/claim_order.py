@@ -18,13 +18,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ARRAY, Select, String, all_, func, literal, or_, select, true
+from sqlalchemy import Select, all_, func, or_, select, true
 from sqlalchemy.orm import Session
 
 from storage import lifecycle
 from storage.clock import now
 from storage.models import Batch, BatchRequest
 from storage.planning.throughput import drain_seconds
+from storage.queue.rows import id_array
 from storage.settings import Settings
 
 HORIZON_MAX_AGE_SECONDS = 15.0
@@ -184,7 +185,7 @@ def _not_picked(session: Session, ids: list[str]) -> Any:
     if not ids:
         return true()
     if session.get_bind().dialect.name == "postgresql":
-        return BatchRequest.id != all_(literal(ids, ARRAY(String)))
+        return BatchRequest.id != all_(id_array(ids))
     return BatchRequest.id.not_in(ids)
 
 

@@ -16,7 +16,7 @@ from sqlalchemy import Table, bindparam, select, text, update
 from sqlalchemy.orm import Session
 
 from storage import lifecycle
-from storage.batches import add_counts
+from storage.batches import add_counts_of
 from storage.clock import now_f
 from storage.models import BatchRequest
 from storage.queue.rows import ids_match, lock_batches_of
@@ -90,8 +90,7 @@ def record(session: Session, *, worker_id: str, run_id: str, outcomes: list[Outc
     counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for batch_id, status in stored:
         counts[batch_id][0 if status == lifecycle.REQ_COMPLETED else 1] += 1
-    for batch_id, (completed, failed) in counts.items():
-        add_counts(session, batch_id=batch_id, completed=completed, failed=failed)
+    add_counts_of(session, {batch_id: (completed, failed) for batch_id, (completed, failed) in counts.items()})
     return {batch_id: completed + failed for batch_id, (completed, failed) in counts.items()}
 
 
@@ -99,13 +98,14 @@ def _final_status(outcome: Outcome) -> str:
     return lifecycle.REQ_COMPLETED if 200 <= outcome.status_code < 300 else lifecycle.REQ_FAILED
 
 
-# Postgres: every result in one statement. The rows travel as one JSON document, except the response
-# bodies: json_to_recordset decodes escapes and refuses "\u0000" (which a model can emit), so bodies go as a
-# text[] (the json type keeps them verbatim) zipped to the rows by position.
+# Postgres: every result in one statement. The rows travel as one JSON document, the response bodies as a
+# second one, a JSON array zipped to the rows by position: json_to_recordset would decode a body's escapes
+# and refuse "\u0000" (which a model can emit), while json_array_elements hands each element over as json,
+# verbatim.
 _STORE_JSON = text(
     """
     UPDATE batch_requests AS r SET
-        status = v.status, response_status = v.code, response_body = CAST(b.body AS json),
+        status = v.status, response_status = v.code, response_body = b.body,
         error_code = v.error_code, error_message = v.error_message, prompt_tokens = v.prompt,
         completion_tokens = v.completion, cached_tokens = v.cached, engine_seconds = v.seconds, run_id = :run_id,
         lease_owner = NULL, lease_expires_at = NULL, finished_at = :finished
@@ -113,7 +113,7 @@ _STORE_JSON = text(
             id text, status text, code int, error_code text, error_message text,
             prompt int, completion int, cached int, seconds float8
         )) WITH ORDINALITY AS v(id, status, code, error_code, error_message, prompt, completion, cached, seconds, n),
-        unnest(CAST(:bodies AS text[])) WITH ORDINALITY AS b(body, n)
+        json_array_elements(CAST(:bodies AS json)) WITH ORDINALITY AS b(body, n)
     WHERE b.n = v.n AND r.id = v.id AND r.status = :running AND r.lease_owner = :worker_id
     RETURNING r.batch_id, r.status
     """
@@ -137,7 +137,7 @@ def _store_json(session: Session, *, worker_id: str, run_id: str, outcomes: list
     ]
     params = {
         "rows": orjson.dumps(rows).decode(),
-        "bodies": [orjson.dumps(o.body).decode() for o in outcomes],
+        "bodies": (b"[" + b",".join(orjson.dumps(o.body) for o in outcomes) + b"]").decode(),
         "run_id": run_id,
         "finished": now_f(),
         "running": lifecycle.REQ_RUNNING,

@@ -36,10 +36,13 @@ def run(args: argparse.Namespace) -> int:
         print("backfill: BACKFILL_REDIS_URL must be set to run a Celery worker", file=sys.stderr)
         return 2
     from storage.metrics import serve_metrics
-    from worker import service
+    from worker import readiness, service, shutdown
     from worker.celery_app import app
+    from worker.slot.feeder import Feeder
 
-    serve_metrics(settings.metrics_port if args.metrics_port is None else args.metrics_port, role=f"worker-{args.role}")
+    port = settings.metrics_port if args.metrics_port is None else args.metrics_port
+    serve_metrics(port, role=f"worker-{args.role}", ready=readiness.is_ready)
+    feeder: Feeder | None = None  # an io worker holds no engine work
     if args.role == "gpu":
         if args.models:
             every = list(settings.served_models())
@@ -54,18 +57,25 @@ def run(args: argparse.Namespace) -> int:
         own = f"worker.{service.identity().worker_id}"
 
         def wake() -> None:
-            app.send_task("batch.run", kwargs={"model": feeder.model or models[0]}, queue=own)
+            app.send_task("batch.run", kwargs={"model": feeder.model if feeder.model else models[0]}, queue=own)
 
         service.start_liveness(wake=wake)
         queues = ",".join([*(f"gpu.{model}" for model in models), own])
         argv = ["worker", "-Q", queues, "-P", "solo", "-c", "1", "--prefetch-multiplier", "1"]
     else:
         argv = ["worker", "-Q", "default", "-P", "threads", "-c", "2"]
+    shutdown.install(feeder, drain_seconds=float(settings.shutdown_drain_seconds))  # SIGTERM hands work back
     try:
         app.worker_main([*argv, "--loglevel", "INFO", "-n", f"{args.role}@%h.{os.getpid()}"])
     finally:
-        if args.role == "gpu":
-            service.shut_down()
+        service.stop_liveness()  # after the hand-back: drop the heartbeat row, nobody waits for it to go stale
+    # Celery returns here after a stop it was asked for (SIGTERM, SIGINT: `shutdown.stopping`) and after
+    # one it chose, on an "Unrecoverable error" (e.g. kombu failing in an ack while Redis restarts); its
+    # exit code does not reach us. The second must exit non-zero, so an `on-failure` restart policy brings
+    # ingest, finalize and the reaper back.
+    if not shutdown.stopping.is_set():
+        print("backfill: the Celery worker stopped on its own (see the log above); exiting 1", file=sys.stderr)
+        return 1
     return 0
 
 

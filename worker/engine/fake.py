@@ -73,15 +73,17 @@ class FakeEngine:
         self.steps = 0
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []
+        self._live: set[str] = set()  # ids waiting or running: the duplicate check stays O(1) at 768 in flight
         self._cached_prefixes: set[str] = set()  # a prefix cache stand-in: chat prefixes (all but the last message)
 
     def add(self, request: EngineRequest) -> EngineResult | None:
         """Validate and queue a request; a body that cannot run comes back as an error result."""
         try:
-            if request.request_id in {s.request_id for s in (*self._waiting, *self._running)}:
+            if request.request_id in self._live:
                 raise BodyError(f"request {request.request_id!r} is already in flight", code="duplicate_request")
             body = parse_body(request.url, request.body)
             self._waiting.append(self._sequence(request.request_id, request.url, body))
+            self._live.add(request.request_id)
         except BodyError as error:
             return error.to_result(request.request_id)
         return None
@@ -91,19 +93,29 @@ class FakeEngine:
         self.steps += 1
         if self.step_seconds:
             time.sleep(self.step_seconds)
+        self._admit()
+        return self._decode()
+
+    def _admit(self) -> None:
+        """Move waiting requests into free slots (FIFO), as a step of vLLM's scheduler does first."""
         while self._waiting and len(self._running) < self.max_num_seqs:
             self._running.append(self._waiting.popleft())
+
+    def _decode(self) -> list[EngineResult]:
+        """One token for every running request; those that reach their length leave with a result."""
         finished: list[EngineResult] = []
         for sequence in list(self._running):
             sequence.decoded += 1
             if sequence.decoded >= sequence.tokens_to_decode:
                 self._running.remove(sequence)
+                self._live.discard(sequence.request_id)
                 finished.append(self._result(sequence))
         return finished
 
     def abort(self, request_ids: list[str]) -> None:
         """Drop requests wherever they are; they produce no result."""
         doomed = set(request_ids)
+        self._live -= doomed
         self._waiting = deque(s for s in self._waiting if s.request_id not in doomed)
         self._running = [s for s in self._running if s.request_id not in doomed]
 

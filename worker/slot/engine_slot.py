@@ -128,6 +128,11 @@ class EngineSlot:
                     self._next_check = 0.0  # the loaded model ran dry: decide at once
             return True
 
+    def hand_back(self, *, drain_seconds: float) -> int:
+        """Hand the loaded model's in-flight work back (a worker stopping); the engine stays loaded."""
+        with self._lock:
+            return self.runner.hand_back(drain_seconds=drain_seconds) if self.runner is not None else 0
+
     def check(self) -> Decision:
         """Read the backlog (one short transaction), decide, log, and switch if the rule says so."""
         with self._lock:
@@ -173,6 +178,7 @@ class EngineSlot:
             started = time.perf_counter()
             requeued = old.hand_back(drain_seconds=float(self.settings.switch_drain_seconds))
             self.runner = None
+            old.close_io()
             old.engine.close()
             del old
             gc.collect()

@@ -34,6 +34,10 @@ class Feeder(Protocol):
         """Feed and step for up to `seconds`; False once none of its models has work."""
         ...
 
+    def hand_back(self, *, drain_seconds: float) -> int:
+        """Stop claiming, let in-flight work finish for up to `drain_seconds`, re-queue the rest; return how many."""
+        ...
+
 
 def make_feeder(
     models: Sequence[str],

@@ -60,3 +60,24 @@ def test_a_batch_whose_last_request_finishes_while_the_broker_is_down_is_finaliz
         service.drop_runners()  # runners are cached per model name: this registry must not leak into others
     with transaction() as session:
         assert get_batch(session, tenant_id=None, batch_id=batch_id).status == "completed"
+
+
+def test_a_changed_model_spec_gets_a_new_engine_and_the_old_one_is_closed(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The process keeps engines warm; a registry entry that changed (here max_num_seqs 8 -> 16) must not be
+    # served by the engine built for the old entry (the e2e suite once ran a 16-slot test on an 8-slot engine).
+    from tests.conftest import configure
+    from worker.engine.fake import FakeEngine
+
+    closed: list[int] = []
+    monkeypatch.setattr(FakeEngine, "close", lambda self: closed.append(self.max_num_seqs))
+    service.drop_runners()
+    for slots in (8, 16):
+        models = {"fake-model": {"path": "fake:", "max_num_seqs": slots}}
+        configure(monkeypatch, {**backend.env, "BACKFILL_MODELS": json.dumps(models)})
+        runner = service.get_runner("fake-model")
+        assert runner.engine.max_num_seqs == slots
+        assert service.get_runner("fake-model") is runner  # the same spec keeps its warm engine
+    assert closed == [8]
+    service.close_engines()

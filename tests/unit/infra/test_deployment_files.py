@@ -42,5 +42,8 @@ def test_compose_runs_every_role_against_the_settings() -> None:
     assert "--role gpu" in commands["worker-gpu"] and "--role io" in commands["worker-io"]
     gpus = services["worker-gpu"]["deploy"]["resources"]["reservations"]["devices"][0]["count"]
     assert gpus == 8
+    # A stopping GPU worker drains, then hands its work back: compose must not kill it first (default 10 s).
+    drain = int(env_file()["BACKFILL_SHUTDOWN_DRAIN_SECONDS"])
+    assert int(services["worker-gpu"]["stop_grace_period"].removesuffix("s")) >= drain + 30
     referenced = set(re.findall(r"BACKFILL_[A-Z_]+", (INFRA / "docker-compose.yml").read_text()))
     assert referenced <= {f"BACKFILL_{name.upper()}" for name in Settings.model_fields}

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,6 +13,7 @@ import redis
 
 from storage.wakeups import CeleryWaker
 from tests.conftest import Backend
+from tests.integration.worker.processes import start_worker
 from tests.integration.worker.slot.test_engine_slot import FAKE, A, B, enqueue, outcome
 
 REDIS_URL = "redis://127.0.0.1:6379/9"
@@ -36,14 +35,7 @@ def test_a_celery_gpu_worker_serves_two_models_one_engine_at_a_time(backend: Bac
     second = enqueue(B, 20, deadline_in=7200)
     log = tmp_path / "gpu.log"
     env = {**os.environ, **backend.env, "BACKFILL_REDIS_URL": REDIS_URL}
-    gpu = subprocess.Popen(
-        [sys.executable, "-m", "worker.cli", "worker", "--role", "gpu", "--models", f"{A},{B}"],
-        env=env,
-        stdout=log.open("ab"),
-        stderr=subprocess.STDOUT,
-        cwd=Path(__file__).resolve().parents[3],
-        start_new_session=True,
-    )
+    gpu = start_worker(["--role", "gpu", "--models", f"{A},{B}"], env=env, log=log)
     try:
         CeleryWaker(REDIS_URL).send("batch.run", {"model": B})  # one wake-up, for the model not loaded
         deadline = time.monotonic() + 60

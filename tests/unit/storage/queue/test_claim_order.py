@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from storage.queue.claim_order import ClaimOrder
 from storage.queue.prefixes import SharedPrefixes, prefix_key_of
 
@@ -77,12 +79,26 @@ def test_without_prefix_ordering_a_claim_goes_by_deadline() -> None:
 
 def test_a_prefix_key_is_kept_only_once_a_second_row_shares_it() -> None:
     prefixes = SharedPrefixes()
-    rows = [{"id": f"r{i}"} for i in range(6)]
-    for row, key in zip(rows[:3], ["a", "b", "a"], strict=True):
+    rows = [{"line": i + 1} for i in range(6)]
+    a, b, c = (prefix_key_of(CHAT, {"messages": [{"role": "user", "content": text}]}, chars=64) for text in "abc")
+    for row, key in zip(rows[:3], [a, b, a], strict=True):
         prefixes.assign(row, key)
-    prefixes.inserted()  # r0-r2 are in the database now
-    for row, key in zip(rows[3:], ["b", "c", ""], strict=True):
+    prefixes.inserted()  # lines 1-3 are in the database now
+    for row, key in zip(rows[3:], [b, c, ""], strict=True):
         prefixes.assign(row, key)
 
-    assert [row["prefix_key"] for row in rows] == ["a", "", "a", "b", "", ""]
-    assert prefixes.late_keys == [("r1", "b")]  # r1 was inserted before r3 shared its prefix
+    assert [row["prefix_key"] for row in rows] == [a, "", a, b, "", ""]
+    assert prefixes.late_keys == [(2, b)]  # line 2 was inserted before line 4 shared its prefix
+
+
+def test_prefixes_seen_once_are_forgotten_past_a_bound_so_memory_stays_flat(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(SharedPrefixes, "ONCE_MAX", 4)  # two generations of two
+    prefixes = SharedPrefixes()
+    keys = [prefix_key_of(CHAT, {"messages": [{"role": "user", "content": f"p{i}"}]}, chars=64) for i in range(6)]
+    rows = [{"line": i + 1} for i in range(8)]
+    for row, key in zip(rows[:6], keys, strict=True):  # six distinct prefixes: only the latest ones are kept
+        prefixes.assign(row, key)
+    prefixes.assign(rows[6], keys[0])  # its first row was forgotten: unshared, line order
+    prefixes.assign(rows[7], keys[5])  # still remembered: both rows get the key
+    assert [row["prefix_key"] for row in rows] == ["", "", "", "", "", keys[5], "", keys[5]]
+    assert len(prefixes._once) + len(prefixes._older) <= 4

@@ -1,0 +1,340 @@
+"""GPU-timed runner benchmark: does Backfill's own work leave an 8x H100 node waiting? (issue 15, section 1)
+
+The real runner (worker/runner.py) feeds the GPU-timed fake (worker/engine/timed_fake.py: every step lasts
+the roofline time of its batch for Llama 3.1 70B FP8 on 8x H100, max_num_seqs 384) from the real Postgres
+queue: 4 tenants' batches uploaded and ingested as production does, results recorded under their leases,
+each batch's output file built (finalize, on a thread as the embedded worker does) and checked line by line.
+
+Two workloads, each run once per runner I/O mode in the same process (`--modes inline,thread`: the
+database work on the engine's thread, the old path and the baseline; or on the runner's I/O thread):
+  long   output lengths 10..1,000 tokens (log-uniform, seeded): engine busy share while work waits (goal
+         >= 0.98), tokens/s / the roofline's tokens/s for the batch sizes that ran (goal >= 0.97), the
+         runner's CPU seconds per 1,000 requests;
+  short  1..10 tokens (embeddings-like): requests/s the runner sustains / the same engine's requests/s fed
+         from memory with no database (the engine's limit).
+
+Usage: .venv/bin/python bench/gpu_timed.py [--quick] [--requests 5000] [--short-requests 20000]
+       [--modes inline,thread] [--profile]      (cProfile of the engine thread, top functions printed)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import queue
+import random
+import resource
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._setup import OUT, fresh_postgres, plot_dir, submit
+
+MODEL = "llama-70b-timed"
+TENANTS = 4
+BUSY_GOAL, TOKENS_GOAL = 0.98, 0.97
+
+
+def prepare(*, io_thread: bool) -> None:
+    """A fresh, migrated Postgres database for one runner mode (so both start alike) and the GPU-timed fake."""
+    from storage.db import get_engine, get_sessionmaker
+    from storage.settings import get_settings
+    from worker.cli.migrate import migrate_database
+
+    database = fresh_postgres("backfill_gputimed")
+    if database is None:
+        raise SystemExit("this benchmark needs Postgres on 127.0.0.1:5432 (the production queue)")
+    os.environ["BACKFILL_DATABASE_URL"] = database
+    os.environ["BACKFILL_RUNNER_IO_THREAD"] = "true" if io_thread else "false"
+    if get_engine.cache_info().currsize:
+        get_engine().dispose()
+    get_engine.cache_clear()
+    get_sessionmaker.cache_clear()
+    get_settings.cache_clear()
+    migrate_database()
+
+
+def lines(n: int, *, low: int, high: int, seed: int, tenant: int) -> list[dict[str, Any]]:
+    """Chat lines whose output lengths are log-uniform in [low, high] (seeded: the same in every mode)."""
+    rng = random.Random(seed * 1000 + tenant)
+    out = []
+    for i in range(n):
+        tokens = round(math.exp(rng.uniform(math.log(low), math.log(high + 0.499))))
+        body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": f"Summarise document {tenant}-{i} in detail."}],
+            "max_tokens": max(low, min(high, tokens)),
+        }
+        out.append({"custom_id": f"t{tenant}-{i}", "method": "POST", "url": "/v1/chat/completions", "body": body})
+    return out
+
+
+def enqueue(requests: int, *, low: int, high: int, seed: int) -> dict[str, int]:
+    """Four tenants' batches, uploaded and ingested as production does; {batch_id: lines}."""
+    per = requests // TENANTS
+    batches = {}
+    for tenant in range(TENANTS):
+        work = lines(per, low=low, high=high, seed=seed, tenant=tenant)
+        batches[submit(work, tenant=f"tenant-{tenant}", model=MODEL)] = per
+    return batches
+
+
+class Finalizer(threading.Thread):
+    """Builds each batch's output file as soon as its last request ends, as the embedded worker does."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.wanted: queue.Queue[str | None] = queue.Queue()
+        self.done: dict[str, float] = {}
+        self.cpu_seconds = 0.0
+
+    def run(self) -> None:
+        from worker import service
+
+        while (batch_id := self.wanted.get()) is not None:
+            cpu = time.thread_time()
+            service.finalize(batch_id)
+            self.cpu_seconds += time.thread_time() - cpu
+            self.done[batch_id] = time.perf_counter()
+
+
+def check_outputs(batches: dict[str, int]) -> bool:
+    """Every batch completed and its output file holds each custom_id exactly once, all 200s."""
+    from storage.blobs import get_blob_store
+    from storage.db import transaction
+    from storage.files import get_file
+    from storage.models import Batch
+
+    ok = True
+    for batch_id, expected in batches.items():
+        with transaction() as session:
+            batch = session.get(Batch, batch_id)
+            assert batch is not None
+            if batch.status != "completed" or not batch.output_file_id:
+                print(f"batch {batch_id} ended {batch.status}", flush=True)
+                return False
+            key = get_file(session, tenant_id=batch.tenant_id, file_id=batch.output_file_id).blob_key
+        text = b"".join(get_blob_store().open_stream(key))
+        seen = [json.loads(line) for line in text.splitlines() if line]
+        ids = [line["custom_id"] for line in seen]
+        ok &= len(ids) == len(set(ids)) == expected and all(x["response"]["status_code"] == 200 for x in seen)
+    return ok
+
+
+def run(requests: int, *, low: int, high: int, seed: int, profile: bool) -> dict[str, Any]:
+    """Enqueue, feed the engine until the queue is drained and every output file is built; measure."""
+    from storage.settings import get_settings
+    from worker import service
+    from worker.engine.timed_fake import TimedFakeEngine
+    from worker.runner import Runner
+
+    batches = enqueue(requests, low=low, high=high, seed=seed)
+    settings = get_settings()
+    engine = service.load_engine(settings, MODEL)
+    assert isinstance(engine, TimedFakeEngine)
+    finalizer = Finalizer()
+    finalizer.start()
+    runner = Runner(engine, model=MODEL, settings=settings, on_batch_done=finalizer.wanted.put)
+    profiler = None
+    if profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
+    cpu_before = resource.getrusage(resource.RUSAGE_SELF)
+    started = time.perf_counter()
+    while runner.run_for(30.0):
+        pass
+    ended = time.perf_counter()
+    cpu_after = resource.getrusage(resource.RUSAGE_SELF)
+    if profiler is not None:
+        profiler.disable()
+    finalizer.wanted.put(None)
+    finalizer.join(timeout=300)
+    runner.close_io()
+    process_cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
+    figures = measure(engine, started=started, ended=ended)
+    figures.update(
+        requests=requests,
+        wall_seconds=round(ended - started, 2),
+        requests_per_s=round(requests / (ended - started), 1),
+        # The process's CPU minus the fake's own (inside its steps) and the finalizer's: what Backfill's
+        # runner spent (claims, results, leases, the ORM, the engine adapter's add) per 1,000 requests.
+        runner_cpu_seconds_per_1000=round(
+            (process_cpu - engine.step_cpu_seconds - finalizer.cpu_seconds) * 1000 / requests, 3
+        ),
+        output_files_ok=check_outputs(batches),
+        finalize_after_last_result_seconds=round(max(finalizer.done.values(), default=ended) - ended, 2),
+    )
+    if profiler is not None:
+        figures["profile_top"] = top_functions(profiler)
+    return figures
+
+
+def measure(engine: Any, *, started: float, ended: float) -> dict[str, Any]:
+    """Busy share while sequences waited for a slot, and tokens/s against the roofline of the batches run."""
+    steps = list(engine.timeline)
+    waited = [i for i, s in enumerate(steps) if s.waiting > 0]
+    # Work waits from the first step until the queue ran dry (the runner's last hand-over to the engine)
+    # or, later, the last step that began with sequences waiting for a slot; the tail after it only drains.
+    until = max(engine.last_added, steps[waited[-1]].ended if waited else 0.0)
+    window = [s for s in steps if s.started < until]
+    busy_share = None
+    if len(window) > 1:
+        span = min(until, window[-1].ended) - window[0].started
+        busy_share = sum(min(s.ended, until) - s.started for s in window) / span
+    tokens = sum(s.batch for s in steps)
+    ideal = sum(s.roofline_seconds for s in steps)
+    engine_span = steps[-1].ended - steps[0].started
+    return {
+        "steps": len(steps),
+        "output_tokens": tokens,
+        "mean_batch": round(tokens / len(steps), 1),
+        "slot_occupancy_while_waiting": _round(
+            sum(s.batch for s in steps if s.waiting) / (engine.max_num_seqs * len(waited)) if waited else None, 4
+        ),
+        "busy_share_while_waiting": _round(busy_share, 4),
+        "tokens_per_s": round(tokens / engine_span),
+        "roofline_tokens_per_s": round(tokens / ideal),
+        "tokens_ratio_vs_roofline": round(ideal / engine_span, 4),
+        "engine_busy_seconds": round(sum(s.ended - s.started for s in steps), 2),
+        "engine_first_step_after_start_seconds": round(steps[0].started - started, 3),
+        "samples": busy_over_time(steps),
+    }
+
+
+def busy_over_time(steps: list[Any], bin_seconds: float = 0.5) -> list[tuple[float, float, float]]:
+    """(seconds since the first step, busy share, mean batch) per bin: the plot's series."""
+    if not steps:
+        return []
+    origin = steps[0].started
+    bins: dict[int, list[float]] = {}
+    for s in steps:
+        slot = bins.setdefault(int((s.started - origin) / bin_seconds), [0.0, 0.0, 0.0])
+        slot[0] += s.ended - s.started
+        slot[1] += s.batch
+        slot[2] += 1
+    last = max(bins)  # a partial bin: the run ended inside it
+    return [
+        (round(k * bin_seconds, 2), round(min(1.0, v[0] / bin_seconds), 4), round(v[1] / v[2], 1))
+        for k, v in sorted(bins.items())
+        if k != last
+    ]
+
+
+def engine_limit(requests: int, *, low: int, high: int, seed: int) -> tuple[float, float]:
+    """The same engine fed from memory, no database: (requests/s, the limit a runner can reach; its own
+    roofline ratio, how closely the fake keeps the roofline's time on this machine)."""
+    from storage.settings import get_settings
+    from worker import service
+    from worker.engine import EngineRequest
+
+    engine = service.load_engine(get_settings(), MODEL)
+    work = [
+        line for t in range(TENANTS) for line in lines(requests // TENANTS, low=low, high=high, seed=seed, tenant=t)
+    ]
+    for i, line in enumerate(work):
+        engine.add(EngineRequest(f"m{i}", line["url"], line["body"]))
+    started = time.perf_counter()
+    while engine.has_unfinished():
+        engine.step()
+    seconds = time.perf_counter() - started
+    return len(work) / seconds, sum(s.roofline_seconds for s in engine.timeline) / seconds
+
+
+def top_functions(profiler: Any, limit: int = 15) -> list[str]:
+    import io
+    import pstats
+
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(limit)
+    return [line for line in out.getvalue().splitlines() if line.strip()][-limit:]
+
+
+def _round(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def plot(series: dict[str, list[tuple[float, float, float]]], path: Path) -> None:
+    """Engine busy share over time, one line per runner I/O mode (long outputs): docs/gpu-timed-busy.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 5), sharex=True, height_ratios=(2, 1))
+    for label, samples in series.items():
+        top.plot([t for t, _, _ in samples], [b for _, b, _ in samples], label=label, linewidth=1)
+        bottom.plot([t for t, _, _ in samples], [m for _, _, m in samples], label=label, linewidth=1)
+    top.axhline(BUSY_GOAL, color="grey", linestyle="--", linewidth=1, label=f"goal {BUSY_GOAL}")
+    top.set_ylabel("engine busy share (0.5 s bins)")
+    top.set_ylim(0.4, 1.02)
+    top.set_title("GPU-timed fake (70B FP8 on 8x H100 roofline) fed by the runner from Postgres")
+    top.legend(fontsize=8, loc="lower left")
+    bottom.set_ylabel("mean batch")
+    bottom.set_xlabel("seconds since the first step (the tail drains the last long requests)")
+    bottom.axhline(384, color="grey", linestyle=":", linewidth=1)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="smaller runs: under 2 minutes in all")
+    parser.add_argument("--requests", type=int, default=5000, help="long-output requests (10..1,000 tokens)")
+    parser.add_argument("--short-requests", type=int, default=20000, help="short-output requests (1..10 tokens)")
+    parser.add_argument("--modes", default="inline,thread", help="runner I/O modes, the baseline first")
+    parser.add_argument("--seed", type=int, default=15)
+    parser.add_argument("--profile", action="store_true", help="cProfile the runs and print the top functions")
+    args = parser.parse_args()
+    if args.quick:
+        args.requests, args.short_requests = 1200, 6000
+    OUT.mkdir(exist_ok=True)
+    modes = [m for m in args.modes.split(",") if m]
+    os.environ["BACKFILL_DATA_DIR"] = tempfile.mkdtemp(prefix="gpu-timed-", dir=OUT)
+    os.environ["BACKFILL_MODELS"] = json.dumps({MODEL: {"path": "fake:gpu-timed", "max_num_seqs": 384}})
+    limit, precision = engine_limit(args.short_requests, low=1, high=10, seed=args.seed)
+    result: dict[str, Any] = {
+        "engine_limit_short_requests_per_s": round(limit, 1),
+        "engine_alone_ratio_vs_roofline": round(precision, 4),
+        "modes": {},
+    }
+    for mode in modes:
+        prepare(io_thread=mode == "thread")
+        long = run(args.requests, low=10, high=1000, seed=args.seed, profile=args.profile)
+        short = run(args.short_requests, low=1, high=10, seed=args.seed + 1, profile=args.profile)
+        short["requests_ratio_vs_engine_limit"] = round(short["requests_per_s"] / limit, 4)
+        result["modes"][mode] = {"long": long, "short": short}
+        summary = {k: v for k, v in long.items() if k not in ("samples", "profile_top")}
+        print(f"== {mode} long:", json.dumps(summary), flush=True)
+        summary = {k: v for k, v in short.items() if k not in ("samples", "profile_top")}
+        print(f"== {mode} short:", json.dumps(summary), flush=True)
+        for part in (long, short):
+            for line in part.get("profile_top", []):
+                print("   ", line)
+    final = result["modes"][modes[-1]]
+    result.update(
+        mode=modes[-1],
+        baseline_mode=modes[0],
+        busy_share_while_waiting=final["long"]["busy_share_while_waiting"],
+        tokens_ratio_vs_roofline=final["long"]["tokens_ratio_vs_roofline"],
+        runner_cpu_seconds_per_1000=final["long"]["runner_cpu_seconds_per_1000"],
+        short_requests_per_s=final["short"]["requests_per_s"],
+        short_requests_ratio_vs_engine_limit=final["short"]["requests_ratio_vs_engine_limit"],
+        all_outputs_ok=all(p["output_files_ok"] for m in result["modes"].values() for p in m.values()),
+    )
+    print(json.dumps({k: v for k, v in result.items() if k != "modes"}, indent=2))
+    (OUT / "gpu-timed.json").write_text(json.dumps({"result": result}))
+    plot({m: result["modes"][m]["long"]["samples"] for m in modes}, plot_dir() / "gpu-timed-busy.png")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,92 @@
+"""The GPU-timed fake: each step lasts the roofline time of its batch on the target, slots refill at once."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from storage.planning.roofline import HARDWARE_PRESETS, LLAMA_70B_FP8, Hardware, ModelShape, row
+from storage.settings import ModelSpec
+from worker.engine import Engine, EngineRequest
+from worker.engine.timed_fake import PATH, TimedFakeEngine, from_spec
+
+H100 = HARDWARE_PRESETS["8xH100-SXM"]
+# A node 100x slower than an 8x H100 keeps the steps long enough (tens of ms) to time on a busy CI machine.
+SLOW = Hardware(8, 80e9, 3.35e10, H100.usd_per_gpu_hour)
+
+
+def chat(request_id: str, max_tokens: int) -> EngineRequest:
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens}
+    return EngineRequest(request_id, "/v1/chat/completions", body)
+
+
+def test_the_step_time_is_the_planners_tpot_for_70b_fp8_on_8xh100() -> None:
+    engine: Engine = TimedFakeEngine()
+    assert isinstance(engine, TimedFakeEngine) and engine.max_num_seqs == 384
+    for batch, tpot_ms in ((384, 21.87), (32, 4.24)):
+        assert engine.step_time(batch) == pytest.approx(row(LLAMA_70B_FP8, H100, 4096, batch).tpot_ms / 1e3)
+        assert engine.step_time(batch) * 1e3 == pytest.approx(tpot_ms, abs=0.01)
+    assert engine.step_time(0) == 0.0
+
+
+def test_a_step_lasts_the_roofline_time_of_the_batch_that_ran() -> None:
+    engine = TimedFakeEngine(hardware=SLOW, max_num_seqs=8)
+    for i in range(3):
+        engine.add(chat(f"r{i}", max_tokens=4))
+    engine.step()  # settles the wake-up lead
+    started = time.perf_counter()
+    engine.step()
+    took = time.perf_counter() - started
+    step = engine.timeline[-1]
+    assert step.batch == 3 and step.roofline_seconds == pytest.approx(engine.step_time(3))
+    assert engine.step_time(3) * 0.98 <= took <= engine.step_time(3) + 0.02
+    assert step.ended - step.started == pytest.approx(took, abs=0.005)
+
+
+def test_a_finished_slot_is_refilled_at_the_next_step() -> None:
+    engine = TimedFakeEngine(hardware=SLOW, max_num_seqs=2)
+    engine.add(chat("short", max_tokens=1))
+    engine.add(chat("long", max_tokens=3))
+    engine.add(chat("next", max_tokens=1))
+    assert [r.request_id for r in engine.step()] == ["short"]
+    assert (engine.timeline[-1].batch, engine.timeline[-1].waiting) == (2, 1)
+    assert [r.request_id for r in engine.step()] == ["next"]  # took the freed slot on the very next step
+    assert engine.timeline[-1].batch == 2
+    finished = engine.step()
+    assert [r.request_id for r in finished] == ["long"] and finished[0].completion_tokens == 3
+    assert not engine.has_unfinished()
+
+
+def test_sleeping_out_the_step_costs_almost_no_cpu() -> None:
+    engine = TimedFakeEngine(hardware=SLOW, max_num_seqs=16)
+    for i in range(16):
+        engine.add(chat(f"r{i}", max_tokens=5))
+    cpu, wall = time.process_time(), time.perf_counter()
+    while engine.has_unfinished():
+        engine.step()
+    assert time.process_time() - cpu < 0.25 * (time.perf_counter() - wall)
+
+
+def test_the_registry_selects_it_by_path_with_the_entry_hardware_and_batch() -> None:
+    spec = ModelSpec.model_validate(
+        json.loads(json.dumps({"path": PATH, "max_num_seqs": 32, "hardware": "8xH200", "extra": {"context": 2048}}))
+    )
+    engine = from_spec("llama-70b-timed", spec)
+    assert (engine.model_name, engine.max_num_seqs, engine.context) == ("llama-70b-timed", 32, 2048)
+    assert engine.step_time(32) == pytest.approx(row(LLAMA_70B_FP8, HARDWARE_PRESETS["8xH200"], 2048, 32).tpot_ms / 1e3)
+    custom = from_spec("m", ModelSpec(path=PATH, extra={"weights_gb": 8.0, "kv_bytes_per_token": 131072}))
+    assert custom.shape == ModelShape(weight_bytes=8e9, kv_bytes_per_token=131072)
+    with pytest.raises(ValueError, match="hardware must be one of"):
+        from_spec("m", ModelSpec(path=PATH, hardware="1xRTX"))
+
+
+def test_the_worker_loads_it_for_a_registry_entry_with_its_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    from storage.settings import Settings
+    from worker.service import load_engine
+
+    monkeypatch.setenv("BACKFILL_MODELS", json.dumps({"llama-70b-timed": {"path": PATH, "max_num_seqs": 384}}))
+    engine = load_engine(Settings(), "llama-70b-timed")
+    assert isinstance(engine, TimedFakeEngine) and engine.max_num_seqs == 384
+    assert engine.step_time(384) == pytest.approx(0.02187, abs=1e-5)
