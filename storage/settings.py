@@ -171,6 +171,13 @@ class Settings(BaseSettings):
     engine_run_max_seconds: int = Field(default=600, ge=5)  # cost attribution closes a run at least this often
     broker_visibility_timeout_seconds: int = Field(default=3600, ge=60)
     reap_interval_seconds: int = Field(default=15, ge=1)
+    # Liveness (docs/workers.md): a GPU worker writes its heartbeat row and renews its held leases this often,
+    # also between tasks; a row older than worker_stale_seconds means the worker is gone and its leases are
+    # released at once. A worker restarted under the same BACKFILL_WORKER_SLOT on its host (or whose
+    # predecessor's process is gone) takes the predecessor's leases back at start.
+    heartbeat_seconds: int = Field(default=2, ge=1, le=60)
+    worker_stale_seconds: int = Field(default=15, ge=3, le=3600)
+    worker_slot: str | None = Field(default=None, max_length=64)
     inflight_per_seq: int = Field(default=2, ge=1)
     # The runner's claims, result commits and lease renewals on threads of their own (worker/queue_io.py),
     # so a slow transaction never leaves the engine idle between steps (bench/gpu_timed.py measures both).

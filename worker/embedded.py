@@ -34,6 +34,8 @@ class EmbeddedWorker:
         self.stop.set()
         self.waker.event.set()
         self.thread.join(timeout)
+        if self.ready.is_set():
+            service.shut_down()
 
     def _main(self) -> None:
         try:
@@ -42,6 +44,7 @@ class EmbeddedWorker:
             feeders = service.embedded_feeders()
             for feeder in feeders:
                 feeder.warm()
+            service.start_liveness()  # a restart takes its predecessor's leases back at once
         except BaseException as error:  # surfaced on /health
             self.error = error
             log.exception("embedded worker could not load its engine")

@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session
 from storage.db import transaction
 from storage.queue.backlog import open_count
 from storage.queue.claim import ClaimedRequest, claim
-from storage.queue.results import Outcome, record, renew
+from storage.queue.results import Outcome, record, relet, renew
 from worker.engine import EngineResult
 
 log = logging.getLogger(__name__)
@@ -231,6 +231,10 @@ class QueueIO:
         held = sorted(set(request_ids) | waiting)
         with transaction() as session:
             lost = renew(session, worker_id=self.worker_id, request_ids=held, lease_seconds=self.lease_seconds)
+            if lost:  # re-queued under us while we still run them: ours again, the same try (docs/workers.md)
+                lost -= relet(
+                    session, worker_id=self.worker_id, request_ids=sorted(lost), lease_seconds=self.lease_seconds
+                )
         with self._lock:
             self._lost |= lost - waiting  # a result waiting for commit is not in flight: nothing to abort
 

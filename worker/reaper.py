@@ -1,4 +1,5 @@
-"""The reaper: release expired leases, expire overdue batches, find batches ready to finalize."""
+"""The reaper: release the leases of gone workers and expired leases, expire overdue batches, find batches
+ready to finalize."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from sqlalchemy.orm import Session
 
 from storage.metrics.events import count_lease_expiries
 from storage.queue.backlog import batches_ready_to_finalize, models_waiting_unserved
-from storage.queue.reaping import expire_overdue, release_expired_leases
+from storage.queue.reaping import expire_overdue, release_expired_leases, release_worker_leases
+from storage.settings import get_settings
+from storage.workers import forget_workers, stale_workers
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +31,14 @@ class Reaped:
 
 def reap(session: Session) -> Reaped:
     """One reaper pass (one transaction)."""
-    requeued = release_expired_leases(session, max_attempts=MAX_ATTEMPTS)
+    stale_seconds = get_settings().worker_stale_seconds
+    # A worker whose heartbeat went stale is gone: its leases go back now, not when each one expires.
+    gone = stale_workers(session, stale_seconds=stale_seconds)
+    requeued = release_worker_leases(session, worker_ids=gone, max_attempts=MAX_ATTEMPTS)
+    forget_workers(session, worker_ids=gone)
+    if gone:
+        log.info("reaper: %d workers stopped beating; %d of their requests back in the queue", len(gone), requeued)
+    requeued += release_expired_leases(session, max_attempts=MAX_ATTEMPTS, stale_seconds=stale_seconds)
     count_lease_expiries(requeued)
     expired = expire_overdue(session)
     ready = batches_ready_to_finalize(session)

@@ -2,7 +2,9 @@
 
 Claim (short transaction) → submit to the engine → step → record finished results (short transaction).
 No transaction is open while the engine steps. In-flight work stays in the engine between calls of
-`run_for`, so a Celery task boundary never drains the running batch.
+`run_for`, so a Celery task boundary never drains the running batch; its leases are renewed meanwhile by
+the worker's heartbeat thread (`renew_idle`, worker/liveness.py), and reconciled before every claim
+(docs/workers.md).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from storage.engine_runs import RunCounters, save_run
 from storage.ids import new_id
 from storage.queue.backlog import has_queued, open_count
 from storage.queue.claim import ClaimedRequest, claim
-from storage.queue.results import Outcome, record, release, renew
+from storage.queue.results import Outcome, record, release, relet, renew
 from storage.settings import Settings
 from worker.engine import Engine, EngineRequest, EngineResult
 from worker.metrics import probe
@@ -133,6 +135,8 @@ class Runner:
         """Feed and step the engine for up to `seconds`; return False once there is nothing to do."""
         with self._lock:
             until = time.monotonic() + seconds
+            self._flush(force=True)  # results a failed flush kept, before their leases are checked
+            self._reconcile()  # before claiming: rows re-queued under us are ours again, not new work
             while time.monotonic() < until and not (stop and stop.is_set()):
                 self._top_up()
                 if self.engine.has_unfinished():
@@ -149,6 +153,21 @@ class Runner:
             if now_f() - self._run_started > self.settings.engine_run_max_seconds:
                 self._close_run()
             return True
+
+    def renew_idle(self) -> bool:
+        """Between tasks: store kept results and renew held leases, unless `run_for` is on it; True if done here."""
+        if not self._lock.acquire(blocking=False):
+            return False  # run_for (or hand_back) holds the engine and renews as it goes
+        try:
+            self._flush(force=True)
+            self._reconcile()
+            return True
+        finally:
+            self._lock.release()
+
+    def held(self) -> list[str]:
+        """Requests this runner answers for: in the engine, or finished with the result not yet stored."""
+        return sorted(self.inflight | {result.request_id for result in self.pending})
 
     def hand_back(self, *, drain_seconds: float) -> int:
         """Stop claiming, let in-flight work finish for up to `drain_seconds`, re-queue the rest; return how many."""
@@ -192,6 +211,7 @@ class Runner:
         if self.io is not None:  # claimed on the claimer thread; the rows arrive at a later top-up
             self.io.request_claim(want)
             return
+        held = set(self.held())
         with transaction() as session:
             claimed = claim(
                 session,
@@ -199,17 +219,20 @@ class Runner:
                 worker_id=self.worker_id,
                 limit=want,
                 lease_seconds=self.settings.lease_seconds,
+                held=held,
             )
         self._admit(claimed, asked=want)
 
     def _admit(self, claimed: list[ClaimedRequest], *, asked: int) -> None:
         """Hand claimed rows to the engine; fewer than `asked` means the queue ran dry for now."""
-        want = asked
+        want, held = asked, set(self.held())
         probe(self).claimed(claimed)
         self._queue_backlog = len(claimed) == want
         if len(claimed) < want:
             self._last_empty_claim = time.monotonic()
         for item in claimed:
+            if item.id in held:
+                continue  # re-queued under us and claimed back: a re-lease of work already in the engine
             rejected = self.engine.add(EngineRequest(request_id=item.id, url=item.url, body=item.body))
             if rejected is not None:
                 self.pending.append(rejected)
@@ -259,23 +282,31 @@ class Runner:
         if not self.pending and not self._dirty:
             return
         self._dirty = False
-        results, self.pending = self.pending, []
-        for result in results:
-            self.totals.prompt_tokens += result.prompt_tokens
-            self.totals.completion_tokens += result.completion_tokens
+        results = list(self.pending)
+        before = (self.totals.prompt_tokens, self.totals.completion_tokens, self.totals.finished)
+        self.totals.prompt_tokens += sum(result.prompt_tokens for result in results)
+        self.totals.completion_tokens += sum(result.completion_tokens for result in results)
         self.totals.finished += len(results)
         if self.io is not None:  # the writer thread commits it (worker/queue_io.py); the engine steps on
+            del self.pending[: len(results)]
             self._hand_over(results, wait=force)
             return
-        with transaction() as session:
-            self._write_run(session)
-            touched = record(
-                session,
-                worker_id=self.worker_id,
-                run_id=self.run_id,
-                outcomes=[_outcome(result) for result in results],
-            )
-            done = [batch_id for batch_id in touched if not open_count(session, batch_id=batch_id)]
+        try:
+            with transaction() as session:
+                self._write_run(session)
+                touched = record(
+                    session,
+                    worker_id=self.worker_id,
+                    run_id=self.run_id,
+                    outcomes=[_outcome(result) for result in results],
+                )
+                done = [batch_id for batch_id in touched if not open_count(session, batch_id=batch_id)]
+        except Exception:
+            # Keep the results (and their leases, see `held`) for the next flush rather than lose them.
+            self.totals.prompt_tokens, self.totals.completion_tokens, self.totals.finished = before
+            self._dirty = True
+            raise
+        del self.pending[: len(results)]
         probe(self).flushed(self, results)
         for batch_id in done:
             if self.on_batch_done is not None:
@@ -312,26 +343,31 @@ class Runner:
         )
 
     def _renew_if_due(self) -> None:
-        if time.monotonic() - self._last_renew < RENEW_SECONDS or not self.inflight:
-            return
+        if time.monotonic() - self._last_renew >= RENEW_SECONDS:
+            self._reconcile()
+
+    def _reconcile(self) -> None:
+        """Renew every held lease; take back rows re-queued under us; abort what is gone (cancelled, re-leased)."""
         self._last_renew = time.monotonic()
-        if self.io is not None:  # renewed on the writer thread; leases it finds lost come back via _collect_io
-            self.io.renew(sorted(self.inflight))
+        held = self.held()
+        if not held:
             return
+        if self.io is not None:  # renewed on the writer thread; leases it finds lost come back via _collect_io
+            self.io.renew(held)
+            return
+        lease = self.settings.lease_seconds
         with transaction() as session:
-            lost = renew(
-                session,
-                worker_id=self.worker_id,
-                request_ids=sorted(self.inflight),
-                lease_seconds=self.settings.lease_seconds,
-            )
+            lost = renew(session, worker_id=self.worker_id, request_ids=held, lease_seconds=lease)
+            if lost:
+                lost -= relet(session, worker_id=self.worker_id, request_ids=sorted(lost), lease_seconds=lease)
         self._drop_lost(lost)
 
     def _drop_lost(self, lost: set[str]) -> None:
         if lost:
-            log.info("aborting %d requests no longer leased (cancelled, expired or re-queued)", len(lost))
-            self.engine.abort(sorted(lost))
+            log.info("aborting %d requests no longer leased (cancelled, expired or leased again)", len(lost))
+            self.engine.abort(sorted(lost & self.inflight))
             self.inflight -= lost
+            self.pending = [result for result in self.pending if result.request_id not in lost]
             self._signal_urgency()
 
     def _hand_over(self, results: list[EngineResult], *, wait: bool) -> None:

@@ -10,7 +10,8 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from sqlalchemy.orm import Session
 
@@ -24,10 +25,12 @@ from storage.queue.batch_rows import queued_models
 from storage.queue.rows import refresh_statistics
 from storage.retention import sweep_expired_files
 from storage.settings import Settings, SettingsError, get_settings
-from storage.wakeups import wake_after_commit
+from storage.wakeups import get_waker, wake_after_commit
+from storage.workers import WorkerIdentity
 from worker.engine import Engine, timed_fake
 from worker.finalize import finalize_batch
 from worker.ingest import ingest_batch
+from worker.liveness import Heartbeat, SelfWake, make_identity
 from worker.reaper import Reaped, reap
 from worker.runner import Runner
 from worker.slot.engine_slot import EngineSlot
@@ -40,6 +43,85 @@ log = logging.getLogger(__name__)
 _feeders: dict[tuple[str, ...], tuple[str, Feeder]] = {}
 _worker_models: list[str] = []  # set by `backfill worker --model/--models`; else the settings decide
 _lock = threading.Lock()
+_identity: list[WorkerIdentity] = []
+_liveness: list[Heartbeat] = []
+# Finalize wake-ups go out from here, off the engine's thread: a broker that is down may take seconds to refuse.
+_finalizer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="backfill-finalize")
+
+
+def identity() -> WorkerIdentity:
+    """This process's worker identity (the lease owner of everything its runners claim)."""
+    with _lock:
+        if not _identity:
+            _identity.append(make_identity(get_settings()))
+        return _identity[0]
+
+
+def start_liveness(*, wake: Callable[[], None] | None = None) -> Heartbeat:
+    """Register this worker (taking over its predecessor's leases) and start its heartbeat thread.
+
+    `wake` sends `batch.run` to this worker's own queue (Celery): the heartbeat calls it when the worker
+    idles while its models have queued work, and `run_task_ended` when a task stops with work left.
+    """
+    with _lock:
+        if _liveness:
+            return _liveness[0]
+        feeders = [feeder for _, feeder in _feeders.values()]
+    models = list(dict.fromkeys(model for feeder in feeders for model in feeder.models))
+    heartbeat = Heartbeat(
+        identity(),
+        get_settings(),
+        models=models,
+        runners=_runners,
+        self_wake=SelfWake(wake) if wake is not None else None,
+    )
+    heartbeat.start()
+    with _lock:
+        _liveness.append(heartbeat)
+    return heartbeat
+
+
+def shut_down() -> None:
+    """A clean stop: hand held work back to the queue at once (no attempt used), then drop the worker's row."""
+    for runner in _runners():
+        try:
+            runner.hand_back(drain_seconds=0.0)
+        except Exception:  # the database is away: the reaper releases them once the row goes stale
+            log.exception("could not hand back the work of %s", runner.model)
+    stop_liveness()
+
+
+def stop_liveness() -> None:
+    """Stop the heartbeat and drop this worker's row."""
+    with _lock:
+        beats, _liveness[:] = list(_liveness), []
+    for heartbeat in beats:
+        heartbeat.shutdown()
+
+
+def _runners() -> list[Runner]:
+    with _lock:
+        feeders = [feeder for _, feeder in _feeders.values()]
+    runners = [
+        feeder if isinstance(feeder, Runner) else feeder.runner if isinstance(feeder, EngineSlot) else None
+        for feeder in feeders
+    ]
+    return [runner for runner in runners if runner is not None]
+
+
+def run_task_started() -> None:
+    """A `batch.run` task begins: any self-wake on its way has arrived."""
+    if _liveness and _liveness[0].self_wake is not None:
+        _liveness[0].self_wake.task_started()
+
+
+def run_task_ended(*, model: str | None, more: bool) -> None:
+    """A `batch.run` task ended: with work left, wake this same worker again (its own queue, else the model's)."""
+    wake = _liveness[0].self_wake if _liveness else None
+    if wake is not None:
+        wake.task_ended(more=more)
+    elif more and model is not None:
+        get_waker().send("batch.run", {"model": model})
 
 
 def load_engine(settings: Settings, model: str) -> Engine:
@@ -88,6 +170,7 @@ def get_feeder(models: Sequence[str] | None = None) -> Feeder:
     """The process's feeder for `models` (default: the worker's), built on first use (one place decides how)."""
     settings = get_settings()
     names = tuple(models or worker_models())
+    worker_id = identity().worker_id
     served = settings.served_models()
     specs = json.dumps([served[name].model_dump(mode="json") if name in served else None for name in names])
     with _lock:
@@ -98,7 +181,7 @@ def get_feeder(models: Sequence[str] | None = None) -> Feeder:
             log.info("registry entry of %s changed: closing its engine", ", ".join(names))
             _close(built[1])
         started = time.perf_counter()
-        feeder = make_feeder(names, settings, load=load_engine, on_batch_done=request_finalize)
+        feeder = make_feeder(names, settings, load=load_engine, on_batch_done=request_finalize, worker_id=worker_id)
         _feeders[names] = (specs, feeder)
         log.info("feeder for %s ready in %.1f s", ", ".join(names), time.perf_counter() - started)
         return feeder
@@ -145,16 +228,29 @@ def _close(feeder: Feeder) -> None:
 
 
 def drop_runners() -> None:
-    """Forget loaded engines and the --model choice (tests switch settings between cases)."""
+    """Forget loaded engines, the --model choice and the heartbeat (tests switch settings between cases)."""
+    stop_liveness()
     with _lock:
         _feeders.clear()
         _worker_models.clear()
+        _identity.clear()
 
 
 def request_finalize(batch_id: str) -> None:
-    """Wake finalize for a batch whose last request just ended."""
-    with transaction() as session:
-        wake_after_commit(session, "batch.finalize", batch_id=batch_id)
+    """Get a batch whose last request just ended finalized: wake the io worker, or do it here if the broker is down."""
+    _finalizer.submit(_finalize_soon, batch_id)
+
+
+def _finalize_soon(batch_id: str) -> None:
+    try:
+        get_waker().send("batch.finalize", {"batch_id": batch_id})
+        return
+    except Exception:
+        log.warning("could not wake finalize for batch %s (broker down?); finalizing it in this worker", batch_id)
+    try:
+        finalize(batch_id)
+    except Exception:  # the reaper finds the batch again (batches_ready_to_finalize)
+        log.exception("finalizing batch %s in the GPU worker failed", batch_id)
 
 
 def ingest(batch_id: str) -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 
 from storage.settings import get_settings
-from storage.wakeups import get_waker
 from worker import service, shutdown, webhooks
 from worker.celery_app import app
 
@@ -26,9 +25,12 @@ def batch_run(model: str) -> bool:
         log.warning("worker serves %s, got a wake-up for %s", ", ".join(feeder.models), model)
         return False
     # Any served model's wake-up runs the feeder: a slot decides which model to serve (and may switch).
-    more = feeder.serve_for(float(get_settings().run_task_seconds), stop=shutdown.stopping)
-    if more and feeder.model is not None and not shutdown.stopping.is_set():  # stopping: the hand-back wakes
-        get_waker().send("batch.run", {"model": feeder.model})
+    service.run_task_started()
+    more = False
+    try:
+        more = feeder.serve_for(float(get_settings().run_task_seconds), stop=shutdown.stopping)
+    finally:  # with work left the same worker goes on (its own queue); stopping: the hand-back wakes others
+        service.run_task_ended(model=feeder.model, more=more and not shutdown.stopping.is_set())
     return more
 
 

@@ -6,6 +6,7 @@ inference.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,13 +45,15 @@ def claim(
     limit: int,
     lease_seconds: int,
     order: ClaimOrder | None = None,
+    held: Collection[str] = (),
 ) -> list[ClaimedRequest]:
     """Lease up to `limit` queued requests of `model`: urgent work first, then a fair share per tenant.
 
     Urgent rows (deadline inside the urgency horizon) go first, earliest deadline first across tenants;
     the rest is shared equally by tenant, grouped by prompt prefix within a deadline bucket (see
     storage/queue/claim_order.py). Rows are locked with SKIP LOCKED, so concurrent workers never claim the same
-    row. `order` defaults to the one the settings and the backlog give.
+    row. `order` defaults to the one the settings and the backlog give. A row in `held` (already running
+    in this worker's engine, re-queued under it by the reaper) is a re-lease: its attempt is given back.
     """
     if limit <= 0:
         return []
@@ -59,7 +62,17 @@ def claim(
     ids = pick(session, model=model, limit=limit, order=order)
     if not ids:
         return []
-    return _lease(session, ids=ids, worker_id=worker_id, lease_seconds=lease_seconds, urgent_before=order.urgent_before)
+    claimed = _lease(
+        session, ids=ids, worker_id=worker_id, lease_seconds=lease_seconds, urgent_before=order.urgent_before
+    )
+    if again := [item.id for item in claimed if item.id in held]:
+        session.execute(
+            update(BatchRequest)
+            .where(ids_match(session, again))
+            .values(attempts=BatchRequest.attempts - 1)
+            .execution_options(synchronize_session=False)
+        )
+    return claimed
 
 
 def _lease(

@@ -1,9 +1,17 @@
 """Reaping: put requests whose worker vanished back in the queue (or give up after too many tries), and
-expire overdue batches, whose unfinished requests become `batch_expired` error lines."""
+expire overdue batches, whose unfinished requests become `batch_expired` error lines.
+
+A lease that lapsed while its worker's heartbeat is fresh was a handover (the worker paused, it did not
+crash): the request goes back without using up an attempt. A lease of a worker that is gone (stale
+heartbeat, or replaced by a restart in its slot) is released at once and counts as an interrupted try.
+"""
 
 from __future__ import annotations
 
-from sqlalchemy import select, update
+from collections.abc import Collection
+from typing import Any
+
+from sqlalchemy import ColumnElement, select, update
 from sqlalchemy.orm import Session
 
 from storage import lifecycle
@@ -11,18 +19,40 @@ from storage.batches import add_counts, close_open_requests
 from storage.clock import now, now_f
 from storage.models import Batch, BatchRequest
 from storage.queue.rows import lock_batches_of
+from storage.workers import live_worker_ids
 
 
-def release_expired_leases(session: Session, *, max_attempts: int) -> int:
-    """Put requests whose worker vanished back in the queue (or fail them after `max_attempts`)."""
+def release_expired_leases(session: Session, *, max_attempts: int, stale_seconds: float | None = None) -> int:
+    """Put requests whose lease expired back in the queue (or fail them after `max_attempts`).
+
+    With `stale_seconds`, rows of a worker whose heartbeat is fresher than that are a handover: re-queued
+    with their attempt given back, never failed.
+    """
     expired = (BatchRequest.status == lifecycle.REQ_RUNNING, BatchRequest.lease_expires_at < now_f())
-    doomed = list(session.scalars(select(BatchRequest.id).where(*expired, BatchRequest.attempts >= max_attempts)))
+    handed_over = 0
+    if stale_seconds is not None:
+        live = BatchRequest.lease_owner.in_(live_worker_ids(stale_seconds=stale_seconds))
+        handed_over = _requeue(session, (*expired, live), attempts=BatchRequest.attempts - 1)
+    return handed_over + _requeue_or_fail(session, expired, max_attempts=max_attempts)
+
+
+def release_worker_leases(session: Session, *, worker_ids: Collection[str], max_attempts: int) -> int:
+    """Release every lease of these workers (gone: stale or replaced) now, not at expiry; return how many."""
+    if not worker_ids:
+        return 0
+    owned = (BatchRequest.status == lifecycle.REQ_RUNNING, BatchRequest.lease_owner.in_(list(worker_ids)))
+    return _requeue_or_fail(session, owned, max_attempts=max_attempts)
+
+
+def _requeue_or_fail(session: Session, where: tuple[ColumnElement[bool], ...], *, max_attempts: int) -> int:
+    """Fail the matching rows that used up their tries (engine_error lines); re-queue the rest."""
+    doomed = list(session.scalars(select(BatchRequest.id).where(*where, BatchRequest.attempts >= max_attempts)))
     if doomed:
         lock_batches_of(session, request_ids=doomed)
     give_up = (
         session.execute(
             update(BatchRequest)
-            .where(*expired, BatchRequest.attempts >= max_attempts)
+            .where(*where, BatchRequest.attempts >= max_attempts)
             .values(
                 status=lifecycle.REQ_FAILED,
                 response_status=500,
@@ -40,13 +70,17 @@ def release_expired_leases(session: Session, *, max_attempts: int) -> int:
     )
     for batch_id in give_up:
         add_counts(session, batch_id=batch_id, completed=0, failed=1)
+    return _requeue(session, where) + len(give_up)
+
+
+def _requeue(session: Session, where: tuple[ColumnElement[bool], ...], *, attempts: Any = None) -> int:
+    values: dict[str, Any] = {"status": lifecycle.REQ_QUEUED, "lease_owner": None, "lease_expires_at": None}
+    if attempts is not None:
+        values["attempts"] = attempts
     requeued = session.execute(
-        update(BatchRequest)
-        .where(*expired)
-        .values(status=lifecycle.REQ_QUEUED, lease_owner=None, lease_expires_at=None)
-        .execution_options(synchronize_session=False)
+        update(BatchRequest).where(*where).values(**values).execution_options(synchronize_session=False)
     )
-    return int(requeued.rowcount or 0) + len(give_up)  # type: ignore[attr-defined]
+    return int(requeued.rowcount or 0)  # type: ignore[attr-defined]
 
 
 def expire_overdue(session: Session) -> list[str]:

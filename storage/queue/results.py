@@ -55,6 +55,23 @@ def renew(session: Session, *, worker_id: str, request_ids: list[str], lease_sec
     return set(request_ids) - set(held)
 
 
+def relet(session: Session, *, worker_id: str, request_ids: list[str], lease_seconds: int) -> set[str]:
+    """Lease back rows this worker still runs that the reaper re-queued meanwhile; return the ids retaken.
+
+    The worker never stopped working on them, so this is the same try: `attempts` is left as it was.
+    """
+    if not request_ids:
+        return set()
+    retaken = session.scalars(
+        update(BatchRequest)
+        .where(ids_match(session, request_ids), BatchRequest.status == lifecycle.REQ_QUEUED)
+        .values(status=lifecycle.REQ_RUNNING, lease_owner=worker_id, lease_expires_at=now_f() + lease_seconds)
+        .returning(BatchRequest.id)
+        .execution_options(synchronize_session=False)
+    )
+    return set(retaken)
+
+
 def record(session: Session, *, worker_id: str, run_id: str, outcomes: list[Outcome]) -> dict[str, int]:
     """Store finished requests this worker still holds; return {batch_id: results stored}.
 

@@ -59,11 +59,6 @@ def counts(client: openai.OpenAI, batch_id: str) -> tuple[str, int]:
 ITEM_11 = Timing(lease_seconds=20, reap_interval_seconds=1, run_task_seconds=5)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="issue 14 item 11: a restarted GPU worker's interrupted requests wait out the whole lease",
-)
 def test_a_gpu_worker_restarted_after_kill_9_finishes_the_batch_well_inside_one_lease(
     chaos_cluster: Cluster, tmp_path: Path
 ) -> None:
@@ -86,11 +81,6 @@ def test_a_gpu_worker_restarted_after_kill_9_finishes_the_batch_well_inside_one_
 ITEM_12 = Timing(lease_seconds=30, reap_interval_seconds=1, run_task_seconds=60)  # one task runs the whole batch
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="issue 14 item 12: with Redis down, a batch whose requests all finished stays in_progress",
-)
 def test_a_batch_whose_last_requests_finish_while_redis_is_down_is_finalized_without_it(
     chaos_cluster: Cluster, tmp_path: Path
 ) -> None:

@@ -52,12 +52,23 @@ def run(args: argparse.Namespace) -> int:
         models = service.worker_models()
         feeder = service.get_feeder()
         feeder.warm()  # load an engine once, before the first task
-        queues = ",".join(f"gpu.{model}" for model in models)
+        # Each GPU worker also listens on a queue of its own: it wakes itself (liveness heartbeat, the end of
+        # a task with work left), so every live worker stays fed and held work never changes hands.
+        own = f"worker.{service.identity().worker_id}"
+
+        def wake() -> None:
+            app.send_task("batch.run", kwargs={"model": feeder.model if feeder.model else models[0]}, queue=own)
+
+        service.start_liveness(wake=wake)
+        queues = ",".join([*(f"gpu.{model}" for model in models), own])
         argv = ["worker", "-Q", queues, "-P", "solo", "-c", "1", "--prefetch-multiplier", "1"]
     else:
         argv = ["worker", "-Q", "default", "-P", "threads", "-c", "2"]
     shutdown.install(feeder, drain_seconds=float(settings.shutdown_drain_seconds))  # SIGTERM hands work back
-    app.worker_main([*argv, "--loglevel", "INFO", "-n", f"{args.role}@%h.{os.getpid()}"])
+    try:
+        app.worker_main([*argv, "--loglevel", "INFO", "-n", f"{args.role}@%h.{os.getpid()}"])
+    finally:
+        service.stop_liveness()  # after the hand-back: drop the heartbeat row, nobody waits for it to go stale
     # Celery returns here after a stop it was asked for (SIGTERM, SIGINT: `shutdown.stopping`) and after
     # one it chose, on an "Unrecoverable error" (e.g. kombu failing in an ack while Redis restarts); its
     # exit code does not reach us. The second must exit non-zero, so an `on-failure` restart policy brings

@@ -82,8 +82,10 @@ class EngineSlot:
         *,
         load: Callable[[Settings, str], Engine],
         on_batch_done: Callable[[str], None] | None = None,
+        worker_id: str | None = None,
     ) -> None:
         self.models = list(models)
+        self.worker_id = worker_id  # every runner it loads owns its leases under this worker's id
         self.settings = settings
         self.load = load
         self.on_batch_done = on_batch_done
@@ -192,7 +194,9 @@ class EngineSlot:
             return
         load_seconds = time.perf_counter() - started
         self.reload_seconds[model] = load_seconds
-        self.runner = Runner(engine, model=model, settings=self.settings, on_batch_done=self.on_batch_done)
+        self.runner = Runner(
+            engine, model=model, settings=self.settings, on_batch_done=self.on_batch_done, worker_id=self.worker_id
+        )
         self.loaded_at = time.monotonic()
         self.switches.append(Switch(now_f(), unloaded, model, requeued, unload_seconds, load_seconds, rule))
         if unloaded is None:

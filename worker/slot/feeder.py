@@ -45,8 +45,10 @@ def make_feeder(
     *,
     load: Callable[[Settings, str], Engine],
     on_batch_done: Callable[[str], None] | None = None,
+    worker_id: str | None = None,
 ) -> Feeder:
     """One model: a runner with its engine loaded now. Several: a slot that loads one when it is warmed."""
     if len(models) == 1:
-        return Runner(load(settings, models[0]), model=models[0], settings=settings, on_batch_done=on_batch_done)
-    return EngineSlot(models, settings, load=load, on_batch_done=on_batch_done)
+        engine = load(settings, models[0])
+        return Runner(engine, model=models[0], settings=settings, on_batch_done=on_batch_done, worker_id=worker_id)
+    return EngineSlot(models, settings, load=load, on_batch_done=on_batch_done, worker_id=worker_id)

@@ -43,12 +43,6 @@ def rows(batch_id: str) -> list[BatchRequest]:
 
 
 @ON_POSTGRES
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="issue 14 item 10: held work's leases lapse between tasks; the runner re-claims its own rows "
-    "and records them as duplicate_request error lines",
-)
 def test_work_held_between_run_tasks_longer_than_the_lease_ends_in_one_success_line_each(backend: Backend) -> None:
     # Four short requests finish within the first task; four long ones are still in the engine at its end,
     # leaving the runner below its refill mark, so its next task claims before it renews.
@@ -76,15 +70,10 @@ def test_work_held_between_run_tasks_longer_than_the_lease_ends_in_one_success_l
 
 
 @ON_POSTGRES
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="issue 14 item 10: every lapse between tasks re-runs held work and uses up an attempt; after three "
-    "the reaper fails the requests as engine_error although their worker never stopped",
-)
 def test_a_live_worker_whose_tasks_come_late_three_times_still_completes_its_held_requests(backend: Backend) -> None:
     # Eight long requests fill the runner (2 x max_num_seqs): it never claims on top, only renews.
-    batch_id, status = submit_job([chat(i, max_tokens=400) for i in range(8)])
+    # Long enough that none finishes within the three 0.3 s tasks (a 1 ms step emits one token each).
+    batch_id, status = submit_job([chat(i, max_tokens=1500) for i in range(8)])
     if status != "in_progress":
         pytest.fail(f"the batch did not ingest: {status}")
     engine = FakeEngine("fake-model", max_num_seqs=4, max_model_len=10**6, step_seconds=0.001)

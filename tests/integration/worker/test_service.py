@@ -7,9 +7,10 @@ import json
 import pytest
 from sqlalchemy import text
 
-from storage.db import get_engine
+from storage.batches import get_batch
+from storage.db import get_engine, transaction
 from tests.conftest import Backend
-from tests.integration.jobs import chat, create_job
+from tests.integration.jobs import chat, create_job, submit_job
 from worker import service
 
 pytestmark = pytest.mark.backfill_env({"BACKFILL_MODELS": json.dumps({"fake-model": {"path": "fake:"}})})
@@ -33,6 +34,32 @@ def test_a_big_ingest_refreshes_the_queue_statistics_on_postgres(
     assert service.ingest(batch_id) == "in_progress"
     after = _last_analyze()
     assert after is not None and after != before
+
+
+class BrokerDown:
+    """A waker whose broker refuses every message (Redis is down)."""
+
+    def send(self, task: str, kwargs: dict[str, object]) -> None:
+        raise ConnectionRefusedError("redis://127.0.0.1:6379: connection refused")
+
+
+def test_a_batch_whose_last_request_finishes_while_the_broker_is_down_is_finalized_by_the_gpu_worker(
+    backend: Backend,
+) -> None:
+    from storage.wakeups import set_waker
+
+    batch_id, _ = submit_job([chat(i) for i in range(3)])
+    set_waker(BrokerDown())
+    service.drop_runners()
+    try:
+        runner = service.get_runner("fake-model")
+        while runner.run_for(1.0):  # its last flush calls request_finalize, which cannot wake the io worker
+            pass
+        service._finalizer.submit(lambda: None).result(timeout=30)  # the finalize queued behind it has run
+    finally:
+        service.drop_runners()  # runners are cached per model name: this registry must not leak into others
+    with transaction() as session:
+        assert get_batch(session, tenant_id=None, batch_id=batch_id).status == "completed"
 
 
 def test_a_changed_model_spec_gets_a_new_engine_and_the_old_one_is_closed(
