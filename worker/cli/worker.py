@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from typing import Any
 
 from storage.settings import get_settings
@@ -70,13 +71,34 @@ def run(args: argparse.Namespace) -> int:
     finally:
         service.stop_liveness()  # after the hand-back: drop the heartbeat row, nobody waits for it to go stale
     # Celery returns here after a stop it was asked for (SIGTERM, SIGINT: `shutdown.stopping`) and after
-    # one it chose, on an "Unrecoverable error" (e.g. kombu failing in an ack while Redis restarts); its
-    # exit code does not reach us. The second must exit non-zero, so an `on-failure` restart policy brings
-    # ingest, finalize and the reaper back.
-    if not shutdown.stopping.is_set():
-        print("backfill: the Celery worker stopped on its own (see the log above); exiting 1", file=sys.stderr)
+    # one it chose, on an "Unrecoverable error" (e.g. kombu failing in an ack while Redis restarts; found by
+    # `make chaos`); its exit code does not reach us. After the second the worker starts itself again (a
+    # fresh process image: nothing of the broken connection survives), so ingest, finalize and the reaper
+    # come back with no supervisor; after RESTARTS_MAX quick restarts in a row it exits 1 instead.
+    if shutdown.stopping.is_set():
+        return 0
+    return _restart(args)
+
+
+RESTARTS_MAX = 10  # quick restarts in a row (each within RESTART_QUICK_SECONDS of its start) before giving up
+RESTART_QUICK_SECONDS = 60.0
+_RESTARTS_ENV = "_BACKFILL_WORKER_RESTARTS"  # not a setting: the count one image hands the next
+_STARTED = time.monotonic()
+
+
+def _restart(args: argparse.Namespace) -> int:
+    quick = int(os.environ.get(_RESTARTS_ENV, "0")) + 1 if time.monotonic() - _STARTED < RESTART_QUICK_SECONDS else 1
+    if quick > RESTARTS_MAX:
+        print(f"backfill: the Celery worker stopped on its own {quick - 1} times in a row; exiting 1", file=sys.stderr)
         return 1
-    return 0
+    print("backfill: the Celery worker stopped on its own (see the log above); restarting", file=sys.stderr, flush=True)
+    time.sleep(min(quick, 5))
+    argv = [sys.executable, "-m", "worker.cli", "worker", "--role", args.role]
+    for flag, value in (("--model", args.model), ("--models", args.models), ("--metrics-port", args.metrics_port)):
+        if value is not None:
+            argv += [flag, str(value)]
+    os.execve(sys.executable, argv, {**os.environ, _RESTARTS_ENV: str(quick)})
+    return 1  # not reached
 
 
 def _names(text: str) -> list[str]:
