@@ -32,7 +32,7 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._setup import OUT, PG_ADMIN, submit
+from bench._setup import OUT, PG_ADMIN, plot_dir, submit
 
 MODEL = "fake-model"
 TENANTS = 4
@@ -252,6 +252,31 @@ def exactly_once(engine: sa.Engine, batch_ids: list[str], total: int) -> dict[st
     }
 
 
+def plot_throughput(result: dict[str, Any]) -> None:
+    """Throughput of N workers ÷ one worker against N, beside the ideal: docs/workers-throughput.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    counts = [r["workers"] for r in result["runs"]]
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    ax.plot(counts, counts, "--", color="grey", label="ideal (N x one worker)")
+    ax.plot(counts, [r["ratio_vs_one"] for r in result["runs"]], "o-", label="measured")
+    for r in result["runs"]:
+        ax.annotate(
+            f"{r['ratio_vs_one']:.2f}x", (r["workers"], r["ratio_vs_one"]), textcoords="offset points", xytext=(6, -12)
+        )
+    ax.set_xlabel("GPU-worker processes on one Postgres queue")
+    ax.set_ylabel("throughput / one worker")
+    ax.set_xticks(counts)
+    ax.set_title(f"N workers, fake engine ({result['step_ms']:.0f} ms steps), 2-core machine", fontsize=9)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(plot_dir() / "workers-throughput.png", dpi=110)
+    plt.close(fig)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--workers", default="1,2,4,8")
@@ -302,6 +327,7 @@ def main() -> int:
         print(json.dumps(result, indent=2))
         OUT.mkdir(exist_ok=True)
         (OUT / "workers.json").write_text(json.dumps(result))
+        plot_throughput(result)
     finally:
         engine.dispose()
         from storage.db import get_engine
