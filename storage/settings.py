@@ -127,7 +127,8 @@ class Settings(BaseSettings):
     s3_endpoint_url: str | None = None
     s3_bucket: str | None = None
     s3_region: str = "us-east-1"
-    s3_multipart_threshold_bytes: int = Field(default=16 * 1024 * 1024, ge=5 * 1024 * 1024)
+    # The part size too: with two parts in flight an upload holds ~3 parts (24 MiB); 10,000 parts = 80 GB.
+    s3_multipart_threshold_bytes: int = Field(default=8 * 1024 * 1024, ge=5 * 1024 * 1024)
 
     # Upload and batch limits (OpenAI's defaults).
     upload_max_bytes: int = Field(default=200 * 1024 * 1024, ge=1)

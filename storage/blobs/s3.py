@@ -17,7 +17,7 @@ from storage.blobs import StoredBlob
 from storage.metrics.events import count_s3_error
 
 _S3_ERRORS = (BotoCoreError, ClientError)
-PARTS_IN_FLIGHT = 2  # parts being sent while the next is read: ~3 parts (48 MiB) of memory per upload
+PARTS_IN_FLIGHT = 2  # parts being sent while the next is read: ~3 parts (24 MiB at 8 MiB) per upload
 
 
 class S3BlobStore:
