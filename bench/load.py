@@ -2,7 +2,7 @@
 
 While they run, a probe measures `/health` and `GET /v1/batches` latency every 50 ms. Prints the errors
 (by kind), the p50/p99 of both probes and of the clients' upload + create, and any orphan object (an
-object in storage with no file row). Usage:
+object in storage that no file row or batch manifest names). Usage:
 
     .venv/bin/python bench/load.py [--clients 100] [--lines 20] [--postgres] [--s3]
 
@@ -169,14 +169,15 @@ def _serve(env: dict[str, str], port: int) -> tuple[subprocess.Popen[bytes], str
 
 
 def orphans(env: dict[str, str]) -> int:
-    """Objects in the local store or bucket that no file row names."""
+    """Objects in the local store or bucket that no file row (or batch manifest) names."""
     os.environ.update(env)
     from storage.blobs import get_blob_store
     from storage.db import transaction
-    from storage.models import File
+    from storage.models import Batch, File
 
     with transaction() as session:
         keys = {row.blob_key for row in session.query(File)}
+        keys |= {row.manifest_key for row in session.query(Batch) if row.manifest_key}
     store: Any = get_blob_store()
     if hasattr(store, "client"):
         listed = store.client.list_objects_v2(Bucket=store.bucket).get("Contents", [])
