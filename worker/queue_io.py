@@ -74,7 +74,7 @@ class QueueIO:
         self.model, self.worker_id, self.lease_seconds = model, worker_id, lease_seconds
         self.on_batch_done = on_batch_done
         self._writes: queue.Queue[_Flush | list[str] | None] = queue.Queue(maxsize=MAX_PENDING)
-        self._claims: queue.Queue[int | None] = queue.Queue(maxsize=1)
+        self._claims: queue.Queue[tuple[int, frozenset[str]] | None] = queue.Queue(maxsize=1)
         self._lock = threading.Lock()
         self._uncommitted: dict[int, frozenset[str]] = {}  # id(flush) -> its request ids, until committed
         self._claimed: deque[Claimed] = deque()
@@ -116,14 +116,15 @@ class QueueIO:
         self._check_open()
         self._writes.put(list(request_ids))
 
-    def request_claim(self, limit: int) -> None:
-        """Ask the claimer for up to `limit` rows, unless a claim is already on its way."""
+    def request_claim(self, limit: int, *, held: frozenset[str] = frozenset()) -> None:
+        """Ask the claimer for up to `limit` rows, unless a claim is already on its way; a row in `held` (still in
+        this worker's engine) that comes back is a re-lease, as on the inline path."""
         self._check_open()
         with self._lock:
             if self._claiming or self._claimed or limit <= 0:
                 return
             self._claiming = True
-        self._claims.put(limit)
+        self._claims.put((limit, held))
 
     def claiming(self) -> bool:
         """True while a claim is outstanding or rows it leased wait to be collected."""
@@ -239,7 +240,8 @@ class QueueIO:
             self._lost |= lost - waiting  # a result waiting for commit is not in flight: nothing to abort
 
     def _claim_loop(self) -> None:
-        while (limit := self._claims.get()) is not None:
+        while (asked := self._claims.get()) is not None:
+            limit, held = asked
             rows: list[ClaimedRequest] = []
             try:
                 with transaction() as session:
@@ -249,6 +251,7 @@ class QueueIO:
                         worker_id=self.worker_id,
                         limit=limit,
                         lease_seconds=self.lease_seconds,
+                        held=held,
                     )
             except Exception as error:
                 log.exception("runner claim failed")

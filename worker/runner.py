@@ -209,7 +209,7 @@ class Runner:
             return  # the queue was empty a moment ago; don't poll it on every step
         want = self.max_inflight - len(self.inflight)
         if self.io is not None:  # claimed on the claimer thread; the rows arrive at a later top-up
-            self.io.request_claim(want)
+            self.io.request_claim(want, held=frozenset(self.held()))
             return
         held = set(self.held())
         with transaction() as session:

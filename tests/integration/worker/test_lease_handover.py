@@ -37,13 +37,25 @@ pytestmark = pytest.mark.backfill_env(
 ON_POSTGRES = pytest.mark.parametrize("backend", ["postgres"], indirect=True)
 
 
+@pytest.fixture(params=["inline", "io-thread"])
+def runner_io(request: pytest.FixtureRequest, backend: Backend, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both runner paths: database work on the engine's thread, and on the runner's I/O threads."""
+    if request.param == "io-thread":
+        monkeypatch.setenv("BACKFILL_RUNNER_IO_THREAD", "true")
+        get_settings.cache_clear()
+    assert get_settings().runner_io_thread == (request.param == "io-thread")
+    return str(request.param)
+
+
 def rows(batch_id: str) -> list[BatchRequest]:
     with transaction() as session:
         return list(session.scalars(select(BatchRequest).where(BatchRequest.batch_id == batch_id)))
 
 
 @ON_POSTGRES
-def test_work_held_between_run_tasks_longer_than_the_lease_ends_in_one_success_line_each(backend: Backend) -> None:
+def test_work_held_between_run_tasks_longer_than_the_lease_ends_in_one_success_line_each(
+    backend: Backend, runner_io: str
+) -> None:
     # Four short requests finish within the first task; four long ones are still in the engine at its end,
     # leaving the runner below its refill mark, so its next task claims before it renews.
     batch_id, status = submit_job([chat(i, max_tokens=2 if i < 4 else 100) for i in range(8)])
@@ -62,6 +74,7 @@ def test_work_held_between_run_tasks_longer_than_the_lease_ends_in_one_success_l
         pytest.fail(f"the reaper re-queued {requeued} of the {held} held requests")
     while runner.run_for(5.0):  # the next tasks, on the same live worker
         pass
+    runner.close_io()  # the I/O threads must not outlive this test's database
     result = rows(batch_id)
     errors = {row.custom_id: row.error_code for row in result if row.status != "completed"}
     assert errors == {}, f"{len(errors)} of {held} held requests ended as error lines: {errors}"
@@ -70,7 +83,9 @@ def test_work_held_between_run_tasks_longer_than_the_lease_ends_in_one_success_l
 
 
 @ON_POSTGRES
-def test_a_live_worker_whose_tasks_come_late_three_times_still_completes_its_held_requests(backend: Backend) -> None:
+def test_a_live_worker_whose_tasks_come_late_three_times_still_completes_its_held_requests(
+    backend: Backend, runner_io: str
+) -> None:
     # Eight long requests fill the runner (2 x max_num_seqs): it never claims on top, only renews.
     # Long enough that none finishes within the three 0.3 s tasks (a 1 ms step emits one token each).
     batch_id, status = submit_job([chat(i, max_tokens=1500) for i in range(8)])
@@ -87,6 +102,7 @@ def test_a_live_worker_whose_tasks_come_late_three_times_still_completes_its_hel
             reap(session)
     while runner.run_for(5.0):
         pass
+    runner.close_io()
     result = rows(batch_id)
     outcomes = {(row.status, row.error_code) for row in result}
     assert outcomes == {("completed", None)}, f"attempts {[row.attempts for row in result]}, outcomes {outcomes}"
