@@ -4,6 +4,7 @@ official SDK's own retries then ride out a short outage. Found by `make chaos` (
 from __future__ import annotations
 
 import httpx
+import openai
 import pytest
 import sqlalchemy as sa
 
@@ -33,8 +34,11 @@ def test_a_database_outage_answers_503_with_retry_after_and_recovers(backend: Ba
     try:
         down = httpx.get(f"{api.base_url}/v1/batches", headers=headers)
         files = httpx.get(f"{api.base_url}/v1/files", headers=headers)
+        with pytest.raises(openai.APIStatusError) as raised:  # the SDK as a client meets it (retries off here)
+            api.client(key).batches.list()
     finally:
         _allow_connections(database, True)
+    assert raised.value.status_code == 503 and raised.value.code == "service_unavailable"
     assert down.status_code == 503 and files.status_code == 503
     assert down.headers["Retry-After"] == "5"
     error = down.json()["error"]
