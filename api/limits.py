@@ -1,9 +1,15 @@
-"""Request limits enforced before a route runs: body size, NUL bytes in the URL, the request thread pool.
+"""Request limits enforced before a route runs: body size and shape, NUL bytes in the URL, the request pool.
 
 FastAPI parses a multipart upload (spooling it to disk) before the route is called, so a limit checked
 inside the route comes after the whole body was read. This ASGI middleware refuses a declared
 Content-Length over the limit before reading anything, and stops a chunked body as soon as it passes the
-limit. Uploads (`POST /v1/files`) may be `upload_max_bytes` plus multipart framing; every other body 1 MiB.
+limit. Three kinds of body, one rule each:
+- uploads (`POST /v1/files`): `upload_max_bytes` plus multipart framing, streamed; the file's lines are
+  judged by the one line checker at ingest;
+- the Anthropic create (`POST /v1/messages/batches`): `message_batch_max_bytes`, streamed into the route,
+  which splits it with the one bounded reader (storage/bounded_json.py) and judges each request;
+- every other body: at most 1 MiB, read here whole, then walked for depth and parsed strictly by the same
+  bounded reader (off the event loop) before the app sees it: a 400 in the path's envelope, never a 500.
 """
 
 from __future__ import annotations
@@ -15,7 +21,12 @@ import anyio.to_thread
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from api.anthropic.errors import is_anthropic_path
+from storage.bounded_json import check_body
+from storage.errors import InvalidRequest
+
 UPLOAD_PATH = "/v1/files"
+MESSAGE_BATCHES_PATH = "/v1/messages/batches"
 MULTIPART_SLACK_BYTES = 64 * 1024  # boundaries and part headers around the file
 BODY_MAX_BYTES = 1024 * 1024  # JSON bodies (batch creation, estimates): a few kB in practice
 
@@ -27,16 +38,23 @@ class _BodyTooLarge(Exception):
 class RequestLimits:
     """Pure ASGI middleware (no buffering of its own): size limits and URL hygiene for every HTTP request."""
 
-    def __init__(self, app: ASGIApp, *, upload_max_bytes: int, threads: int) -> None:
+    def __init__(self, app: ASGIApp, *, upload_max_bytes: int, message_batch_max_bytes: int, threads: int) -> None:
         self.app = app
         self.upload_max_bytes = upload_max_bytes
+        self.message_batch_max_bytes = message_batch_max_bytes
         self.threads = threads
         self._threads_set = False
 
-    def _limit(self, scope: Scope) -> int:
-        if scope["method"] == "POST" and scope["path"].rstrip("/") == UPLOAD_PATH:
+    def _streamed_limit(self, scope: Scope) -> int | None:
+        """The limit of a body the route streams itself, or None for a small body checked here."""
+        if scope["method"] != "POST":
+            return None
+        path = scope["path"].rstrip("/")
+        if path == UPLOAD_PATH:
             return self.upload_max_bytes + MULTIPART_SLACK_BYTES
-        return BODY_MAX_BYTES
+        if path == MESSAGE_BATCHES_PATH:
+            return self.message_batch_max_bytes
+        return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -49,14 +67,52 @@ class RequestLimits:
             b"\x00" in scope.get("raw_path", b"") + unquote_to_bytes(scope.get("query_string", b""))
             or "\x00" in (scope["path"])
         ):
-            await _answer(send, 400, "The URL contains a NUL character.", code="invalid_request")
+            await _answer(send, scope, 400, "The URL contains a NUL character.", code="invalid_request")
             return
-        limit = self._limit(scope)
+        streamed = self._streamed_limit(scope)
+        limit = BODY_MAX_BYTES if streamed is None else streamed
         declared = _content_length(scope)
         if declared is not None and declared > limit:
             await _too_large(send, scope, limit)
             return
-        await self._streamed(scope, receive, send, limit)
+        if streamed is None:
+            await self._checked(scope, receive, send)
+        else:
+            await self._streamed(scope, receive, send, limit)
+
+    async def _checked(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A small body, read whole (at most 1 MiB), judged by the bounded reader, then replayed to the app."""
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > BODY_MAX_BYTES:
+                await _too_large(send, scope, BODY_MAX_BYTES)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        if body.strip():
+            try:  # off the event loop: walking and parsing 1 MiB must not hold /health
+                await anyio.to_thread.run_sync(check_body, [body])
+            except InvalidRequest as error:
+                await _answer(send, scope, 400, error.message, code=error.code)
+                return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
 
     async def _streamed(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
         received = 0
@@ -102,16 +158,23 @@ async def _too_large(send: Send, scope: Scope, limit: int) -> None:
     size = limit - MULTIPART_SLACK_BYTES if upload else limit
     await _answer(
         send,
+        scope,
         413,
         f"{what} is larger than the {size} byte limit.",
-        code="file_too_large",
+        code="file_too_large" if upload else "request_too_large",
         param="file" if upload else None,
     )
 
 
-async def _answer(send: Send, status: int, message: str, *, code: str, param: str | None = None) -> None:
-    """OpenAI's envelope (api/errors.py's shape), closing the connection: the rest of the body is never read."""
-    body = orjson.dumps({"error": {"message": message, "type": "invalid_request_error", "param": param, "code": code}})
+async def _answer(send: Send, scope: Scope, status: int, message: str, *, code: str, param: str | None = None) -> None:
+    """The path's envelope (OpenAI's, or Anthropic's on its paths), closing the connection: the rest of the
+    body is never read."""
+    if is_anthropic_path(scope["path"].rstrip("/")):
+        kind = "request_too_large" if status == 413 else "invalid_request_error"
+        body = orjson.dumps({"type": "error", "error": {"type": kind, "message": message}})
+    else:
+        error = {"message": message, "type": "invalid_request_error", "param": param, "code": code}
+        body = orjson.dumps({"error": error})
     headers: list[tuple[bytes, bytes]] = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
@@ -127,4 +190,9 @@ def install(app: Any) -> None:
     from storage.settings import get_settings
 
     settings = get_settings()
-    app.add_middleware(RequestLimits, upload_max_bytes=settings.upload_max_bytes, threads=settings.api_threads)
+    app.add_middleware(
+        RequestLimits,
+        upload_max_bytes=settings.upload_max_bytes,
+        message_batch_max_bytes=settings.message_batch_max_bytes,
+        threads=settings.api_threads,
+    )

@@ -142,7 +142,7 @@ _DIGITS_AS_NINES = bytes(57 if 48 <= byte <= 57 else 32 for byte in range(256))
 _LONG_NUMBER = b"9" * 19
 
 
-def _may_be_unstorable(raw: bytes) -> bool:
+def may_be_unstorable(raw: bytes) -> bool:
     """Cheap pre-test on the bytes: too few brackets to nest too deep and no 19-digit run: nothing to walk."""
     return raw.count(b"[") + raw.count(b"{") > LINE_MAX_DEPTH or _LONG_NUMBER in raw.translate(_DIGITS_AS_NINES)
 
@@ -266,7 +266,7 @@ class LineChecker:
             return LineError(number, "invalid_json", f"Line {number} is not valid JSON: {error}.")
         if not isinstance(item, dict):
             return LineError(number, "invalid_json", f"Line {number} must be a JSON object.")
-        problem = shape_problem(item) if _may_be_unstorable(raw) else None
+        problem = shape_problem(item) if may_be_unstorable(raw) else None
         if problem == "too_deeply_nested":
             message = f"Line {number} nests deeper than {LINE_MAX_DEPTH} levels."
             return LineError(number, problem, message, "body")

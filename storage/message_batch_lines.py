@@ -16,17 +16,18 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import ijson
 import orjson
 
+from storage.bounded_json import REQUESTS_REQUIRED, RequestsSplitter, value_problem
 from storage.errors import InvalidRequest, RequestTooLarge
-from storage.lines import iter_lines
+from storage.lines import iter_lines, may_be_unstorable
 
 MESSAGES_URL = "/v1/messages"
-CUSTOM_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+CUSTOM_ID = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # fullmatch: `$` would let a trailing newline through
 MODEL_MAX_CHARS = 200  # batch_requests.model
 DESCRIBED_PROBLEMS = 20  # problems spelled out in the 400; every bad index is listed regardless
 CHUNK_BYTES = 1024 * 1024
+RAW_SLACK = 2  # a request as sent may carry white space its stored line drops: held up to twice the line limit
 _REQUEST_KEYS = frozenset({"custom_id", "params"})
 
 
@@ -55,52 +56,61 @@ class RequestsReader:
         self.first_model: str | None = None
         self.mixed_models = False
         self._custom_ids: dict[str, int] = {}
+        self.unknown_keys: list[str] = []
 
     def lines(self, chunks: Iterable[bytes]) -> Iterator[bytes]:
-        """JSONL bytes in ~1 MiB chunks; once a problem is seen, nothing more is yielded (but all is read)."""
-        found = ijson.sendable_list()
-        parser = ijson.items_coro(found, "requests.item", use_float=True)
+        """JSONL bytes in ~1 MiB chunks; once a problem is seen, nothing more is yielded (but all is read).
+
+        The body is split into its requests by the one bounded reader (storage/bounded_json.py): depth is
+        counted over the bytes before anything is built, and no request is held past its size limit.
+        """
+        splitter = RequestsSplitter(max_item_bytes=RAW_SLACK * self.max_request_bytes)
         buffer = bytearray()
-        try:
-            for chunk in chunks:
-                self.body_bytes += len(chunk)
-                if self.body_bytes > self.max_body_bytes:
-                    raise RequestTooLarge(f"Request exceeds the maximum size of {self.max_body_bytes} bytes.")
-                parser.send(chunk)
-                for item in found:
-                    if (line := self._line(item)) is not None and not self.problems:
-                        buffer += line
-                del found[:]
-                if len(buffer) >= CHUNK_BYTES:
-                    yield bytes(buffer)
-                    buffer.clear()
-            parser.close()
-            for item in found:
-                if (line := self._line(item)) is not None and not self.problems:
+        for chunk in chunks:
+            self.body_bytes += len(chunk)
+            if self.body_bytes > self.max_body_bytes:
+                raise RequestTooLarge(f"Request exceeds the maximum size of {self.max_body_bytes} bytes.")
+            for raw, problem in splitter.feed(chunk):
+                line = self._line(raw, problem)
+                if line is not None and not self.problems:
                     buffer += line
-        except ijson.JSONError as error:
-            raise InvalidRequest(f"The request body is not valid JSON: {error}") from None
+            if len(buffer) >= CHUNK_BYTES:
+                yield bytes(buffer)
+                buffer.clear()
+        splitter.close()
+        self.unknown_keys = splitter.unknown_keys
         if buffer and not self.problems:
             yield bytes(buffer)
 
     def raise_if_bad(self) -> None:
-        """One 400 naming every bad request (the first few described), or nothing."""
+        """One 400 naming every bad request (the first few described) and unknown fields, or nothing."""
+        unknown = "; ".join(f"{key}: Extra inputs are not permitted" for key in self.unknown_keys[:DESCRIBED_PROBLEMS])
         if self.count == 0 and not self.problems:
-            raise InvalidRequest('requests: List should have at least 1 item ({"requests": [{"custom_id", "params"}]})')
+            raise InvalidRequest(REQUESTS_REQUIRED + (f"; {unknown}" if unknown else ""))
         if not self.problems:
+            if unknown:
+                raise InvalidRequest(unknown)
             return
         described = "; ".join(problem.message for problem in self.problems[:DESCRIBED_PROBLEMS])
         more = len(self.problems) - DESCRIBED_PROBLEMS
         if more > 0:
             described += f"; and {more} more"
         indices = _ranges([problem.index for problem in self.problems])
-        raise InvalidRequest(f"{len(self.problems)} invalid requests (indices {indices}): {described}")
+        message = f"{len(self.problems)} invalid requests (indices {indices}): {described}"
+        raise InvalidRequest(message + (f"; {unknown}" if unknown else ""))
 
-    def _line(self, item: Any) -> bytes | None:
+    def _line(self, raw: bytes | None, problem: str | None) -> bytes | None:
         index = self.count
         self.count += 1
         if self.count > self.max_requests:
             raise InvalidRequest(f"requests: at most {self.max_requests} requests per batch")
+        if raw is None:
+            self.problems.append(RequestProblem(index, f"requests.{index}: {problem}"))
+            return None
+        item, problem = _parse_item(raw)
+        if problem is not None:
+            self.problems.append(RequestProblem(index, f"requests.{index}: {problem}"))
+            return None
         problem = self._problem(index, item)
         if problem is not None:
             self.problems.append(RequestProblem(index, problem))
@@ -122,7 +132,7 @@ class RequestsReader:
         if extra:
             return f"{where}.{extra[0]}: Extra inputs are not permitted"
         custom_id = item.get("custom_id")
-        if not isinstance(custom_id, str) or not CUSTOM_ID.match(custom_id):
+        if not isinstance(custom_id, str) or not CUSTOM_ID.fullmatch(custom_id):
             return f"{where}.custom_id: must match ^[a-zA-Z0-9_-]{{1,64}}$"
         if custom_id in self._custom_ids:
             return f"{where}.custom_id: duplicate custom_id {custom_id!r} (also requests.{self._custom_ids[custom_id]})"
@@ -140,6 +150,15 @@ class RequestsReader:
             self.first_model = model
         elif model != self.first_model:
             self.mixed_models = True
+
+
+def _parse_item(raw: bytes) -> tuple[Any, str | None]:
+    """One request's bytes (depth already bounded by the splitter) parsed strictly, with the line rules."""
+    try:
+        item = orjson.loads(raw)
+    except orjson.JSONDecodeError as error:
+        return None, f"not valid JSON ({error})"
+    return item, value_problem(item, allow_nul=True) if may_be_unstorable(raw) else None
 
 
 def _params_problem(where: str, params: dict[str, Any]) -> str | None:

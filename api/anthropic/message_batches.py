@@ -16,7 +16,6 @@ from fastapi.responses import StreamingResponse
 from api.anthropic.deps import Caller
 from api.anthropic.schemas import DeletedMessageBatch, MessageBatch, MessageBatchList
 from api.deps import Blobs, Config, DbSession
-from storage.errors import RequestTooLarge
 from storage.finance.goodput import batch_goodput
 from storage.finance.job_cost import batch_cost_json
 from storage.message_batches import (
@@ -37,10 +36,9 @@ router = APIRouter(prefix="/v1/messages/batches", tags=["message batches"])
 
 @router.post("", response_model=MessageBatch)
 def create(request: Request, session: DbSession, caller: Caller, blobs: Blobs, settings: Config) -> MessageBatch:
-    """Create a Message Batch from inline `requests: [{custom_id, params}]`; it is validated, then queued."""
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > settings.message_batch_max_bytes:
-        raise RequestTooLarge(f"Request exceeds the maximum size of {settings.message_batch_max_bytes} bytes.")
+    """Create a Message Batch from inline `requests: [{custom_id, params}]`; it is validated, then queued.
+
+    The body (up to `message_batch_max_bytes`, api/limits.py) streams through the one bounded reader."""
     batch = create_message_batch(session, blobs, settings, tenant_id=caller.tenant_id, chunks=_body(request))
     wake_after_commit(session, "batch.ingest", batch_id=batch.id)
     return _render(session, request, batch)
