@@ -165,6 +165,8 @@ def _params_problem(where: str, params: dict[str, Any]) -> str | None:
     model = params.get("model")
     if not isinstance(model, str) or not model or len(model) > MODEL_MAX_CHARS:
         return f"{where}.params.model: Field required (a model name of at most {MODEL_MAX_CHARS} characters)"
+    if "\x00" in model:  # a text column (and Postgres' COPY) cannot hold NUL
+        return f"{where}.params.model: contains a NUL character"
     max_tokens = params.get("max_tokens")
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
         return f"{where}.params.max_tokens: Field required (an integer of at least 1)"

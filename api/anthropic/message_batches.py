@@ -34,7 +34,42 @@ from storage.wakeups import wake_after_commit
 router = APIRouter(prefix="/v1/messages/batches", tags=["message batches"])
 
 
-@router.post("", response_model=MessageBatch)
+# The body is streamed, not parsed by FastAPI, so its schema is declared here (for clients and the fuzzers).
+_CREATE_BODY = {
+    "type": "object",
+    "required": ["requests"],
+    "additionalProperties": False,
+    "properties": {
+        "requests": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "required": ["custom_id", "params"],
+                "additionalProperties": False,
+                "properties": {
+                    "custom_id": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"},
+                    "params": {
+                        "type": "object",
+                        "required": ["model", "max_tokens", "messages"],
+                        "properties": {
+                            "model": {"type": "string", "minLength": 1, "maxLength": 200},
+                            "max_tokens": {"type": "integer", "minimum": 1},
+                            "messages": {"type": "array", "minItems": 1, "items": {"type": "object"}},
+                        },
+                    },
+                },
+            },
+        }
+    },
+}
+
+
+@router.post(
+    "",
+    response_model=MessageBatch,
+    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": _CREATE_BODY}}}},
+)
 def create(request: Request, session: DbSession, caller: Caller, blobs: Blobs, settings: Config) -> MessageBatch:
     """Create a Message Batch from inline `requests: [{custom_id, params}]`; it is validated, then queued.
 

@@ -100,6 +100,23 @@ def test_errors_on_anthropic_paths_leave_in_anthropics_envelope(server: LiveServ
     assert "byte limit" in anthropic_error(post(server, "/v1/messages/batches/msgbatch_x/cancel", key, oversized), 413)
 
 
+def test_nul_is_data_in_params_but_never_in_a_model_name(api: LiveServer) -> None:
+    """A model name lands in a text column (Postgres cannot hold NUL); message content is JSON data."""
+    import anthropic
+
+    key = make_key("acme")
+    bad = orjson.dumps({"requests": [message_request("a", model="fake\u0000model")]})
+    message = anthropic_error(post(api, "/v1/messages/batches", key, bad), 400)
+    assert "requests.0.params.model: contains a NUL character" in message
+    content = [{"role": "user", "content": "a\u0000b"}]
+    client = anthropic.Anthropic(api_key=key, base_url=api.base_url, max_retries=0)
+    batch = client.messages.batches.create(requests=[message_request("n", messages=content)])  # type: ignore[list-item]
+    deadline = time.monotonic() + 60
+    while client.messages.batches.retrieve(batch.id).processing_status != "ended" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert [line.result.type for line in client.messages.batches.results(batch.id)] == ["succeeded"]
+
+
 # -- item 4: 500s that dropped the connection ---------------------------------------------------------------------
 
 
