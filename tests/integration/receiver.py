@@ -25,6 +25,7 @@ class Reply:
     body: bytes = b"ok"
     headers: dict[str, str] = field(default_factory=dict)
     delay_seconds: float = 0.0
+    byte_every_seconds: float = 0.0  # > 0: after the headers, the body one byte at a time (a hostile trickle)
 
 
 class Receiver:
@@ -64,7 +65,12 @@ class Receiver:
                         self.send_header(name, value)
                     self.send_header("content-length", str(len(reply.body)))
                     self.end_headers()
-                    self.wfile.write(reply.body)
+                    if not reply.byte_every_seconds:
+                        self.wfile.write(reply.body)
+                    for byte in reply.body if reply.byte_every_seconds else b"":
+                        self.wfile.write(bytes([byte]))
+                        self.wfile.flush()
+                        time.sleep(reply.byte_every_seconds)
                 except (BrokenPipeError, ConnectionResetError):  # the sender timed out and hung up
                     pass
 
