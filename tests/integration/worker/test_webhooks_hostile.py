@@ -46,10 +46,13 @@ def attempts() -> list[WebhookAttempt]:
 
 
 @pytest.mark.backfill_env({"BACKFILL_MODELS": FAKE_MODELS, **WEBHOOK_TEST_ENV, "BACKFILL_WEBHOOK_TIMEOUT_SECONDS": "1"})
+@pytest.mark.parametrize(
+    "trickle", [TRICKLE, Reply(200, b"ok", byte_every_seconds=0.25, trickle_headers=True)], ids=["body", "headers"]
+)
 def test_a_receiver_trickling_its_answer_is_cut_off_at_the_attempt_deadline(
-    backend: Backend, receiver: Receiver
+    backend: Backend, receiver: Receiver, trickle: Reply
 ) -> None:
-    receiver.script = [TRICKLE]
+    receiver.script = [trickle]
     register(f"{receiver.url}/hook")
     end_batch()
     started = time.monotonic()
@@ -57,6 +60,7 @@ def test_a_receiver_trickling_its_answer_is_cut_off_at_the_attempt_deadline(
     elapsed = time.monotonic() - started
     assert elapsed < 1 + 1.0, f"one attempt took {elapsed:.1f} s against a 1 s deadline"
     [first] = attempts()
+    print(f"\ntrickled attempt: {first.error} ({elapsed:.2f} s for the whole pass)")
     assert first.status_code is None and 900 <= first.duration_ms < 2000, first.duration_ms
     assert (first.error or "").startswith("timed out after 1.") and "deadline 1 s" in (first.error or "")
     [row] = delivery_rows()
