@@ -207,8 +207,10 @@ class Settings(BaseSettings):
     # Webhooks (docs/webhooks.md): signed, retried with exponential backoff and jitter for up to the window.
     webhook_allow_http: bool = False  # plain http:// targets (tests, a receiver on the same trusted host)
     # Non-public networks a target may resolve to (JSON list or comma-separated CIDRs, e.g. "127.0.0.1/32").
-    # Empty: loopback, private, link-local, CGNAT and reserved addresses are refused. Cloud metadata always is.
+    # Empty: loopback, private, CGNAT and reserved addresses are refused. Link-local and cloud metadata always are.
     webhook_allowed_networks: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # The whole attempt (connect, send, read the answer) ends this long after it began, however the receiver
+    # paces its bytes.
     webhook_timeout_seconds: float = Field(default=10.0, gt=0, le=60)
     webhook_retry_base_seconds: float = Field(default=5.0, gt=0)  # first retry after about this long
     webhook_retry_max_interval_seconds: float = Field(default=6 * 3600.0, gt=0)  # the doubling stops here
@@ -216,6 +218,9 @@ class Settings(BaseSettings):
     webhook_endpoints_per_tenant_max: int = Field(default=20, ge=1, le=1000)
     webhook_response_prefix_bytes: int = Field(default=1024, ge=0, le=65536)  # of each answer, kept per attempt
     webhook_concurrency: int = Field(default=8, ge=1, le=64)  # deliveries sent at once by one deliverer
+    # Of those, at most this many to one tenant's endpoints: its excess waits in the table, so a tenant whose
+    # receivers hang never takes the slots other tenants' deliveries need. At most `webhook_concurrency`.
+    webhook_concurrency_per_tenant: int = Field(default=2, ge=1, le=64)
     webhook_poll_seconds: float = Field(default=5.0, gt=0)  # how often due retries are looked for
     # Metrics (docs/operations.md). Workers and beat serve /metrics on `metrics_port` (0: off); the API on
     # its own port. Set `metrics_token` to require `Authorization: Bearer <token>` on the API's /metrics.

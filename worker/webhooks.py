@@ -4,16 +4,22 @@ Runs as the Celery task `webhook.deliver` (woken after each event's commit and b
 embedded, in a short-lived thread the worker loop starts (`deliver_in_background`). Every pass reads due
 rows from the database, so an event committed before a crash is sent after it: at least once, with the
 delivery's id as `webhook-id` on every attempt, until a 2xx or the retry window ends.
+
+A pass keeps `webhook_concurrency` attempts in flight, each ended at its deadline, at most
+`webhook_concurrency_per_tenant` of them to one tenant: whenever one ends it is recorded and the pass claims
+more, so one tenant's hanging receivers cost other tenants nothing but a claim interval.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 import httpx
 
@@ -29,7 +35,8 @@ from storage.webhooks.targets import Target, TargetPolicy, resolve_target
 log = logging.getLogger(__name__)
 
 USER_AGENT = "Backfill-Webhooks/0.1"
-CLAIM_MARGIN_SECONDS = 30.0  # a claim outlives the attempt's timeout by this much before it is retried
+CLAIM_MARGIN_SECONDS = 30.0  # a claim outlives the attempt's deadline by this much before it is retried
+CLAIM_INTERVAL_SECONDS = 0.25  # while attempts are in flight, how often a pass looks for new due deliveries
 
 
 def retry_delay_seconds(
@@ -59,13 +66,15 @@ def attempt(due: DueDelivery, settings: Settings) -> Outcome:
         return Outcome(started, int((time.perf_counter() - clock) * 1000), status, error, body)
 
     try:
-        return _attempt(due, settings, done)
+        return _attempt(due, settings, done, lambda: time.perf_counter() - clock)
     except Exception as error:  # a bug must not leave the row claimed and unrecorded, retried forever unseen
         log.exception("webhook %s: unexpected failure", due.id)
         return done(None, f"internal error: {type(error).__name__}: {error}")
 
 
-def _attempt(due: DueDelivery, settings: Settings, done: Callable[..., Outcome]) -> Outcome:
+def _attempt(
+    due: DueDelivery, settings: Settings, done: Callable[..., Outcome], elapsed: Callable[[], float]
+) -> Outcome:
     try:
         target = resolve_target(due.url, TargetPolicy.from_settings(settings))
     except InvalidWebhookUrl as error:
@@ -78,8 +87,8 @@ def _attempt(due: DueDelivery, settings: Settings, done: Callable[..., Outcome])
     }
     try:
         status, prefix, location = post(target, headers, body, settings)
-    except httpx.TimeoutException:
-        return done(None, f"timed out after {settings.webhook_timeout_seconds:g} s")
+    except (TimeoutError, httpx.TimeoutException):
+        return done(None, f"timed out after {elapsed():.2f} s (deadline {settings.webhook_timeout_seconds:g} s)")
     except httpx.HTTPError as error:
         return done(None, f"{type(error).__name__}: {error}")
     problem = None
@@ -105,13 +114,20 @@ def post(target: Target, headers: dict[str, str], body: bytes, settings: Setting
     """POST to the checked address (no proxy, no redirects, one connection); return status, body prefix, Location.
 
     Connecting to `target.address` rather than the host name keeps a second DNS answer from changing where
-    the request goes; TLS still verifies the certificate against the host name (SNI).
+    the request goes; TLS still verifies the certificate against the host name (SNI). The whole exchange
+    ends `webhook_timeout_seconds` after it began (TimeoutError): httpx's own timeouts bound each read, not
+    their sum, so a receiver sending a byte every few seconds would otherwise hold the attempt for hours.
     """
+    return asyncio.run(_post(target, headers, body, settings))
+
+
+async def _post(target: Target, headers: dict[str, str], body: bytes, settings: Settings) -> tuple[int, str, str]:
     extensions = {"sni_hostname": target.hostname} if target.scheme == "https" else {}
     limit = settings.webhook_response_prefix_bytes
     # One client per attempt: a pooled connection verified for one host must never carry another's request.
-    with (
-        httpx.Client(timeout=settings.webhook_timeout_seconds, follow_redirects=False, trust_env=False) as client,
+    async with (
+        asyncio.timeout(settings.webhook_timeout_seconds),
+        httpx.AsyncClient(timeout=settings.webhook_timeout_seconds, follow_redirects=False, trust_env=False) as client,
         client.stream(
             "POST",
             target.pinned_url(),
@@ -122,7 +138,7 @@ def post(target: Target, headers: dict[str, str], body: bytes, settings: Setting
     ):
         prefix = bytearray()
         if limit:
-            for chunk in response.iter_bytes():
+            async for chunk in response.aiter_bytes():
                 prefix += chunk
                 if len(prefix) >= limit:
                     break
@@ -133,32 +149,47 @@ def post(target: Target, headers: dict[str, str], body: bytes, settings: Setting
 def deliver_due(
     *, settings: Settings | None = None, stop: threading.Event | None = None, budget_seconds: float = 60.0
 ) -> int:
-    """Send what is due now, `webhook_concurrency` at a time, for at most about `budget_seconds`; return attempts."""
+    """Send what is due, claiming more for about `budget_seconds` as attempts end; return attempts made."""
     settings = settings or get_settings()
-    claim_seconds = settings.webhook_timeout_seconds + CLAIM_MARGIN_SECONDS
     deadline = time.monotonic() + budget_seconds
+    running: dict[Future[Outcome], DueDelivery] = {}
     made = 0
-    pool: ThreadPoolExecutor | None = None
-    try:
-        while time.monotonic() < deadline and not (stop is not None and stop.is_set()):
-            with transaction() as session:
-                due = claim_due(session, at=now_f(), limit=settings.webhook_concurrency, claim_seconds=claim_seconds)
-            if not due:
-                break
-            pool = pool or ThreadPoolExecutor(settings.webhook_concurrency, thread_name_prefix="webhook")
-            outcomes = list(pool.map(lambda item: attempt(item, settings), due))
-            with transaction() as session:
-                for item, outcome in zip(due, outcomes, strict=True):
-                    retry_at = None if outcome.delivered else next_attempt_at(item, at=now_f(), settings=settings)
-                    record_attempt(session, delivery_id=item.id, outcome=outcome, retry_at=retry_at)
-                    count_webhook_delivery(_metric_outcome(outcome, gave_up=retry_at is None))
-            for item, outcome in zip(due, outcomes, strict=True):
-                log.info("webhook %s attempt %d: %s", item.id, item.attempts + 1, outcome.error or outcome.status_code)
-            made += len(due)
-    finally:
-        if pool is not None:
-            pool.shutdown(wait=True)
-    return made
+    with ThreadPoolExecutor(settings.webhook_concurrency, thread_name_prefix="webhook") as pool:
+        while True:
+            if time.monotonic() < deadline and not (stop is not None and stop.is_set()):
+                for item in _claim(settings, in_flight=list(running.values())):
+                    running[pool.submit(attempt, item, settings)] = item
+            if not running:
+                return made
+            finished, _ = wait(running, timeout=CLAIM_INTERVAL_SECONDS, return_when=FIRST_COMPLETED)
+            for future in finished:
+                _record(running.pop(future), future.result(), settings)
+                made += 1
+
+
+def _claim(settings: Settings, *, in_flight: list[DueDelivery]) -> list[DueDelivery]:
+    """Claim due deliveries for the free slots, each tenant up to its share counting what it has in flight."""
+    free = settings.webhook_concurrency - len(in_flight)
+    if free <= 0:
+        return []
+    with transaction() as session:
+        return claim_due(
+            session,
+            at=now_f(),
+            limit=free,
+            claim_seconds=settings.webhook_timeout_seconds + CLAIM_MARGIN_SECONDS,
+            per_tenant=min(settings.webhook_concurrency_per_tenant, settings.webhook_concurrency),
+            in_flight=Counter(item.tenant_id for item in in_flight),
+        )
+
+
+def _record(item: DueDelivery, outcome: Outcome, settings: Settings) -> None:
+    """Store one attempt (its own short transaction) and schedule the retry, or give up."""
+    retry_at = None if outcome.delivered else next_attempt_at(item, at=now_f(), settings=settings)
+    with transaction() as session:
+        record_attempt(session, delivery_id=item.id, outcome=outcome, retry_at=retry_at)
+    count_webhook_delivery(_metric_outcome(outcome, gave_up=retry_at is None))
+    log.info("webhook %s attempt %d: %s", item.id, item.attempts + 1, outcome.error or outcome.status_code)
 
 
 _background: list[threading.Thread] = []

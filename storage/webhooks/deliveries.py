@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sqlalchemy import select
@@ -25,6 +27,7 @@ class DueDelivery:
     body: str
     attempts: int  # attempts made before this one
     created_at: int  # the event's time: retries stop a window after it
+    tenant_id: str = ""  # whose delivery it is: a deliverer gives each tenant a bounded share of its slots
 
 
 @dataclass(frozen=True)
@@ -42,25 +45,50 @@ class Outcome:
         return self.status_code is not None and 200 <= self.status_code < 300
 
 
-def claim_due(session: Session, *, at: float, limit: int, claim_seconds: float) -> list[DueDelivery]:
+def claim_due(
+    session: Session,
+    *,
+    at: float,
+    limit: int,
+    claim_seconds: float,
+    per_tenant: int | None = None,
+    in_flight: Mapping[str, int] | None = None,
+) -> list[DueDelivery]:
     """Lock up to `limit` due deliveries and push their due time `claim_seconds` out while they are sent.
 
-    A sender that dies mid-attempt leaves the row due again when the claim runs out: at least once.
+    With `per_tenant`, no tenant gets more than that many counting its `in_flight` ones (tenant id -> count):
+    its other due rows stay in the table for a later claim, oldest first, so they never wait in a queue
+    ahead of other tenants' deliveries. A sender that dies mid-attempt leaves the row due again when the
+    claim runs out: at least once.
     """
-    rows = session.execute(
-        select(WebhookDelivery, WebhookEndpoint, WebhookEvent.body)
-        .join(WebhookEndpoint, WebhookEndpoint.id == WebhookDelivery.endpoint_id)
-        .join(WebhookEvent, WebhookEvent.id == WebhookDelivery.event_id)
-        .where(WebhookDelivery.status == PENDING, WebhookDelivery.next_attempt_at <= at)
-        .order_by(WebhookDelivery.next_attempt_at)
-        .limit(limit)
-        .with_for_update(skip_locked=True, of=WebhookDelivery)
-    ).all()
-    claimed = []
-    for delivery, endpoint, body in rows:
-        delivery.next_attempt_at = at + claim_seconds
-        secrets = tuple(signing_secrets(endpoint, at=int(at)))
-        claimed.append(DueDelivery(delivery.id, endpoint.url, secrets, body, delivery.attempts, delivery.created_at))
+    load = Counter(in_flight or {})
+    cap = per_tenant or limit
+    claimed: list[DueDelivery] = []
+    while len(claimed) < limit:
+        full = [tenant for tenant, count in load.items() if count >= cap]
+        rows = session.execute(
+            select(WebhookDelivery, WebhookEndpoint, WebhookEvent.body)
+            .join(WebhookEndpoint, WebhookEndpoint.id == WebhookDelivery.endpoint_id)
+            .join(WebhookEvent, WebhookEvent.id == WebhookDelivery.event_id)
+            .where(WebhookDelivery.status == PENDING, WebhookDelivery.next_attempt_at <= at)
+            .where(WebhookDelivery.tenant_id.not_in(full), WebhookDelivery.id.not_in([c.id for c in claimed]))
+            .order_by(WebhookDelivery.next_attempt_at)
+            .limit(limit - len(claimed))
+            .with_for_update(skip_locked=True, of=WebhookDelivery)
+        ).all()
+        if not rows:
+            break
+        for delivery, endpoint, body in rows:  # the first row's tenant is never full: each round claims one
+            if load[delivery.tenant_id] >= cap:
+                continue
+            load[delivery.tenant_id] += 1
+            delivery.next_attempt_at = at + claim_seconds
+            secrets = tuple(signing_secrets(endpoint, at=int(at)))
+            claimed.append(
+                DueDelivery(
+                    delivery.id, endpoint.url, secrets, body, delivery.attempts, delivery.created_at, delivery.tenant_id
+                )
+            )
     session.flush()
     return claimed
 

@@ -3,7 +3,9 @@
 Checked when an endpoint is registered and again before every attempt (DNS can change in between), and
 the attempt then connects to the very address that was checked, so a second lookup cannot rebind it.
 The operator may allow non-public networks (`BACKFILL_WEBHOOK_ALLOWED_NETWORKS`, e.g. a receiver on the
-same host); cloud metadata addresses are refused whatever the setting says.
+same host); link-local and cloud metadata addresses are refused whatever the setting says (clouds serve
+credentials on link-local addresses beyond the well-known metadata ones). An IPv6 address that carries an
+IPv4 one (mapped, compatible, NAT64, 6to4, Teredo) is judged by the IPv4 address it carries.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ METADATA_ADDRESSES: frozenset[IPAddress] = frozenset(
     ipaddress.ip_address(a) for a in ("169.254.169.254", "169.254.170.2", "fd00:ec2::254", "100.100.100.200")
 )
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
 
 Resolver = Callable[[str, int], list[IPAddress]]
 
@@ -73,16 +76,29 @@ def _system_resolver(host: str, port: int) -> list[IPAddress]:
 
 def refusal(address: IPAddress, policy: TargetPolicy) -> str | None:
     """Why `address` may not receive webhooks (None: it may)."""
+    found = _refusal(address, policy)
+    return None if found is None else found[0]
+
+
+def _refusal(address: IPAddress, policy: TargetPolicy) -> tuple[str, bool] | None:
+    """Why `address` is refused and whether `BACKFILL_WEBHOOK_ALLOWED_NETWORKS` could open it."""
     embedded = _embedded_ipv4(address)
-    if embedded is not None:
-        return refusal(embedded, policy)
+    for inner in embedded:
+        found = _refusal(inner, policy)
+        if found is not None:
+            return found
+    if (
+        embedded and isinstance(address, ipaddress.IPv6Address) and address.teredo is None
+    ):  # the IPv6 form only wraps a public IPv4 address: judged as that
+        return None
     if address in METADATA_ADDRESSES:
-        return "a cloud metadata address"
+        return "a cloud metadata address", False
+    if address.is_link_local:
+        return "a link-local address", False
     if any(address in network for network in policy.allowed_networks):
         return None
     for kind, flag in (
         ("a loopback", address.is_loopback),
-        ("a link-local", address.is_link_local),
         ("an unspecified", address.is_unspecified),
         ("a multicast", address.is_multicast),
         ("a private", address.is_private),
@@ -90,18 +106,23 @@ def refusal(address: IPAddress, policy: TargetPolicy) -> str | None:
         ("a non-public", not address.is_global),
     ):
         if flag:
-            return f"{kind} address"
+            return f"{kind} address", True
     return None
 
 
-def _embedded_ipv4(address: IPAddress) -> ipaddress.IPv4Address | None:
+def _embedded_ipv4(address: IPAddress) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses an IPv6 address carries (a Teredo address carries its server's and its client's)."""
     if not isinstance(address, ipaddress.IPv6Address):
-        return None
+        return []
     if address.ipv4_mapped is not None:
-        return address.ipv4_mapped
-    if address in _NAT64:
-        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
-    return None
+        return [address.ipv4_mapped]
+    if address.sixtofour is not None:
+        return [address.sixtofour]
+    if address.teredo is not None:
+        return list(address.teredo)
+    if address in _NAT64 or (address in _IPV4_COMPATIBLE and int(address) > 1):  # not "::" nor "::1"
+        return [ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)]
+    return []
 
 
 def check_url(url: Any, policy: TargetPolicy) -> tuple[str, str, int, str, str]:
@@ -125,10 +146,12 @@ def check_url(url: Any, policy: TargetPolicy) -> tuple[str, str, int, str, str]:
         raise InvalidWebhookUrl("The webhook url must not have a #fragment.", param="url")
     if any(ord(c) < 0x21 or ord(c) == 0x7F for c in url):
         raise InvalidWebhookUrl("The webhook url must not contain spaces or control characters.", param="url")
+    if port is not None and not 1 <= port <= 65535:
+        raise InvalidWebhookUrl(f"The webhook url's port must be between 1 and 65535, not {port}.", param="url")
     default_port = 443 if parts.scheme == "https" else 80
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     host_header = parts.netloc.rpartition("@")[2]
-    return parts.scheme, parts.hostname, port or default_port, path, host_header
+    return parts.scheme, parts.hostname, default_port if port is None else port, path, host_header
 
 
 def resolve_target(url: str, policy: TargetPolicy, *, resolver: Resolver = _system_resolver) -> Target:
@@ -138,11 +161,17 @@ def resolve_target(url: str, policy: TargetPolicy, *, resolver: Resolver = _syst
     if not addresses:
         raise InvalidWebhookUrl(f"The webhook host '{hostname}' does not resolve.", param="url")
     for address in addresses:
-        reason = refusal(address, policy)
-        if reason is not None:
+        found = _refusal(address, policy)
+        if found is not None:
+            reason, can_allow = found
+            rule = (
+                "webhooks go only to public addresses unless the operator allows the network "
+                "(BACKFILL_WEBHOOK_ALLOWED_NETWORKS)"
+                if can_allow
+                else "link-local and cloud metadata addresses are never allowed, whatever "
+                "BACKFILL_WEBHOOK_ALLOWED_NETWORKS says"
+            )
             raise InvalidWebhookUrl(
-                f"The webhook host '{hostname}' resolves to {reason} ({address}); webhooks go only to public "
-                "addresses unless the operator allows the network (BACKFILL_WEBHOOK_ALLOWED_NETWORKS).",
-                param="url",
+                f"The webhook host '{hostname}' resolves to {reason} ({address}); {rule}.", param="url"
             )
     return Target(scheme, hostname, port, path, host_header, addresses[0])

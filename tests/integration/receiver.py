@@ -25,6 +25,8 @@ class Reply:
     body: bytes = b"ok"
     headers: dict[str, str] = field(default_factory=dict)
     delay_seconds: float = 0.0
+    byte_every_seconds: float = 0.0  # > 0: after the headers, the body one byte at a time (a hostile trickle)
+    trickle_headers: bool = False  # with byte_every_seconds: the status line and headers trickle too
 
 
 class Receiver:
@@ -58,14 +60,32 @@ class Receiver:
                     )
                     receiver.arrived.notify_all()
                 time.sleep(reply.delay_seconds)
+                if reply.trickle_headers:
+                    head = f"HTTP/1.1 {reply.status} OK\r\ncontent-length: {len(reply.body)}\r\n\r\n".encode()
+                    self._trickle(head + reply.body, reply.byte_every_seconds)
+                    return
                 try:
                     self.send_response(reply.status)
                     for name, value in reply.headers.items():
                         self.send_header(name, value)
                     self.send_header("content-length", str(len(reply.body)))
                     self.end_headers()
-                    self.wfile.write(reply.body)
+                    if not reply.byte_every_seconds:
+                        self.wfile.write(reply.body)
+                    for byte in reply.body if reply.byte_every_seconds else b"":
+                        self.wfile.write(bytes([byte]))
+                        self.wfile.flush()
+                        time.sleep(reply.byte_every_seconds)
                 except (BrokenPipeError, ConnectionResetError):  # the sender timed out and hung up
+                    pass
+
+            def _trickle(self, data: bytes, every_seconds: float) -> None:
+                try:
+                    for byte in data:
+                        self.wfile.write(bytes([byte]))
+                        self.wfile.flush()
+                        time.sleep(every_seconds)
+                except (BrokenPipeError, ConnectionResetError):
                     pass
 
             def log_message(self, format: str, *args: object) -> None:
