@@ -62,15 +62,15 @@ def create_batch(
 def get_batch(
     session: Session, *, tenant_id: str | None, batch_id: str, lock: bool = False, protocol: str | None = None
 ) -> Batch:
-    """The tenant's batch (any tenant's when tenant_id is None), or BatchNotFound; with `protocol`, only a
-    live batch created through that API."""
+    """The tenant's live batch (any tenant's, deleted or not, when tenant_id is None), or BatchNotFound; with
+    `protocol`, only one created through that API. A deleted batch is missing to its tenant on every route."""
     query = select(Batch).where(Batch.id == batch_id)
     if lock:
         query = query.with_for_update()
     batch = session.scalar(query)
     if batch is not None and protocol is not None and (batch.protocol != protocol or batch.deleted_at is not None):
         batch = None
-    if batch is None or (tenant_id is not None and batch.tenant_id != tenant_id):
+    if batch is None or (tenant_id is not None and (batch.tenant_id != tenant_id or batch.deleted_at is not None)):
         raise BatchNotFound(f"No batch found with id '{batch_id}'.", param="batch_id")
     return batch
 

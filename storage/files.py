@@ -13,6 +13,7 @@ from storage.blobs.layout import input_file_key, tenant_segment
 from storage.clock import now
 from storage.errors import FileNotFound, InvalidRequest
 from storage.ids import new_id
+from storage.manifests import forget_file
 from storage.models import File
 from storage.tenants import tenant_name
 
@@ -155,5 +156,6 @@ def delete_file(session: Session, blobs: BlobStore, *, tenant_id: str, file_id: 
     row = get_file(session, tenant_id=tenant_id, file_id=file_id)
     row.deleted_at = now()
     session.flush()
+    forget_file(session, blobs, file_id=row.id)
     blobs.delete(row.blob_key)
     return row

@@ -216,7 +216,8 @@ def delete_message_batch(session: Session, *, tenant_id: str, batch_id: str) -> 
         status = processing_status(batch)
         raise NotEnded(f"Message Batch {batch.id} is {status}: only ended batches can be deleted (cancel it first).")
     batch.deleted_at = now()
-    return _drop_content(session, batch)
+    manifest, batch.manifest_key = batch.manifest_key, None  # it names the objects going now: it goes too
+    return _drop_content(session, batch) + ([manifest] if manifest else [])
 
 
 def archive_due(session: Session, *, retention_seconds: int, limit: int = ARCHIVE_PER_PASS) -> list[str]:
