@@ -89,6 +89,10 @@ class LinksUnavailable(InvalidRequest):
     code = "presigned_urls_unavailable"
 
 
+class ApiKeyNotFound(NotFound):
+    code = "api_key_not_found"
+
+
 class ManifestNotFound(NotFound):
     code = "manifest_not_found"
 
