@@ -220,7 +220,7 @@ class Settings(BaseSettings):
     # Metrics (docs/operations.md). Workers and beat serve /metrics on `metrics_port` (0: off); the API on
     # its own port. Set `metrics_token` to require `Authorization: Bearer <token>` on the API's /metrics.
     metrics_port: int = Field(default=9464, ge=0, le=65535)
-    metrics_token: str | None = None
+    metrics_token: str | None = Field(default=None, min_length=1)  # required by `serve` beyond loopback
     metrics_cache_seconds: float = Field(default=10.0, ge=0, le=300)  # queue gauges: one DB read per interval
     metrics_tenants_max: int = Field(default=50, ge=0, le=1000)  # tenants labelled by name; the rest "_other"
     metrics_goodput_window_seconds: int = Field(default=86400, ge=60)  # goodput of batches due since then or later
