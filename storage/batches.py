@@ -13,7 +13,8 @@ from storage.clock import now
 from storage.errors import BatchNotFound
 from storage.ids import new_id
 from storage.models import Batch, BatchRequest
-from storage.settings import window_seconds
+from storage.quotas import check_batch_room
+from storage.settings import get_settings, window_seconds
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
 # Which API a batch was created through; each API sees only its own batches (storage/message_batches.py).
@@ -33,7 +34,9 @@ def create_batch(
     output_expires_after_seconds: int | None = None,
     protocol: str = OPENAI,
 ) -> Batch:
-    """Record a new batch in `validating`; ingest validates its file and fills the queue."""
+    """Record a new batch in `validating` (QuotaExceeded past the tenant's open batches); ingest validates its
+    file and fills the queue."""
+    check_batch_room(session, get_settings(), tenant_id=tenant_id)
     created = now()
     batch = Batch(
         id=new_id("msgbatch_" if protocol == ANTHROPIC else "batch_"),

@@ -69,6 +69,14 @@ class RequestTooLarge(BackfillError):
     code = "request_too_large"
 
 
+class QuotaExceeded(BackfillError):
+    """A tenant's operator-set quota (files, stored bytes, open batches) would be exceeded."""
+
+    status = 429
+    code = "quota_exceeded"
+    type = "insufficient_quota"
+
+
 class ModelNotFound(InvalidRequest):
     code = "model_not_found"
 
