@@ -175,3 +175,24 @@ def test_openapi_documents_the_statuses_the_server_answers(server: LiveServer) -
     assert "413" in schema["paths"]["/v1/files"]["post"]["responses"]
     assert "409" in schema["paths"]["/v1/batches/{batch_id}/cancel"]["post"]["responses"]
     assert "403" in schema["paths"]["/v1/organization/costs"]["get"]["responses"]
+
+
+@pytest.mark.parametrize(
+    ("path", "param"),
+    [
+        ("/v1/messages/batches", "after_id"),
+        ("/v1/messages/batches", "before_id"),
+        ("/v1/webhooks", "after"),
+        ("/v1/batches", "after"),
+        ("/v1/files", "after"),
+    ],
+)
+def test_a_64_kb_paging_cursor_is_a_short_400_that_never_echoes_it(server: LiveServer, path: str, param: str) -> None:
+    key = make_key("acme")
+    headers = {"Authorization": f"Bearer {key}", "x-api-key": key}
+    answer = httpx.get(f"{server.base_url}{path}", params={param: "x" * 60000}, headers=headers)
+    assert answer.status_code == 400 and len(answer.content) < 1000, answer.text[:300]
+    assert param in answer.text
+    # an id-sized cursor that names nothing is echoed clipped at most
+    unknown = httpx.get(f"{server.base_url}{path}", params={param: "y" * 120}, headers=headers)
+    assert len(unknown.content) < 2000 and "y" * 100 not in unknown.text
