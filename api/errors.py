@@ -12,7 +12,7 @@ from fastapi import FastAPI, Request
 from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
@@ -79,7 +79,12 @@ def install(app: FastAPI) -> None:
         return envelope(400, message, type_="invalid_request_error", code="invalid_request", param=param)
 
     @app.exception_handler(HTTPException)
-    async def _http(request: Request, error: HTTPException) -> JSONResponse:
+    async def _http(request: Request, error: HTTPException) -> Response:
+        if error.status_code == 405:  # Starlette names only the first matching route's methods
+            allow = ", ".join(_methods_of(app, request.url.path))
+            if request.method == "OPTIONS":
+                return Response(status_code=204, headers={"Allow": allow})
+            error.headers = {**(error.headers or {}), "Allow": allow}
         if anthropic.is_anthropic(request):
             return anthropic.envelope(error.status_code, str(error.detail), headers=dict(error.headers or {}))
         code = "not_found" if error.status_code == 404 else None
@@ -102,6 +107,15 @@ def install(app: FastAPI) -> None:
         return envelope(500, "The server had an error processing your request.", type_="server_error", code=None)
 
     app.openapi = _documented(app)  # type: ignore[method-assign]
+
+
+def _methods_of(app: FastAPI, path: str) -> list[str]:
+    """Every method some route serves at `path`, and OPTIONS (answered here)."""
+    methods = {"OPTIONS"}
+    for route in app.routes:
+        if isinstance(route, APIRoute) and route.path_regex.match(path):
+            methods |= route.methods
+    return sorted(methods)
 
 
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
