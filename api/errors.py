@@ -19,10 +19,12 @@ from starlette.exceptions import HTTPException
 
 from api.anthropic import errors as anthropic
 from storage.errors import BackfillError, is_unavailable
+from storage.lines import clip
 
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_SECONDS = 5
+ECHO_MAX_CHARS = 64  # of a bad parameter's name (the client's text) in `param`
 UNAVAILABLE = (
     "The service is temporarily unavailable (its database or object storage cannot be reached). Retry shortly."
 )
@@ -70,13 +72,16 @@ def install(app: FastAPI) -> None:
     async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
         first = error.errors()[0] if error.errors() else {}
         loc = [str(part) for part in first.get("loc", ()) if part not in ("body", "query", "path")]
-        param = ".".join(loc) or None
+        param = ".".join(loc)[:ECHO_MAX_CHARS] or None  # a field name is the client's text: never echo it whole
         message = (
             f"Invalid value for '{param}': {first.get('msg', 'invalid request')}." if param else "Invalid request."
         )
+        code = "invalid_request"
+        if first.get("type") == "extra_forbidden":  # nothing sent is silently ignored
+            message, code = f"Unrecognized request argument supplied: {clip(param, 80)}.", "unknown_parameter"
         if anthropic.is_anthropic(request):
             return anthropic.envelope(400, message)
-        return envelope(400, message, type_="invalid_request_error", code="invalid_request", param=param)
+        return envelope(400, message, type_="invalid_request_error", code=code, param=param)
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, error: HTTPException) -> Response:
