@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from api import errors, limits, results
+from api import errors, keys, limits, results
 from api import metrics as prometheus
 from api.anthropic import message_batches
 from api.deps import commit_in_route_threads
@@ -26,6 +26,7 @@ def create_app(*, health_extra: Callable[[], dict[str, Any]] | None = None) -> F
     app.include_router(batches.router)
     app.include_router(models.router)
     app.include_router(costs.router)
+    app.include_router(keys.router)
     app.include_router(webhooks.router, prefix="/v1/webhooks")
     app.include_router(webhooks.router, prefix="/v1/webhook_endpoints")  # the path the openai SDK calls
     app.include_router(webhooks.event_types_router)

@@ -6,7 +6,7 @@ import functools
 from collections.abc import Callable, Iterator
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header
+from fastapi import Depends, FastAPI, Header, Query
 from fastapi.routing import APIRoute
 from sqlalchemy.orm import Session
 
@@ -66,3 +66,5 @@ principal_dependency = _principal  # api/errors.py documents 401 on every route 
 Caller = Annotated[Principal, Depends(_principal)]
 Blobs = Annotated[BlobStore, Depends(get_blob_store)]
 Config = Annotated[Settings, Depends(get_settings)]
+# A paging cursor names an object id (at most ~40 characters): anything longer is a 400 that never echoes it.
+Cursor = Annotated[str | None, Query(max_length=128, description="An object id from a previous page.")]

@@ -12,17 +12,19 @@ from fastapi import FastAPI, Request
 from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
 from api.anthropic import errors as anthropic
 from storage.errors import BackfillError, is_unavailable
+from storage.lines import clip
 
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_SECONDS = 5
+ECHO_MAX_CHARS = 64  # of a bad parameter's name (the client's text) in `param`
 UNAVAILABLE = (
     "The service is temporarily unavailable (its database or object storage cannot be reached). Retry shortly."
 )
@@ -70,16 +72,24 @@ def install(app: FastAPI) -> None:
     async def _invalid(request: Request, error: RequestValidationError) -> JSONResponse:
         first = error.errors()[0] if error.errors() else {}
         loc = [str(part) for part in first.get("loc", ()) if part not in ("body", "query", "path")]
-        param = ".".join(loc) or None
+        param = ".".join(loc)[:ECHO_MAX_CHARS] or None  # a field name is the client's text: never echo it whole
         message = (
             f"Invalid value for '{param}': {first.get('msg', 'invalid request')}." if param else "Invalid request."
         )
+        code = "invalid_request"
+        if first.get("type") == "extra_forbidden":  # nothing sent is silently ignored
+            message, code = f"Unrecognized request argument supplied: {clip(param, 80)}.", "unknown_parameter"
         if anthropic.is_anthropic(request):
             return anthropic.envelope(400, message)
-        return envelope(400, message, type_="invalid_request_error", code="invalid_request", param=param)
+        return envelope(400, message, type_="invalid_request_error", code=code, param=param)
 
     @app.exception_handler(HTTPException)
-    async def _http(request: Request, error: HTTPException) -> JSONResponse:
+    async def _http(request: Request, error: HTTPException) -> Response:
+        if error.status_code == 405:  # Starlette names only the first matching route's methods
+            allow = ", ".join(_methods_of(app, request.url.path))
+            if request.method == "OPTIONS":
+                return Response(status_code=204, headers={"Allow": allow})
+            error.headers = {**(error.headers or {}), "Allow": allow}
         if anthropic.is_anthropic(request):
             return anthropic.envelope(error.status_code, str(error.detail), headers=dict(error.headers or {}))
         code = "not_found" if error.status_code == 404 else None
@@ -102,6 +112,15 @@ def install(app: FastAPI) -> None:
         return envelope(500, "The server had an error processing your request.", type_="server_error", code=None)
 
     app.openapi = _documented(app)  # type: ignore[method-assign]
+
+
+def _methods_of(app: FastAPI, path: str) -> list[str]:
+    """Every method some route serves at `path`, and OPTIONS (answered here)."""
+    methods = {"OPTIONS"}
+    for route in app.routes:
+        if isinstance(route, APIRoute) and route.path_regex.match(path):
+            methods |= route.methods
+    return sorted(methods)
 
 
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:

@@ -13,7 +13,8 @@ from storage.clock import now
 from storage.errors import BatchNotFound
 from storage.ids import new_id
 from storage.models import Batch, BatchRequest
-from storage.settings import window_seconds
+from storage.quotas import check_batch_room
+from storage.settings import get_settings, window_seconds
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
 # Which API a batch was created through; each API sees only its own batches (storage/message_batches.py).
@@ -33,7 +34,9 @@ def create_batch(
     output_expires_after_seconds: int | None = None,
     protocol: str = OPENAI,
 ) -> Batch:
-    """Record a new batch in `validating`; ingest validates its file and fills the queue."""
+    """Record a new batch in `validating` (QuotaExceeded past the tenant's open batches); ingest validates its
+    file and fills the queue."""
+    check_batch_room(session, get_settings(), tenant_id=tenant_id)
     created = now()
     batch = Batch(
         id=new_id("msgbatch_" if protocol == ANTHROPIC else "batch_"),
@@ -62,15 +65,15 @@ def create_batch(
 def get_batch(
     session: Session, *, tenant_id: str | None, batch_id: str, lock: bool = False, protocol: str | None = None
 ) -> Batch:
-    """The tenant's batch (any tenant's when tenant_id is None), or BatchNotFound; with `protocol`, only a
-    live batch created through that API."""
+    """The tenant's live batch (any tenant's, deleted or not, when tenant_id is None), or BatchNotFound; with
+    `protocol`, only one created through that API. A deleted batch is missing to its tenant on every route."""
     query = select(Batch).where(Batch.id == batch_id)
     if lock:
         query = query.with_for_update()
     batch = session.scalar(query)
     if batch is not None and protocol is not None and (batch.protocol != protocol or batch.deleted_at is not None):
         batch = None
-    if batch is None or (tenant_id is not None and batch.tenant_id != tenant_id):
+    if batch is None or (tenant_id is not None and (batch.tenant_id != tenant_id or batch.deleted_at is not None)):
         raise BatchNotFound(f"No batch found with id '{batch_id}'.", param="batch_id")
     return batch
 

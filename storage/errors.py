@@ -69,6 +69,14 @@ class RequestTooLarge(BackfillError):
     code = "request_too_large"
 
 
+class QuotaExceeded(BackfillError):
+    """A tenant's operator-set quota (files, stored bytes, open batches) would be exceeded."""
+
+    status = 429
+    code = "quota_exceeded"
+    type = "insufficient_quota"
+
+
 class ModelNotFound(InvalidRequest):
     code = "model_not_found"
 
@@ -87,6 +95,10 @@ class LinksUnavailable(InvalidRequest):
     """Presigned links need S3: the local-folder store has no URLs of its own."""
 
     code = "presigned_urls_unavailable"
+
+
+class ApiKeyNotFound(NotFound):
+    code = "api_key_not_found"
 
 
 class ManifestNotFound(NotFound):

@@ -11,9 +11,12 @@ from sqlalchemy.orm import Session
 from storage.blobs import BlobStore, delete_on_rollback
 from storage.blobs.layout import input_file_key, tenant_segment
 from storage.clock import now
-from storage.errors import FileNotFound, InvalidRequest
+from storage.errors import FileNotFound, InvalidRequest, QuotaExceeded
 from storage.ids import new_id
+from storage.manifests import forget_file
 from storage.models import File
+from storage.quotas import check_file_room
+from storage.settings import get_settings
 from storage.tenants import tenant_name
 
 # Files Backfill keeps for an Anthropic Message Batch (its requests, its results): not listed at /v1/files.
@@ -32,10 +35,17 @@ def create_file(
     expires_after_seconds: int | None = None,
 ) -> File:
     """Stream `chunks` into object storage and record the file row (key, size, checksum, expiry)."""
+    settings = get_settings()
+    check_file_room(session, settings, tenant_id=tenant_id)
     file_id = file_id or new_id("file-")
     key = input_file_key(tenant=tenant_folder(session, tenant_id=tenant_id), file_id=file_id)
     stored = blobs.put_stream(key, chunks)
     delete_on_rollback(session, blobs, stored.key)  # the row may never land (a failed flush or commit)
+    try:
+        check_file_room(session, settings, tenant_id=tenant_id, adding_bytes=stored.size)
+    except QuotaExceeded:
+        blobs.delete(stored.key)
+        raise
     created = now()
     row = File(
         id=file_id,
@@ -155,5 +165,6 @@ def delete_file(session: Session, blobs: BlobStore, *, tenant_id: str, file_id: 
     row = get_file(session, tenant_id=tenant_id, file_id=file_id)
     row.deleted_at = now()
     session.flush()
+    forget_file(session, blobs, file_id=row.id)
     blobs.delete(row.blob_key)
     return row

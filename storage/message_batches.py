@@ -25,6 +25,7 @@ from storage.clock import now
 from storage.errors import InvalidRequest, NotFound
 from storage.files import create_file, tenant_folder
 from storage.ids import new_id
+from storage.lines import clip
 from storage.message_batch_lines import MESSAGES_URL, RequestsReader, unqueued_results
 from storage.models import Batch, File
 from storage.queue.batch_rows import scrub_content
@@ -120,7 +121,7 @@ def list_message_batches(
         anchor = session.get(Batch, cursor)  # a deleted batch still marks its place
         if anchor is None or anchor.tenant_id != tenant_id or anchor.protocol != ANTHROPIC:
             param = "before_id" if before_id else "after_id"
-            raise InvalidRequest(f"No message batch found with id '{cursor}'.", param=param)
+            raise InvalidRequest(f"No message batch found with id {clip(cursor, 64)}.", param=param)
         at, ident = anchor.created_at, anchor.id
         if before_id:
             newer = or_(Batch.created_at > at, (Batch.created_at == at) & (Batch.id > ident))
@@ -216,7 +217,8 @@ def delete_message_batch(session: Session, *, tenant_id: str, batch_id: str) -> 
         status = processing_status(batch)
         raise NotEnded(f"Message Batch {batch.id} is {status}: only ended batches can be deleted (cancel it first).")
     batch.deleted_at = now()
-    return _drop_content(session, batch)
+    manifest, batch.manifest_key = batch.manifest_key, None  # it names the objects going now: it goes too
+    return _drop_content(session, batch) + ([manifest] if manifest else [])
 
 
 def archive_due(session: Session, *, retention_seconds: int, limit: int = ARCHIVE_PER_PASS) -> list[str]:

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from storage.blobs import BlobStore
 from storage.clock import now
+from storage.manifests import forget_file
 from storage.models import File
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,7 @@ def sweep_expired_files(
         if time.monotonic() - started > budget_seconds:
             break
         try:
+            forget_file(session, blobs, file_id=file_id)  # manifests naming it say its key is null
             blobs.delete(blob_key)  # idempotent: a deleted file's object is already gone
         except Exception:  # one unreachable object must not stop the sweep; its row stays for the next pass
             log.warning("retention: could not delete the object of %s; retrying next pass", file_id, exc_info=True)

@@ -44,6 +44,16 @@ class SharedModeSpec(BaseModel):
     request_timeout_seconds: float = Field(default=600, gt=0)
 
 
+class TenantQuota(BaseModel):
+    """One tenant's quotas, overriding the `tenant_max_*` defaults field by field (0: unlimited)."""
+
+    model_config = {"extra": "forbid"}
+
+    max_files: int | None = Field(default=None, ge=0)
+    max_stored_bytes: int | None = Field(default=None, ge=0)
+    max_open_batches: int | None = Field(default=None, ge=0)
+
+
 class ModelSpec(BaseModel):
     """One served model: where its weights live and how the engine should run it."""
 
@@ -203,6 +213,13 @@ class Settings(BaseSettings):
     # unlimited. `enqueued_token_limits` overrides it per tenant (JSON: tenant name or id -> tokens).
     enqueued_token_limit: int | None = Field(default=None, ge=1)
     enqueued_token_limits: dict[str, PositiveInt] = Field(default_factory=dict)
+    # Per-tenant quotas (storage/quotas.py), 0 for unlimited: live files (uploads and results), their stored
+    # bytes, and batches not yet ended (both protocols). A create past one answers 429 `quota_exceeded`.
+    # `tenant_quotas` overrides them per tenant (JSON: tenant name or id -> {"max_files", ...}).
+    tenant_max_files: int = Field(default=10_000, ge=0)
+    tenant_max_stored_bytes: int = Field(default=100 * 1024**3, ge=0)
+    tenant_max_open_batches: int = Field(default=1_000, ge=0)
+    tenant_quotas: dict[str, TenantQuota] = Field(default_factory=dict)
 
     # Webhooks (docs/webhooks.md): signed, retried with exponential backoff and jitter for up to the window.
     webhook_allow_http: bool = False  # plain http:// targets (tests, a receiver on the same trusted host)
@@ -225,7 +242,7 @@ class Settings(BaseSettings):
     # Metrics (docs/operations.md). Workers and beat serve /metrics on `metrics_port` (0: off); the API on
     # its own port. Set `metrics_token` to require `Authorization: Bearer <token>` on the API's /metrics.
     metrics_port: int = Field(default=9464, ge=0, le=65535)
-    metrics_token: str | None = None
+    metrics_token: str | None = Field(default=None, min_length=1)  # required by `serve` beyond loopback
     metrics_cache_seconds: float = Field(default=10.0, ge=0, le=300)  # queue gauges: one DB read per interval
     metrics_tenants_max: int = Field(default=50, ge=0, le=1000)  # tenants labelled by name; the rest "_other"
     metrics_goodput_window_seconds: int = Field(default=86400, ge=60)  # goodput of batches due since then or later
@@ -243,7 +260,7 @@ class Settings(BaseSettings):
     # by default the list input price x this factor.
     cached_input_price_factor: Decimal = Field(default=Decimal("0.5"), ge=0, le=1)
 
-    @field_validator("price_book", "models", "enqueued_token_limits", mode="before")
+    @field_validator("price_book", "models", "enqueued_token_limits", "tenant_quotas", mode="before")
     @classmethod
     def _parse_json(cls, value: Any) -> Any:
         return json.loads(value) if isinstance(value, str) else value

@@ -10,7 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from storage.clock import now
-from storage.errors import Unauthorized
+from storage.errors import ApiKeyNotFound, InvalidRequest, Unauthorized
 from storage.ids import new_id
 from storage.models import ApiKey, Tenant
 
@@ -68,6 +68,29 @@ def create_api_key(session: Session, *, tenant_name: str, is_admin: bool = False
     )
     session.flush()
     return key
+
+
+def revoke_api_keys(
+    session: Session, *, key: str | None = None, key_id: str | None = None, tenant: str | None = None
+) -> list[str]:
+    """Revoke the live key given by exactly one of its secret, its id (`key_…`) or its tenant's name (every key
+    of that tenant); return the ids revoked, or ApiKeyNotFound. The next request with one answers 401."""
+    if sum(selector is not None for selector in (key, key_id, tenant)) != 1:
+        raise InvalidRequest("Name exactly one of 'key', 'key_id' or 'tenant'.", param="key")
+    query = select(ApiKey).where(ApiKey.revoked_at.is_(None))
+    if key is not None:
+        query = query.where(ApiKey.key_hash == hash_key(key))
+    elif key_id is not None:
+        query = query.where(ApiKey.id == key_id)
+    else:
+        query = query.join(Tenant, Tenant.id == ApiKey.tenant_id).where(Tenant.name == tenant)
+    rows = list(session.scalars(query.with_for_update()))
+    if not rows:
+        raise ApiKeyNotFound("There is no live key to revoke by that name (unknown, or revoked already).")
+    for row in rows:
+        row.revoked_at = now()
+    session.flush()
+    return [row.id for row in rows]
 
 
 def authenticate(session: Session, *, key: str) -> Principal:

@@ -15,7 +15,7 @@ from fastapi.responses import StreamingResponse
 
 from api.anthropic.deps import Caller
 from api.anthropic.schemas import DeletedMessageBatch, MessageBatch, MessageBatchList
-from api.deps import Blobs, Config, DbSession
+from api.deps import Blobs, Config, Cursor, DbSession
 from storage.finance.goodput import batch_goodput
 from storage.finance.job_cost import batch_cost_json
 from storage.message_batches import (
@@ -93,8 +93,8 @@ def list_all(
     request: Request,
     session: DbSession,
     caller: Caller,
-    before_id: str | None = None,
-    after_id: str | None = None,
+    before_id: Cursor = None,
+    after_id: Cursor = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 20,
 ) -> MessageBatchList:
     """The caller's Message Batches, newest first; page with `after_id` (older) or `before_id` (newer)."""

@@ -11,6 +11,7 @@ from fastapi.responses import HTMLResponse
 
 from api.deps import Caller, Config, DbSession
 from api.finance import reports as organization
+from api.pages import page_response
 from storage.batches import get_batch
 from storage.errors import InvalidRequest
 from storage.finance.job_cost import batch_cost_json
@@ -107,4 +108,4 @@ def finance_page(request: Request) -> HTMLResponse:
             param="key",
         )
     page = resources.files("api.finance").joinpath("static/finance.html").read_text(encoding="utf-8")
-    return HTMLResponse(page, headers={"Cache-Control": "no-store"})
+    return page_response(page)

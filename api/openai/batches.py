@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
-from api.deps import Blobs, Caller, Config, DbSession
+from api.deps import Blobs, Caller, Config, Cursor, DbSession
 from api.errors import error_responses
 from api.openai.schemas import BatchCreate, BatchList, BatchObject
 from storage.batches import OPENAI, cancel_batch, create_batch, get_batch, list_batches
@@ -107,7 +107,7 @@ def retrieve(batch_id: str, session: DbSession, caller: Caller, settings: Config
 def list_all(
     session: DbSession,
     caller: Caller,
-    after: Annotated[str | None, Query(max_length=128)] = None,
+    after: Cursor = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> BatchList:
     """The caller's batches, newest first, paginated with `after` and `limit`."""

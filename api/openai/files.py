@@ -8,7 +8,7 @@ from typing import Annotated, BinaryIO
 from fastapi import APIRouter, Form, Query, UploadFile
 from fastapi.responses import StreamingResponse
 
-from api.deps import Blobs, Caller, Config, DbSession
+from api.deps import Blobs, Caller, Config, Cursor, DbSession
 from api.openai.schemas import FileDeleted, FileList, FileObject
 from storage.errors import InvalidRequest, UploadTooLarge
 from storage.files import check_filename, content_disposition, create_file, delete_file, get_file, list_files
@@ -91,7 +91,7 @@ def list_all_files(
     session: DbSession,
     caller: Caller,
     purpose: Annotated[str | None, Query(max_length=64)] = None,
-    after: Annotated[str | None, Query(max_length=128)] = None,
+    after: Cursor = None,
     limit: Annotated[int, Query(ge=1, le=10000)] = 10000,
     order: Annotated[str, Query(pattern="^(asc|desc)$")] = "desc",
 ) -> FileList:

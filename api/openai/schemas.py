@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from storage.batches import ENDPOINTS, batch_errors
 from storage.models import Batch, File
@@ -51,11 +51,18 @@ class FileDeleted(BaseModel):
 class ExpiresAfter(BaseModel):
     """OpenAI's expiration policy: `seconds` after the file's creation, between 1 hour and 30 days."""
 
+    model_config = ConfigDict(extra="forbid")
+
     anchor: Literal["created_at"]
     seconds: int = Field(ge=3600, le=30 * 86400)
 
 
 class BatchCreate(BaseModel):
+    """The body of `POST /v1/batches`: exactly the fields of the openai SDK's BatchCreateParams; any other is a
+    400 naming it (docs/openai-compatibility.md), since nothing is silently ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
     input_file_id: str = Field(max_length=128)
     endpoint: str = Field(max_length=64)
     completion_window: str = Field(default="24h", max_length=16)

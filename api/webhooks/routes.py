@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from api.deps import Caller, Config, DbSession
+from api.deps import Caller, Config, Cursor, DbSession
 from api.webhooks.schemas import (
     WebhookDeliveryList,
     WebhookDeliveryObject,
@@ -56,7 +56,7 @@ def create(
 
 
 @router.get("", response_model=WebhookEndpointList)
-def list_all(session: DbSession, caller: Caller, after: str | None = None, limit: Limit = 20) -> WebhookEndpointList:
+def list_all(session: DbSession, caller: Caller, after: Cursor = None, limit: Limit = 20) -> WebhookEndpointList:
     """The caller's endpoints, newest first."""
     rows = list_endpoints(session, tenant_id=caller.tenant_id, after=after, limit=limit)
     page = [WebhookEndpointObject.of(row) for row in rows[:limit]]
@@ -111,7 +111,7 @@ def rotate(
 
 @router.get("/{webhook_endpoint_id}/deliveries", response_model=WebhookDeliveryList)
 def deliveries(
-    webhook_endpoint_id: str, session: DbSession, caller: Caller, after: str | None = None, limit: Limit = 20
+    webhook_endpoint_id: str, session: DbSession, caller: Caller, after: Cursor = None, limit: Limit = 20
 ) -> WebhookDeliveryList:
     """The endpoint's deliveries newest first, each with its event and every attempt (status, error, answer prefix)."""
     views = list_deliveries(

@@ -23,13 +23,13 @@ from storage.settings import get_settings
 
 BatchObject = Literal["output.jsonl", "errors.jsonl", "manifest.json"]
 
-_PLAIN_SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_PLAIN_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # fullmatch: `$` would pass a trailing newline
 _TENANT_ID = re.compile(r"^tenant_")
 
 
 def tenant_segment(*, tenant_id: str, tenant_name: str | None) -> str:
     """The tenant's folder: its name when that is a plain, unambiguous path segment, else its id."""
-    if tenant_name and _PLAIN_SEGMENT.match(tenant_name) and not _TENANT_ID.match(tenant_name):
+    if tenant_name and _PLAIN_SEGMENT.fullmatch(tenant_name) and not _TENANT_ID.match(tenant_name):
         return tenant_name
     return tenant_id
 

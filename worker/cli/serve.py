@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 from pathlib import Path
 from typing import Any
 
-from storage.settings import get_settings
+from storage.settings import SettingsError, get_settings
 
 
 def register(subparsers: Any) -> None:
@@ -15,6 +16,23 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.set_defaults(func=run)
+
+
+def metrics_exposure_problem(host: str, *, token: str | None) -> str | None:
+    """Why serving on `host` would expose /metrics (queue depths, tenant names) to whoever reaches it, if it
+    would: any address but loopback needs BACKFILL_METRICS_TOKEN."""
+    if token is not None:
+        return None
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve anywhere
+        loopback = False
+    if loopback:
+        return None
+    return (
+        f"BACKFILL_METRICS_TOKEN is required when the API listens beyond loopback (--host {host}): /metrics shows "
+        "queue depths and tenant names. Set it to a long random string and give Prometheus the same bearer token."
+    )
 
 
 def ensure_demo_model() -> None:
@@ -53,6 +71,9 @@ def run(args: argparse.Namespace) -> int:
     from worker.cli.migrate import migrate_database
 
     settings = get_settings()
+    problem = metrics_exposure_problem(args.host, token=settings.metrics_token)
+    if problem is not None:
+        raise SettingsError(problem)
     embedded_worker = None
     if settings.embedded:
         settings.data_dir.mkdir(parents=True, exist_ok=True)

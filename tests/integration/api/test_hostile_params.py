@@ -148,8 +148,8 @@ def test_an_over_long_or_nul_filename_is_400_and_leaves_no_object(server: LiveSe
 def test_405_keeps_allow_and_401_carries_www_authenticate(server: LiveServer) -> None:
     response = httpx.put(f"{server.base_url}/v1/files")
     assert_envelope(response, 405)
-    # Starlette names the methods of the first route matching the path (here the upload's POST).
-    assert set(response.headers["allow"].replace(" ", "").split(",")) <= {"GET", "POST"}
+    # Every method the path serves (Starlette alone named only the first matching route's, the upload's POST).
+    assert set(response.headers["allow"].replace(" ", "").split(",")) == {"GET", "POST", "OPTIONS"}
     unauthorized = httpx.get(f"{server.base_url}/v1/batches")
     assert_envelope(unauthorized, 401)
     assert unauthorized.headers["www-authenticate"].startswith("Bearer")
@@ -175,3 +175,42 @@ def test_openapi_documents_the_statuses_the_server_answers(server: LiveServer) -
     assert "413" in schema["paths"]["/v1/files"]["post"]["responses"]
     assert "409" in schema["paths"]["/v1/batches/{batch_id}/cancel"]["post"]["responses"]
     assert "403" in schema["paths"]["/v1/organization/costs"]["get"]["responses"]
+
+
+@pytest.mark.parametrize(
+    ("path", "param"),
+    [
+        ("/v1/messages/batches", "after_id"),
+        ("/v1/messages/batches", "before_id"),
+        ("/v1/webhooks", "after"),
+        ("/v1/batches", "after"),
+        ("/v1/files", "after"),
+    ],
+)
+def test_a_64_kb_paging_cursor_is_a_short_400_that_never_echoes_it(server: LiveServer, path: str, param: str) -> None:
+    key = make_key("acme")
+    headers = {"Authorization": f"Bearer {key}", "x-api-key": key}
+    answer = httpx.get(f"{server.base_url}{path}", params={param: "x" * 60000}, headers=headers)
+    assert answer.status_code == 400 and len(answer.content) < 1000, answer.text[:300]
+    assert param in answer.text
+    # an id-sized cursor that names nothing is echoed clipped at most
+    unknown = httpx.get(f"{server.base_url}{path}", params={param: "y" * 120}, headers=headers)
+    assert len(unknown.content) < 2000 and "y" * 100 not in unknown.text
+
+
+@pytest.mark.parametrize(
+    ("path", "methods"),
+    [
+        ("/v1/batches", {"GET", "POST"}),
+        ("/v1/files", {"GET", "POST"}),
+        ("/v1/files/file-abc", {"GET", "DELETE"}),
+        ("/v1/messages/batches/msgbatch_abc", {"GET", "DELETE"}),
+    ],
+)
+def test_options_and_405_list_every_method_the_path_serves(server: LiveServer, path: str, methods: set[str]) -> None:
+    options = httpx.options(f"{server.base_url}{path}")
+    assert options.status_code == 204, options.text
+    assert set(options.headers["allow"].replace(" ", "").split(",")) == methods | {"OPTIONS"}
+    refused = httpx.request("PATCH", f"{server.base_url}{path}")
+    assert refused.status_code == 405
+    assert set(refused.headers["allow"].replace(" ", "").split(",")) == methods | {"OPTIONS"}

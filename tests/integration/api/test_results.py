@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from urllib.parse import parse_qs, urlparse
 
 import httpx
@@ -150,3 +151,51 @@ def test_files_stored_under_the_old_flat_keys_still_download_and_run(api: LiveSe
     assert done.status == "completed" and len(read_lines(client, done.output_file_id)) == 3
     for line in read_lines(client, done.output_file_id):
         BatchResultLine.model_validate(line)
+
+
+def test_a_deleted_message_batch_leaves_no_manifest_cost_or_link(api: LiveServer, backend: Backend) -> None:
+    import anthropic
+
+    key = make_key("acme")
+    headers = {"Authorization": f"Bearer {key}"}
+    client = anthropic.Anthropic(api_key=key, base_url=api.base_url, max_retries=0, timeout=60)
+    request = {"model": "fake-model", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+    batch = client.messages.batches.create(requests=[{"custom_id": "a", "params": request}])  # type: ignore[list-item]
+    for _ in range(600):
+        if client.messages.batches.retrieve(batch.id).processing_status == "ended":
+            break
+        time.sleep(0.1)
+    with transaction() as session:
+        row = session.get(Batch, batch.id)
+        assert row is not None and row.manifest_key is not None
+        manifest = row.manifest_key
+    assert httpx.get(f"{api.base_url}/v1/batches/{batch.id}/manifest", headers=headers).status_code == 200
+
+    client.messages.batches.delete(batch.id)
+    for path in ("manifest", "manifest_url", "cost"):
+        answer = httpx.get(f"{api.base_url}/v1/batches/{batch.id}/{path}", headers=headers)
+        assert answer.status_code == 404, (path, answer.text)
+        assert answer.json()["error"]["code"] == "batch_not_found"
+    with pytest.raises(Exception):  # noqa: B017 - the object itself is gone from the bucket
+        object_bytes(manifest)
+
+
+def test_deleting_an_ended_batchs_input_file_nulls_its_key_in_the_manifest(api: LiveServer) -> None:
+    key = make_key("acme")
+    client, done = run_batch(api, key, [chat_line(0)])
+    headers = {"Authorization": f"Bearer {key}"}
+    before = httpx.get(f"{api.base_url}/v1/batches/{done.id}/manifest", headers=headers).json()
+    assert before["input_file"]["key"] is not None
+
+    client.files.delete(done.input_file_id)
+    after = httpx.get(f"{api.base_url}/v1/batches/{done.id}/manifest", headers=headers).json()
+    assert after["input_file"] == {"file_id": done.input_file_id, "key": None, "bytes": None, "sha256": None}
+    assert after["output"] == before["output"]  # the rest is as finalize wrote it
+    with transaction() as session:
+        row = session.get(Batch, done.id)
+        assert row is not None and row.manifest_key is not None
+        assert json.loads(object_bytes(row.manifest_key)) == after
+
+    client.files.delete(done.output_file_id)  # a result file deleted by hand: its entry loses its key too
+    after = httpx.get(f"{api.base_url}/v1/batches/{done.id}/manifest", headers=headers).json()
+    assert after["output"]["key"] is None and after["output"]["file_id"] == done.output_file_id

@@ -214,3 +214,16 @@ def test_scraped_pods_are_named_as_the_compose_scrape_jobs_the_alerts_expect(ove
         if d["spec"]["template"]["metadata"].get("annotations", {}).get("prometheus.io/scrape") == "true"
     }
     assert scraped == jobs
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_api_listening_on_every_interface_reads_its_metrics_token_from_a_secret(overlay: str) -> None:
+    rendered = objects(overlay)
+    secrets = named(rendered, "Secret")
+    apis = [c for _, c in backfill_containers(rendered) if c["command"][:2] == ["backfill", "serve"]]
+    assert apis
+    for container in apis:
+        refs = {v["name"]: v["valueFrom"]["secretKeyRef"] for v in container.get("env", []) if "valueFrom" in v}
+        ref = refs["BACKFILL_METRICS_TOKEN"]  # serve --host 0.0.0.0 refuses to start without it
+        if ref["name"] in secrets:
+            assert secrets[ref["name"]]["stringData"][ref["key"]]

@@ -200,3 +200,27 @@ def test_planner_defaults_to_the_worked_example_on_this_node(server: LiveServer)
     one, many = (Decimal(r["usd_per_mtok"]) for r in plan["rows"])
     assert one.quantize(Decimal("0.01")) == Decimal("23.80") and Decimal("0.49") < many < Decimal("0.52")
     assert get(server, key, "/v1/planner", batch_sizes="0").json()["error"]["param"] == "batch_sizes"
+
+
+def test_the_finance_page_keeps_the_key_for_the_tab_only_and_cannot_be_framed_or_injected(server: LiveServer) -> None:
+    import base64
+    import hashlib
+    import re
+
+    page = httpx.get(f"{server.base_url}/finance")
+    assert "localStorage" not in page.text and "sessionStorage" in page.text  # gone when the tab closes
+    directives = (part.strip().partition(" ") for part in page.headers["content-security-policy"].split(";"))
+    policy = {name: value for name, _, value in directives}
+    assert policy["frame-ancestors"] == "'none'" and policy["default-src"] == "'none'"
+    assert policy["connect-src"] == "'self'" and policy["base-uri"] == "'none'"
+    assert "unsafe-inline" not in page.headers["content-security-policy"]
+    for tag in ("script", "style"):  # only the page's own inline blocks run, by hash
+        blocks = re.findall(rf"<{tag}>(.*?)</{tag}>", page.text, flags=re.S)
+        assert blocks
+        for block in blocks:
+            digest = base64.b64encode(hashlib.sha256(block.encode()).digest()).decode()
+            assert f"'sha256-{digest}'" in policy[f"{tag}-src"].split()
+    assert " style=" not in page.text  # style attributes would need 'unsafe-inline'
+    assert page.headers["x-content-type-options"] == "nosniff"
+    assert page.headers["referrer-policy"] == "no-referrer"
+    assert page.headers["x-frame-options"] == "DENY"

@@ -184,3 +184,31 @@ def test_output_expires_after_dates_the_output_and_error_files(api: LiveServer) 
         assert result.expires_at == result.created_at + 7200
     plain = run(client, [line(0)])
     assert plain.output_file_id and client.files.retrieve(plain.output_file_id).expires_at is None
+
+
+def test_an_unknown_create_field_is_refused_by_name_and_every_sdk_field_is_accepted(api: LiveServer) -> None:
+    client = api.client(make_key("acme"))
+    source = upload(client, to_jsonl([chat_line(0, model="ctx-model")]))
+    for extra in ({"completion_windw": "24h"}, {"priority": "high"}, {"output_expires_after": None, "x" * 5000: 1}):
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.batches.create(
+                input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h", extra_body=extra
+            )
+        error = refused.value.body
+        name = next(key for key in extra if extra[key] is not None)
+        assert isinstance(error, dict) and error["code"] == "unknown_parameter", error
+        assert len(error["message"]) < 300 and name[:20] in error["message"] and error["param"] == name[:64]
+    nested = {"output_expires_after": {"anchor": "created_at", "seconds": 3600, "secs": 1}}
+    with pytest.raises(openai.BadRequestError, match=r"output_expires_after\.secs"):
+        client.batches.create(
+            input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h", extra_body=nested
+        )
+    # Every field of the SDK's BatchCreateParams, at once.
+    batch = client.batches.create(
+        input_file_id=source.id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        metadata={"team": "ml"},
+        output_expires_after={"anchor": "created_at", "seconds": 7200},
+    )
+    assert batch.metadata == {"team": "ml"}

@@ -48,6 +48,7 @@ def test_keys_with_a_prefix(prefix: None) -> None:
         ("tenant_y", "tenant_x"),  # shaped like another tenant's id
         (".hidden", "tenant_x"),
         ("x" * 65, "tenant_x"),
+        ("acme\n", "tenant_x"),  # `$` alone would let a trailing newline into the key
         (None, "tenant_x"),
     ],
 )
@@ -55,7 +56,7 @@ def test_a_tenant_keeps_its_name_as_folder_only_when_it_is_a_plain_segment(name:
     assert tenant_segment(tenant_id="tenant_x", tenant_name=name) == folder
 
 
-@pytest.mark.parametrize("bad", ["/backfill", "backfill/", "a//b", "../x", "a b"])
+@pytest.mark.parametrize("bad", ["/backfill", "backfill/", "a//b", "../x", "a b", "backfill\n"])
 def test_an_object_prefix_that_is_not_plain_path_segments_is_refused(bad: str) -> None:
     with pytest.raises(ValueError, match="object_prefix"):
         Settings(object_prefix=bad)
