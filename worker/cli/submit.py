@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from storage.batches import ENDPOINTS  # the server's own list: the CLI offers exactly what it serves
 from worker.cli import progress
 from worker.cli.batches import finish, left_running
 from worker.cli.remote import (
@@ -21,7 +22,6 @@ from worker.cli.remote import (
     remote_command,
 )
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 METADATA_MAX_PAIRS = 16
 
 
