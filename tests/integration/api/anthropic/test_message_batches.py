@@ -67,6 +67,19 @@ def results(client: anthropic.Anthropic, batch_id: str) -> dict[str, Any]:
     return {line.custom_id: line.result for line in client.messages.batches.results(batch_id)}
 
 
+def stored_manifest(batch_id: str) -> dict[str, Any]:
+    """The batch's manifest.json as someone reading the bucket sees it."""
+    from storage.blobs import get_blob_store
+    from storage.db import transaction
+    from storage.models import Batch
+
+    with transaction() as session:
+        key = session.get(Batch, batch_id).manifest_key  # type: ignore[union-attr]
+    assert key is not None
+    data: dict[str, Any] = json.loads(b"".join(get_blob_store().open_stream(key, chunk_bytes=1 << 16)))
+    return data
+
+
 def raw(api: LiveServer, method: str, path: str, **kwargs: Any) -> httpx.Response:
     return httpx.request(method, f"{api.base_url}{path}", timeout=30, **kwargs)
 
@@ -227,6 +240,8 @@ def test_cancel_ends_queued_requests_as_canceled_and_delete_waits_for_the_end(ap
     assert (done.request_counts.succeeded, done.request_counts.canceled, counted(done)) == (3, 20, 23)
     lines = results(client, batch.id)
     assert {lines[f"slow{i}"].type for i in range(20)} == {"canceled"} and lines["quick0"].type == "succeeded"
+    manifest = stored_manifest(batch.id)  # issue 19 bug 3: it said 3 lines (the succeeded ones)
+    assert manifest["output"]["lines"] == len(lines) == 23 and manifest["errors"] is None  # one results file
     with pytest.raises(anthropic.BadRequestError, match="cannot be canceled"):
         client.messages.batches.cancel(batch.id)
     assert client.messages.batches.delete(batch.id).type == "message_batch_deleted"
