@@ -69,13 +69,25 @@ def get_batch(
     `protocol`, only one created through that API. A deleted batch is missing to its tenant on every route."""
     query = select(Batch).where(Batch.id == batch_id)
     if lock:
-        query = query.with_for_update()
+        _lock_for_sqlite(session, batch_id=batch_id)
+        # A locked read must see the row as it is now, not as this session loaded it before the lock
+        # (cancel reads a `validating` batch, then waits while ingest queues it).
+        query = query.with_for_update().execution_options(populate_existing=True)
     batch = session.scalar(query)
     if batch is not None and protocol is not None and (batch.protocol != protocol or batch.deleted_at is not None):
         batch = None
     if batch is None or (tenant_id is not None and (batch.tenant_id != tenant_id or batch.deleted_at is not None)):
         raise BatchNotFound(f"No batch found with id '{batch_id}'.", param="batch_id")
     return batch
+
+
+def _lock_for_sqlite(session: Session, *, batch_id: str) -> None:
+    """SQLite ignores FOR UPDATE: a no-op write takes its database write lock instead, so a cancel and an
+    ingest of the same batch run one after the other (each sees what the other committed), as on Postgres."""
+    if session.get_bind().dialect.name == "sqlite":
+        session.execute(
+            update(Batch).where(Batch.id == batch_id).values(id=Batch.id).execution_options(synchronize_session=False)
+        )
 
 
 def list_batches(session: Session, *, tenant_id: str, after: str | None, limit: int) -> list[Batch]:

@@ -16,7 +16,7 @@ import orjson
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from storage.batches import get_batch
+from storage.batches import ANTHROPIC, get_batch
 from storage.blobs import BlobStore
 from storage.blobs.layout import batch_object_key
 from storage.clock import now
@@ -59,6 +59,10 @@ def build_manifest(session: Session, *, batch: Batch, folder: str, settings: Set
     """The manifest of a batch whose result files are recorded (`output_file_id`, `error_file_id`)."""
     output = session.get(File, batch.output_file_id) if batch.output_file_id else None
     errors = session.get(File, batch.error_file_id) if batch.error_file_id else None
+    # Every request is one line of exactly one file: an OpenAI batch's completed ones in output, the rest in
+    # errors; an Anthropic batch has no errors file, its one results file holds every request.
+    ended = batch.request_completed + batch.request_failed
+    output_lines = ended if batch.protocol == ANTHROPIC else batch.request_completed
     return {
         "object": "batch.manifest",
         "version": MANIFEST_VERSION,
@@ -76,8 +80,7 @@ def build_manifest(session: Session, *, batch: Batch, folder: str, settings: Set
             "failed": batch.request_failed,
         },
         "input_file": _input(session, batch),
-        # Every request is one line of exactly one file: completed ones in output, the rest in errors.
-        "output": _object(output, lines=batch.request_completed),
+        "output": _object(output, lines=output_lines),
         "errors": _object(errors, lines=batch.request_failed),
         "cost": batch_cost_json(session, batch, settings),
         "currency": "usd",

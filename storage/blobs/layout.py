@@ -49,6 +49,15 @@ def batch_object_key(*, tenant: str, batch_id: str, name: BatchObject) -> str:
     return _join(tenant, "batches", batch_id, name)
 
 
+_CONTENT_TYPES = {".jsonl": "application/jsonl", ".json": "application/json"}
+
+
+def content_type(key: str) -> str:
+    """The media type an object is stored with, from its key's suffix (every key above has one)."""
+    suffix = key[key.rfind(".") :] if "." in key.rsplit("/", 1)[-1] else ""
+    return _CONTENT_TYPES.get(suffix, "application/octet-stream")
+
+
 def batches_prefix(*, tenant: str) -> str:
     """The folder holding every batch of a tenant (for listing)."""
     return _join(tenant, "batches") + "/"

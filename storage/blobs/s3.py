@@ -14,6 +14,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from storage.blobs import StoredBlob
+from storage.blobs.layout import content_type
 from storage.metrics.events import count_s3_error
 
 _S3_ERRORS = (BotoCoreError, ClientError)
@@ -67,7 +68,7 @@ class S3BlobStore:
                 while len(buffer) >= self.part_bytes:
                     if upload_id is None:
                         upload_id = self.client.create_multipart_upload(
-                            Bucket=self.bucket, Key=key, ChecksumAlgorithm="SHA256"
+                            Bucket=self.bucket, Key=key, ChecksumAlgorithm="SHA256", ContentType=content_type(key)
                         )["UploadId"]
                     part = bytes(buffer[: self.part_bytes])
                     del buffer[: self.part_bytes]
@@ -76,7 +77,13 @@ class S3BlobStore:
                     number += 1
                     sending.append(pool.submit(self._upload_part, key, upload_id, number, part))
             if upload_id is None:
-                self.client.put_object(Bucket=self.bucket, Key=key, Body=bytes(buffer), ChecksumSHA256=_b64sha(buffer))
+                self.client.put_object(
+                    Bucket=self.bucket,
+                    Key=key,
+                    Body=bytes(buffer),
+                    ChecksumSHA256=_b64sha(buffer),
+                    ContentType=content_type(key),
+                )
             else:
                 if buffer or number == 0:
                     number += 1

@@ -81,7 +81,8 @@ def _lease(
     """Mark the picked rows running under this worker's lease and read them back in one statement."""
     rows = session.execute(
         update(BatchRequest)
-        .where(ids_match(session, ids))
+        # Still queued: SQLite's pick locks nothing, so a cancel or expiry may have ended a row since.
+        .where(ids_match(session, ids), BatchRequest.status == lifecycle.REQ_QUEUED)
         .values(
             status=lifecycle.REQ_RUNNING,
             lease_owner=worker_id,

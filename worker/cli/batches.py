@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -119,13 +120,37 @@ def describe(batch: Batch) -> str:
     if cost:
         pairs.append(("cost", cost_text(cost)))
     for kind, listed in (("error", batch.errors), ("warning", extra(batch, "warnings"))):
-        data = (listed.get("data") if isinstance(listed, dict) else getattr(listed, "data", None)) or []
-        for item in data[:10]:
-            item = item if isinstance(item, dict) else item.model_dump()
-            line = f" (line {item['line']})" if item.get("line") else ""
-            pairs.append((kind, f"{item.get('code')}: {item.get('message')}{line}"))
+        kept, total = problems(listed)
+        if total:
+            below = f", the first {SHOWN_PROBLEMS} below" if total > SHOWN_PROBLEMS else ""
+            pairs.append((f"{kind}s", f"{total:,} in all{below}"))
+        pairs += [(kind, problem_text(item)) for item in kept[:SHOWN_PROBLEMS]]
     width = max(len(key) for key, _ in pairs)
     return "\n".join(f"{key.ljust(width)}  {value}" for key, value in pairs)
+
+
+SHOWN_PROBLEMS = 10  # `batches show`
+SUMMARY_PROBLEMS = 3  # the one-line summary at the end of `submit --wait` / `batches results`
+_IN_ALL = re.compile(r"\(([\d,]+) in all\)")
+
+
+def problems(listed: Any) -> tuple[list[dict[str, Any]], int]:
+    """A batch's errors (or warnings): the entries the server kept, and how many there were in all (past
+    the kept ones, the server's `too_many_errors` entry counts them)."""
+    data = (listed.get("data") if isinstance(listed, dict) else getattr(listed, "data", None)) or []
+    entries = [item if isinstance(item, dict) else item.model_dump() for item in data]
+    kept = [item for item in entries if item.get("code") != "too_many_errors"]
+    total = len(kept)
+    for item in entries:
+        found = _IN_ALL.search(str(item.get("message"))) if item.get("code") == "too_many_errors" else None
+        total = int(found.group(1).replace(",", "")) if found else total
+    return kept, total
+
+
+def problem_text(item: dict[str, Any]) -> str:
+    """`code: message (line N)`."""
+    line = f" (line {item['line']})" if item.get("line") else ""
+    return f"{item.get('code')}: {item.get('message')}{line}"
 
 
 def cost_text(cost: dict[str, Any]) -> str:
@@ -201,5 +226,10 @@ def summary(batch: Batch, saved: list[Path], elapsed: float) -> str:
     cost = extra(batch, "cost")
     if cost:
         parts.append(cost_text(cost))
+    kept, total = problems(batch.errors)
+    if total:  # why a batch failed (or what it was refused for): the first few, and how many in all
+        first = "; ".join(problem_text(item) for item in kept[:SUMMARY_PROBLEMS])
+        more = "; …" if total > SUMMARY_PROBLEMS else ""
+        parts.append(f"{total:,} error{'' if total == 1 else 's'}: {first}{more}")
     parts.append("files: " + (", ".join(str(path) for path in saved) if saved else "none"))
     return " · ".join(parts)

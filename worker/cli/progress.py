@@ -15,7 +15,7 @@ from typing import IO, TYPE_CHECKING, Any, cast
 
 from tqdm import tqdm
 
-from worker.cli.remote import TERMINAL, note
+from worker.cli.remote import TERMINAL, extra, note
 
 if TYPE_CHECKING:
     import openai
@@ -76,12 +76,7 @@ def watch(client: openai.OpenAI, batch: Batch, *, poll_seconds: float = POLL_SEC
     """Poll until the batch ends, with a bar of finished/total requests, throughput and ETA (Ctrl-C raises)."""
     counts = batch.request_counts
     # Start at what is already finished, so the rate and ETA measure only progress made while watching.
-    bar: tqdm[Any] = tqdm(
-        total=counts.total if counts else 0,
-        initial=(counts.completed + counts.failed) if counts else 0,
-        unit="req",
-        disable=None,
-    )
+    bar: tqdm[Any] = tqdm(total=counts.total if counts else 0, initial=_ran(batch)[0], unit="req", disable=None)
     try:
         while True:
             _show(bar, batch)
@@ -102,17 +97,34 @@ def _retrieve(client: openai.OpenAI, batch: Batch) -> Batch:
         return batch
 
 
+def _ran(batch: Batch) -> tuple[int, int, dict[str, int]]:
+    """(requests that ran, of them failed, {cancelled, expired}): a request a cancel or the window's end
+    closed counts as failed in OpenAI's counts, but it never ran, so the bar leaves it out."""
+    counts = batch.request_counts
+    goodput = extra(batch, "goodput") or {}
+    closed = {name: int(goodput.get(name) or 0) for name in ("cancelled", "expired")}
+    failed = max(0, (counts.failed if counts else 0) - sum(closed.values()))
+    return (counts.completed if counts else 0) + failed, failed, closed
+
+
+VALIDATING_FORMAT = "{desc}: checking the input file and queueing its requests"
+
+
 def _show(bar: tqdm[Any], batch: Batch) -> None:
     counts = batch.request_counts
     total = counts.total if counts else 0
-    finished = (counts.completed + counts.failed) if counts else 0
+    finished, failed, closed = _ran(batch)
     if total and bar.total != total:
         bar.reset(total=total)
+    # No total while the file is checked: no count or rate yet, just the step.
+    bar.bar_format = VALIDATING_FORMAT if not total and batch.status == "validating" else None
     bar.set_description_str(batch.status, refresh=False)
-    bar.set_postfix_str(f"failed={counts.failed if counts else 0}", refresh=False)
+    postfix = [f"failed={failed}"] + [f"{name}={count}" for name, count in closed.items() if count]
+    bar.set_postfix_str(" ".join(postfix), refresh=False)
     if finished > bar.n:
         bar.update(finished - bar.n)
     else:
+        bar.n = finished
         bar.refresh()
 
 

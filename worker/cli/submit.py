@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from storage.batches import ENDPOINTS  # the server's own list: the CLI offers exactly what it serves
 from worker.cli import progress
 from worker.cli.batches import finish, left_running
 from worker.cli.remote import (
@@ -21,7 +22,6 @@ from worker.cli.remote import (
     remote_command,
 )
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 METADATA_MAX_PAIRS = 16
 
 
@@ -75,12 +75,16 @@ def run(args: argparse.Namespace) -> int:
     remote = connect(args)
     started = time.monotonic()
     uploaded = progress.upload(remote.client, path)
-    batch = remote.client.batches.create(
-        input_file_id=uploaded.id,
-        endpoint=endpoint,  # type: ignore[arg-type]
-        completion_window=args.window,
-        metadata=metadata,
-    )
+    try:
+        batch = remote.client.batches.create(
+            input_file_id=uploaded.id,
+            endpoint=endpoint,  # type: ignore[arg-type]
+            completion_window=args.window,
+            metadata=metadata,
+        )
+    except BaseException:
+        _drop_upload(remote.client, uploaded.id)
+        raise
     note(f"uploaded {path.name} as {uploaded.id}; created {batch.id} ({endpoint}, window {batch.completion_window})")
     if not args.wait:
         if args.json:
@@ -92,3 +96,15 @@ def run(args: argparse.Namespace) -> int:
     if ended is None:
         return EXIT_INTERRUPTED
     return finish(remote, ended, args.output, elapsed=time.monotonic() - started, as_json=args.json)
+
+
+def _drop_upload(client: Any, file_id: str) -> None:
+    """A refused create leaves nothing behind: delete the file just uploaded for it (or say it stays)."""
+    import openai
+
+    try:
+        client.files.delete(file_id)
+    except openai.OpenAIError:
+        note(f"the uploaded file {file_id} stays: delete it with `backfill files rm {file_id}`")
+    else:
+        note(f"the batch was not created; deleted the uploaded file {file_id}")

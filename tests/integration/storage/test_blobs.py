@@ -63,3 +63,19 @@ def test_delete_and_empty_objects(store: BlobStore) -> None:
     store.delete("files/empty")
     store.delete("files/empty")  # idempotent
     assert not store.exists("files/empty")
+
+
+def test_s3_objects_say_what_they_hold(moto_endpoint: str) -> None:
+    """Issue 19 bug 8: objects were stored as binary/octet-stream; a browser or a bucket console reading them
+    sees JSONL and JSON, whether the object went up in one PUT or in parts."""
+    s3 = S3BlobStore(bucket="blob-types", endpoint_url=moto_endpoint, multipart_threshold=5 * MIB)
+    s3.ensure_bucket()
+    keys = {
+        "acme/files/file-1.jsonl": (b'{"a": 1}\n', "application/jsonl"),
+        "acme/batches/batch_1/output.jsonl": (b"".join(chunks(6 * MIB)), "application/jsonl"),  # multipart
+        "acme/batches/batch_1/manifest.json": (b"{}\n", "application/json"),
+    }
+    for key, (data, _) in keys.items():
+        s3.put_stream(key, [data])
+    seen = {key: s3.client.head_object(Bucket="blob-types", Key=key)["ContentType"] for key in keys}
+    assert seen == {key: kind for key, (_, kind) in keys.items()}

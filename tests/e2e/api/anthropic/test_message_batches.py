@@ -209,3 +209,17 @@ def test_cancel_and_expiry_end_what_is_left_as_canceled_and_expired(live: LiveSe
         assert done.request_counts.succeeded == kinds.count("succeeded")
     with pytest.raises(anthropic.BadRequestError):
         client.messages.batches.cancel(cancelled.id)
+
+
+def test_a_batch_cancelled_right_after_create_counts_each_request_once(live: LiveServer) -> None:
+    """Issue 19 bug 2 as reported: 60 requests, cancel at once; whatever ran, counts and results agree."""
+    client = client_for(live)
+    batch = create(client, [req(f"r{i}", f"def f{i}():", max_tokens=512) for i in range(60)])
+    client.messages.batches.cancel(batch.id)
+    done = wait_ended(client, batch.id, timeout=240)  # checks the counts add up to 60 on every poll
+    kinds = [line.type for line in results(client, batch.id).values()]
+    assert len(kinds) == 60 and set(kinds) <= {"succeeded", "canceled"}
+    assert (done.request_counts.canceled, done.request_counts.succeeded) == (
+        kinds.count("canceled"),
+        kinds.count("succeeded"),
+    )

@@ -113,6 +113,7 @@ def test_a_batch_that_fails_validation_exits_with_its_own_code(
     result = run_cli(["submit", str(source), "--wait"], env=env, cwd=tmp_path)
     assert result.returncode == 3, result.stderr
     assert " failed · " in result.stdout and "files: none" in result.stdout
+    assert "1 error: " in result.stdout and "(line 2)" in result.stdout  # why it failed (issue 19 bug 7)
 
 
 def test_bad_keys_and_urls_are_one_line_errors_without_tracebacks(
@@ -147,3 +148,14 @@ def test_usage_errors_exit_2_with_one_line(cli, tmp_path: Path) -> None:  # type
     with pytest.raises(SystemExit) as exit_:
         cli("batches", "list", "--limit", "500")
     assert exit_.value.code == 2  # argparse: "argument --limit: must be between 1 and 100, got 500"
+
+
+def test_a_submit_refused_at_create_leaves_no_uploaded_file_behind(  # type: ignore[no-untyped-def]
+    cli, server: LiveServer, key: str, tmp_path: Path
+) -> None:
+    """Issue 19 bug 7: the upload stayed in the user's files after the batch create was refused."""
+    source = job(tmp_path / "jobs.jsonl", [chat_line(0)])
+    code, out, err = cli("submit", str(source), "--window", "7d")
+    assert code == 1 and out == "" and "completion_window" in err, err
+    assert "deleted the uploaded file" in err, err
+    assert [f.id for f in server.client(key).files.list(purpose="batch")] == []
