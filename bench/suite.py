@@ -55,6 +55,9 @@ FULL = {
     # Issue 15 section 1: the runner feeding a fake timed like 70B FP8 on 8xH100, both I/O paths (~5 min):
     # `make bench ARGS="--only gpu-timed"`.
     "gpu-timed": ["bench/gpu_timed.py"],
+    # Issue 18: a 256 MB Anthropic create, 40 concurrent large bodies and the depth attack against the API
+    # process (~3 min): `make bench ARGS="--only hostile-bodies"`.
+    "hostile-bodies": ["bench/hostile_bodies.py"],
 }
 DEFAULT_PARTS = ("engine", "runbatch", "ingest", "queue")
 QUICK = {
@@ -79,6 +82,7 @@ QUICK = {
     "prefix": ["bench/prefix.py", "--quick"],
     "workers": ["bench/workers.py", "--quick"],
     "gpu-timed": ["bench/gpu_timed.py", "--quick"],
+    "hostile-bodies": ["bench/hostile_bodies.py", "--quick"],
 }
 OUTPUTS = {part: f"{part}.json" for part in FULL}
 
@@ -253,6 +257,43 @@ def measures(parts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         ]
     if workers := parts.get("workers"):
         rows += _worker_rows(workers)
+    if hostile := parts.get("hostile-bodies"):
+        rows += _hostile_rows(hostile)
+    return rows
+
+
+def _hostile_rows(h: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 18: the API process's peak RSS growth and slowest /health under huge and hostile bodies."""
+    create, many, attack = h["create_256mb"], h["concurrent_large_bodies"], h["depth_attack"]
+    rows = [
+        entry(
+            "hostile_create_peak_rss_over_baseline_mb",
+            create["peak_rss_over_baseline_mb"],
+            f"MiB ({h['create_body_mb']} MiB Anthropic create, {h['create_requests']} requests)",
+            "<= 128",
+            create["peak_rss_over_baseline_mb"] <= 128 and create["statuses"] == [200],
+        ),
+        entry(
+            "hostile_concurrent_bodies_peak_rss_over_baseline_mb",
+            many["peak_rss_over_baseline_mb"],
+            f"MiB ({many['bodies']} concurrent {many['body_mb']} MiB bodies of 1 MB requests)",
+            "<= 1024",
+            many["peak_rss_over_baseline_mb"] <= 1024 and many["statuses"] == [200],
+        ),
+        entry(
+            "hostile_depth_attack_peak_rss_over_baseline_mb",
+            attack["peak_rss_over_baseline_mb"],
+            "MiB (100,000 unclosed arrays in one request)",
+            "<= 16",
+            attack["peak_rss_over_baseline_mb"] <= 16 and attack["statuses"] == [400],
+        ),
+    ]
+    slowest = max(create["health_slowest_seconds"], attack["health_slowest_seconds"])
+    rows.append(
+        entry(
+            "hostile_health_slowest_seconds", slowest, "s (during one huge or hostile body)", "<= 1.0", slowest <= 1.0
+        )
+    )
     return rows
 
 

@@ -25,13 +25,13 @@ from storage.lines import INT_MAX, INT_MIN, LINE_MAX_DEPTH, clip
 BODY_MAX_DEPTH = LINE_MAX_DEPTH  # a control-plane body nests no deeper than a batch line may
 
 # Outside strings, inside values we only walk: just what changes depth or enters a string.
-_DEEP = re.compile(rb'["\[\]{}]')
 # Outside strings, at the levels we interpret: a structural byte, or a whole run of scalar bytes.
 _SHALLOW = re.compile(rb'["\[\]{},:]|[^ \t\r\n"\[\]{},:]+')
 _IN_STRING = re.compile(rb'["\\]')
 # Inside a value we only walk: a whole string (group 1 is its closing quote, empty when the chunk ends
 # first), or a bracket.
-_DEEP_TOKEN = re.compile(rb'"(?:[^"\\]++|\\.)*+("?)|[\[\]{}]', re.DOTALL)
+# a bracket run: `[[[[` is one match, so a deep body costs one step, not one per level.
+_DEEP_TOKEN = re.compile(rb'"(?:[^"\\]++|\\.)*+("?)|[\[{]++|[\]}]++', re.DOTALL)
 _OPEN = frozenset(b"[{")
 REQUESTS_REQUIRED = 'requests: List should have at least 1 item ({"requests": [{"custom_id", "params"}]})'
 
@@ -53,24 +53,23 @@ class DepthCounter:
 
     def feed(self, chunk: bytes) -> None:
         """Walk one chunk of the body."""
-        pos, end = 0, len(chunk)
-        while pos < end:
-            if self._in_string:
-                pos = self._skip_string(chunk, pos)
-                continue
-            match = _DEEP.search(chunk, pos)
-            if match is None:
-                return
-            pos = match.end()
-            byte = chunk[match.start()]
-            if byte == 0x22:  # '"'
-                self._in_string = True
-            elif byte in _OPEN:
-                self.depth += 1
+        pos = 0
+        while self._in_string and pos < len(chunk):  # a string from the previous chunk
+            pos = self._skip_string(chunk, pos)
+        if self._in_string:
+            return
+        for match in _DEEP_TOKEN.finditer(chunk, pos):
+            start, end = match.span()
+            if chunk[start] == 0x22:
+                if not match.group(1):  # the string goes on in the next chunk
+                    self._in_string, self._escape = True, end < len(chunk)
+                    return
+            elif chunk[start] in _OPEN:
+                self.depth += end - start
                 if self.depth > self.max_depth:
                     raise TooDeep(f"The request body nests deeper than {self.max_depth} levels.")
             else:
-                self.depth -= 1
+                self.depth -= end - start
 
     def _skip_string(self, chunk: bytes, pos: int) -> int:
         if self._escape:
@@ -163,7 +162,7 @@ class RequestsSplitter:
         self._item_from = -1  # where the current item starts in the current chunk (-1: no item)
         self._item_problem: str | None = None
 
-    def feed(self, chunk: bytes) -> Iterator[tuple[bytes | None, str | None]]:
+    def feed(self, chunk: bytes) -> Iterator[tuple[bytearray | None, str | None]]:
         """Walk one chunk; yield (item bytes, None) or (None, problem) for each item that ended in it."""
         pos, end = 0, len(chunk)
         while pos < end:
@@ -214,23 +213,25 @@ class RequestsSplitter:
         """
         stop = 1 if self._state == "skip" else 2
         for match in _DEEP_TOKEN.finditer(chunk, pos):
-            byte = chunk[match.start()]
-            if byte == 0x22:
+            start, end = match.span()
+            if chunk[start] == 0x22:
                 if match.group(1):
                     continue  # a whole string
                 self._in_string = True  # the string goes on in the next chunk
-                self._escape = match.end() < len(chunk)  # it stopped before a final backslash
+                self._escape = end < len(chunk)  # it stopped before a final backslash
                 return len(chunk)
-            if byte in _OPEN:
-                self._depth += 1
+            if chunk[start] in _OPEN:
+                self._depth += end - start
                 if self._depth - 2 > self.max_item_depth:
                     self._too_deep()
-            else:
-                self._depth -= 1
-                if self._depth == stop:
-                    if stop == 1:
-                        self._state = "comma"
-                    return match.end()
+            elif self._depth - (end - start) > stop:
+                self._depth -= end - start
+            else:  # the value closes inside this run: stop right after its closing bracket
+                closing = start + self._depth - stop
+                self._depth = stop
+                if stop == 1:
+                    self._state = "comma"
+                return closing
         return len(chunk)
 
     def _too_deep(self) -> None:
@@ -239,7 +240,7 @@ class RequestsSplitter:
         if self._item_problem is None:
             self._drop(f"nests deeper than {self.max_item_depth} levels")
 
-    def _token(self, chunk: bytes, start: int, end: int) -> tuple[bytes | None, str | None] | None:
+    def _token(self, chunk: bytes, start: int, end: int) -> tuple[bytearray | None, str | None] | None:
         byte, state = chunk[start], self._state
         if state in ("first", "next", "item"):
             return self._in_array(chunk, start, byte)
@@ -279,10 +280,10 @@ class RequestsSplitter:
             self._in_string = byte == 0x22
             self._state = "comma"
 
-    def _in_array(self, chunk: bytes, start: int, byte: int) -> tuple[bytes | None, str | None] | None:
+    def _in_array(self, chunk: bytes, start: int, byte: int) -> tuple[bytearray | None, str | None] | None:
         if self._state == "item" and byte in (0x2C, 0x5D):  # ',' or ']' ends the item
             self._append(chunk[self._item_from : start])
-            ended = (None, self._item_problem) if self._item_problem else (bytes(self._item), None)
+            ended = (None, self._item_problem) if self._item_problem else (self._item, None)
             self._item, self._item_from, self._item_problem = bytearray(), -1, None
             self._state = "next" if byte == 0x2C else "comma"
             self._depth = 2 if byte == 0x2C else 1

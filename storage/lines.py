@@ -142,7 +142,7 @@ _DIGITS_AS_NINES = bytes(57 if 48 <= byte <= 57 else 32 for byte in range(256))
 _LONG_NUMBER = b"9" * 19
 
 
-def may_be_unstorable(raw: bytes) -> bool:
+def may_be_unstorable(raw: bytes | bytearray) -> bool:
     """Cheap pre-test on the bytes: too few brackets to nest too deep and no 19-digit run: nothing to walk."""
     return raw.count(b"[") + raw.count(b"{") > LINE_MAX_DEPTH or _LONG_NUMBER in raw.translate(_DIGITS_AS_NINES)
 

@@ -99,7 +99,7 @@ class RequestsReader:
         message = f"{len(self.problems)} invalid requests (indices {indices}): {described}"
         raise InvalidRequest(message + (f"; {unknown}" if unknown else ""))
 
-    def _line(self, raw: bytes | None, problem: str | None) -> bytes | None:
+    def _line(self, raw: bytearray | None, problem: str | None) -> bytes | None:
         index = self.count
         self.count += 1
         if self.count > self.max_requests:
@@ -152,7 +152,7 @@ class RequestsReader:
             self.mixed_models = True
 
 
-def _parse_item(raw: bytes) -> tuple[Any, str | None]:
+def _parse_item(raw: bytearray) -> tuple[Any, str | None]:
     """One request's bytes (depth already bounded by the splitter) parsed strictly, with the line rules."""
     try:
         item = orjson.loads(raw)

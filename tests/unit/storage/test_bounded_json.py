@@ -220,3 +220,27 @@ def test_the_splitter_yields_each_item_as_a_parser_sees_it(items: list[Any], chu
     splitter.close()
     assert [orjson.loads(raw) for raw in got] == items  # type: ignore[arg-type]
     assert splitter.unknown_keys == ["other"]
+
+
+def true_depth(value: Any) -> int:
+    if isinstance(value, dict):
+        return 1 + max((true_depth(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((true_depth(v) for v in value), default=0)
+    return 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(value=json_value, chunk=st.integers(1, 13), pretty=st.booleans())
+def test_the_depth_counter_counts_exactly_however_the_body_is_chunked(value: Any, chunk: int, pretty: bool) -> None:
+    raw = json.dumps(value, indent=1 if pretty else None).encode()
+    depth = true_depth(value)
+    exact = DepthCounter(max_depth=depth)
+    for part in chunked(raw, chunk):
+        exact.feed(part)
+    assert exact.depth == 0
+    if depth:
+        with pytest.raises(TooDeep):
+            shallow = DepthCounter(max_depth=depth - 1)
+            for part in chunked(raw, chunk):
+                shallow.feed(part)
