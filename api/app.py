@@ -35,8 +35,11 @@ def create_app(*, health_extra: Callable[[], dict[str, Any]] | None = None) -> F
     app.include_router(message_batches.router)
 
     @app.get("/health", tags=["health"])
-    def health() -> JSONResponse:
-        """200 once the server is ready to take requests."""
+    async def health() -> JSONResponse:
+        """200 once the server is ready to take requests.
+
+        On the event loop, not the request threads: it answers even while every thread serves a slow body
+        (`health_extra` only reads in-memory flags)."""
         body: dict[str, Any] = {"status": "ok"}
         if health_extra is not None:
             body.update(health_extra())

@@ -29,11 +29,26 @@ import httpx
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.anthropic_create import start
 from bench.ingest import PeakRss
 
 ROOT = Path(__file__).resolve().parents[1]
 ATTACK = b'{"requests":[{"custom_id":"q0","params":{"model":"backfill-demo","max_tokens":4,"x":' + b"[" * 100_000
+
+
+def start(env: dict[str, str], port: int, log: Path) -> subprocess.Popen[bytes]:
+    """`backfill serve`, its output kept in `log` (a 5xx here is a finding: read why)."""
+    sink = log.open("wb")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "worker.cli", "serve", "--port", str(port)], env=env, cwd=ROOT, stdout=sink, stderr=sink
+    )
+    for _ in range(300):
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health").json().get("worker") == "ready":
+                return server
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"server did not start: see {log}")
 
 
 def body_of(count: int, request_bytes: int, tag: str) -> bytes:
@@ -123,7 +138,7 @@ def main() -> int:
     requests, concurrent = (12_500, 8) if args.quick else (100_000, 40)
     bodies = {"big": body_of(requests, 2_600, "r")}
     large = [body_of(16, 1_000_000, f"c{n}-") for n in range(concurrent)]
-    server = start(env, port)
+    server = start(env, port, out / "server.log")
     result: dict[str, Any] = {"create_body_mb": round(len(bodies["big"]) / 2**20, 1), "create_requests": requests}
     try:
         with httpx.Client(base_url=base, timeout=1800, headers=headers) as http:

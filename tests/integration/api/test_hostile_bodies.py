@@ -240,3 +240,36 @@ def test_the_worst_body_each_route_allows_keeps_memory_bounded_and_health_answer
     assert response.status_code < 500, response.text[:300]
     assert grown < 150 * 1024 * 1024, f"RSS grew {grown / 2**20:.0f} MiB"
     assert slowest < 1.0, f"/health took {slowest:.2f} s"
+
+
+@pytest.mark.backfill_env({"BACKFILL_MODELS": '{"fake-model": {"path": "fake:"}}', "BACKFILL_API_THREADS": "2"})
+def test_health_answers_while_slow_bodies_hold_every_request_thread(backend: Backend) -> None:
+    """Clients trickling Anthropic create bodies hold the request threads; /health must not queue behind them."""
+    if backend.name != "embedded":
+        pytest.skip("one backend is enough: the request threads are the API's own")
+    server, stop = start_server(with_worker=False)
+    key = make_key("acme")
+    release = threading.Event()
+
+    def trickle() -> Iterator[bytes]:
+        yield b'{"requests":['
+        release.wait(30)
+        yield b"]}"
+
+    def slow_create() -> None:
+        headers = {"x-api-key": key, "content-type": "application/json"}
+        httpx.post(f"{server.base_url}/v1/messages/batches", content=trickle(), headers=headers, timeout=60)
+
+    senders = [threading.Thread(target=slow_create) for _ in range(3)]
+    try:
+        for sender in senders:
+            sender.start()
+        time.sleep(1)  # not a race: the check below holds whether or not the bodies are in by now
+        started = time.monotonic()
+        assert httpx.get(f"{server.base_url}/health", timeout=10).status_code == 200
+        assert time.monotonic() - started < 1.0
+    finally:
+        release.set()
+        for sender in senders:
+            sender.join()
+        stop()
