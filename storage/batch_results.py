@@ -20,7 +20,7 @@ from storage.errors import InvalidRequest
 from storage.lines import result_line
 from storage.message_batch_lines import result_line as message_result_line
 from storage.queue.result_pages import PAGE_ROWS, merged_pages, number_results, numbered_pages
-from storage.retries import retry_family
+from storage.retries import retry_family, retry_tree
 
 _CURSOR = re.compile(r"rs_(\d{1,18})")
 
@@ -61,9 +61,14 @@ def results_so_far(
 def merged_results(session: Session, *, tenant_id: str, batch_id: str, page_rows: int = PAGE_ROWS) -> ResultLines:
     """Every request of the batch once, over the batch and all its retries, the latest attempt winning."""
     batch = get_batch(session, tenant_id=tenant_id, batch_id=batch_id)
-    family = retry_family(session, batch=batch)
+    tree = retry_tree(session, batch=batch)
+    below = [member.id for member in retry_family(session, batch=batch)]
     render = message_result_line if batch.protocol == ANTHROPIC else result_line
-    incomplete = any(member.status not in lifecycle.TERMINAL for member in family)
-    pages = merged_pages(batches={member.id: member.created_at for member in family}, page_rows=page_rows)
+    incomplete = any(member.status not in lifecycle.TERMINAL for member in tree)
+    pages = merged_pages(
+        batches={member.id: member.attempt for member in tree},
+        lines_of=None if below[0] == tree[0].id else below,
+        page_rows=page_rows,
+    )
     lines = (orjson.dumps(render(*row)) + b"\n" for page in pages for row, _, _ in page)
     return ResultLines(lines, incomplete, None)

@@ -120,6 +120,8 @@ class Batch(Base):
     deleted_at: Mapped[int | None] = mapped_column(BigInteger)  # deleted by its owner; kept for accounting
     # The ended batch whose failed requests this one re-runs (storage/retries.py); None for a first attempt.
     retry_of: Mapped[str | None] = mapped_column(String(64))
+    # Which attempt of its retry tree this batch is: 0 the original, n the nth retry created in the tree.
+    attempt: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class BatchRequest(Base):

@@ -43,8 +43,10 @@ def retry_batch(session: Session, *, tenant_id: str, batch_id: str, protocol: st
     """Create and queue a retry of an ended batch: its requests whose latest attempt (over the batch and its
     retries) is a retryable error line. BatchNotRetryable (409) while any of them runs; NothingToRetry (400)."""
     origin = get_batch(session, tenant_id=tenant_id, batch_id=batch_id, lock=True, protocol=protocol)
-    family = retry_family(session, batch=origin)
-    running = [batch for batch in family if batch.status not in _ENDED and batch.status != lifecycle.FAILED]
+    tree = retry_tree(session, batch=origin)
+    if tree[0].id != origin.id:  # one retry at a time per tree: every retry of it takes the original's lock
+        get_batch(session, tenant_id=tenant_id, batch_id=tree[0].id, lock=True)
+    running = [batch for batch in tree if batch.status not in _ENDED and batch.status != lifecycle.FAILED]
     if origin.status not in _ENDED or running:
         what = f"is {origin.status}" if origin.status not in _ENDED else f"has a retry {running[0].id} still running"
         raise BatchNotRetryable(
@@ -65,8 +67,10 @@ def retry_batch(session: Session, *, tenant_id: str, batch_id: str, protocol: st
         protocol=origin.protocol,
     )
     retry.retry_of = origin.id
+    retry.attempt = max(batch.attempt for batch in tree) + 1
     total = 0
-    for chunk in _chunks(_failed_ids(family, codes=frozenset(codes))):
+    subtree = [batch.id for batch in retry_family(session, batch=origin)]
+    for chunk in _chunks(_failed_ids(tree, subtree, codes=frozenset(codes))):
         total += requeue_copies(session, batch=retry, request_ids=chunk)
     if not total:
         raise NothingToRetry(
@@ -81,8 +85,9 @@ def retry_batch(session: Session, *, tenant_id: str, batch_id: str, protocol: st
     return retry
 
 
-def _failed_ids(family: list[Batch], *, codes: frozenset[str]) -> Iterator[str]:
-    for page in merged_pages(batches={batch.id: batch.created_at for batch in family}):
+def _failed_ids(tree: list[Batch], subtree: list[str], *, codes: frozenset[str]) -> Iterator[str]:
+    lines_of = None if subtree[0] == tree[0].id else subtree
+    for page in merged_pages(batches={batch.id: batch.attempt for batch in tree}, lines_of=lines_of):
         for row in page:
             if is_retryable(row, codes=codes):
                 yield row[0][0]
@@ -100,13 +105,21 @@ def _chunks(ids: Iterator[str]) -> Iterator[list[str]]:
 
 
 def retry_family(session: Session, *, batch: Batch) -> list[Batch]:
-    """The batch and every retry below it (retries of retries too), oldest first."""
+    """The batch and every retry below it (retries of retries too), in attempt order."""
     family, frontier = [batch], [batch.id]
     while frontier:
         children = list(session.scalars(select(Batch).where(Batch.retry_of.in_(frontier))))
         family += children
         frontier = [child.id for child in children]
-    return sorted(family, key=lambda b: (b.created_at, b.id))
+    return sorted(family, key=lambda b: b.attempt)
+
+
+def retry_tree(session: Session, *, batch: Batch) -> list[Batch]:
+    """The whole retry tree the batch belongs to (from its original batch down), in attempt order."""
+    root = batch
+    while root.retry_of is not None:
+        root = get_batch(session, tenant_id=root.tenant_id, batch_id=root.retry_of)
+    return retry_family(session, batch=root)
 
 
 def retry_ids_of(session: Session, *, batch_ids: list[str]) -> dict[str, list[str]]:

@@ -1,9 +1,10 @@
 """Result lines read in pages while a batch runs, and the merged view of a batch and its retries.
 
 A running batch's requests finish in any order, so a line-number cursor would skip a line that finishes
-after a later one was read. Instead a reader numbers, under the batch's lock, the finished requests no
-reader numbered yet (`result_seq`): every result recorder takes the same lock (`lock_batches_of`), so a
-request committed later always gets a higher number, and `after=<number>` never skips nor repeats a line.
+after a later one was read. Instead a reader numbers the finished requests no reader numbered yet
+(`result_seq`), above every number given so far; readers of one batch take turns under its row lock. A
+request that commits after a read is numbered by a later read, above that read's cursor, so
+`after=<number>` never skips nor repeats a line, whatever order results are recorded in.
 Pages are short keyset reads, each in its own transaction: memory stays bounded however big the batch.
 """
 
@@ -38,7 +39,7 @@ _NUMBER = text(
 
 def number_results(session: Session, *, batch_id: str) -> int:
     """Number the batch's finished requests no reader numbered yet; return the highest number. The caller
-    holds the batch's lock (`get_batch(lock=True)`), the lock every result recorder takes first."""
+    holds the batch's lock (`get_batch(lock=True)`), so two readers never hand out the same numbers."""
     base = session.scalar(select(func.max(BatchRequest.result_seq)).where(BatchRequest.batch_id == batch_id)) or 0
     session.execute(_NUMBER, {"base": base, "batch_id": batch_id})
     top = session.scalar(select(func.max(BatchRequest.result_seq)).where(BatchRequest.batch_id == batch_id))
@@ -81,19 +82,19 @@ def numbered_pages(*, batch_id: str, after: int, upto: int, page_rows: int = PAG
 MergedRow = tuple[ResultRow, str, int]
 
 
-def merged_pages(*, batches: dict[str, int], page_rows: int = PAGE_ROWS) -> Iterator[list[MergedRow]]:
-    """Each line of a batch and its retries once, in line order, from the latest attempt that finished it;
-    page by page, each page its own read. `batches`: {batch_id: created_at} of the batch and its retries.
-
-    A retry is created only once the attempt before it ended, so the latest attempt is the one of the newest
-    batch; batches created in the same second are told apart by when the request finished."""
+def merged_pages(
+    *, batches: dict[str, int], lines_of: list[str] | None = None, page_rows: int = PAGE_ROWS
+) -> Iterator[list[MergedRow]]:
+    """Each line of a retry tree once, in line order, from the latest attempt that finished it; page by page,
+    each page its own read. `batches`: {batch_id: attempt} of the tree; `lines_of`: only the lines these
+    batches hold (a retry's part of the tree)."""
     limit = max(page_rows, 2 * len(batches))  # a page always holds at least one whole line
     after = -1
     while True:
         with transaction() as session:
             query = (
                 select(  # type: ignore[call-overload]
-                    *_columns(), BatchRequest.status, BatchRequest.line, BatchRequest.batch_id, BatchRequest.finished_at
+                    *_columns(), BatchRequest.status, BatchRequest.line, BatchRequest.batch_id
                 )
                 .where(
                     BatchRequest.batch_id.in_(list(batches)),
@@ -103,6 +104,9 @@ def merged_pages(*, batches: dict[str, int], page_rows: int = PAGE_ROWS) -> Iter
                 .order_by(BatchRequest.line)
                 .limit(limit)
             )
+            if lines_of is not None:
+                held = select(BatchRequest.line).where(BatchRequest.batch_id.in_(lines_of))
+                query = query.where(BatchRequest.line.in_(held))
             rows = list(session.execute(query).all())
         full = len(rows) == limit
         if full:  # the last line may continue on the next page: read it whole there
@@ -120,5 +124,5 @@ def merged_pages(*, batches: dict[str, int], page_rows: int = PAGE_ROWS) -> Iter
         after = page[-1][2]
 
 
-def _attempt(batches: dict[str, int], row: Any) -> tuple[int, float]:
-    return batches[row[8]], float(row[9] or 0.0)
+def _attempt(batches: dict[str, int], row: Any) -> int:
+    return batches[row[8]]

@@ -126,4 +126,4 @@ def _message(response: Any) -> str:
     try:
         return str(response.json()["error"]["message"])
     except (ValueError, KeyError, TypeError):
-        return response.text[:200]
+        return str(response.text[:200])
