@@ -10,10 +10,10 @@ from fastapi.responses import JSONResponse
 
 from api import errors, keys, limits, results
 from api import metrics as prometheus
-from api.anthropic import message_batches
+from api.anthropic import message_batch_retries, message_batches
 from api.deps import commit_in_route_threads
 from api.finance import routes as costs
-from api.openai import batches, files, models
+from api.openai import batch_retries, batches, files, models
 from api.webhooks import routes as webhooks
 
 
@@ -24,6 +24,7 @@ def create_app(*, health_extra: Callable[[], dict[str, Any]] | None = None) -> F
     limits.install(app)
     app.include_router(files.router)
     app.include_router(batches.router)
+    app.include_router(batch_retries.router)
     app.include_router(models.router)
     app.include_router(costs.router)
     app.include_router(keys.router)
@@ -33,6 +34,7 @@ def create_app(*, health_extra: Callable[[], dict[str, Any]] | None = None) -> F
     app.include_router(results.router)
     app.include_router(prometheus.router)
     app.include_router(message_batches.router)
+    app.include_router(message_batch_retries.router)
 
     @app.get("/health", tags=["health"])
     async def health() -> JSONResponse:

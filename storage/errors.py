@@ -57,6 +57,18 @@ class BatchNotCancellable(IllegalTransition):
     code = "batch_not_cancellable"
 
 
+class BatchNotRetryable(IllegalTransition):
+    """A retry needs an ended batch (completed, expired or cancelled) whose retries have all ended too."""
+
+    code = "batch_not_retryable"
+
+
+class NothingToRetry(InvalidRequest):
+    """No request of the batch ended as an error line of a kind the retry re-runs."""
+
+    code = "nothing_to_retry"
+
+
 class UploadTooLarge(BackfillError):
     status = 413
     code = "file_too_large"

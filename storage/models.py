@@ -76,6 +76,7 @@ class Batch(Base):
     __table_args__ = (
         Index("ix_batches_tenant_created", "tenant_id", "created_at"),
         Index("ix_batches_status", "status"),
+        Index("ix_batches_retry_of", "retry_of"),
     )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -117,6 +118,10 @@ class Batch(Base):
     protocol: Mapped[str] = mapped_column(String(16), default="openai", server_default="openai")
     archived_at: Mapped[int | None] = mapped_column(BigInteger)  # results removed after their retention
     deleted_at: Mapped[int | None] = mapped_column(BigInteger)  # deleted by its owner; kept for accounting
+    # The ended batch whose failed requests this one re-runs (storage/retries.py); None for a first attempt.
+    retry_of: Mapped[str | None] = mapped_column(String(64))
+    # Which attempt of its retry tree this batch is: 0 the original, n the nth retry created in the tree.
+    attempt: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class BatchRequest(Base):
@@ -143,6 +148,8 @@ class BatchRequest(Base):
         Index("ix_batch_requests_finished_at", "finished_at"),  # daily cost and usage reports
         # Covers cost attribution (storage/finance/attribution.py): a run's work per batch is read from the index alone.
         Index("ix_batch_requests_run_usage", "run_id", "status", "batch_id", "prompt_tokens", "completion_tokens"),
+        Index("ix_batch_requests_batch_result_seq", "batch_id", "result_seq"),  # results while a batch runs
+        Index("ix_batch_requests_batch_line", "batch_id", "line"),  # the merged view of a batch and its retries
     )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -176,6 +183,8 @@ class BatchRequest(Base):
     engine_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     run_id: Mapped[str | None] = mapped_column(String(64))
     finished_at: Mapped[float | None] = mapped_column(Float)
+    # The order a results reader first saw this finished request in (storage/queue/result_pages.py).
+    result_seq: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class EngineRun(Base):

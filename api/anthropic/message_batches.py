@@ -28,6 +28,7 @@ from storage.message_batches import (
     results_stream,
 )
 from storage.models import Batch
+from storage.retries import retry_ids_of
 from storage.settings import Settings
 from storage.wakeups import wake_after_commit
 
@@ -147,7 +148,8 @@ def _render(session: DbSession, request: Request, batch: Batch, *, settings: Set
             "cost": batch_cost_json(session, batch, settings),
             "goodput": None if goodput is None else goodput.to_json(object_name="batch.goodput"),
         }
-    return MessageBatch.of(batch, counts, base_url=str(request.base_url), **extras)
+    retries = retry_ids_of(session, batch_ids=[batch.id])[batch.id]
+    return MessageBatch.of(batch, counts, base_url=str(request.base_url), retries=retries, **extras)
 
 
 def _body(request: Request) -> Iterator[bytes]:

@@ -45,6 +45,12 @@ class MessageBatch(BaseModel):
     warnings: dict[str, Any] | None = Field(
         default=None, description="Backfill extension: admission warnings (e.g. `deadline_at_risk`)."
     )
+    retry_of: str | None = Field(
+        default=None, description="Backfill extension: the ended batch whose failed requests this batch re-runs."
+    )
+    retries: list[str] | None = Field(
+        default=None, description="Backfill extension: the ids of this batch's retries, oldest first."
+    )
 
     @classmethod
     def of(
@@ -55,6 +61,7 @@ class MessageBatch(BaseModel):
         base_url: str,
         cost: dict[str, Any] | None = None,
         goodput: dict[str, Any] | None = None,
+        retries: list[str] | None = None,
     ) -> MessageBatch:
         status = processing_status(row)
         results = f"{base_url.rstrip('/')}/v1/messages/batches/{row.id}/results" if status == "ended" else None
@@ -71,6 +78,8 @@ class MessageBatch(BaseModel):
             cost=cost,
             goodput=goodput,
             warnings=batch_errors(row.warnings),
+            retry_of=row.retry_of,
+            retries=retries,
         )
 
 

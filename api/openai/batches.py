@@ -17,6 +17,7 @@ from storage.finance.job_cost import batch_cost_json
 from storage.lines import clip, peek_model
 from storage.planning.estimates import estimate_job, shape_of_jsonl
 from storage.queue.usage import batch_usages
+from storage.retries import retry_ids_of
 from storage.wakeups import wake_after_commit
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
@@ -100,6 +101,7 @@ def retrieve(batch_id: str, session: DbSession, caller: Caller, settings: Config
         cost=batch_cost_json(session, batch, settings),
         goodput=None if goodput is None else goodput.to_json(object_name="batch.goodput"),
         usage=batch_usages(session, batch_ids=[batch.id])[batch.id],
+        retries=retry_ids_of(session, batch_ids=[batch.id])[batch.id],
     )
 
 
@@ -113,7 +115,8 @@ def list_all(
     """The caller's batches, newest first, paginated with `after` and `limit`."""
     rows = list_batches(session, tenant_id=caller.tenant_id, after=after, limit=limit)
     usages = batch_usages(session, batch_ids=[row.id for row in rows[:limit]])
-    page = [BatchObject.of(row, usage=usages[row.id]) for row in rows[:limit]]
+    retries = retry_ids_of(session, batch_ids=[row.id for row in rows[:limit]])
+    page = [BatchObject.of(row, usage=usages[row.id], retries=retries[row.id]) for row in rows[:limit]]
     return BatchList(
         data=page,
         first_id=page[0].id if page else None,

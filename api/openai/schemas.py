@@ -89,6 +89,19 @@ class BatchCreate(BaseModel):
         return value
 
 
+class BatchRetry(BaseModel):
+    """The body of `POST /v1/batches/{id}/retry` (a Backfill extension)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    codes: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Error codes to re-run besides the default ones (batch_expired, batch_cancelled, "
+        "budget_exceeded and server errors), e.g. `context_length_exceeded`.",
+    )
+
+
 class RequestCounts(BaseModel):
     total: int
     completed: int
@@ -143,6 +156,12 @@ class BatchObject(BaseModel):
         default=None,
         description="Backfill extension: requests completed before the deadline / requests accepted, with counts.",
     )
+    retry_of: str | None = Field(
+        default=None, description="Backfill extension: the ended batch whose failed requests this batch re-runs."
+    )
+    retries: list[str] | None = Field(
+        default=None, description="Backfill extension: the ids of this batch's retries, oldest first."
+    )
 
     @classmethod
     def of(
@@ -152,6 +171,7 @@ class BatchObject(BaseModel):
         cost: dict[str, Any] | None = None,
         goodput: dict[str, Any] | None = None,
         usage: TokenUsage | None = None,
+        retries: list[str] | None = None,
     ) -> BatchObject:
         return cls(
             id=row.id,
@@ -180,6 +200,8 @@ class BatchObject(BaseModel):
             cost=cost,
             warnings=batch_errors(row.warnings),
             goodput=goodput,
+            retry_of=row.retry_of,
+            retries=retries,
         )
 
 

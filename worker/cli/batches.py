@@ -1,4 +1,4 @@
-"""`backfill batches list|show|cancel|results`: a remote server's batches, as tables or --json."""
+"""`backfill batches list|show|cancel|results|retry`: a remote server's batches, as tables or --json."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from worker.cli import progress
+from worker.cli import batch_retries, progress
 from worker.cli.remote import (
     EXIT_INTERRUPTED,
     EXIT_NOT_FINISHED,
@@ -44,10 +44,12 @@ def register(subparsers: Any) -> None:
     cancel = sub.add_parser("cancel", help="cancel a batch (queued requests end at once)")
     cancel.set_defaults(func=run_cancel)
     results = sub.add_parser("results", help="download a finished batch's output and error files")
-    results.add_argument("--output", "-o", type=Path, default=Path("."), help="directory for the files (.)")
+    results.add_argument("--output", "-o", type=Path, default=Path("."), help="directory for the files (.) or a file")
     results.add_argument("--wait", action="store_true", help="wait for the batch to end first, with a progress bar")
+    batch_retries.add_stream_flags(results)
     results.set_defaults(func=run_results)
-    for parser in (listing, show, cancel, results):
+    retry = batch_retries.add_retry(sub)
+    for parser in (listing, show, cancel, results, retry):
         if parser is not listing:
             parser.add_argument("batch_id", metavar="BATCH_ID")
         add_connection_args(parser)
@@ -180,6 +182,8 @@ def run_cancel(args: argparse.Namespace) -> int:
 @remote_command
 def run_results(args: argparse.Namespace) -> int:
     """Download the output and error files into --output; the exit code tells the batch's end state."""
+    if args.follow or args.merged:
+        return batch_retries.run_stream(args)
     remote = connect(args)
     batch = remote.client.batches.retrieve(args.batch_id)
     started = time.monotonic()

@@ -1,0 +1,128 @@
+"""Result lines read in pages while a batch runs, and the merged view of a batch and its retries.
+
+A running batch's requests finish in any order, so a line-number cursor would skip a line that finishes
+after a later one was read. Instead a reader numbers the finished requests no reader numbered yet
+(`result_seq`), above every number given so far; readers of one batch take turns under its row lock. A
+request that commits after a read is numbered by a later read, above that read's cursor, so
+`after=<number>` never skips nor repeats a line, whatever order results are recorded in.
+Pages are short keyset reads, each in its own transaction: memory stays bounded however big the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from sqlalchemy import func, select, text
+from sqlalchemy.orm import Session
+
+from storage import lifecycle
+from storage.db import transaction
+from storage.models import BatchRequest
+from storage.queue.results import ResultRow
+
+PAGE_ROWS = 1000
+_TERMINAL = tuple(sorted(lifecycle.REQ_TERMINAL))
+
+_NUMBER = text(
+    f"""
+    UPDATE batch_requests SET result_seq = :base + s.n
+    FROM (
+        SELECT id, row_number() OVER (ORDER BY line) AS n FROM batch_requests
+        WHERE batch_id = :batch_id AND result_seq IS NULL
+            AND status IN ({", ".join(f"'{status}'" for status in _TERMINAL)})
+    ) AS s
+    WHERE batch_requests.id = s.id
+    """
+)
+
+
+def number_results(session: Session, *, batch_id: str) -> int:
+    """Number the batch's finished requests no reader numbered yet; return the highest number. The caller
+    holds the batch's lock (`get_batch(lock=True)`), so two readers never hand out the same numbers."""
+    base = session.scalar(select(func.max(BatchRequest.result_seq)).where(BatchRequest.batch_id == batch_id)) or 0
+    session.execute(_NUMBER, {"base": base, "batch_id": batch_id})
+    top = session.scalar(select(func.max(BatchRequest.result_seq)).where(BatchRequest.batch_id == batch_id))
+    return int(top or 0)
+
+
+def _columns() -> tuple[object, ...]:
+    return (
+        BatchRequest.id,
+        BatchRequest.custom_id,
+        BatchRequest.response_status,
+        BatchRequest.response_body,
+        BatchRequest.error_code,
+        BatchRequest.error_message,
+    )
+
+
+def numbered_pages(*, batch_id: str, after: int, upto: int, page_rows: int = PAGE_ROWS) -> Iterator[list[ResultRow]]:
+    """The batch's finished requests numbered in (after, upto], page by page, each page its own read."""
+    while after < upto:
+        with transaction() as session:
+            query = (
+                select(*_columns(), BatchRequest.result_seq)  # type: ignore[call-overload]
+                .where(
+                    BatchRequest.batch_id == batch_id,
+                    BatchRequest.result_seq > after,
+                    BatchRequest.result_seq <= upto,
+                )
+                .order_by(BatchRequest.result_seq)
+                .limit(page_rows)
+            )
+            rows = list(session.execute(query).all())
+        if not rows:
+            return
+        after = int(rows[-1][6])
+        yield [(r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows]
+
+
+# One merged row: the result row, its status and its line (the origin's line number, kept by every retry).
+MergedRow = tuple[ResultRow, str, int]
+
+
+def merged_pages(
+    *, batches: dict[str, int], lines_of: list[str] | None = None, page_rows: int = PAGE_ROWS
+) -> Iterator[list[MergedRow]]:
+    """Each line of a retry tree once, in line order, from the latest attempt that finished it; page by page,
+    each page its own read. `batches`: {batch_id: attempt} of the tree; `lines_of`: only the lines these
+    batches hold (a retry's part of the tree)."""
+    limit = max(page_rows, 2 * len(batches))  # a page always holds at least one whole line
+    after = -1
+    while True:
+        with transaction() as session:
+            query = (
+                select(  # type: ignore[call-overload]
+                    *_columns(), BatchRequest.status, BatchRequest.line, BatchRequest.batch_id
+                )
+                .where(
+                    BatchRequest.batch_id.in_(list(batches)),
+                    BatchRequest.status.in_(_TERMINAL),
+                    BatchRequest.line > after,
+                )
+                .order_by(BatchRequest.line)
+                .limit(limit)
+            )
+            if lines_of is not None:
+                held = select(BatchRequest.line).where(BatchRequest.batch_id.in_(lines_of))
+                query = query.where(BatchRequest.line.in_(held))
+            rows = list(session.execute(query).all())
+        full = len(rows) == limit
+        if full:  # the last line may continue on the next page: read it whole there
+            rows = [row for row in rows if row[7] != rows[-1][7]]
+        latest: dict[int, Any] = {}
+        for row in rows:
+            seen = latest.get(row[7])
+            if seen is None or _attempt(batches, row) > _attempt(batches, seen):
+                latest[row[7]] = row
+        page = [((r[0], r[1], r[2], r[3], r[4], r[5]), r[6], r[7]) for r in (latest[n] for n in sorted(latest))]
+        if page:
+            yield page
+        if not full:
+            return
+        after = page[-1][2]
+
+
+def _attempt(batches: dict[str, int], row: Any) -> int:
+    return batches[row[8]]
