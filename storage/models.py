@@ -117,6 +117,9 @@ class Batch(Base):
     protocol: Mapped[str] = mapped_column(String(16), default="openai", server_default="openai")
     archived_at: Mapped[int | None] = mapped_column(BigInteger)  # results removed after their retention
     deleted_at: Mapped[int | None] = mapped_column(BigInteger)  # deleted by its owner; kept for accounting
+    # Batch control (storage/batch_control.py): paused batches get no claims; higher priority claims first.
+    paused_at: Mapped[int | None] = mapped_column(BigInteger)
+    priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class BatchRequest(Base):
