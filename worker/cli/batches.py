@@ -1,4 +1,4 @@
-"""`backfill batches list|show|cancel|results`: a remote server's batches, as tables or --json."""
+"""`backfill batches list|show|cancel|results|pause|resume|priority`: a remote server's batches, as tables or --json."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from worker.cli import progress
+from worker.cli import batch_control, progress
 from worker.cli.remote import (
     EXIT_INTERRUPTED,
     EXIT_NOT_FINISHED,
@@ -47,6 +47,7 @@ def register(subparsers: Any) -> None:
     results.add_argument("--output", "-o", type=Path, default=Path("."), help="directory for the files (.)")
     results.add_argument("--wait", action="store_true", help="wait for the batch to end first, with a progress bar")
     results.set_defaults(func=run_results)
+    batch_control.register(sub)
     for parser in (listing, show, cancel, results):
         if parser is not listing:
             parser.add_argument("batch_id", metavar="BATCH_ID")
@@ -108,8 +109,11 @@ def describe(batch: Batch) -> str:
         ("window", batch.completion_window),
         ("requests", f"{counts.completed} completed, {counts.failed} failed, {counts.total} total" if counts else ""),
         ("created", when(batch.created_at)),
-        ("expires", when(batch.expires_at)),
+        ("expires", when(batch.expires_at) if batch.expires_at else "never (background)"),
+        ("priority", extra(batch, "priority") or 0),
     ]
+    if extra(batch, "paused_at"):
+        pairs.append(("paused", when(extra(batch, "paused_at"))))
     for stamp in ("in_progress_at", "finalizing_at", "completed_at", "failed_at", "expired_at", "cancelled_at"):
         if getattr(batch, stamp, None):
             pairs.append((stamp.removesuffix("_at"), when(getattr(batch, stamp))))
