@@ -14,7 +14,8 @@ from storage.errors import BatchNotFound
 from storage.ids import new_id
 from storage.models import Batch, BatchRequest
 from storage.quotas import check_batch_room
-from storage.settings import get_settings, window_seconds
+from storage.settings import get_settings
+from storage.windows import deadline_for
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
 # Which API a batch was created through; each API sees only its own batches (storage/message_batches.py).
@@ -33,9 +34,10 @@ def create_batch(
     metadata: dict[str, str] | None,
     output_expires_after_seconds: int | None = None,
     protocol: str = OPENAI,
+    priority: int = 0,
 ) -> Batch:
     """Record a new batch in `validating` (QuotaExceeded past the tenant's open batches); ingest validates its
-    file and fills the queue."""
+    file and fills the queue. `priority` is checked against the tenant's cap by the caller (batch_control)."""
     check_batch_room(session, get_settings(), tenant_id=tenant_id)
     created = now()
     batch = Batch(
@@ -50,7 +52,8 @@ def create_batch(
         metadata_=metadata,
         output_expires_after_seconds=output_expires_after_seconds,
         created_at=created,
-        expires_at=created + window_seconds(completion_window),
+        expires_at=deadline_for(completion_window, created_at=created),
+        priority=priority,
         request_total=0,
         request_completed=0,
         request_failed=0,

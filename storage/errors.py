@@ -132,3 +132,15 @@ def is_unavailable(error: BaseException) -> bool:
         status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
         return isinstance(status, int) and status >= 500
     return False
+
+
+class PriorityNotAllowed(InvalidRequest):
+    """A batch priority above what the operator lets this tenant use (BACKFILL_TENANT_MAX_PRIORITY)."""
+
+    code = "priority_not_allowed"
+
+
+class BatchNotControllable(IllegalTransition):
+    """Pause, resume or a priority change asked of a batch that has ended (or is ending)."""
+
+    code = "batch_not_controllable"

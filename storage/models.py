@@ -122,6 +122,9 @@ class Batch(Base):
     retry_of: Mapped[str | None] = mapped_column(String(64))
     # Which attempt of its retry tree this batch is: 0 the original, n the nth retry created in the tree.
     attempt: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Batch control (storage/batch_control.py): paused batches get no claims; higher priority claims first.
+    paused_at: Mapped[int | None] = mapped_column(BigInteger)
+    priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class BatchRequest(Base):

@@ -28,6 +28,7 @@ class Quota:
     max_files: int
     max_stored_bytes: int
     max_open_batches: int
+    max_priority: int = 0  # the highest batch priority the tenant may set (storage/batch_control.py)
 
 
 def quota_of(session: Session, settings: Settings, *, tenant_id: str) -> Quota:
@@ -41,7 +42,7 @@ def quota_of(session: Session, settings: Settings, *, tenant_id: str) -> Quota:
         value = getattr(override, field) if override is not None else None
         return int(value if value is not None else getattr(settings, f"tenant_{field}"))
 
-    return Quota(pick("max_files"), pick("max_stored_bytes"), pick("max_open_batches"))
+    return Quota(pick("max_files"), pick("max_stored_bytes"), pick("max_open_batches"), pick("max_priority"))
 
 
 def _live_files(session: Session, *, tenant_id: str) -> tuple[int, int]:

@@ -52,6 +52,7 @@ class TenantQuota(BaseModel):
     max_files: int | None = Field(default=None, ge=0)
     max_stored_bytes: int | None = Field(default=None, ge=0)
     max_open_batches: int | None = Field(default=None, ge=0)
+    max_priority: int | None = Field(default=None, ge=-100, le=100)  # the highest `priority` its batches may take
 
 
 class ModelSpec(BaseModel):
@@ -117,8 +118,12 @@ _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _PLAIN_KEY_PREFIX = r"^([A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*)?$"
 
 
+# The completion window with no deadline (storage/batch_control.py): claimed only when no deadline work waits.
+BACKGROUND_WINDOW = "background"
+
+
 def window_seconds(window: str) -> int:
-    """Parse a completion window such as '24h', '90m' or '7d' into seconds."""
+    """Parse a completion window such as '24h', '90m' or '7d' into seconds (not 'background': it has none)."""
     unit = window[-1:]
     number = window[:-1]
     if unit not in _DURATION_UNITS or not number.isdigit() or int(number) <= 0:
@@ -154,8 +159,11 @@ class Settings(BaseSettings):
     api_threads: int = Field(default=40, ge=1, le=1000)
     sql_echo: bool = False  # log every SQL statement with its parameters (tenant ids, key hashes): debugging only
 
-    # Completion windows offered -> discount (fraction of list price). "24h" is always offered.
-    completion_windows: dict[str, Decimal] = Field(default_factory=lambda: {"24h": Decimal("0.5")})
+    # Completion windows offered -> discount (fraction of list price). "24h" is always offered. "background"
+    # (no deadline, spare capacity only) must take a deeper discount than "24h"; leave it out to not offer it.
+    completion_windows: dict[str, Decimal] = Field(
+        default_factory=lambda: {"24h": Decimal("0.5"), BACKGROUND_WINDOW: Decimal("0.6")}
+    )
 
     # Prices: the node's rent and the online list prices that batch discounts are taken from.
     gpu_count: int = Field(default=8, ge=1)
@@ -220,6 +228,9 @@ class Settings(BaseSettings):
     tenant_max_stored_bytes: int = Field(default=100 * 1024**3, ge=0)
     tenant_max_open_batches: int = Field(default=1_000, ge=0)
     tenant_quotas: dict[str, TenantQuota] = Field(default_factory=dict)
+    # The highest batch `priority` (-100..100) a tenant may set; `tenant_quotas` overrides it per tenant
+    # ({"max_priority": 50}). 0 by default: raising a batch above the default takes the operator's grant.
+    tenant_max_priority: int = Field(default=0, ge=-100, le=100)
 
     # Webhooks (docs/webhooks.md): signed, retried with exponential backoff and jitter for up to the window.
     webhook_allow_http: bool = False  # plain http:// targets (tests, a receiver on the same trusted host)
@@ -296,10 +307,14 @@ class Settings(BaseSettings):
     @classmethod
     def _windows_valid(cls, value: dict[str, Decimal]) -> dict[str, Decimal]:
         for window, discount in value.items():
-            window_seconds(window)
+            if window != BACKGROUND_WINDOW:
+                window_seconds(window)
             if not Decimal(0) <= discount < Decimal(1):
                 raise ValueError(f"discount for {window!r} must be in [0, 1)")
-        return {"24h": Decimal("0.5"), **value}
+        windows = {"24h": Decimal("0.5"), **value}
+        if BACKGROUND_WINDOW in windows and windows[BACKGROUND_WINDOW] <= windows["24h"]:
+            raise ValueError(f"the discount for {BACKGROUND_WINDOW!r} must be deeper than 24h's ({windows['24h']})")
+        return windows
 
     @field_validator("batch_file_expires_seconds")
     @classmethod

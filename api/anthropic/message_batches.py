@@ -14,8 +14,10 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
 from api.anthropic.deps import Caller
-from api.anthropic.schemas import DeletedMessageBatch, MessageBatch, MessageBatchList
+from api.anthropic.schemas import DeletedMessageBatch, MessageBatch, MessageBatchList, MessageBatchPriority
 from api.deps import Blobs, Config, Cursor, DbSession
+from storage.batch_control import pause_batch, resume_batch, set_priority
+from storage.batches import ANTHROPIC
 from storage.finance.goodput import batch_goodput
 from storage.finance.job_cost import batch_cost_json
 from storage.message_batches import (
@@ -117,6 +119,42 @@ def cancel(message_batch_id: str, request: Request, session: DbSession, caller: 
     """Cancel a Message Batch: queued requests end as `canceled` at once, running ones within seconds."""
     batch = cancel_message_batch(session, tenant_id=caller.tenant_id, batch_id=message_batch_id)
     wake_after_commit(session, "batch.finalize", batch_id=batch.id)
+    return _render(session, request, batch)
+
+
+@router.post("/{message_batch_id}/pause", response_model=MessageBatch)
+def pause(message_batch_id: str, request: Request, session: DbSession, caller: Caller) -> MessageBatch:
+    """Pause a Message Batch (a Backfill extension): no new claims, running requests handed back within
+    seconds; `processing_status` stays `in_progress` with `paused_at` set, and it can still expire."""
+    batch = pause_batch(session, tenant_id=caller.tenant_id, batch_id=message_batch_id, protocol=ANTHROPIC)
+    return _render(session, request, batch)
+
+
+@router.post("/{message_batch_id}/resume", response_model=MessageBatch)
+def resume(message_batch_id: str, request: Request, session: DbSession, caller: Caller) -> MessageBatch:
+    """Resume a paused Message Batch (a Backfill extension). Idempotent."""
+    batch = resume_batch(session, tenant_id=caller.tenant_id, batch_id=message_batch_id, protocol=ANTHROPIC)
+    return _render(session, request, batch)
+
+
+@router.post("/{message_batch_id}/priority", response_model=MessageBatch)
+def prioritise(
+    message_batch_id: str,
+    body: MessageBatchPriority,
+    request: Request,
+    session: DbSession,
+    caller: Caller,
+    settings: Config,
+) -> MessageBatch:
+    """Change a Message Batch's priority (a Backfill extension, -100..100, capped per tenant by the operator)."""
+    batch = set_priority(
+        session,
+        settings,
+        tenant_id=caller.tenant_id,
+        batch_id=message_batch_id,
+        priority=body.priority,
+        protocol=ANTHROPIC,
+    )
     return _render(session, request, batch)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from storage.batches import batch_errors
 from storage.message_batches import RequestCounts, ended_at, processing_status
@@ -51,6 +51,10 @@ class MessageBatch(BaseModel):
     retries: list[str] | None = Field(
         default=None, description="Backfill extension: the ids of this batch's retries, oldest first."
     )
+    priority: int = Field(default=0, description="Backfill extension: the batch's claim priority (-100..100).")
+    paused_at: str | None = Field(
+        default=None, description="Backfill extension: set while paused (`processing_status` stays `in_progress`)."
+    )
 
     @classmethod
     def of(
@@ -80,7 +84,17 @@ class MessageBatch(BaseModel):
             warnings=batch_errors(row.warnings),
             retry_of=row.retry_of,
             retries=retries,
+            priority=row.priority,
+            paused_at=rfc3339(row.paused_at),
         )
+
+
+class MessageBatchPriority(BaseModel):
+    """The body of `POST /v1/messages/batches/{id}/priority` (a Backfill extension)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    priority: int = Field(ge=-100, le=100)
 
 
 class MessageBatchList(BaseModel):

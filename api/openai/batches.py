@@ -8,7 +8,8 @@ from fastapi import APIRouter, Query
 
 from api.deps import Blobs, Caller, Config, Cursor, DbSession
 from api.errors import error_responses
-from api.openai.schemas import BatchCreate, BatchList, BatchObject
+from api.openai.schemas import BatchCreate, BatchList, BatchObject, BatchPriority
+from storage.batch_control import check_priority, pause_batch, resume_batch, set_priority
 from storage.batches import OPENAI, cancel_batch, create_batch, get_batch, list_batches
 from storage.errors import InvalidRequest, ModelNotFound
 from storage.files import get_file
@@ -25,7 +26,10 @@ router = APIRouter(prefix="/v1/batches", tags=["batches"])
 
 @router.post("", response_model=BatchObject)
 def create(body: BatchCreate, session: DbSession, caller: Caller, blobs: Blobs, settings: Config) -> BatchObject:
-    """Create a batch from an uploaded `batch` file; it is validated, then queued."""
+    """Create a batch from an uploaded `batch` file; it is validated, then queued.
+
+    Backfill extensions: `priority` (-100..100, via the SDK's `extra_body`) and `completion_window:
+    "background"` (no deadline: runs on spare capacity only, never expires, a deeper discount)."""
     if body.completion_window not in settings.completion_windows:
         offered = ", ".join(sorted(settings.completion_windows))
         raise InvalidRequest(
@@ -36,6 +40,7 @@ def create(body: BatchCreate, session: DbSession, caller: Caller, blobs: Blobs, 
     if source.purpose != "batch":
         raise InvalidRequest("The input file must have purpose 'batch'.", param="input_file_id")
     model = _served_model(blobs, settings, source.blob_key, endpoint=body.endpoint)
+    check_priority(session, settings, tenant_id=caller.tenant_id, priority=body.priority)
     batch = create_batch(
         session,
         tenant_id=caller.tenant_id,
@@ -45,6 +50,7 @@ def create(body: BatchCreate, session: DbSession, caller: Caller, blobs: Blobs, 
         model=model,
         metadata=body.metadata,
         output_expires_after_seconds=body.output_expires_after.seconds if body.output_expires_after else None,
+        priority=body.priority,
     )
     wake_after_commit(session, "batch.ingest", batch_id=batch.id)
     return BatchObject.of(batch)
@@ -130,4 +136,32 @@ def cancel(batch_id: str, session: DbSession, caller: Caller) -> BatchObject:
     """Cancel a batch: queued requests end at once, running ones are aborted within seconds."""
     batch = cancel_batch(session, tenant_id=caller.tenant_id, batch_id=batch_id)
     wake_after_commit(session, "batch.finalize", batch_id=batch.id)
+    return BatchObject.of(batch, usage=batch_usages(session, batch_ids=[batch.id])[batch.id])
+
+
+@router.post("/{batch_id}/pause", response_model=BatchObject, responses=error_responses(409))
+def pause(batch_id: str, session: DbSession, caller: Caller) -> BatchObject:
+    """Pause a batch (a Backfill extension): no new claims, running requests handed back within seconds.
+
+    The status stays `in_progress` and `paused_at` is set; the completion window keeps running, so a paused
+    batch can still expire. Idempotent; cancel works while paused; 409 once the batch has ended."""
+    batch = pause_batch(session, tenant_id=caller.tenant_id, batch_id=batch_id)
+    return BatchObject.of(batch, usage=batch_usages(session, batch_ids=[batch.id])[batch.id])
+
+
+@router.post("/{batch_id}/resume", response_model=BatchObject, responses=error_responses(409))
+def resume(batch_id: str, session: DbSession, caller: Caller) -> BatchObject:
+    """Resume a paused batch (a Backfill extension): its requests are claimed again. Idempotent."""
+    batch = resume_batch(session, tenant_id=caller.tenant_id, batch_id=batch_id)
+    if batch.model is not None:
+        wake_after_commit(session, "batch.run", model=batch.model)
+    return BatchObject.of(batch, usage=batch_usages(session, batch_ids=[batch.id])[batch.id])
+
+
+@router.post("/{batch_id}/priority", response_model=BatchObject, responses=error_responses(409))
+def prioritise(batch_id: str, body: BatchPriority, session: DbSession, caller: Caller, settings: Config) -> BatchObject:
+    """Change a running batch's priority (a Backfill extension, -100..100, capped per tenant by the operator).
+
+    Claim order: requests urgent by deadline first, then higher priority, then a fair share across tenants."""
+    batch = set_priority(session, settings, tenant_id=caller.tenant_id, batch_id=batch_id, priority=body.priority)
     return BatchObject.of(batch, usage=batch_usages(session, batch_ids=[batch.id])[batch.id])

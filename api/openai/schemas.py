@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from storage.batches import ENDPOINTS, batch_errors
 from storage.models import Batch, File
 from storage.queue.usage import TokenUsage
+from storage.windows import is_background_window
 
 
 class FileObject(BaseModel):
@@ -68,6 +69,13 @@ class BatchCreate(BaseModel):
     completion_window: str = Field(default="24h", max_length=16)
     metadata: dict[str, str] | None = None
     output_expires_after: ExpiresAfter | None = None
+    priority: int = Field(
+        default=0,
+        ge=-100,
+        le=100,
+        description="Backfill extension (send it in the SDK's `extra_body`): higher claims first among work not "
+        "yet urgent; capped per tenant by the operator (BACKFILL_TENANT_MAX_PRIORITY).",
+    )
 
     @field_validator("endpoint")
     @classmethod
@@ -162,6 +170,11 @@ class BatchObject(BaseModel):
     retries: list[str] | None = Field(
         default=None, description="Backfill extension: the ids of this batch's retries, oldest first."
     )
+    priority: int = Field(default=0, description="Backfill extension: the batch's claim priority (-100..100).")
+    paused_at: int | None = Field(
+        default=None,
+        description="Backfill extension: set while the batch is paused (its status stays `in_progress`).",
+    )
 
     @classmethod
     def of(
@@ -185,7 +198,7 @@ class BatchObject(BaseModel):
             error_file_id=row.error_file_id,
             created_at=row.created_at,
             in_progress_at=row.in_progress_at,
-            expires_at=row.expires_at,
+            expires_at=None if is_background_window(row.completion_window) else row.expires_at,  # no deadline
             finalizing_at=row.finalizing_at,
             completed_at=row.completed_at,
             failed_at=row.failed_at,
@@ -202,7 +215,17 @@ class BatchObject(BaseModel):
             goodput=goodput,
             retry_of=row.retry_of,
             retries=retries,
+            priority=row.priority,
+            paused_at=row.paused_at,
         )
+
+
+class BatchPriority(BaseModel):
+    """The body of `POST /v1/batches/{id}/priority` (a Backfill extension)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    priority: int = Field(ge=-100, le=100)
 
 
 class BatchList(BaseModel):

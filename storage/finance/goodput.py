@@ -4,7 +4,8 @@ A request is accepted once its batch passed validation and admission (it has a q
 good if it completed (2xx) with `finished_at <= deadline`. Failed, expired and cancelled requests, and
 those completed late, are accepted but not good; requests still open are reported apart, so a day whose
 deadlines have not all passed yet shows how much is still undecided. Reports put a request on the UTC day
-of its deadline (its batch's `expires_at`): once that day is over, its figures no longer change.
+of its deadline (its batch's `expires_at`): once that day is over, its figures no longer change. Background
+batches (no deadline) are left out of every goodput figure.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import case, func, select
+from sqlalchemy import ColumnElement, case, func, select
 from sqlalchemy.orm import Session
 
 from storage import lifecycle
 from storage.finance.reports import DAY_SECONDS, GROUP_FIELDS, Bucket, check_window, day_buckets, sorted_groups
 from storage.models import Batch, BatchRequest
+from storage.windows import BACKGROUND_WINDOW
 
 _GROUP_COLUMNS = {
     "tenant": BatchRequest.tenant_id,
@@ -84,12 +86,18 @@ def _on_time() -> Any:
     return case((BatchRequest.finished_at <= BatchRequest.deadline, 1), else_=0)
 
 
+def _with_deadline() -> ColumnElement[bool]:
+    """Background batches have no deadline, so goodput (done before the deadline) does not apply to them."""
+    return Batch.completion_window != BACKGROUND_WINDOW
+
+
 def batch_goodput(session: Session, *, batch_id: str) -> GoodputResult | None:
     """The batch's goodput so far, or None if nothing was accepted (still validating, or refused)."""
     on_time = _on_time()
     rows = session.execute(
         select(BatchRequest.status, on_time, func.count())
-        .where(BatchRequest.batch_id == batch_id)
+        .join(Batch, Batch.id == BatchRequest.batch_id)
+        .where(BatchRequest.batch_id == batch_id, _with_deadline())
         .group_by(BatchRequest.status, on_time)
     ).all()
     if not rows:
@@ -115,7 +123,7 @@ def goodput_report(
     query = (
         select(Batch.expires_at, BatchRequest.status, on_time, *keys, func.count())
         .join(Batch, Batch.id == BatchRequest.batch_id)
-        .where(Batch.expires_at >= start_time, Batch.expires_at < end_time)
+        .where(Batch.expires_at >= start_time, Batch.expires_at < end_time, _with_deadline())
         .group_by(Batch.expires_at, BatchRequest.status, on_time, *keys)
     )
     if tenant_id is not None:
@@ -135,7 +143,7 @@ def goodput_by_model(session: Session, *, deadline_from: int, deadline_to: int) 
     rows = session.execute(
         select(BatchRequest.model, BatchRequest.status, on_time, func.count())
         .join(Batch, Batch.id == BatchRequest.batch_id)
-        .where(Batch.expires_at >= deadline_from, Batch.expires_at < deadline_to)
+        .where(Batch.expires_at >= deadline_from, Batch.expires_at < deadline_to, _with_deadline())
         .group_by(BatchRequest.model, BatchRequest.status, on_time)
     ).all()
     results: dict[str, GoodputResult] = {}

@@ -26,6 +26,7 @@ from storage.planning.shapes import BYTES_PER_TOKEN, DEFAULT_MAX_TOKENS, JobShap
 from storage.planning.throughput import DEFAULT_TOKENS_PER_SECOND, Throughput, measured_throughput
 from storage.queue.backlog import backlog
 from storage.settings import Settings, window_seconds
+from storage.windows import BACKGROUND_DEADLINE, is_background_window
 
 MAX_PROBLEMS = 20  # line problems an estimate echoes; `skipped_lines` counts them all
 
@@ -150,6 +151,8 @@ def estimate_job(
         job_seconds=job_seconds,
         start_at=start,
         finish_at=start + job_seconds,
-        deadline_at=at + window_seconds(completion_window),
+        deadline_at=BACKGROUND_DEADLINE
+        if is_background_window(completion_window)
+        else at + window_seconds(completion_window),
         cost=cost,
     )

@@ -5,8 +5,9 @@ first across all tenants, because a request that misses its deadline is worth no
 larger of `urgent_within_seconds` and `urgent_drain_multiple` x the time the node needs to drain the
 model's whole backlog at its measured throughput, so the ramp widens on its own when the node falls
 behind (under overload everything is urgent and the queue is plain EDF). Everything else is shared fairly
-by tenant; within a tenant's share rows are taken by deadline bucket, then prefix key, so requests that
-share a prompt prefix (a system prompt) run together and vLLM's prefix cache serves them. Rows whose
+by tenant, band by band (higher priority first, background batches last; paused batches not at all: see
+storage/queue/claim_tiers.py); within a tenant's share rows are taken by deadline bucket, then prefix key,
+so requests that share a prompt prefix (a system prompt) run together and vLLM's prefix cache serves them. Rows whose
 prefix no other line of their file shares keep the empty key and go in line order.
 """
 
@@ -18,13 +19,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Select, all_, func, or_, select, true
+from sqlalchemy import Select, all_, func, select, true
 from sqlalchemy.orm import Session
 
 from storage import lifecycle
 from storage.clock import now
-from storage.models import Batch, BatchRequest
+from storage.models import BatchRequest
 from storage.planning.throughput import drain_seconds
+from storage.queue.claim_tiers import claim_bands
 from storage.queue.rows import id_array
 from storage.settings import Settings
 
@@ -114,17 +116,37 @@ _DEADLINE_ORDER = (BatchRequest.deadline, BatchRequest.batch_id, BatchRequest.li
 
 
 def pick(session: Session, *, model: str, limit: int, order: ClaimOrder) -> list[str]:
-    """Lock (SKIP LOCKED) up to `limit` queued rows of `model` and return their ids in claim order."""
+    """Lock (SKIP LOCKED) up to `limit` queued rows of `model` and return their ids in claim order: urgent rows
+    (EDF), then band by band (storage/queue/claim_tiers.py: deadline work before background, higher priority
+    first), a fair share across tenants inside each band. Paused batches' rows are never picked."""
     current = now()
-    queued = (BatchRequest.model == model, BatchRequest.status == lifecycle.REQ_QUEUED, BatchRequest.deadline > current)
+    tiers = claim_bands(session, model=model, urgent_before=order.urgent_before)
+    queued: tuple[Any, ...] = (
+        BatchRequest.model == model,
+        BatchRequest.status == lifecycle.REQ_QUEUED,
+        BatchRequest.deadline > current,
+    )
+    if tiers.paused:
+        queued = (*queued, BatchRequest.batch_id.not_in(tiers.paused))
     picked: list[_Picked] = []
     if order.urgent_before > current:
         urgent = select(*_PICKED).where(*queued, BatchRequest.deadline <= order.urgent_before)
         picked = _locked(session, urgent, _EDF_ORDER, limit)
+    band_of = [0] * len(picked)
     rest = (*queued, BatchRequest.deadline > order.urgent_before)
-    picked += _pick_shared(session, model=model, queued=rest, order=order, limit=limit - len(picked))
-    ranked = sorted(range(len(picked)), key=lambda i: order.sort_key(picked[i][1], picked[i][2], i))
-    return [picked[i][0] for i in ranked]
+    for index, band in enumerate(tiers.bands):
+        if len(picked) >= limit:
+            break
+        where = rest if band.batch_ids is None else (*rest, BatchRequest.batch_id.in_(band.batch_ids))
+        rows = _pick_shared(session, queued=where, heads=band.heads, order=order, limit=limit - len(picked))
+        picked += rows
+        band_of += [index] * len(rows)
+
+    def rank(i: int) -> tuple[Any, ...]:
+        key = order.sort_key(picked[i][1], picked[i][2], i)
+        return (key[0], band_of[i], *key[1:])
+
+    return [picked[i][0] for i in sorted(range(len(picked)), key=rank)]
 
 
 def _locked(session: Session, query: Select[str, int, str], ordering: tuple[Any, ...], limit: int) -> list[_Picked]:
@@ -134,13 +156,16 @@ def _locked(session: Session, query: Select[str, int, str], ordering: tuple[Any,
 
 
 def _pick_shared(
-    session: Session, *, model: str, queued: tuple[Any, ...], order: ClaimOrder, limit: int
+    session: Session, *, queued: tuple[Any, ...], heads: dict[str, int], order: ClaimOrder, limit: int
 ) -> list[_Picked]:
-    """Equal shares per tenant, nearest deadline first; shares a tenant cannot fill pass to the others."""
+    """Equal shares per tenant, nearest deadline first; shares a tenant cannot fill pass to the others.
+
+    `heads` (each tenant's nearest deadline, nearest first) comes from the small `batches` table rather than
+    from aggregating every queued row on each claim, which cost tens of milliseconds at 50,000 queued rows.
+    """
     if limit <= 0:
         return []
-    heads = session.execute(_tenant_heads(session, model=model, urgent_before=order.urgent_before)).all()
-    tenants = {tenant_id: int(head) for tenant_id, head in heads}
+    tenants = dict(heads)
     picked: list[_Picked] = []
     remaining = limit
     while tenants and remaining > 0:
@@ -158,26 +183,6 @@ def _pick_shared(
                 still_more[tenant_id] = head
         tenants = still_more
     return picked
-
-
-def _tenant_heads(session: Session, *, model: str, urgent_before: int) -> Select[str, int]:
-    """Tenants with in-progress batches of `model` and their nearest deadline, nearest first.
-
-    Read from the small `batches` table (a request's deadline is its batch's `expires_at`) rather than by
-    aggregating every queued row on each claim, which cost tens of milliseconds at 50,000 queued rows. A
-    tenant whose in-progress batches have nothing left in the queue just yields no rows.
-    """
-    return (
-        select(Batch.tenant_id, func.min(Batch.expires_at))
-        .where(
-            # A batch whose requests name several models (an Anthropic Message Batch) has no single model.
-            or_(Batch.model == model, Batch.model.is_(None)),
-            Batch.status == lifecycle.IN_PROGRESS,
-            Batch.expires_at > max(now(), urgent_before),
-        )
-        .group_by(Batch.tenant_id)
-        .order_by(func.min(Batch.expires_at))
-    )
 
 
 def _not_picked(session: Session, ids: list[str]) -> Any:

@@ -19,6 +19,7 @@ from storage import lifecycle
 from storage.batches import add_counts_of
 from storage.clock import now_f
 from storage.models import BatchRequest
+from storage.queue.handback import not_paused
 from storage.queue.rows import ids_match, lock_batches_of
 
 
@@ -58,13 +59,14 @@ def renew(session: Session, *, worker_id: str, request_ids: list[str], lease_sec
 def relet(session: Session, *, worker_id: str, request_ids: list[str], lease_seconds: int) -> set[str]:
     """Lease back rows this worker still runs that the reaper re-queued meanwhile; return the ids retaken.
 
-    The worker never stopped working on them, so this is the same try: `attempts` is left as it was.
+    The worker never stopped working on them, so this is the same try: `attempts` is left as it was. Rows of a
+    paused batch were handed back on purpose (storage/queue/handback.py) and are not taken back.
     """
     if not request_ids:
         return set()
     retaken = session.scalars(
         update(BatchRequest)
-        .where(ids_match(session, request_ids), BatchRequest.status == lifecycle.REQ_QUEUED)
+        .where(ids_match(session, request_ids), BatchRequest.status == lifecycle.REQ_QUEUED, not_paused())
         .values(status=lifecycle.REQ_RUNNING, lease_owner=worker_id, lease_expires_at=now_f() + lease_seconds)
         .returning(BatchRequest.id)
         .execution_options(synchronize_session=False)

@@ -1,4 +1,4 @@
-"""`backfill batches list|show|cancel|results|retry`: a remote server's batches, as tables or --json."""
+"""`backfill batches list|show|cancel|results|retry|pause|resume|priority`: a remote server's batches."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from worker.cli import batch_retries, progress
+from worker.cli import batch_control, batch_retries, progress
 from worker.cli.remote import (
     EXIT_INTERRUPTED,
     EXIT_NOT_FINISHED,
@@ -49,6 +49,7 @@ def register(subparsers: Any) -> None:
     batch_retries.add_stream_flags(results)
     results.set_defaults(func=run_results)
     retry = batch_retries.add_retry(sub)
+    batch_control.register(sub)
     for parser in (listing, show, cancel, results, retry):
         if parser is not listing:
             parser.add_argument("batch_id", metavar="BATCH_ID")
@@ -110,8 +111,11 @@ def describe(batch: Batch) -> str:
         ("window", batch.completion_window),
         ("requests", f"{counts.completed} completed, {counts.failed} failed, {counts.total} total" if counts else ""),
         ("created", when(batch.created_at)),
-        ("expires", when(batch.expires_at)),
+        ("expires", when(batch.expires_at) if batch.expires_at else "never (background)"),
+        ("priority", extra(batch, "priority") or 0),
     ]
+    if extra(batch, "paused_at"):
+        pairs.append(("paused", when(extra(batch, "paused_at"))))
     for stamp in ("in_progress_at", "finalizing_at", "completed_at", "failed_at", "expired_at", "cancelled_at"):
         if getattr(batch, stamp, None):
             pairs.append((stamp.removesuffix("_at"), when(getattr(batch, stamp))))

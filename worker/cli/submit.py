@@ -17,6 +17,7 @@ from worker.cli.remote import (
     UsageError,
     add_connection_args,
     connect,
+    int_between,
     note,
     print_json,
     remote_command,
@@ -30,7 +31,8 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser("submit", help="upload a JSONL job and create a batch (--wait: watch it to the end)")
     parser.add_argument("file", type=Path, metavar="FILE", help="JSONL, one OpenAI batch request per line")
     parser.add_argument("--endpoint", choices=ENDPOINTS, help="default: the first line's url")
-    parser.add_argument("--window", default="24h", help="completion window (24h)")
+    parser.add_argument("--window", default="24h", help="completion window (24h; 'background': no deadline)")
+    parser.add_argument("--priority", type=int_between(-100, 100), default=0, metavar="N", help="-100..100 (0)")
     parser.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE", help="repeatable")
     parser.add_argument("--wait", action="store_true", help="watch the batch to its end, then download its files")
     parser.add_argument("--output", "-o", type=Path, default=Path("."), help="with --wait: directory for the files (.)")
@@ -81,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
             endpoint=endpoint,  # type: ignore[arg-type]
             completion_window=args.window,
             metadata=metadata,
+            extra_body={"priority": args.priority} if args.priority else None,
         )
     except BaseException:
         _drop_upload(remote.client, uploaded.id)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -58,7 +59,10 @@ def test_embedded_default_needs_no_configuration(tmp_path: Path, monkeypatch: py
     assert models["all-MiniLM-L6-v2"].serves("/v1/embeddings")
     assert not models["all-MiniLM-L6-v2"].serves("/v1/chat/completions")
     assert (models["all-MiniLM-L6-v2"].runner, models["all-MiniLM-L6-v2"].dtype) == ("pooling", "bfloat16")
-    assert settings.completion_windows == {"24h": 0.5}
+    assert settings.completion_windows == {
+        "24h": 0.5,
+        "background": Decimal("0.6"),
+    }  # background: no deadline, deeper discount
     assert settings.batch_file_expires_seconds == 30 * 86400
 
 

@@ -189,7 +189,7 @@ def test_output_expires_after_dates_the_output_and_error_files(api: LiveServer) 
 def test_an_unknown_create_field_is_refused_by_name_and_every_sdk_field_is_accepted(api: LiveServer) -> None:
     client = api.client(make_key("acme"))
     source = upload(client, to_jsonl([chat_line(0, model="ctx-model")]))
-    for extra in ({"completion_windw": "24h"}, {"priority": "high"}, {"output_expires_after": None, "x" * 5000: 1}):
+    for extra in ({"completion_windw": "24h"}, {"urgency": "high"}, {"output_expires_after": None, "x" * 5000: 1}):
         with pytest.raises(openai.BadRequestError) as refused:
             client.batches.create(
                 input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h", extra_body=extra

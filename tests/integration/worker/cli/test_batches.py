@@ -53,3 +53,23 @@ def test_results_of_a_running_batch_say_so_or_wait(cli, server: LiveServer, key:
     assert cli("batches", "cancel", batch.id)[0] == 0
     code, out, _ = cli("batches", "results", batch.id, "--wait", "-o", str(tmp_path))
     assert code == 5 and f"{batch.id} cancelled" in out and (tmp_path / f"{batch.id}_errors.jsonl").is_file()
+
+
+@pytest.mark.backfill_env({"BACKFILL_MODELS": FAKE_MODELS, "BACKFILL_TENANT_MAX_PRIORITY": "10"})
+def test_batches_pause_resume_and_priority(cli, server: LiveServer, key: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_bytes(to_jsonl([chat_line(i, max_tokens=10**8) for i in range(2)]))
+    code, out, _ = cli("submit", str(jobs), "--priority", "5")
+    batch_id = out.strip()
+    assert code == 0 and json.loads(cli("batches", "show", batch_id, "--json")[1])["priority"] == 5
+    code, out, _ = cli("batches", "pause", batch_id)
+    assert code == 0 and out.strip() == f"{batch_id} in_progress (paused) priority 5"
+    fields = dict(line.split(None, 1) for line in cli("batches", "show", batch_id)[1].splitlines())
+    assert fields["status"] == "in_progress" and "paused" in fields
+    code, out, _ = cli("batches", "priority", batch_id, "-3")
+    assert code == 0 and out.strip() == f"{batch_id} in_progress (paused) priority -3"
+    code, _, err = cli("batches", "priority", batch_id, "11")
+    assert code != 0 and "up to 10" in err
+    code, out, _ = cli("batches", "resume", batch_id)
+    assert code == 0 and out.strip() == f"{batch_id} in_progress priority -3"
+    assert cli("batches", "cancel", batch_id)[0] == 0
