@@ -33,6 +33,7 @@ def create_batch(
     metadata: dict[str, str] | None,
     output_expires_after_seconds: int | None = None,
     protocol: str = OPENAI,
+    max_cost_micro_usd: int | None = None,
 ) -> Batch:
     """Record a new batch in `validating` (QuotaExceeded past the tenant's open batches); ingest validates its
     file and fills the queue."""
@@ -49,6 +50,7 @@ def create_batch(
         status=lifecycle.VALIDATING,
         metadata_=metadata,
         output_expires_after_seconds=output_expires_after_seconds,
+        max_cost_micro_usd=max_cost_micro_usd,
         created_at=created,
         expires_at=created + window_seconds(completion_window),
         request_total=0,
@@ -149,7 +151,8 @@ def close_open_requests(
     count = int(result.rowcount or 0)  # type: ignore[attr-defined]
     if count:
         session.flush()
-        ended = {"cancelled": count} if status == lifecycle.REQ_CANCELLED else {"expired": count}
+        ended = {"cancelled": count} if status == lifecycle.REQ_CANCELLED else {}
+        ended = {"expired": count} if status == lifecycle.REQ_EXPIRED else ended
         add_counts(session, batch_id=batch.id, completed=0, failed=count, **ended)
         session.refresh(batch)
     return count

@@ -39,6 +39,8 @@ class Tenant(Base):
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     name: Mapped[str] = mapped_column(String(200), unique=True)
     created_at: Mapped[int] = mapped_column(BigInteger)
+    # The admin-set budget per calendar month (UTC), micro-dollars; None: no budget (storage/finance/budgets.py).
+    monthly_budget_micro_usd: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class ApiKey(Base):
@@ -117,6 +119,8 @@ class Batch(Base):
     protocol: Mapped[str] = mapped_column(String(16), default="openai", server_default="openai")
     archived_at: Mapped[int | None] = mapped_column(BigInteger)  # results removed after their retention
     deleted_at: Mapped[int | None] = mapped_column(BigInteger)  # deleted by its owner; kept for accounting
+    # `max_cost_usd` (a Backfill extension) in micro-dollars: billed cost at which the batch stops claiming.
+    max_cost_micro_usd: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class BatchRequest(Base):

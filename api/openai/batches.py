@@ -12,6 +12,7 @@ from api.openai.schemas import BatchCreate, BatchList, BatchObject
 from storage.batches import OPENAI, cancel_batch, create_batch, get_batch, list_batches
 from storage.errors import InvalidRequest, ModelNotFound
 from storage.files import get_file
+from storage.finance.budgets import check_file_within_budget, parse_usd
 from storage.finance.goodput import batch_goodput
 from storage.finance.job_cost import batch_cost_json
 from storage.lines import clip, peek_model
@@ -24,7 +25,10 @@ router = APIRouter(prefix="/v1/batches", tags=["batches"])
 
 @router.post("", response_model=BatchObject)
 def create(body: BatchCreate, session: DbSession, caller: Caller, blobs: Blobs, settings: Config) -> BatchObject:
-    """Create a batch from an uploaded `batch` file; it is validated, then queued."""
+    """Create a batch from an uploaded `batch` file; it is validated, then queued.
+
+    Backfill extensions: `max_cost_usd` (a decimal string) caps what the batch may be billed; a tenant with a
+    monthly budget is refused (400 `budget_exceeded`) a batch whose estimate is more than what is left."""
     if body.completion_window not in settings.completion_windows:
         offered = ", ".join(sorted(settings.completion_windows))
         raise InvalidRequest(
@@ -35,6 +39,17 @@ def create(body: BatchCreate, session: DbSession, caller: Caller, blobs: Blobs, 
     if source.purpose != "batch":
         raise InvalidRequest("The input file must have purpose 'batch'.", param="input_file_id")
     model = _served_model(blobs, settings, source.blob_key, endpoint=body.endpoint)
+    cap = None if body.max_cost_usd is None else parse_usd(body.max_cost_usd, param="max_cost_usd")
+    check_file_within_budget(
+        session,
+        blobs,
+        settings,
+        tenant_id=caller.tenant_id,
+        blob_key=source.blob_key,
+        endpoint=body.endpoint,
+        model=model,
+        completion_window=body.completion_window,
+    )
     batch = create_batch(
         session,
         tenant_id=caller.tenant_id,
@@ -44,6 +59,7 @@ def create(body: BatchCreate, session: DbSession, caller: Caller, blobs: Blobs, 
         model=model,
         metadata=body.metadata,
         output_expires_after_seconds=body.output_expires_after.seconds if body.output_expires_after else None,
+        max_cost_micro_usd=cap,
     )
     wake_after_commit(session, "batch.ingest", batch_id=batch.id)
     return BatchObject.of(batch)

@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from storage.batches import ENDPOINTS, batch_errors
+from storage.finance.budgets import usd, usd_text
 from storage.models import Batch, File
 from storage.queue.usage import TokenUsage
 
@@ -68,6 +69,12 @@ class BatchCreate(BaseModel):
     completion_window: str = Field(default="24h", max_length=16)
     metadata: dict[str, str] | None = None
     output_expires_after: ExpiresAfter | None = None
+    max_cost_usd: str | None = Field(
+        default=None,
+        max_length=32,
+        description="Backfill extension (send it with `extra_body`): the batch stops claiming once its billed "
+        "cost reaches this many US dollars (a decimal string); its unrun requests end as `budget_exceeded` lines.",
+    )
 
     @field_validator("endpoint")
     @classmethod
@@ -143,6 +150,7 @@ class BatchObject(BaseModel):
         default=None,
         description="Backfill extension: requests completed before the deadline / requests accepted, with counts.",
     )
+    max_cost_usd: str | None = Field(default=None, description="Backfill extension: the batch's spend cap, if any.")
 
     @classmethod
     def of(
@@ -180,6 +188,7 @@ class BatchObject(BaseModel):
             cost=cost,
             warnings=batch_errors(row.warnings),
             goodput=goodput,
+            max_cost_usd=None if row.max_cost_micro_usd is None else usd_text(usd(row.max_cost_micro_usd)),
         )
 
 
