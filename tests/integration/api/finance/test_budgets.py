@@ -149,3 +149,21 @@ def test_a_running_batch_stops_when_its_tenant_spends_the_month(api: LiveServer)
     other = make_key("other")  # another tenant is not stopped by acme's budget
     spared = wait_for(api.client(other), _create(api.client(other), _job(3)).id)
     assert spared.request_counts.completed == 3
+
+
+def test_an_operator_sets_and_reads_a_monthly_budget_with_the_cli(
+    api: LiveServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from worker.cli.main import main
+
+    client = api.client(make_key("acme"))
+    assert main(["tenants", "budget", "acme", "--usd", "250.5"]) == 0
+    assert "budget $250.500000 per month, $0.000000 spent this month, $250.500000 left" in capsys.readouterr().out
+    with pytest.raises(openai.BadRequestError, match=r"\$300\.000000.*\$250\.500000 left"):
+        _create(client, _job(3))
+    assert main(["tenants", "budget", "acme", "--remove"]) == 0
+    assert main(["tenants", "budget", "acme"]) == 0
+    assert "budget none per month" in capsys.readouterr().out
+    _create(client, _job(3))  # no budget: accepted
+    assert main(["tenants", "budget", "nobody", "--usd", "5"]) == 1
+    assert main(["tenants", "budget", "acme", "--usd", "five"]) == 1
