@@ -167,3 +167,18 @@ def test_an_operator_sets_and_reads_a_monthly_budget_with_the_cli(
     _create(client, _job(3))  # no budget: accepted
     assert main(["tenants", "budget", "nobody", "--usd", "5"]) == 1
     assert main(["tenants", "budget", "acme", "--usd", "five"]) == 1
+
+
+def test_a_message_batch_past_the_monthly_budget_is_refused_in_anthropics_envelope(api: LiveServer) -> None:
+    import anthropic
+
+    key, admin = make_key("acme"), make_key("ops", admin=True)
+    _set_budget(api, admin, "acme", "250")
+    messages = anthropic.Anthropic(api_key=key, base_url=api.base_url, max_retries=0)
+    params = {"model": "fake-model", "max_tokens": 100, "messages": [{"role": "user", "content": "hi"}]}
+    requests = [{"custom_id": f"r{i}", "params": params} for i in range(3)]
+    with pytest.raises(anthropic.BadRequestError, match=r"\$300\.000000.*\$250\.000000 left") as refused:
+        messages.messages.batches.create(requests=requests)  # type: ignore[arg-type]
+    assert refused.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+    assert list(messages.messages.batches.list()) == []
+    assert messages.messages.batches.create(requests=requests[:2]).request_counts.processing == 2  # type: ignore[arg-type]
