@@ -32,6 +32,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--endpoint", choices=ENDPOINTS, help="default: the first line's url")
     parser.add_argument("--window", default="24h", help="completion window (24h)")
     parser.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE", help="repeatable")
+    parser.add_argument(
+        "--max-cost-usd", metavar="USD", help="stop the batch once it is billed this much (a Backfill extension)"
+    )
     parser.add_argument("--wait", action="store_true", help="watch the batch to its end, then download its files")
     parser.add_argument("--output", "-o", type=Path, default=Path("."), help="with --wait: directory for the files (.)")
     add_connection_args(parser)
@@ -81,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
             endpoint=endpoint,  # type: ignore[arg-type]
             completion_window=args.window,
             metadata=metadata,
+            extra_body={"max_cost_usd": args.max_cost_usd} if args.max_cost_usd else None,
         )
     except BaseException:
         _drop_upload(remote.client, uploaded.id)

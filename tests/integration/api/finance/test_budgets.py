@@ -182,3 +182,23 @@ def test_a_message_batch_past_the_monthly_budget_is_refused_in_anthropics_envelo
     assert refused.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
     assert list(messages.messages.batches.list()) == []
     assert messages.messages.batches.create(requests=requests[:2]).request_counts.processing == 2  # type: ignore[arg-type]
+
+
+def test_submit_with_max_cost_usd_from_the_cli_stops_the_batch_at_its_cap(
+    api: LiveServer, tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from worker.cli.main import main
+
+    key = make_key("acme")
+    monkeypatch.setenv("BACKFILL_BASE_URL", api.base_url)
+    monkeypatch.setenv("BACKFILL_API_KEY", key)
+    source = tmp_path / "jobs.jsonl"
+    source.write_bytes(_job(40))
+    capsys.readouterr()
+    assert main(["submit", str(source), "--max-cost-usd", "300", "--json"]) == 0
+    created = json.loads(capsys.readouterr().out)
+    assert created["max_cost_usd"] == "300.000000"
+    client = api.client(key)
+    done = wait_for(client, created["id"])
+    _, errors = _every_line_once(client, done, 40)
+    assert errors and {line["error"]["code"] for line in errors} == {"budget_exceeded"}
