@@ -35,6 +35,7 @@ def create_batch(
     output_expires_after_seconds: int | None = None,
     protocol: str = OPENAI,
     priority: int = 0,
+    max_cost_micro_usd: int | None = None,
 ) -> Batch:
     """Record a new batch in `validating` (QuotaExceeded past the tenant's open batches); ingest validates its
     file and fills the queue. `priority` is checked against the tenant's cap by the caller (batch_control)."""
@@ -51,6 +52,7 @@ def create_batch(
         status=lifecycle.VALIDATING,
         metadata_=metadata,
         output_expires_after_seconds=output_expires_after_seconds,
+        max_cost_micro_usd=max_cost_micro_usd,
         created_at=created,
         expires_at=deadline_for(completion_window, created_at=created),
         priority=priority,
@@ -152,7 +154,8 @@ def close_open_requests(
     count = int(result.rowcount or 0)  # type: ignore[attr-defined]
     if count:
         session.flush()
-        ended = {"cancelled": count} if status == lifecycle.REQ_CANCELLED else {"expired": count}
+        ended = {"cancelled": count} if status == lifecycle.REQ_CANCELLED else {}
+        ended = {"expired": count} if status == lifecycle.REQ_EXPIRED else ended
         add_counts(session, batch_id=batch.id, completed=0, failed=count, **ended)
         session.refresh(batch)
     return count

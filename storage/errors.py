@@ -89,6 +89,12 @@ class QuotaExceeded(BackfillError):
     type = "insufficient_quota"
 
 
+class BudgetExceeded(InvalidRequest):
+    """A batch whose estimated cost is more than what is left of its tenant's monthly budget."""
+
+    code = "budget_exceeded"
+
+
 class ModelNotFound(InvalidRequest):
     code = "model_not_found"
 

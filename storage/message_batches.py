@@ -24,6 +24,7 @@ from storage.blobs.layout import input_file_key
 from storage.clock import now
 from storage.errors import InvalidRequest, NotFound
 from storage.files import create_file, tenant_folder
+from storage.finance.budgets import check_file_within_budget
 from storage.ids import new_id
 from storage.lines import clip
 from storage.message_batch_lines import MESSAGES_URL, RequestsReader, unqueued_results
@@ -83,6 +84,17 @@ def create_message_batch(
             file_id=file_id,
         )
         reader.raise_if_bad()
+        model = None if reader.mixed_models else reader.first_model
+        check_file_within_budget(
+            session,
+            blobs,
+            settings,
+            tenant_id=tenant_id,
+            blob_key=source.blob_key,
+            endpoint=MESSAGES_URL,
+            model=model,
+            completion_window=WINDOW,
+        )
     except BaseException:
         blobs.delete(input_file_key(tenant=tenant_folder(session, tenant_id=tenant_id), file_id=file_id))
         raise

@@ -39,6 +39,8 @@ class Tenant(Base):
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     name: Mapped[str] = mapped_column(String(200), unique=True)
     created_at: Mapped[int] = mapped_column(BigInteger)
+    # The admin-set budget per calendar month (UTC), micro-dollars; None: no budget (storage/finance/budgets.py).
+    monthly_budget_micro_usd: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class ApiKey(Base):
@@ -125,6 +127,8 @@ class Batch(Base):
     # Batch control (storage/batch_control.py): paused batches get no claims; higher priority claims first.
     paused_at: Mapped[int | None] = mapped_column(BigInteger)
     priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # `max_cost_usd` (a Backfill extension) in micro-dollars: billed cost at which the batch stops claiming.
+    max_cost_micro_usd: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class BatchRequest(Base):

@@ -11,6 +11,7 @@ from api.deps import Caller, Config, DbSession
 from api.errors import error_responses
 from storage.clock import now
 from storage.errors import InvalidRequest, PermissionDenied
+from storage.finance.budgets import tenant_budget
 from storage.finance.goodput import goodput_report
 from storage.finance.reports import Bucket, check_window, cost_report, page_json, parse_group_by, to_csv, usage_report
 from storage.tenants import Principal
@@ -72,7 +73,8 @@ def costs(
     fmt: Format = "json",
 ) -> Response:
     """Daily costs of completed requests by the UTC day they finished: list price, discount, billed
-    (`amount`), measured compute cost and margin."""
+    (`amount`), measured compute cost and margin. Scoped to one tenant, the JSON page also carries `budget`
+    (a Backfill extension): its monthly budget, spend this calendar month and what is left."""
     start, end = _window(start_time, end_time, bucket_width, fmt)
     groups = parse_group_by(group_by)
     buckets = cost_report(
@@ -83,6 +85,11 @@ def costs(
         tenant_id=_scope(caller, tenant_id),
         group_by=groups,
     )
+    scope = _scope(caller, tenant_id)
+    if fmt == "json" and scope is not None:  # Backfill extension: the tenant's month against its budget
+        return JSONResponse(
+            {**page_json(buckets), "budget": tenant_budget(session, settings, tenant_id=scope).to_json()}
+        )
     return _render(buckets, kind="costs", fmt=fmt, group_by=groups, window=f"{start}_{end}")
 
 

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
 
 from api.deps import Caller, Config, DbSession
+from api.finance import budgets
 from api.finance import reports as organization
 from api.pages import page_response
 from storage.batches import get_batch
@@ -30,6 +31,7 @@ from storage.planning.roofline import (
 
 router = APIRouter()
 router.include_router(organization.router)
+router.include_router(budgets.router)
 
 # The worked example of shared/inference-economics.txt (storage/planning/roofline.py): Llama 3.1 70B in FP8.
 EXAMPLE_WEIGHTS_GB = LLAMA_70B_FP8.weight_bytes / GB

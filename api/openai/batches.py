@@ -13,6 +13,7 @@ from storage.batch_control import check_priority, pause_batch, resume_batch, set
 from storage.batches import OPENAI, cancel_batch, create_batch, get_batch, list_batches
 from storage.errors import InvalidRequest, ModelNotFound
 from storage.files import get_file
+from storage.finance.budgets import check_file_within_budget, parse_usd
 from storage.finance.goodput import batch_goodput
 from storage.finance.job_cost import batch_cost_json
 from storage.lines import clip, peek_model
@@ -29,7 +30,9 @@ def create(body: BatchCreate, session: DbSession, caller: Caller, blobs: Blobs, 
     """Create a batch from an uploaded `batch` file; it is validated, then queued.
 
     Backfill extensions: `priority` (-100..100, via the SDK's `extra_body`) and `completion_window:
-    "background"` (no deadline: runs on spare capacity only, never expires, a deeper discount)."""
+    "background"` (no deadline: runs on spare capacity only, never expires, a deeper discount), `max_cost_usd`
+    (a decimal string) caps what the batch may be billed; a tenant with a monthly budget is refused (400
+    `budget_exceeded`) a batch whose estimate is more than what is left."""
     if body.completion_window not in settings.completion_windows:
         offered = ", ".join(sorted(settings.completion_windows))
         raise InvalidRequest(
@@ -41,6 +44,17 @@ def create(body: BatchCreate, session: DbSession, caller: Caller, blobs: Blobs, 
         raise InvalidRequest("The input file must have purpose 'batch'.", param="input_file_id")
     model = _served_model(blobs, settings, source.blob_key, endpoint=body.endpoint)
     check_priority(session, settings, tenant_id=caller.tenant_id, priority=body.priority)
+    cap = None if body.max_cost_usd is None else parse_usd(body.max_cost_usd, param="max_cost_usd")
+    check_file_within_budget(
+        session,
+        blobs,
+        settings,
+        tenant_id=caller.tenant_id,
+        blob_key=source.blob_key,
+        endpoint=body.endpoint,
+        model=model,
+        completion_window=body.completion_window,
+    )
     batch = create_batch(
         session,
         tenant_id=caller.tenant_id,
@@ -51,6 +65,7 @@ def create(body: BatchCreate, session: DbSession, caller: Caller, blobs: Blobs, 
         metadata=body.metadata,
         output_expires_after_seconds=body.output_expires_after.seconds if body.output_expires_after else None,
         priority=body.priority,
+        max_cost_micro_usd=cap,
     )
     wake_after_commit(session, "batch.ingest", batch_id=batch.id)
     return BatchObject.of(batch)

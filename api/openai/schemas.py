@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from storage.batches import ENDPOINTS, batch_errors
+from storage.finance.budgets import usd, usd_text
 from storage.models import Batch, File
 from storage.queue.usage import TokenUsage
 from storage.windows import is_background_window
@@ -75,6 +76,12 @@ class BatchCreate(BaseModel):
         le=100,
         description="Backfill extension (send it in the SDK's `extra_body`): higher claims first among work not "
         "yet urgent; capped per tenant by the operator (BACKFILL_TENANT_MAX_PRIORITY).",
+    )
+    max_cost_usd: str | None = Field(
+        default=None,
+        max_length=32,
+        description="Backfill extension (send it with `extra_body`): the batch stops claiming once its billed "
+        "cost reaches this many US dollars (a decimal string); its unrun requests end as `budget_exceeded` lines.",
     )
 
     @field_validator("endpoint")
@@ -175,6 +182,7 @@ class BatchObject(BaseModel):
         default=None,
         description="Backfill extension: set while the batch is paused (its status stays `in_progress`).",
     )
+    max_cost_usd: str | None = Field(default=None, description="Backfill extension: the batch's spend cap, if any.")
 
     @classmethod
     def of(
@@ -217,6 +225,7 @@ class BatchObject(BaseModel):
             retries=retries,
             priority=row.priority,
             paused_at=row.paused_at,
+            max_cost_usd=None if row.max_cost_micro_usd is None else usd_text(usd(row.max_cost_micro_usd)),
         )
 
 

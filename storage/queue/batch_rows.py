@@ -9,9 +9,9 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from storage import lifecycle
-from storage.batches import add_counts
+from storage.batches import add_counts, close_open_requests
 from storage.clock import now_f
-from storage.models import BatchRequest
+from storage.models import Batch, BatchRequest
 
 UNSERVED_CODE = "model_not_found"
 
@@ -54,6 +54,15 @@ def fail_unserved(session: Session, *, batch_id: str, served: Collection[str]) -
     if ended:
         add_counts(session, batch_id=batch_id, completed=0, failed=ended)
     return ended
+
+
+def end_queued(session: Session, *, batch: Batch, code: str, message: str) -> int:
+    """End the batch's queued (never running) requests as failed error lines with `code`, as cancel closes
+    them; rows in an engine are left to finish. Returns how many ended."""
+    statuses = (lifecycle.REQ_QUEUED,)
+    return close_open_requests(
+        session, batch=batch, statuses=statuses, status=lifecycle.REQ_FAILED, code=code, message=message
+    )
 
 
 def scrub_content(session: Session, *, batch_id: str) -> None:

@@ -18,9 +18,11 @@ from sqlalchemy.orm import Session
 from storage import lifecycle
 from storage.batches import add_counts_of
 from storage.clock import now_f
+from storage.finance.budgets import stop_over_budget
 from storage.models import BatchRequest
 from storage.queue.handback import not_paused
 from storage.queue.rows import ids_match, lock_batches_of
+from storage.settings import get_settings
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,8 @@ def record(session: Session, *, worker_id: str, run_id: str, outcomes: list[Outc
     A result for a row that was cancelled, expired or re-leased meanwhile is dropped, so each request
     ends in exactly one line however often it ran. The batches are locked first (see `lock_batches_of`),
     then one UPDATE stores every result the lease check lets through and reports which rows took it.
+    A batch whose spend cap is now reached has its queued requests ended (`stop_over_budget`); those
+    batches (their tenant's others too) are in the answer, so a caller finalizes any with nothing open.
     """
     if not outcomes:
         return {}
@@ -93,7 +97,9 @@ def record(session: Session, *, worker_id: str, run_id: str, outcomes: list[Outc
     for batch_id, status in stored:
         counts[batch_id][0 if status == lifecycle.REQ_COMPLETED else 1] += 1
     add_counts_of(session, {batch_id: (completed, failed) for batch_id, (completed, failed) in counts.items()})
-    return {batch_id: completed + failed for batch_id, (completed, failed) in counts.items()}
+    stored_counts = {batch_id: completed + failed for batch_id, (completed, failed) in counts.items()}
+    stopped = stop_over_budget(session, get_settings(), batch_ids=stored_counts)  # spend caps: budgets.py
+    return {batch_id: stored_counts.get(batch_id, 0) + stopped.get(batch_id, 0) for batch_id in stored_counts | stopped}
 
 
 def _final_status(outcome: Outcome) -> str:

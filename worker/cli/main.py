@@ -1,4 +1,4 @@
-"""The `backfill` command: serve, migrate, keys, worker, beat, demo-model, plan, estimate, report; and the
+"""The `backfill` command: serve, migrate, keys, tenants, worker, beat, demo-model, plan, estimate, report; and the
 client commands for a remote server: submit, batches, files, webhooks.
 
 This package is the composition root: the one place that wires the API, storage and worker together
@@ -26,11 +26,27 @@ from worker.cli import (
     report,
     serve,
     submit,
+    tenants,
     webhooks,
     worker,
 )
 
-COMMANDS = (serve, migrate, keys, worker, beat, demo_model, plan, estimate, report, submit, batches, files, webhooks)
+COMMANDS = (
+    serve,
+    migrate,
+    keys,
+    tenants,
+    worker,
+    beat,
+    demo_model,
+    plan,
+    estimate,
+    report,
+    submit,
+    batches,
+    files,
+    webhooks,
+)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,6 +34,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--window", default="24h", help="completion window (24h; 'background': no deadline)")
     parser.add_argument("--priority", type=int_between(-100, 100), default=0, metavar="N", help="-100..100 (0)")
     parser.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE", help="repeatable")
+    parser.add_argument(
+        "--max-cost-usd", metavar="USD", help="stop the batch once it is billed this much (a Backfill extension)"
+    )
     parser.add_argument("--wait", action="store_true", help="watch the batch to its end, then download its files")
     parser.add_argument("--output", "-o", type=Path, default=Path("."), help="with --wait: directory for the files (.)")
     add_connection_args(parser)
@@ -83,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
             endpoint=endpoint,  # type: ignore[arg-type]
             completion_window=args.window,
             metadata=metadata,
-            extra_body={"priority": args.priority} if args.priority else None,
+            extra_body=_extensions(args),
         )
     except BaseException:
         _drop_upload(remote.client, uploaded.id)
@@ -111,3 +114,13 @@ def _drop_upload(client: Any, file_id: str) -> None:
         note(f"the uploaded file {file_id} stays: delete it with `backfill files rm {file_id}`")
     else:
         note(f"the batch was not created; deleted the uploaded file {file_id}")
+
+
+def _extensions(args: argparse.Namespace) -> dict[str, object] | None:
+    """The Backfill extensions of a create (sent in the SDK's `extra_body`), or None."""
+    extra: dict[str, object] = {}
+    if args.priority:
+        extra["priority"] = args.priority
+    if args.max_cost_usd:
+        extra["max_cost_usd"] = args.max_cost_usd
+    return extra or None

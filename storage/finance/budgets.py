@@ -1,0 +1,278 @@
+"""Spend caps: a batch's `max_cost_usd` and a tenant's budget per calendar month (UTC).
+
+Spend is what the tenant is billed (`billed_usd`: list price less the window's discount) for completed
+requests, by the one pricing function (`price_job`); a month's spend counts requests that finished in it,
+as `/v1/organization/costs` does. The check runs where results are recorded (`storage.queue.results.record`),
+in the transaction that stores them: once a batch's billed cost reaches its cap, or its tenant's month is
+spent, the batch's *queued* requests end as `budget_exceeded` error lines (the way cancel closes them) and
+nothing of it is claimed again. Requests already running finish and are billed, so a stop overruns the cap
+by at most the cost of the requests in flight when it was reached. Money is Decimal; the database keeps
+exact integer micro-dollars.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from storage import lifecycle
+from storage.blobs import BlobStore
+from storage.clock import now
+from storage.errors import BudgetExceeded, InvalidRequest
+from storage.finance.prices import price_book, price_job
+from storage.models import Batch, BatchRequest, Tenant
+from storage.planning.estimates import shape_of_jsonl
+from storage.queue.batch_rows import end_queued
+from storage.settings import Settings
+
+BUDGET_CODE = "budget_exceeded"
+MICRO = Decimal("0.000001")
+_PER_USD = 1_000_000
+MAX_USD = Decimal(10) ** 12  # a cap beyond a trillion dollars is a typo, not a budget
+
+
+def parse_usd(value: Any, *, param: str) -> int:
+    """A non-negative decimal amount (a string, or a number written exactly) as micro-dollars; 400 otherwise."""
+    try:
+        amount = Decimal(str(value).strip()) if isinstance(value, str | int | Decimal) else None
+    except InvalidOperation:
+        amount = None
+    if amount is None or not amount.is_finite() or amount < 0 or amount > MAX_USD:
+        raise InvalidRequest(f'{param} must be a decimal string of US dollars, e.g. "12.50".', param=param)
+    if amount != amount.quantize(MICRO):
+        raise InvalidRequest(f"{param} has more than 6 decimal places.", param=param)
+    return int(amount * _PER_USD)
+
+
+def usd(micro: int) -> Decimal:
+    """Micro-dollars as a Decimal amount of dollars."""
+    return Decimal(micro) / _PER_USD
+
+
+def usd_text(amount: Decimal) -> str:
+    """Dollars as the API writes them: a decimal string with 6 places."""
+    return str(amount.quantize(MICRO))
+
+
+def month_start(at: int) -> int:
+    """00:00 UTC of the first day of the calendar month holding `at` (unix seconds)."""
+    day = datetime.fromtimestamp(at, tz=UTC)
+    return int(datetime(day.year, day.month, 1, tzinfo=UTC).timestamp())
+
+
+def _billed(settings: Settings, rows: Iterable[Any]) -> Decimal:
+    """Sum of billed USD over (model, window, created_at, input, output, cached) rows."""
+    book = price_book(settings)
+    total = Decimal(0)
+    for model, window, created, i, o, c in rows:
+        block = price_job(
+            book,
+            model=model,
+            created_at=created,
+            completion_window=window,
+            input_tokens=int(i or 0),
+            output_tokens=int(o or 0),
+            busy_seconds=Decimal(0),
+            cached_input_tokens=int(c or 0),
+        )
+        total += block.billed_usd
+    return total
+
+
+_TOKENS = (
+    func.sum(BatchRequest.prompt_tokens),
+    func.sum(BatchRequest.completion_tokens),
+    func.sum(BatchRequest.cached_tokens),
+)
+
+
+def batch_spend(session: Session, settings: Settings, *, batch: Batch) -> Decimal:
+    """What the batch has been billed so far (its completed requests)."""
+    rows = session.execute(
+        select(BatchRequest.model, *_TOKENS)
+        .where(BatchRequest.batch_id == batch.id, BatchRequest.status == lifecycle.REQ_COMPLETED)
+        .group_by(BatchRequest.model)
+    ).all()
+    return _billed(settings, ((m, batch.completion_window, batch.created_at, i, o, c) for m, i, o, c in rows))
+
+
+def month_spend(session: Session, settings: Settings, *, tenant_id: str, at: int | None = None) -> Decimal:
+    """What the tenant has been billed this calendar month (UTC): completed requests that finished in it."""
+    start = month_start(now() if at is None else at)
+    rows = session.execute(
+        select(BatchRequest.model, Batch.completion_window, Batch.created_at, *_TOKENS)
+        .join(Batch, Batch.id == BatchRequest.batch_id)
+        .where(
+            BatchRequest.tenant_id == tenant_id,
+            BatchRequest.status == lifecycle.REQ_COMPLETED,
+            BatchRequest.finished_at >= start,
+        )
+        .group_by(BatchRequest.model, Batch.id, Batch.completion_window, Batch.created_at)
+    ).all()
+    return _billed(settings, rows)
+
+
+@dataclass(frozen=True)
+class TenantBudget:
+    """A tenant's monthly budget (None: none set), what it spent this month, and what is left."""
+
+    tenant_id: str
+    budget_usd: Decimal | None
+    spent_usd: Decimal
+    month_start: int
+
+    @property
+    def remaining_usd(self) -> Decimal | None:
+        """What is left this month (never below 0), or None without a budget."""
+        return None if self.budget_usd is None else max(self.budget_usd - self.spent_usd, Decimal(0))
+
+    def to_json(self) -> dict[str, Any]:
+        """Decimal strings (6 places) and the month's start; the `budget` extension of the costs page."""
+        left = self.remaining_usd
+        return {
+            "object": "organization.budget",
+            "tenant_id": self.tenant_id,
+            "currency": "usd",
+            "month_start": self.month_start,
+            "monthly_budget_usd": None if self.budget_usd is None else usd_text(self.budget_usd),
+            "spent_usd": usd_text(self.spent_usd),
+            "remaining_usd": None if left is None else usd_text(left),
+        }
+
+
+def tenant_budget(session: Session, settings: Settings, *, tenant_id: str) -> TenantBudget:
+    """The tenant's budget, spend so far this month, and what is left."""
+    micro = session.scalar(select(Tenant.monthly_budget_micro_usd).where(Tenant.id == tenant_id))
+    return TenantBudget(
+        tenant_id=tenant_id,
+        budget_usd=None if micro is None else usd(micro),
+        spent_usd=month_spend(session, settings, tenant_id=tenant_id),
+        month_start=month_start(now()),
+    )
+
+
+def set_tenant_budget(session: Session, settings: Settings, *, tenant: str, usd_micro: int | None) -> TenantBudget:
+    """Set (with None, remove) the monthly budget of the tenant named `tenant` (or with that id); running
+    batches of a tenant now over it stop at their next recorded result."""
+    row = session.scalar(select(Tenant).where((Tenant.name == tenant) | (Tenant.id == tenant)))
+    if row is None:
+        raise InvalidRequest(f"No tenant named '{tenant[:200]}'.", param="tenant")
+    row.monthly_budget_micro_usd = usd_micro
+    session.flush()
+    return tenant_budget(session, settings, tenant_id=row.id)
+
+
+def check_room_for(
+    session: Session, settings: Settings, *, tenant_id: str, estimate_usd: Decimal
+) -> TenantBudget | None:
+    """Refuse (BudgetExceeded) a batch whose estimated billed cost is more than the tenant has left this month."""
+    budget = tenant_budget(session, settings, tenant_id=tenant_id)
+    left = budget.remaining_usd
+    if left is None or estimate_usd <= left:
+        return budget
+    raise BudgetExceeded(
+        f"This batch's estimated cost, ${usd_text(estimate_usd)}, is more than the ${usd_text(left)} left of "
+        f"this tenant's monthly budget of ${usd_text(budget.budget_usd or Decimal(0))} "
+        f"(${usd_text(budget.spent_usd)} spent this month). The estimate bills every request its full "
+        "max_tokens; lower max_tokens, split the batch, or ask an admin for a larger budget.",
+        param="input_file_id",
+    )
+
+
+def stop_over_budget(session: Session, settings: Settings, *, batch_ids: Iterable[str]) -> dict[str, int]:
+    """End the queued requests of these batches (and of their tenants' other running batches) whose cap is
+    reached or whose tenant's month is spent; return {batch_id: requests ended}. Cheap without caps."""
+    wanted = sorted(set(batch_ids))
+    if not wanted:
+        return {}
+    capped = session.execute(
+        select(Batch, Tenant.monthly_budget_micro_usd)
+        .join(Tenant, Tenant.id == Batch.tenant_id)
+        .where(Batch.id.in_(wanted))
+        .where(Batch.max_cost_micro_usd.is_not(None) | Tenant.monthly_budget_micro_usd.is_not(None))
+    ).all()
+    ended: dict[str, int] = {}
+    spent_tenants: set[str] = set()
+    for batch, tenant_micro in capped:
+        if batch.max_cost_micro_usd is not None and batch_spend(session, settings, batch=batch) >= usd(
+            batch.max_cost_micro_usd
+        ):
+            ended[batch.id] = _stop(session, batch, f"its max_cost_usd of ${usd_text(usd(batch.max_cost_micro_usd))}")
+        if tenant_micro is not None and batch.tenant_id not in spent_tenants:
+            spent = month_spend(session, settings, tenant_id=batch.tenant_id) >= usd(tenant_micro)
+            spent_tenants |= {batch.tenant_id} if spent else set()
+    for tenant_id in sorted(spent_tenants):
+        micro = session.scalar(select(Tenant.monthly_budget_micro_usd).where(Tenant.id == tenant_id)) or 0
+        for batch in _running_batches(session, tenant_id=tenant_id, locked=set(wanted)):
+            count = _stop(session, batch, f"its tenant's monthly budget of ${usd_text(usd(micro))}")
+            if count:
+                ended[batch.id] = ended.get(batch.id, 0) + count
+    return {batch_id: count for batch_id, count in ended.items() if count}
+
+
+def _running_batches(session: Session, *, tenant_id: str, locked: set[str]) -> list[Batch]:
+    """The tenant's in-progress batches: those already locked by the caller, and the others it can lock now.
+
+    Others are taken with SKIP LOCKED: a batch another transaction holds (its worker recording results) is
+    stopped by that worker's own check, so two workers never wait on each other here."""
+    query = select(Batch).where(Batch.tenant_id == tenant_id, Batch.status == lifecycle.IN_PROGRESS)
+    mine = list(session.scalars(query.where(Batch.id.in_(sorted(locked)))))
+    others = session.scalars(
+        query.where(Batch.id.not_in(sorted(locked))).order_by(Batch.id).with_for_update(skip_locked=True)
+    )
+    return mine + list(others)
+
+
+def _stop(session: Session, batch: Batch, reason: str) -> int:
+    """End the batch's queued requests as `budget_exceeded` lines and say why on the batch; return how many."""
+    count = end_queued(
+        session,
+        batch=batch,
+        code=BUDGET_CODE,
+        message=f"This request was not run: the batch reached {reason}.",
+    )
+    if count and not any((w or {}).get("code") == BUDGET_CODE for w in batch.warnings or []):
+        note = {"code": BUDGET_CODE, "message": f"The batch stopped at {reason}.", "param": None, "line": None}
+        batch.warnings = [*(batch.warnings or []), note]
+        session.flush()
+    return count
+
+
+def check_file_within_budget(
+    session: Session,
+    blobs: BlobStore,
+    settings: Settings,
+    *,
+    tenant_id: str,
+    blob_key: str,
+    endpoint: str,
+    model: str | None,
+    completion_window: str,
+) -> None:
+    """Refuse (BudgetExceeded) an input file whose estimated billed cost is more than the tenant has left this
+    month; a tenant without a budget is not estimated (the file is not read)."""
+    budget = session.scalar(select(Tenant.monthly_budget_micro_usd).where(Tenant.id == tenant_id))
+    if budget is None:
+        return
+    shape = shape_of_jsonl(
+        blobs.open_stream(blob_key, chunk_bytes=settings.stream_chunk_bytes),
+        endpoint=endpoint,
+        max_line_bytes=settings.line_max_bytes,
+        max_requests=settings.batch_max_requests,
+    )
+    estimate = price_job(
+        price_book(settings),
+        model=model,
+        created_at=now(),
+        completion_window=completion_window,
+        input_tokens=shape.input_tokens,
+        output_tokens=shape.output_tokens,
+        busy_seconds=Decimal(0),
+    ).billed_usd
+    check_room_for(session, settings, tenant_id=tenant_id, estimate_usd=estimate)
