@@ -299,7 +299,7 @@
     const result = $("upload-result");
     if (!estimate.ok) { result.replaceChildren(h("p", { class: "problems", id: "upload-refused" }, failure(estimate))); say("The file cannot make a batch.", true); return; }
     const e = estimate.body, bad = e.skipped_lines;
-    const parts = [h("div", { class: "tiles" }, tile("Lines", String(e.requests)), tile("Bad lines", String(bad)), tile("Estimated cost", usd(e.cost.billed_usd)),
+    const parts = [h("div", { class: "tiles" }, tile("Valid lines", String(e.requests)), tile("Bad lines", String(bad)), tile("Estimated cost", usd(e.cost.billed_usd)),
       tile("List price", usd(e.cost.list_usd)), tile("Discount", e.cost.discount_pct + "%"), tile("Finishes by", when(e.finish_at)), tile("Fits window", e.fits_window ? "yes" : "no"))];
     if (bad) {
       parts.push(h("div", { class: "problems", id: "upload-problems" }, h("p", {}, bad + " bad " + (bad === 1 ? "line" : "lines") + ": fix " + (bad === 1 ? "it" : "them") + " before creating the batch" + (e.problems.length < bad ? " (first " + e.problems.length + " shown)" : "") + "."),
