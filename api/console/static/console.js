@@ -94,6 +94,7 @@
                     webhooks: loadHooks, finance: loadFinance, admin: loadAdmin };
     const view = views[name] ? name : "batches";
     show(view);
+    say("");
     if (view === "batches") state.cursor = [];
     await views[view]();
     document.title = "Backfill · " + view;
@@ -101,15 +102,19 @@
   window.addEventListener("hashchange", route);
 
   // ---- batches ----
-  function bar(counts, width) {
+  function bar(counts, width, wide) {
     const total = Math.max(counts.total, 1), w = width || 140;
     const done = (counts.completed / total) * w, failed = (counts.failed / total) * w;
-    return s("svg", { width: w, height: 10, viewBox: "0 0 " + w + " 10", role: "img", class: "bar",
+    return s("svg", { width: w, height: 10, viewBox: "0 0 " + w + " 10", role: "img", class: wide ? "bar wide" : "bar", preserveAspectRatio: "none",
                       "aria-label": counts.completed + " done, " + counts.failed + " failed of " + counts.total,
                       "data-done": counts.completed, "data-failed": counts.failed, "data-total": counts.total },
       s("rect", { class: "rest", x: 0, y: 0, width: w, height: 10, rx: 3 }),
       s("rect", { class: "done", x: 0, y: 0, width: done.toFixed(1), height: 10 }),
       s("rect", { class: "failed", x: done.toFixed(1), y: 0, width: failed.toFixed(1), height: 10 }));
+  }
+  function windowRate(b) {
+    const rate = state.session.completion_windows[b.completion_window];
+    return rate === undefined ? b.completion_window : Math.round(Number(rate) * 100) + "% (" + b.completion_window + ")";
   }
   function timeLeft(b) { return ENDED.includes(b.status) ? "ended" : left(b.expires_at - Date.now() / 1000); }
   function batchRow(b) {
@@ -121,7 +126,7 @@
       h("td", { class: "progress" }, bar(c), h("small", {}, " " + c.completed + " done · " + c.failed + " failed · " + c.total)),
       h("td", { "data-label": "Left" }, timeLeft(b)),
       h("td", { class: "num", "data-label": "Cost" }, usd(cost.billed_usd)),
-      h("td", { class: "num", "data-label": "Discount" }, cost.discount_pct ? cost.discount_pct + "% (" + usd(cost.discount_usd) + ")" : b.completion_window));
+      h("td", { class: "num", "data-label": "Discount" }, cost.discount_pct ? cost.discount_pct + "% (" + usd(cost.discount_usd) + ")" : windowRate(b)));
   }
   async function loadBatches() {
     const params = new URLSearchParams({ limit: "20" });
@@ -164,7 +169,7 @@
                   ["Compute cost", usd(cost.compute_usd)], ["GPU seconds", cost.gpu_seconds], ["Tokens in / out", cost.input_tokens + " / " + cost.output_tokens]];
     const w = 300, max = Math.max(Number(cost.list_usd), Number(cost.billed_usd), Number(cost.compute_usd), 1e-9);
     const bars = [["list", "list price", cost.list_usd], ["billed", "billed", cost.billed_usd], ["done", "compute", cost.compute_usd]];
-    return h("div", {}, s("svg", { viewBox: "0 0 " + w + " 66", role: "img", "aria-label": "List price, billed and compute cost" },
+    return h("div", {}, s("svg", { viewBox: "0 0 " + w + " 66", role: "img", class: "cost-chart", "aria-label": "List price, billed and compute cost" },
       ...bars.map(([cls, label, v], i) => s("g", {}, s("rect", { class: cls, x: 70, y: i * 22, height: 16, width: ((Number(v) / max) * (w - 80)).toFixed(1) }),
         s("text", { x: 0, y: i * 22 + 12 }, label)))),
       h("table", {}, h("tbody", {}, rows.map(([k, v]) => h("tr", {}, h("th", {}, k), h("td", { class: "num" }, String(v)))))));
@@ -249,7 +254,7 @@
     $("batch-title").replaceChildren(h("code", {}, b.id), " ", h("span", { class: "badge " + b.status, id: "batch-status" }, b.status));
     $("batch-summary").replaceChildren(tile("Model", b.model || "–"), tile("Endpoint", b.endpoint), tile("Window", b.completion_window),
       tile("Created", when(b.created_at)), tile("Time left", timeLeft(b)), tile("Metadata", Object.keys(b.metadata).length ? JSON.stringify(b.metadata) : "–"));
-    $("batch-progress").replaceChildren(bar(c, 600), h("p", { class: "note", id: "batch-counts" }, c.completed + " done · " + c.failed + " failed · " + c.total + " lines"));
+    $("batch-progress").replaceChildren(bar(c, 600, true), h("p", { class: "note", id: "batch-counts" }, c.completed + " done · " + c.failed + " failed · " + c.total + " lines"));
     window.BackfillControls.render($("batch-controls"), b, api, (text) => { $("control-outcome").textContent = text; refresh(); });
     $("batch-chart").replaceChildren(chart(state.samples.get(b.id)));
     $("batch-cost").replaceChildren(costBlock(b.cost));
@@ -390,7 +395,7 @@
     const o = answer.body, previous = state.lastBusy;
     state.lastBusy = { at: o.at, busy: Object.fromEntries(o.models.map((m) => [m.model, m.busy_seconds || 0])) };
     const share = (m) => (previous && o.at > previous.at ? Math.min(1, ((m.busy_seconds || 0) - (previous.busy[m.model] || 0)) / (o.at - previous.at)) : null);
-    $("admin-overview").replaceChildren(h("table", { id: "overview-table" }, h("thead", {}, h("tr", {}, ["Model", "Queued", "Running", "At risk", "Slack", "Goodput", "Engine busy"].map((t) => h("th", {}, t)))),
+    $("admin-overview").replaceChildren(h("table", { id: "overview-table" }, h("thead", {}, h("tr", {}, ["Model", "Queued", "Running", "At risk", "Slack", "Goodput", "Engine busy"].map((t, i) => h("th", { class: i ? "num" : null }, t)))),
       h("tbody", {}, o.models.map((m) => { const busy = share(m); return h("tr", {}, h("td", {}, m.model), h("td", { class: "num" }, String(m.open.queued || 0)), h("td", { class: "num" }, String(m.open.running || 0)),
         h("td", { class: "num" }, String(m.at_risk ?? "–")), h("td", { class: "num" }, m.slack_seconds === null || m.slack_seconds === undefined ? "–" : left(m.slack_seconds)),
         h("td", { class: "num" }, m.goodput === null || m.goodput === undefined ? "–" : (m.goodput * 100).toFixed(1) + "%"),
