@@ -378,11 +378,12 @@
       list: b.results.reduce((a, r) => a + Number(r.list_usd), 0), billed: b.results.reduce((a, r) => a + Number(r.billed_usd), 0) }));
     const w = 640, hgt = 180, max = Math.max(1e-9, ...days.map((d) => d.list)), step = (w - 40) / Math.max(days.length, 1);
     const y = (v) => hgt - 20 - (v / max) * (hgt - 34);
+    const every = Math.ceil(days.length / 5);
     $("finance-chart").replaceChildren(s("svg", { viewBox: "0 0 " + w + " " + hgt, role: "img", id: "spend-chart", "aria-label": "Billed and list price per day" },
       s("text", { x: 0, y: 12 }, usd(max)), s("line", { class: "axis", x1: 40, x2: w, y1: hgt - 20, y2: hgt - 20 }),
       ...days.map((d, i) => s("g", {}, s("rect", { class: "list", x: 40 + i * step + 2, y: y(d.list), width: step / 2 - 2, height: hgt - 20 - y(d.list) }),
         s("rect", { class: "billed", x: 40 + i * step + step / 2, y: y(d.billed), width: step / 2 - 2, height: hgt - 20 - y(d.billed) }),
-        i % 2 ? s("g", {}) : s("text", { x: 40 + i * step, y: hgt - 4 }, d.day)))),
+        i % every ? s("g", {}) : s("text", { x: 40 + i * step, y: hgt - 4 }, d.day)))),
       h("div", { class: "legend" }, h("span", {}, h("i", { class: "list" }), "list price"), h("span", {}, h("i", { class: "billed" }), "billed")));
     $("finance-table").replaceChildren(h("table", {}, h("thead", {}, h("tr", {}, h("th", {}, "Day"), h("th", { class: "num" }, "List"), h("th", { class: "num" }, "Billed"), h("th", { class: "num" }, "Saved"))),
       h("tbody", {}, days.filter((d) => d.list > 0).map((d) => h("tr", {}, h("td", {}, d.day), h("td", { class: "num" }, usd(d.list)), h("td", { class: "num" }, usd(d.billed)), h("td", { class: "num" }, usd(d.list - d.billed)))))));
