@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from api import errors, keys, limits, results
 from api import metrics as prometheus
 from api.anthropic import message_batch_retries, message_batches
+from api.console import routes as console
 from api.deps import commit_in_route_threads
 from api.finance import routes as costs
 from api.openai import batch_retries, batches, files, models
@@ -35,6 +36,8 @@ def create_app(*, health_extra: Callable[[], dict[str, Any]] | None = None) -> F
     app.include_router(prometheus.router)
     app.include_router(message_batches.router)
     app.include_router(message_batch_retries.router)
+    app.include_router(console.router)
+    app.include_router(console.page_router)
 
     @app.get("/health", tags=["health"])
     async def health() -> JSONResponse:

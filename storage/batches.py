@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from sqlalchemy import select, text, update
+from sqlalchemy import String, cast, select, text, update
 from sqlalchemy.orm import Session
 
 from storage import lifecycle
@@ -107,6 +107,30 @@ def list_batches(session: Session, *, tenant_id: str, after: str | None, limit: 
             )
     query = query.order_by(Batch.created_at.desc(), Batch.id.desc()).limit(limit + 1)
     return list(session.scalars(query))
+
+
+def search_batches(
+    session: Session, *, tenant_id: str, status: str | None, query: str | None, after: str | None, limit: int
+) -> list[Batch]:
+    """The tenant's live batches of both protocols newest first (the console's list), `limit + 1` rows; `status`
+    filters exactly, `query` matches part of the id or of the metadata's JSON text."""
+    statement = select(Batch).where(Batch.tenant_id == tenant_id, Batch.deleted_at.is_(None))
+    if status:
+        statement = statement.where(Batch.status == status)
+    if query:
+        pattern = "%" + query.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        statement = statement.where(
+            Batch.id.ilike(pattern, escape="\\") | cast(Batch.metadata_, String).ilike(pattern, escape="\\")
+        )
+    if after:
+        anchor = session.get(Batch, after)
+        if anchor is not None and anchor.tenant_id == tenant_id:
+            statement = statement.where(
+                (Batch.created_at < anchor.created_at)
+                | ((Batch.created_at == anchor.created_at) & (Batch.id < anchor.id))
+            )
+    statement = statement.order_by(Batch.created_at.desc(), Batch.id.desc()).limit(limit + 1)
+    return list(session.scalars(statement))
 
 
 def batches_validating(session: Session) -> list[str]:

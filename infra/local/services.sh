@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Start the services the test suite talks to, where they are not already running:
 # Postgres (127.0.0.1:5432, trust auth) and Redis (127.0.0.1:6379). Also installs Debian's Chromium
-# for the finance page's browser test when apt is available.
+# for the finance page's and the console's browser tests (playwright drives it) when apt is available.
 set -u
 
 if ! pg_isready -h 127.0.0.1 -p 5432 -q 2>/dev/null; then
@@ -22,6 +22,6 @@ redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null || { echo "Redis is not running o
 
 if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null 2>&1 \
-    || echo "note: could not install chromium; the finance page browser test will be skipped" >&2
+    || echo "note: could not install chromium; the browser tests (finance page, console) will be skipped" >&2
 fi
 exit 0

@@ -1,0 +1,156 @@
+"""The web console (`/console`): one page for tenants and finance, and the few reads it needs beyond the public API.
+
+The page is a static shell assembled from `static/` (markup, style, the app, and the batch controls in their own
+script so the batch-control routes can be wired there alone); it holds the API key in sessionStorage and sends
+it as a header. The `/v1/console/...` reads are Backfill extensions scoped like every other route.
+"""
+
+from __future__ import annotations
+
+import functools
+from importlib import resources
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import HTMLResponse
+
+from api.deps import Caller, Config, Cursor, DbSession
+from api.errors import error_responses
+from api.pages import page_response
+from storage.batches import ENDPOINTS, get_batch, search_batches
+from storage.clock import now_f
+from storage.errors import InvalidRequest, PermissionDenied
+from storage.finance.job_cost import batch_cost_json
+from storage.metrics.events import ENGINE_BUSY_SECONDS
+from storage.metrics.queue_state import QUEUE_STATE
+from storage.models import Batch
+from storage.queue.failures import failures_by_code
+
+router = APIRouter(prefix="/v1/console", tags=["console"])
+page_router = APIRouter()
+
+STATUSES = ("validating", "in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled")
+Status = Annotated[str | None, Query(max_length=16, description="Only batches in this status.")]
+Search = Annotated[str | None, Query(max_length=128, description="Part of a batch id or of its metadata.")]
+
+
+@functools.lru_cache(maxsize=1)
+def console_html() -> str:
+    """The page with its style and scripts inlined, so the policy can pin each block by its hash."""
+    static = resources.files("api.console").joinpath("static")
+    page = static.joinpath("console.html").read_text(encoding="utf-8")
+    for name in ("console.css", "controls.js", "console.js"):
+        page = page.replace(f"/*{name}*/", static.joinpath(name).read_text(encoding="utf-8").strip())
+    return page
+
+
+@page_router.get("/console", include_in_schema=False)
+def console_page(request: Request) -> HTMLResponse:
+    """The console: a static shell that asks for an API key and calls the JSON endpoints."""
+    if {"key", "api_key"} & {name.lower() for name in request.query_params}:
+        raise InvalidRequest(
+            "Never put an API key in a URL: servers and proxies log URLs. Open /console and enter the key.",
+            param="key",
+        )
+    return page_response(console_html())
+
+
+def _row(batch: Batch, cost: dict[str, Any] | None) -> dict[str, Any]:
+    return {
+        "id": batch.id,
+        "protocol": batch.protocol,
+        "endpoint": batch.endpoint,
+        "model": batch.model,
+        "status": batch.status,
+        "completion_window": batch.completion_window,
+        "created_at": batch.created_at,
+        "expires_at": batch.expires_at,
+        "ended_at": batch.completed_at or batch.failed_at or batch.expired_at or batch.cancelled_at,
+        "metadata": batch.metadata_ or {},
+        "request_counts": {
+            "total": batch.request_total,
+            "completed": batch.request_completed,
+            "failed": batch.request_failed,
+        },
+        "cost": cost,
+    }
+
+
+@router.get("/whoami", response_model=dict[str, Any])
+def whoami(caller: Caller, settings: Config) -> dict[str, Any]:
+    """Backfill extension: the console's sign-in check: whether the key is an admin key, and what a batch may
+    ask for here (endpoints, completion windows with their discounts)."""
+    return {
+        "object": "console.session",
+        "is_admin": caller.is_admin,
+        "endpoints": list(ENDPOINTS),
+        "completion_windows": {name: str(rate) for name, rate in sorted(settings.completion_windows.items())},
+    }
+
+
+@router.get("/batches", response_model=dict[str, Any])
+def batches(
+    session: DbSession,
+    caller: Caller,
+    settings: Config,
+    status: Status = None,
+    q: Search = None,
+    after: Cursor = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+) -> dict[str, Any]:
+    """Backfill extension: the caller's batches of both protocols newest first, with progress and cost."""
+    if status is not None and status not in STATUSES:
+        raise InvalidRequest(f"Unknown status: use one of {', '.join(STATUSES)}.", param="status")
+    rows = search_batches(session, tenant_id=caller.tenant_id, status=status, query=q, after=after, limit=limit)
+    page = [_row(row, batch_cost_json(session, row, settings)) for row in rows[:limit]]
+    return {"object": "list", "data": page, "has_more": len(rows) > limit, "last_id": page[-1]["id"] if page else None}
+
+
+@router.get("/batches/{batch_id}", response_model=dict[str, Any])
+def batch(batch_id: str, session: DbSession, caller: Caller, settings: Config) -> dict[str, Any]:
+    """Backfill extension: one batch of either protocol with its files, validation errors and failed lines
+    grouped by error code (line numbers and messages)."""
+    row = get_batch(session, tenant_id=caller.tenant_id, batch_id=batch_id)
+    return {
+        **_row(row, batch_cost_json(session, row, settings)),
+        "input_file_id": row.input_file_id,
+        "output_file_id": row.output_file_id,
+        "error_file_id": row.error_file_id,
+        "has_manifest": row.manifest_key is not None,
+        "errors": row.errors or [],
+        "warnings": row.warnings or [],
+        "failures": [group.to_json() for group in failures_by_code(session, batch_id=row.id)],
+    }
+
+
+@router.get("/overview", response_model=dict[str, Any], responses=error_responses(403))
+def overview(caller: Caller) -> dict[str, Any]:
+    """Backfill extension, admin keys only: the operator's numbers of `/metrics` (queue depth by model and
+    state, deadlines at risk, slack, goodput, engine busy seconds of this process)."""
+    if not caller.is_admin:
+        raise PermissionDenied("Only admin keys may read the operator overview.")
+    snap = QUEUE_STATE.snapshot()
+    models: dict[str, dict[str, Any]] = {}
+    for (model, _tenant, state), count in snap.open.items():
+        depth = models.setdefault(model, {"model": model, "open": {}})["open"]
+        depth[state] = depth.get(state, 0) + count
+    for model, deadline in snap.deadlines.items():
+        entry = models.setdefault(model, {"model": model, "open": {}})
+        entry.update(
+            at_risk=deadline.at_risk,
+            slack_seconds=deadline.slack_seconds,
+            earliest_deadline=deadline.earliest_deadline,
+            goodput=snap.goodput.get(model, {}).get("ratio"),
+        )
+    for metric in ENGINE_BUSY_SECONDS.collect():
+        for sample in metric.samples:
+            if sample.name.endswith("_total"):
+                models.setdefault(sample.labels["model"], {"model": sample.labels["model"], "open": {}})[
+                    "busy_seconds"
+                ] = sample.value
+    return {
+        "object": "console.overview",
+        "at": now_f(),
+        "ok": snap.ok,
+        "models": sorted(models.values(), key=lambda m: m["model"]),
+    }

@@ -1,0 +1,422 @@
+"use strict";
+(function () {
+  const KEY = "backfill.console.key";
+  const POLL_MS = 3000;
+  const $ = (id) => document.getElementById(id);
+  const state = { key: sessionStorage.getItem(KEY), session: null, view: null, cursor: [], samples: new Map(),
+                  busy: false, lastBusy: null, pendingFile: null };
+
+  // ---- small helpers (text only: server data never becomes markup) ----
+  function h(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const [name, value] of Object.entries(attrs || {})) {
+      if (value === null || value === undefined || value === false) continue;
+      if (name.startsWith("on")) node.addEventListener(name.slice(2), value);
+      else node.setAttribute(name, value === true ? "" : String(value));
+    }
+    for (const child of children.flat()) if (child !== null && child !== undefined) node.append(child);
+    return node;
+  }
+  const SVG = "http://www.w3.org/2000/svg";
+  function s(tag, attrs, ...children) {
+    const node = document.createElementNS(SVG, tag);
+    for (const [name, value] of Object.entries(attrs || {})) node.setAttribute(name, String(value));
+    for (const child of children) node.append(child);
+    return node;
+  }
+  const usd = (v) => (v === null || v === undefined ? "–" : "$" + Number(v).toFixed(Number(v) < 1 ? 4 : 2));
+  const when = (t) => (t ? new Date(t * 1000).toISOString().replace("T", " ").slice(0, 16) + " UTC" : "–");
+  function left(seconds) {
+    if (seconds <= 0) return "due";
+    const hrs = Math.floor(seconds / 3600), mins = Math.floor((seconds % 3600) / 60);
+    return hrs ? hrs + " h " + mins + " min" : mins ? mins + " min" : Math.ceil(seconds) + " s";
+  }
+  function say(text, error) { $("status").textContent = text || ""; $("status").className = error ? "error" : ""; }
+  const ENDED = ["completed", "failed", "expired", "cancelled"];
+
+  // ---- the one way to the server: the key goes in a header, never in a URL ----
+  async function api(method, path, body, as) {
+    const headers = { Authorization: "Bearer " + state.key };
+    let payload;
+    if (body instanceof FormData) payload = body;
+    else if (body !== undefined) { headers["Content-Type"] = "application/json"; payload = JSON.stringify(body); }
+    let response;
+    try {
+      response = await fetch(path, { method, headers, body: payload, credentials: "omit", cache: "no-store", referrerPolicy: "no-referrer" });
+    } catch (error) {
+      return { ok: false, status: 0, body: { error: { message: "The server did not answer: " + error.message } }, headers: new Headers() };
+    }
+    if (response.status === 401 && state.session) { signOut("Your key was refused (revoked?): signed out."); }
+    let parsed = null;
+    if (as === "blob") parsed = response.ok ? await response.blob() : await response.json().catch(() => null);
+    else if (as === "text") parsed = await response.text();
+    else parsed = await response.json().catch(() => null);
+    return { ok: response.ok, status: response.status, body: parsed, headers: response.headers };
+  }
+  const failure = (answer) => ((answer.body && answer.body.error && answer.body.error.message) || "HTTP " + answer.status);
+
+  // ---- sign in and out ----
+  async function signIn(key) {
+    state.key = key;
+    const answer = await api("GET", "/v1/console/whoami");
+    if (!answer.ok) { state.key = null; say("Sign-in failed: " + failure(answer), true); return false; }
+    state.session = answer.body;
+    sessionStorage.setItem(KEY, key);
+    $("nav").hidden = false; $("sign-out").hidden = false; $("nav-admin").hidden = !answer.body.is_admin;
+    fillUploadChoices();
+    return true;
+  }
+  function signOut(message) {
+    sessionStorage.removeItem(KEY);
+    state.key = null; state.session = null; state.samples.clear(); state.pendingFile = null;
+    $("nav").hidden = true; $("sign-out").hidden = true; $("key").value = "";
+    for (const id of ["batch-table", "file-table", "hook-table"]) $(id).tBodies[0].replaceChildren();
+    for (const id of ["batch-errors", "batch-preview", "hook-secret", "hook-deliveries", "admin-overview", "finance-chart", "finance-table", "upload-result"]) $(id).replaceChildren();
+    show("signin");
+    say(message || "Signed out: the key is forgotten.");
+  }
+  $("signin-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    if (await signIn($("key").value.trim())) { $("key").value = ""; say(""); if (!location.hash || location.hash === "#/") location.hash = "#/batches"; route(); }
+  });
+  $("sign-out").addEventListener("click", () => signOut());
+
+  // ---- views ----
+  function show(name) {
+    for (const view of document.querySelectorAll(".view")) view.hidden = view.id !== "view-" + name;
+    for (const link of document.querySelectorAll("nav a")) link.classList.toggle("active", link.dataset.view === name || (name === "batch" && link.dataset.view === "batches"));
+    state.view = name;
+  }
+  async function route() {
+    if (!state.session) { show("signin"); return; }
+    const [, name, id] = (location.hash || "#/batches").split("/");
+    const views = { batches: loadBatches, batch: () => loadBatch(decodeURIComponent(id || "")), upload: () => {}, files: loadFiles,
+                    webhooks: loadHooks, finance: loadFinance, admin: loadAdmin };
+    const view = views[name] ? name : "batches";
+    show(view);
+    say("");
+    if (view === "batches") state.cursor = [];
+    await views[view]();
+    document.title = "Backfill · " + view;
+  }
+  window.addEventListener("hashchange", route);
+
+  // ---- batches ----
+  function bar(counts, width, wide) {
+    const total = Math.max(counts.total, 1), w = width || 140;
+    const done = (counts.completed / total) * w, failed = (counts.failed / total) * w;
+    return s("svg", { width: w, height: 10, viewBox: "0 0 " + w + " 10", role: "img", class: wide ? "bar wide" : "bar", preserveAspectRatio: "none",
+                      "aria-label": counts.completed + " done, " + counts.failed + " failed of " + counts.total,
+                      "data-done": counts.completed, "data-failed": counts.failed, "data-total": counts.total },
+      s("rect", { class: "rest", x: 0, y: 0, width: w, height: 10, rx: 3 }),
+      s("rect", { class: "done", x: 0, y: 0, width: done.toFixed(1), height: 10 }),
+      s("rect", { class: "failed", x: done.toFixed(1), y: 0, width: failed.toFixed(1), height: 10 }));
+  }
+  function windowRate(b) {
+    const rate = state.session.completion_windows[b.completion_window];
+    return rate === undefined ? b.completion_window : Math.round(Number(rate) * 100) + "% (" + b.completion_window + ")";
+  }
+  function timeLeft(b) { return ENDED.includes(b.status) ? "ended" : left(b.expires_at - Date.now() / 1000); }
+  function batchRow(b) {
+    const c = b.request_counts, cost = b.cost || {};
+    return h("tr", { "data-batch": b.id },
+      h("td", {}, h("a", { href: "#/batch/" + encodeURIComponent(b.id) }, h("code", {}, b.id)), " ",
+        h("small", { class: "note" }, b.protocol === "anthropic" ? "messages" : b.endpoint)),
+      h("td", { "data-label": "Status" }, h("span", { class: "badge " + b.status }, b.status)),
+      h("td", { class: "progress" }, bar(c), h("small", {}, " " + c.completed + " done · " + c.failed + " failed · " + c.total)),
+      h("td", { "data-label": "Left" }, timeLeft(b)),
+      h("td", { class: "num", "data-label": "Cost" }, usd(cost.billed_usd)),
+      h("td", { class: "num", "data-label": "Discount" }, cost.discount_pct ? cost.discount_pct + "% (" + usd(cost.discount_usd) + ")" : windowRate(b)));
+  }
+  async function loadBatches() {
+    const params = new URLSearchParams({ limit: "20" });
+    if ($("filter-status").value) params.set("status", $("filter-status").value);
+    if ($("filter-q").value.trim()) params.set("q", $("filter-q").value.trim());
+    const after = state.cursor[state.cursor.length - 1];
+    if (after) params.set("after", after);
+    const answer = await api("GET", "/v1/console/batches?" + params);
+    if (!answer.ok) { say("Batches: " + failure(answer), true); return; }
+    const rows = answer.body.data;
+    $("batch-table").tBodies[0].replaceChildren(...rows.map(batchRow));
+    $("batches-empty").hidden = rows.length > 0;
+    $("page-next").disabled = !answer.body.has_more; $("page-next").dataset.last = answer.body.last_id || "";
+    $("page-first").disabled = state.cursor.length === 0;
+    say("Batches updated " + new Date().toLocaleTimeString());
+  }
+  $("batch-filter").addEventListener("submit", (event) => { event.preventDefault(); state.cursor = []; loadBatches(); });
+  $("page-next").addEventListener("click", () => { state.cursor.push($("page-next").dataset.last); loadBatches(); });
+  $("page-first").addEventListener("click", () => { state.cursor = []; loadBatches(); });
+
+  // ---- one batch ----
+  function tile(label, value) { return h("div", { class: "tile" }, h("small", {}, label), h("b", {}, value)); }
+  function chart(points) {
+    const w = 420, hgt = 140, pad = 28;
+    const total = Math.max(1, ...points.map((p) => p.total));
+    const t0 = points[0].t, span = Math.max(1, points[points.length - 1].t - t0);
+    const x = (t) => pad + ((t - t0) / span) * (w - pad - 8), y = (v) => hgt - 18 - (v / total) * (hgt - 30);
+    const path = (key) => points.map((p, i) => (i ? "L" : "M") + x(p.t).toFixed(1) + " " + y(p[key]).toFixed(1)).join(" ");
+    return h("div", {}, s("svg", { viewBox: "0 0 " + w + " " + hgt, role: "img", id: "counts-chart", "aria-label": "Done and failed lines over time" },
+      s("line", { class: "axis", x1: pad, x2: w - 8, y1: hgt - 18, y2: hgt - 18 }),
+      s("text", { x: 2, y: y(total) + 4 }, String(total)), s("text", { x: 2, y: hgt - 14 }, "0"),
+      s("text", { x: pad, y: hgt - 2 }, new Date(t0 * 1000).toLocaleTimeString()),
+      s("text", { x: w - 70, y: hgt - 2 }, new Date((t0 + span) * 1000).toLocaleTimeString()),
+      s("path", { class: "line-done", d: path("done") }), s("path", { class: "line-failed", d: path("failed") })),
+      h("div", { class: "legend" }, h("span", {}, h("i", { class: "done" }), "done"), h("span", {}, h("i", { class: "failed" }), "failed")));
+  }
+  function costBlock(cost) {
+    if (!cost) return h("p", { class: "note" }, "No line has completed yet.");
+    const rows = [["Billed", usd(cost.billed_usd)], ["List price", usd(cost.list_usd)], ["Discount", cost.discount_pct + "% · " + usd(cost.discount_usd)],
+                  ["Compute cost", usd(cost.compute_usd)], ["GPU seconds", cost.gpu_seconds], ["Tokens in / out", cost.input_tokens + " / " + cost.output_tokens]];
+    const w = 300, max = Math.max(Number(cost.list_usd), Number(cost.billed_usd), Number(cost.compute_usd), 1e-9);
+    const bars = [["list", "list price", cost.list_usd], ["billed", "billed", cost.billed_usd], ["done", "compute", cost.compute_usd]];
+    return h("div", {}, s("svg", { viewBox: "0 0 " + w + " 66", role: "img", class: "cost-chart", "aria-label": "List price, billed and compute cost" },
+      ...bars.map(([cls, label, v], i) => s("g", {}, s("rect", { class: cls, x: 70, y: i * 22, height: 16, width: ((Number(v) / max) * (w - 80)).toFixed(1) }),
+        s("text", { x: 0, y: i * 22 + 12 }, label)))),
+      h("table", {}, h("tbody", {}, rows.map(([k, v]) => h("tr", {}, h("th", {}, k), h("td", { class: "num" }, String(v)))))));
+  }
+  function errorGroups(b) {
+    const groups = b.failures.map((g) => ({ ...g, source: "lines" }));
+    const byCode = new Map();
+    for (const e of b.errors) {
+      const g = byCode.get(e.code) || { code: e.code, count: 0, lines: [], source: "validation" };
+      g.count += 1; g.lines.push({ line: e.line, custom_id: null, message: e.message }); byCode.set(e.code, g);
+    }
+    const all = [...byCode.values(), ...groups];
+    if (!all.length) return h("p", { class: "note" }, b.request_counts.failed ? "Failed lines will be listed once recorded." : "No failed lines.");
+    return h("div", { id: "error-groups" }, all.map((g) => h("details", { open: all.length <= 3, "data-code": g.code },
+      h("summary", {}, h("b", {}, g.code), " · " + g.count + (g.count === 1 ? " line" : " lines") + (g.source === "validation" ? " (validation: the batch did not run)" : "")),
+      h("table", {}, h("thead", {}, h("tr", {}, h("th", {}, "Line"), h("th", {}, "custom_id"), h("th", {}, "Message"))),
+        h("tbody", {}, g.lines.map((l) => h("tr", { class: "error-line" }, h("td", {}, l.line === null ? "–" : String(l.line)), h("td", {}, h("code", {}, l.custom_id || "–")), h("td", {}, l.message || "")))))),
+    ));
+  }
+  async function firstLines(path, count) {
+    const response = await fetch(path, { headers: { Authorization: "Bearer " + state.key }, credentials: "omit", cache: "no-store" });
+    if (!response.ok || !response.body) return null;
+    const reader = response.body.getReader(), decoder = new TextDecoder();
+    let text = "";
+    while (text.split("\n").length <= count && text.length < 65536) {
+      const { done, value } = await reader.read();
+      if (done) break;
+      text += decoder.decode(value, { stream: true });
+    }
+    reader.cancel().catch(() => {});
+    return text.split("\n").filter(Boolean).slice(0, count);
+  }
+  async function preview(b) {
+    const live = await window.BackfillControls.results(b, api, 5);
+    let lines = live ? live.text.split("\n").filter(Boolean).slice(0, 5) : null;
+    if (!lines && b.output_file_id) lines = await firstLines("/v1/files/" + encodeURIComponent(b.output_file_id) + "/content", 5);
+    if (!lines && b.protocol === "anthropic" && ENDED.includes(b.status)) lines = await firstLines("/v1/messages/batches/" + encodeURIComponent(b.id) + "/results", 5);
+    if (!lines || !lines.length) return h("p", { class: "note" }, ENDED.includes(b.status) ? "No results." : "Results appear here as lines finish (once this server has the results-while-running route) and when the batch ends.");
+    return h("pre", { id: "results-preview" }, lines.map((l) => { try { return JSON.stringify(JSON.parse(l), null, 1); } catch { return l; } }).join("\n\n"));
+  }
+  async function download(path, name) {
+    const answer = await api("GET", path, undefined, "blob");
+    if (!answer.ok) { say("Download: " + failure(answer), true); return; }
+    const url = URL.createObjectURL(answer.body);
+    const link = h("a", { href: url, download: name });
+    document.body.append(link); link.click(); link.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 10000);
+    say("Downloaded " + name);
+  }
+  async function presigned(path, where) {
+    const answer = await api("GET", path);
+    where.replaceChildren(answer.ok ? h("a", { href: answer.body.url, target: "_blank", rel: "noopener noreferrer" }, "Presigned link (valid " + answer.body.expires_in + " s)")
+                                    : h("span", { class: "note" }, failure(answer)));
+  }
+  function downloads(b) {
+    const items = [];
+    const file = (label, id, name) => {
+      const slot = h("span", {});
+      items.push(h("p", {}, h("button", { type: "button", class: "plain", "data-download": label, onclick: () => download("/v1/files/" + encodeURIComponent(id) + "/content", name) }, "Download " + label),
+        " ", h("button", { type: "button", class: "plain", onclick: () => presigned("/v1/files/" + encodeURIComponent(id) + "/content_url", slot) }, "Presigned URL"), " ", slot));
+    };
+    if (b.output_file_id) file("output", b.output_file_id, b.id + "_output.jsonl");
+    if (b.error_file_id) file("errors", b.error_file_id, b.id + "_errors.jsonl");
+    if (b.protocol === "anthropic" && ENDED.includes(b.status))
+      items.push(h("p", {}, h("button", { type: "button", class: "plain", "data-download": "results", onclick: () => download("/v1/messages/batches/" + encodeURIComponent(b.id) + "/results", b.id + "_results.jsonl") }, "Download results")));
+    file("input", b.input_file_id, b.id + "_input.jsonl");
+    return h("div", {}, items);
+  }
+  async function manifest(b) {
+    if (!b.has_manifest) return h("p", { class: "note" }, "Written when the batch ends.");
+    const answer = await api("GET", "/v1/batches/" + encodeURIComponent(b.id) + "/manifest");
+    return answer.ok ? h("details", {}, h("summary", {}, "manifest.json"), h("pre", {}, JSON.stringify(answer.body, null, 1))) : h("p", { class: "note" }, failure(answer));
+  }
+  async function loadBatch(id, quiet) {
+    const answer = await api("GET", "/v1/console/batches/" + encodeURIComponent(id));
+    if (!answer.ok) { say("Batch: " + failure(answer), true); $("batch-title").textContent = "Batch not found"; return; }
+    const b = answer.body, c = b.request_counts;
+    const samples = state.samples.get(b.id) || [];
+    const last = samples[samples.length - 1];
+    if (!last || last.done !== c.completed || last.failed !== c.failed || samples.length < 2) samples.push({ t: Date.now() / 1000, done: c.completed, failed: c.failed, total: c.total });
+    state.samples.set(b.id, samples.slice(-240));
+    $("batch-title").replaceChildren(h("code", {}, b.id), " ", h("span", { class: "badge " + b.status, id: "batch-status" }, b.status));
+    $("batch-summary").replaceChildren(tile("Model", b.model || "–"), tile("Endpoint", b.endpoint), tile("Window", b.completion_window),
+      tile("Created", when(b.created_at)), tile("Time left", timeLeft(b)), tile("Metadata", Object.keys(b.metadata).length ? JSON.stringify(b.metadata) : "–"));
+    $("batch-progress").replaceChildren(bar(c, 600, true), h("p", { class: "note", id: "batch-counts" }, c.completed + " done · " + c.failed + " failed · " + c.total + " lines"));
+    window.BackfillControls.render($("batch-controls"), b, api, (text) => { $("control-outcome").textContent = text; refresh(); });
+    $("batch-chart").replaceChildren(chart(state.samples.get(b.id)));
+    $("batch-cost").replaceChildren(costBlock(b.cost));
+    $("batch-errors").replaceChildren(errorGroups(b));
+    if (!quiet || !ENDED.includes(b.status) || !$("batch-preview").dataset.ended) {
+      $("batch-preview").replaceChildren(await preview(b));
+      $("batch-downloads").replaceChildren(downloads(b));
+      $("batch-manifest").replaceChildren(await manifest(b));
+      $("batch-preview").dataset.ended = ENDED.includes(b.status) ? "1" : "";
+    }
+    if (!quiet) $("control-outcome").textContent = "";
+    say("Batch updated " + new Date().toLocaleTimeString());
+  }
+
+  // ---- upload ----
+  function fillUploadChoices() {
+    const ep = $("upload-endpoint"), win = $("upload-window");
+    ep.replaceChildren(...state.session.endpoints.map((e) => h("option", { value: e }, e)));
+    win.replaceChildren(...Object.entries(state.session.completion_windows).map(([name, rate]) => h("option", { value: name }, name + " (" + Math.round(Number(rate) * 100) + "% off)")));
+  }
+  const drop = $("drop");
+  for (const name of ["dragenter", "dragover"]) drop.addEventListener(name, (e) => { e.preventDefault(); drop.classList.add("over"); });
+  for (const name of ["dragleave", "drop"]) drop.addEventListener(name, (e) => { e.preventDefault(); drop.classList.remove("over"); });
+  drop.addEventListener("drop", (e) => { if (e.dataTransfer.files.length) { state.pendingFile = e.dataTransfer.files[0]; drop.firstChild.textContent = "Chosen: " + state.pendingFile.name + ". "; } });
+  drop.addEventListener("keydown", (e) => { if (e.key === "Enter" || e.key === " ") { e.preventDefault(); $("upload-file").click(); } });
+  $("upload-file").addEventListener("change", () => { state.pendingFile = $("upload-file").files[0] || null; });
+  let checked = null;
+  function metadata() {
+    const text = $("upload-metadata").value.trim();
+    if (!text) return undefined;
+    const value = JSON.parse(text);
+    if (typeof value !== "object" || Array.isArray(value) || value === null) throw new Error("metadata must be a JSON object");
+    return value;
+  }
+  $("upload-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    $("upload-create").hidden = true; checked = null;
+    const file = state.pendingFile;
+    if (!file) { say("Choose or drop a .jsonl file first.", true); return; }
+    try { metadata(); } catch (error) { say("Metadata: " + error.message, true); return; }
+    const form = new FormData(); form.append("purpose", "batch"); form.append("file", file, file.name);
+    say("Uploading " + file.name + "…");
+    const uploaded = await api("POST", "/v1/files", form);
+    if (!uploaded.ok) { say("Upload: " + failure(uploaded), true); return; }
+    const choice = { input_file_id: uploaded.body.id, endpoint: $("upload-endpoint").value, completion_window: $("upload-window").value };
+    const estimate = await api("POST", "/v1/batches/estimate", choice);
+    const result = $("upload-result");
+    if (!estimate.ok) { result.replaceChildren(h("p", { class: "problems", id: "upload-refused" }, failure(estimate))); say("The file cannot make a batch.", true); return; }
+    const e = estimate.body, bad = e.skipped_lines;
+    const parts = [h("div", { class: "tiles" }, tile("Valid lines", String(e.requests)), tile("Bad lines", String(bad)), tile("Estimated cost", usd(e.cost.billed_usd)),
+      tile("List price", usd(e.cost.list_usd)), tile("Discount", e.cost.discount_pct + "%"), tile("Finishes by", when(e.finish_at)), tile("Fits window", e.fits_window ? "yes" : "no"))];
+    if (bad) {
+      parts.push(h("div", { class: "problems", id: "upload-problems" }, h("p", {}, bad + " bad " + (bad === 1 ? "line" : "lines") + ": fix " + (bad === 1 ? "it" : "them") + " before creating the batch" + (e.problems.length < bad ? " (first " + e.problems.length + " shown)" : "") + "."),
+        h("ul", {}, e.problems.map((p) => h("li", { "data-line": p.line }, h("b", {}, "Line " + (p.line === null ? "?" : p.line)), " · " + p.code + ": " + p.message)))));
+    }
+    result.replaceChildren(...parts);
+    checked = choice;
+    $("upload-create").hidden = false; $("upload-create").disabled = bad > 0;
+    say(bad ? "Found " + bad + " bad lines." : "The file is valid: review the estimate and create the batch.", bad > 0);
+  });
+  $("upload-create").addEventListener("click", async () => {
+    if (!checked) return;
+    const created = await api("POST", "/v1/batches", { ...checked, metadata: metadata() });
+    if (!created.ok) { say("Create: " + failure(created), true); return; }
+    checked = null; $("upload-create").hidden = true; $("upload-result").replaceChildren(); state.pendingFile = null; $("upload-file").value = "";
+    location.hash = "#/batch/" + encodeURIComponent(created.body.id);
+  });
+
+  // ---- files ----
+  async function loadFiles(after) {
+    const answer = await api("GET", "/v1/files?limit=20" + (after ? "&after=" + encodeURIComponent(after) : ""));
+    if (!answer.ok) { say("Files: " + failure(answer), true); return; }
+    const rows = answer.body.data.map((f) => h("tr", {}, h("td", {}, h("code", {}, f.id)), h("td", {}, f.filename), h("td", {}, f.purpose), h("td", { class: "num" }, String(f.bytes)), h("td", {}, when(f.created_at)),
+      h("td", {}, h("button", { type: "button", class: "plain", onclick: async () => {
+        if (!window.confirm("Delete " + f.id + " (" + f.filename + ")?")) return;
+        const gone = await api("DELETE", "/v1/files/" + encodeURIComponent(f.id));
+        say(gone.ok ? "Deleted " + f.id : "Delete: " + failure(gone), !gone.ok); loadFiles();
+      } }, "Delete"))));
+    const body = $("file-table").tBodies[0];
+    if (after) body.append(...rows); else body.replaceChildren(...rows);
+    $("files-more").disabled = !answer.body.has_more; $("files-more").dataset.last = answer.body.last_id || "";
+  }
+  $("files-more").addEventListener("click", () => loadFiles($("files-more").dataset.last));
+
+  // ---- webhooks ----
+  async function loadHooks() {
+    const answer = await api("GET", "/v1/webhooks?limit=100");
+    if (!answer.ok) { say("Webhooks: " + failure(answer), true); return; }
+    $("hook-table").tBodies[0].replaceChildren(...answer.body.data.map((w) => h("tr", {}, h("td", {}, h("code", {}, w.id)), h("td", {}, w.url), h("td", {}, w.event_types.length + " events"),
+      h("td", {}, h("button", { type: "button", class: "plain", onclick: () => loadDeliveries(w.id) }, "Deliveries"), " ",
+        h("button", { type: "button", class: "plain", onclick: async () => {
+          if (!window.confirm("Delete the endpoint " + w.url + "?")) return;
+          const gone = await api("DELETE", "/v1/webhooks/" + encodeURIComponent(w.id)); say(gone.ok ? "Deleted " + w.id : failure(gone), !gone.ok); loadHooks();
+        } }, "Delete")))));
+  }
+  async function loadDeliveries(id) {
+    const answer = await api("GET", "/v1/webhooks/" + encodeURIComponent(id) + "/deliveries?limit=50");
+    const where = $("hook-deliveries");
+    if (!answer.ok) { where.replaceChildren(h("p", { class: "note" }, failure(answer))); return; }
+    if (!answer.body.data.length) { where.replaceChildren(h("p", { class: "note" }, "No deliveries yet.")); return; }
+    where.replaceChildren(h("table", {}, h("thead", {}, h("tr", {}, h("th", {}, "Event"), h("th", {}, "Status"), h("th", {}, "Attempts"), h("th", {}, "Created"))),
+      h("tbody", {}, answer.body.data.map((d) => h("tr", {}, h("td", {}, String(d.event.type || "")), h("td", {}, d.status),
+        h("td", {}, d.attempts.map((a) => String(a.response_status_code || a.status || a.error || "–")).join(", ") || String(d.attempt_count)), h("td", {}, when(d.created_at)))))));
+  }
+  $("hook-form").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const created = await api("POST", "/v1/webhooks", { url: $("hook-url").value.trim() });
+    if (!created.ok) { say("Register: " + failure(created), true); return; }
+    $("hook-url").value = "";
+    $("hook-secret").replaceChildren(h("div", { class: "secret" }, h("p", {}, "Signing secret for " + created.body.url + ", shown once: store it now."), h("code", { id: "hook-secret-value" }, created.body.signing_secret),
+      " ", h("button", { type: "button", class: "plain", onclick: () => $("hook-secret").replaceChildren() }, "I stored it")));
+    loadHooks();
+  });
+
+  // ---- finance ----
+  async function loadFinance() {
+    const start = Math.floor(Date.now() / 86400000 - 13) * 86400;
+    const answer = await api("GET", "/v1/organization/costs?start_time=" + start);
+    if (!answer.ok) { say("Finance: " + failure(answer), true); return; }
+    const days = answer.body.data.map((b) => ({ day: new Date(b.start_time * 1000).toISOString().slice(5, 10),
+      list: b.results.reduce((a, r) => a + Number(r.list_usd), 0), billed: b.results.reduce((a, r) => a + Number(r.billed_usd), 0) }));
+    const w = 640, hgt = 180, max = Math.max(1e-9, ...days.map((d) => d.list)), step = (w - 40) / Math.max(days.length, 1);
+    const y = (v) => hgt - 20 - (v / max) * (hgt - 34);
+    const every = Math.ceil(days.length / 5);
+    $("finance-chart").replaceChildren(s("svg", { viewBox: "0 0 " + w + " " + hgt, role: "img", id: "spend-chart", "aria-label": "Billed and list price per day" },
+      s("text", { x: 0, y: 12 }, usd(max)), s("line", { class: "axis", x1: 40, x2: w, y1: hgt - 20, y2: hgt - 20 }),
+      ...days.map((d, i) => s("g", {}, s("rect", { class: "list", x: 40 + i * step + 2, y: y(d.list), width: step / 2 - 2, height: hgt - 20 - y(d.list) }),
+        s("rect", { class: "billed", x: 40 + i * step + step / 2, y: y(d.billed), width: step / 2 - 2, height: hgt - 20 - y(d.billed) }),
+        i % every ? s("g", {}) : s("text", { x: 40 + i * step, y: hgt - 4 }, d.day)))),
+      h("div", { class: "legend" }, h("span", {}, h("i", { class: "list" }), "list price"), h("span", {}, h("i", { class: "billed" }), "billed")));
+    $("finance-table").replaceChildren(h("table", {}, h("thead", {}, h("tr", {}, h("th", {}, "Day"), h("th", { class: "num" }, "List"), h("th", { class: "num" }, "Billed"), h("th", { class: "num" }, "Saved"))),
+      h("tbody", {}, days.filter((d) => d.list > 0).map((d) => h("tr", {}, h("td", {}, d.day), h("td", { class: "num" }, usd(d.list)), h("td", { class: "num" }, usd(d.billed)), h("td", { class: "num" }, usd(d.list - d.billed)))))));
+  }
+
+  // ---- operations (admin keys) ----
+  async function loadAdmin() {
+    const answer = await api("GET", "/v1/console/overview");
+    if (!answer.ok) { $("admin-overview").replaceChildren(h("p", { class: "note" }, failure(answer))); return; }
+    const o = answer.body, previous = state.lastBusy;
+    state.lastBusy = { at: o.at, busy: Object.fromEntries(o.models.map((m) => [m.model, m.busy_seconds || 0])) };
+    const share = (m) => (previous && o.at > previous.at ? Math.min(1, ((m.busy_seconds || 0) - (previous.busy[m.model] || 0)) / (o.at - previous.at)) : null);
+    $("admin-overview").replaceChildren(h("table", { id: "overview-table" }, h("thead", {}, h("tr", {}, ["Model", "Queued", "Running", "At risk", "Slack", "Goodput", "Engine busy"].map((t, i) => h("th", { class: i ? "num" : null }, t)))),
+      h("tbody", {}, o.models.map((m) => { const busy = share(m); return h("tr", {}, h("td", {}, m.model), h("td", { class: "num" }, String(m.open.queued || 0)), h("td", { class: "num" }, String(m.open.running || 0)),
+        h("td", { class: "num" }, String(m.at_risk ?? "–")), h("td", { class: "num" }, m.slack_seconds === null || m.slack_seconds === undefined ? "–" : left(m.slack_seconds)),
+        h("td", { class: "num" }, m.goodput === null || m.goodput === undefined ? "–" : (m.goodput * 100).toFixed(1) + "%"),
+        h("td", { class: "num" }, busy === null ? "measuring…" : (busy * 100).toFixed(0) + "%")); }))));
+  }
+
+  // ---- live updates: one poll at a time per tab, only while visible ----
+  async function refresh() {
+    if (state.busy || !state.session || document.hidden) return;
+    state.busy = true;
+    try {
+      if (state.view === "batches") await loadBatches();
+      else if (state.view === "batch") await loadBatch(decodeURIComponent((location.hash.split("/")[2]) || ""), true);
+      else if (state.view === "admin") await loadAdmin();
+    } finally { state.busy = false; }
+  }
+  setInterval(refresh, POLL_MS);
+
+  (async () => {
+    if (state.key && (await signIn(state.key))) route();
+    else { state.key = null; show("signin"); }
+  })();
+})();

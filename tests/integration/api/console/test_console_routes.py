@@ -1,0 +1,141 @@
+"""The console's server side: the page's headers and policy, no key in URLs, tenant scoping, admin-only views."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from storage import lifecycle
+from storage.batches import ANTHROPIC
+from storage.db import transaction
+from tests.conftest import Backend, LiveServer, make_key, start_server
+from tests.factories import DAY0, make_batch, make_request, make_tenant
+
+pytestmark = pytest.mark.backfill_env({"BACKFILL_MODELS": '{"fake-model": {"path": "fake:"}}'})
+
+
+@pytest.fixture
+def server(backend: Backend) -> Iterator[LiveServer]:
+    server, stop = start_server(with_worker=False)
+    yield server
+    stop()
+
+
+def get(server: LiveServer, key: str | None, path: str, **params: Any) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.get(f"{server.base_url}{path}", params=params, headers=headers)
+
+
+@pytest.fixture
+def seeded() -> dict[str, str]:
+    """acme: an OpenAI batch tagged nightly (two lines failed with one code, one with another, one done), an
+    Anthropic batch and a cancelled one; globex: one batch of its own."""
+    with transaction() as session:
+        acme, globex = make_tenant(session, "acme"), make_tenant(session, "globex")
+        nightly = make_batch(session, tenant=acme, created_at=DAY0 + 30)
+        nightly.metadata_ = {"project": "nightly-eval"}
+        make_request(session, batch=nightly)
+        for code in ("invalid_request", "context_length_exceeded", "invalid_request"):
+            failed = make_request(session, batch=nightly, status=lifecycle.REQ_FAILED, finished_at=DAY0 + 60)
+            failed.error_code, failed.error_message = code, f"{code} on {failed.custom_id}"
+        nightly.request_total, nightly.request_completed, nightly.request_failed = 4, 1, 3
+        messages = make_batch(session, tenant=acme, created_at=DAY0 + 20)
+        messages.protocol = ANTHROPIC
+        cancelled = make_batch(session, tenant=acme, created_at=DAY0 + 10, status=lifecycle.CANCELLED)
+        theirs = make_batch(session, tenant=globex, created_at=DAY0 + 40)
+        session.flush()
+        return {"nightly": nightly.id, "messages": messages.id, "cancelled": cancelled.id, "theirs": theirs.id}
+
+
+@pytest.mark.parametrize("backend", ["embedded"], indirect=True)
+def test_console_page_sends_a_strict_policy_and_loads_nothing_from_elsewhere(server: LiveServer) -> None:
+    response = httpx.get(f"{server.base_url}/console")
+    assert response.status_code == 200
+    policy = response.headers["content-security-policy"]
+    assert "default-src 'none'" in policy and "frame-ancestors 'none'" in policy and "connect-src 'self'" in policy
+    assert "unsafe-inline" not in policy and "unsafe-eval" not in policy
+    assert response.headers["x-content-type-options"] == "nosniff"
+    assert response.headers["x-frame-options"] == "DENY"
+    assert response.headers["referrer-policy"] == "no-referrer"
+    assert response.headers["cache-control"] == "no-store"
+    assert "set-cookie" not in response.headers
+    page = response.text
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", page), "an asset from another origin"
+    assert "localStorage" not in page and "document.cookie" not in page  # the key lives in sessionStorage only
+    assert not re.search(r"[?&](api_)?key=", page), "the page never puts a key in a URL"
+
+
+@pytest.mark.parametrize("backend", ["embedded"], indirect=True)
+def test_a_key_in_the_console_url_is_refused_and_not_echoed(server: LiveServer) -> None:
+    for name in ("key", "api_key", "KEY"):
+        response = httpx.get(f"{server.base_url}/console", params={name: "sk-bf-leaked-secret"})
+        assert response.status_code == 400
+        assert "sk-bf-leaked-secret" not in response.text
+
+
+@pytest.mark.parametrize("backend", ["embedded", "postgres"], indirect=True)
+def test_batch_list_shows_both_protocols_of_my_tenant_only_with_filters_search_and_pages(
+    server: LiveServer, seeded: dict[str, str]
+) -> None:
+    key = make_key("acme")
+    listed = get(server, key, "/v1/console/batches").json()
+    assert [row["id"] for row in listed["data"]] == [seeded["nightly"], seeded["messages"], seeded["cancelled"]]
+    assert {row["protocol"] for row in listed["data"]} == {"openai", "anthropic"}
+    nightly = listed["data"][0]
+    assert nightly["request_counts"] == {"total": 4, "completed": 1, "failed": 3}
+    assert nightly["cost"]["discount_pct"] == "50.00"
+
+    cancelled = get(server, key, "/v1/console/batches", status="cancelled").json()["data"]
+    assert [row["id"] for row in cancelled] == [seeded["cancelled"]]
+    found = get(server, key, "/v1/console/batches", q="NIGHTLY").json()["data"]
+    assert [row["id"] for row in found] == [seeded["nightly"]]
+    assert [row["id"] for row in get(server, key, "/v1/console/batches", q=seeded["messages"][-8:]).json()["data"]] == [
+        seeded["messages"]
+    ]
+    assert get(server, key, "/v1/console/batches", q="100%_").json()["data"] == []  # wildcards are literal
+
+    first = get(server, key, "/v1/console/batches", limit=2).json()
+    assert first["has_more"] and len(first["data"]) == 2
+    rest = get(server, key, "/v1/console/batches", limit=2, after=first["last_id"]).json()
+    assert [row["id"] for row in rest["data"]] == [seeded["cancelled"]] and not rest["has_more"]
+
+    assert get(server, key, "/v1/console/batches", q=seeded["theirs"]).json()["data"] == []
+    assert get(server, key, "/v1/console/batches", status="nonsense").status_code == 400
+
+
+@pytest.mark.parametrize("backend", ["embedded", "postgres"], indirect=True)
+def test_a_batch_shows_its_failed_lines_grouped_by_code_with_line_numbers(
+    server: LiveServer, seeded: dict[str, str]
+) -> None:
+    detail = get(server, make_key("acme"), f"/v1/console/batches/{seeded['nightly']}").json()
+    groups = {group["code"]: group for group in detail["failures"]}
+    assert [group["code"] for group in detail["failures"]] == ["invalid_request", "context_length_exceeded"]
+    assert groups["invalid_request"]["count"] == 2
+    assert [line["line"] for line in groups["invalid_request"]["lines"]] == [2, 4]
+    assert groups["invalid_request"]["lines"][0] == {"line": 2, "custom_id": "r2", "message": "invalid_request on r2"}
+    assert groups["context_length_exceeded"]["lines"][0]["line"] == 3
+    assert get(server, make_key("globex"), f"/v1/console/batches/{seeded['nightly']}").status_code == 404
+
+
+@pytest.mark.parametrize("backend", ["embedded"], indirect=True)
+def test_operator_overview_answers_admin_keys_only(server: LiveServer, seeded: dict[str, str]) -> None:
+    refused = get(server, make_key("acme"), "/v1/console/overview")
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "permission_denied"
+    assert get(server, None, "/v1/console/overview").status_code == 401
+    overview = get(server, make_key("ops", admin=True), "/v1/console/overview").json()
+    assert overview["object"] == "console.overview" and overview["ok"]
+    assert [model["model"] for model in overview["models"]] == ["fake-model"]
+    assert "at_risk" in overview["models"][0]
+
+
+@pytest.mark.parametrize("backend", ["embedded"], indirect=True)
+def test_whoami_tells_admin_keys_apart_and_lists_what_a_batch_may_ask_for(server: LiveServer) -> None:
+    tenant = get(server, make_key("acme"), "/v1/console/whoami").json()
+    assert tenant["is_admin"] is False and tenant["completion_windows"] == {"24h": "0.5"}
+    assert "/v1/chat/completions" in tenant["endpoints"]
+    assert get(server, make_key("ops", admin=True), "/v1/console/whoami").json()["is_admin"] is True
+    assert get(server, "sk-bf-wrong", "/v1/console/whoami").status_code == 401
