@@ -49,6 +49,9 @@ def reset_caches() -> None:
     for cached in (get_settings, get_engine, get_sessionmaker, get_blob_store, wakeups._default_waker):
         cached.cache_clear()
     wakeups._waker.clear()
+    from storage.metrics.queue_state import QUEUE_STATE
+
+    QUEUE_STATE.clear()  # a snapshot read under another test's settings (models, tenants) is not this test's
 
 
 @pytest.fixture(scope="session")

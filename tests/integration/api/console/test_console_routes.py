@@ -135,7 +135,7 @@ def test_operator_overview_answers_admin_keys_only(server: LiveServer, seeded: d
 @pytest.mark.parametrize("backend", ["embedded"], indirect=True)
 def test_whoami_tells_admin_keys_apart_and_lists_what_a_batch_may_ask_for(server: LiveServer) -> None:
     tenant = get(server, make_key("acme"), "/v1/console/whoami").json()
-    assert tenant["is_admin"] is False and tenant["completion_windows"] == {"24h": "0.5"}
+    assert tenant["is_admin"] is False and tenant["completion_windows"] == {"24h": "0.5", "background": "0.6"}
     assert "/v1/chat/completions" in tenant["endpoints"]
     assert get(server, make_key("ops", admin=True), "/v1/console/whoami").json()["is_admin"] is True
     assert get(server, "sk-bf-wrong", "/v1/console/whoami").status_code == 401
