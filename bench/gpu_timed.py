@@ -1,6 +1,6 @@
 """GPU-timed runner benchmark: does Backfill's own work leave an 8x H100 node waiting? (issue 15, section 1)
 
-The real runner (worker/runner.py) feeds the GPU-timed fake (worker/engine/timed_fake.py: every step lasts
+The real runner (worker/feed/runner.py) feeds the GPU-timed fake (worker/engine/timed_fake.py: every step lasts
 the roofline time of its batch for Llama 3.1 70B FP8 on 8x H100, max_num_seqs 384) from the real Postgres
 queue: 4 tenants' batches uploaded and ingested as production does, results recorded under their leases,
 each batch's output file built (finalize, on a thread as the embedded worker does) and checked line by line.
@@ -133,7 +133,7 @@ def run(requests: int, *, low: int, high: int, seed: int, profile: bool) -> dict
     from storage.settings import get_settings
     from worker import service
     from worker.engine.timed_fake import TimedFakeEngine
-    from worker.runner import Runner
+    from worker.feed.runner import Runner
 
     batches = enqueue(requests, low=low, high=high, seed=seed)
     settings = get_settings()

@@ -234,7 +234,7 @@ def harvest(
     from storage.db import transaction
     from storage.queue.backlog import open_count
     from storage.settings import get_settings
-    from worker.runner import Runner
+    from worker.feed.runner import Runner
     from worker.service import load_engine
 
     batch_id = submit_batch(lines, window=window)

@@ -44,8 +44,8 @@ def _worker(index: int, run: str, args: dict[str, Any], ready: Any, go: Any, sto
     from storage.workers import WorkerIdentity
     from worker.engine import EngineRequest, EngineResult
     from worker.engine.fake import FakeEngine
+    from worker.feed.runner import Runner
     from worker.liveness import Heartbeat, make_identity
-    from worker.runner import Runner
 
     class TimedSteps(FakeEngine):
         """The fake engine, counting time in `step` and every id it was handed."""

@@ -180,7 +180,7 @@ class Settings(BaseSettings):
     worker_stale_seconds: int = Field(default=15, ge=3, le=3600)
     worker_slot: str | None = Field(default=None, max_length=64)
     inflight_per_seq: int = Field(default=2, ge=1)
-    # The runner's claims, result commits and lease renewals on threads of their own (worker/queue_io.py),
+    # The runner's claims, result commits and lease renewals on threads of their own (worker/feed/queue_io.py),
     # so a slow transaction never leaves the engine idle between steps (bench/gpu_timed.py measures both).
     runner_io_thread: bool = False
     # An ingest that fails with an error no line explains is retried after 5, 10, 20 ... s, then fails its batch.

@@ -29,7 +29,7 @@ from storage.queue.prefixes import SharedPrefixes, prefix_key_of
 from storage.queue.rows import DuplicateCustomId, QueueWriter, new_row, set_prefix_keys
 from storage.settings import Settings
 from storage.tenants import tenant_name
-from worker.metrics import observed_ingest
+from worker.feed.probe import observed_ingest
 
 log = logging.getLogger(__name__)
 

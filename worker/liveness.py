@@ -22,8 +22,8 @@ from storage.queue.backlog import has_queued
 from storage.queue.reaping import release_worker_leases
 from storage.settings import Settings
 from storage.workers import KnownWorker, WorkerIdentity, beat, forget_workers, workers_on_host
+from worker.feed.runner import Runner
 from worker.reaper import MAX_ATTEMPTS
-from worker.runner import Runner
 
 log = logging.getLogger(__name__)
 

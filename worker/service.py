@@ -28,13 +28,13 @@ from storage.settings import Settings, SettingsError, get_settings
 from storage.wakeups import get_waker, wake_after_commit
 from storage.workers import WorkerIdentity
 from worker.engine import Engine, timed_fake
+from worker.feed.feeder import Feeder, make_feeder
+from worker.feed.runner import Runner
+from worker.feed.slot import EngineSlot
 from worker.finalize import finalize_batch
 from worker.ingest import ingest_batch
 from worker.liveness import Heartbeat, SelfWake, make_identity
 from worker.reaper import Reaped, reap
-from worker.runner import Runner
-from worker.slot.engine_slot import EngineSlot
-from worker.slot.feeder import Feeder, make_feeder
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from celery import signals
 
 from storage.wakeups import get_waker
 from worker import readiness
-from worker.slot.feeder import Feeder
+from worker.feed.feeder import Feeder
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Focused reproducers for issue 14's fault items, on the real processes of the chaos harness.
 
 Item 10 (paused work re-claimed as duplicate_request) has its deterministic reproducer beside the runner's
-tests: tests/integration/worker/test_lease_handover.py. The two here need whole processes: a GPU worker
+tests: tests/integration/worker/feed/test_lease_handover.py. The two here need whole processes: a GPU worker
 killed and restarted (item 11) and Redis gone while a batch finishes (item 12).
 """
 

@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     from storage.metrics import serve_metrics
     from worker import readiness, service, shutdown
     from worker.celery_app import app
-    from worker.slot.feeder import Feeder
+    from worker.feed.feeder import Feeder
 
     port = settings.metrics_port if args.metrics_port is None else args.metrics_port
     serve_metrics(port, role=f"worker-{args.role}", ready=readiness.is_ready)

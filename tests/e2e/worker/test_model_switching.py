@@ -53,7 +53,7 @@ def test_two_models_share_one_engine_slot_and_both_batches_finish_exactly_once(
 ) -> None:
     from worker import service
 
-    caplog.set_level(logging.INFO, logger="worker.slot.engine_slot")
+    caplog.set_level(logging.INFO, logger="worker.feed.slot")
     assert live.worker is not None and live.worker.ready.wait(180)  # type: ignore[attr-defined]
     slot = service.get_slot()
     assert slot.runner is not None and slot.model == CHAT  # warm start: the first model, nothing queued yet

@@ -62,8 +62,8 @@ def test_a_batch_harvested_beside_online_traffic_lands_every_line_once_and_onlin
     from storage.models import Batch
     from storage.settings import get_settings
     from worker.engine.http_engine import HttpEngine
+    from worker.feed.runner import Runner
     from worker.finalize import finalize_batch
-    from worker.runner import Runner
     from worker.service import load_engine
 
     shared = {"server_url": vllm_server, "poll_seconds": 0.1}
@@ -114,8 +114,8 @@ def test_with_a_latency_slack_the_budget_fits_the_servers_step_time_and_every_li
     from storage.settings import get_settings
     from worker.engine.http_engine import HttpEngine
     from worker.engine.shared_budget import slack_cap
+    from worker.feed.runner import Runner
     from worker.finalize import finalize_batch
-    from worker.runner import Runner
     from worker.service import load_engine
 
     shared = {"server_url": vllm_server, "poll_seconds": 0.1, "latency_slack": 0.1}

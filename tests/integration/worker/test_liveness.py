@@ -23,9 +23,9 @@ from storage.workers import WorkerIdentity
 from tests.conftest import Backend
 from tests.integration.jobs import chat, submit_job
 from worker.engine.fake import FakeEngine
+from worker.feed.runner import Runner
 from worker.liveness import Heartbeat, register
 from worker.reaper import reap
-from worker.runner import Runner
 
 LEASE_SECONDS = 5
 STALE_SECONDS = 3

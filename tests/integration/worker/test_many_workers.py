@@ -25,9 +25,9 @@ from tests.conftest import Backend
 from tests.integration.jobs import chat, submit_job
 from worker.engine import EngineRequest, EngineResult
 from worker.engine.fake import FakeEngine
+from worker.feed.runner import Runner
 from worker.liveness import Heartbeat, SelfWake
 from worker.reaper import reap
-from worker.runner import Runner
 
 STALE_SECONDS = 3
 MODELS = {"model-a": {"path": "fake:"}, "model-b": {"path": "fake:"}}

@@ -31,8 +31,8 @@ from storage.queue.claim import ClaimedRequest, claim
 from storage.queue.results import Outcome, record, release, relet, renew
 from storage.settings import Settings
 from worker.engine import Engine, EngineRequest, EngineResult
-from worker.metrics import probe
-from worker.queue_io import QueueIO
+from worker.feed.probe import probe
+from worker.feed.queue_io import QueueIO
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ class Runner:
         self._lock = threading.Lock()
         self._dirty = False
         self._queue_backlog = False
-        self.io = (  # database I/O on threads of its own, off the engine's (worker/queue_io.py)
+        self.io = (  # database I/O on threads of its own, off the engine's (worker/feed/queue_io.py)
             QueueIO(
                 model=model,
                 worker_id=self.worker_id,
@@ -287,7 +287,7 @@ class Runner:
         self.totals.prompt_tokens += sum(result.prompt_tokens for result in results)
         self.totals.completion_tokens += sum(result.completion_tokens for result in results)
         self.totals.finished += len(results)
-        if self.io is not None:  # the writer thread commits it (worker/queue_io.py); the engine steps on
+        if self.io is not None:  # the writer thread commits it (worker/feed/queue_io.py); the engine steps on
             del self.pending[: len(results)]
             self._hand_over(results, wait=force)
             return

@@ -21,7 +21,7 @@ from tests.factories import make_batch, make_run, make_tenant
 from worker import service, tasks
 from worker.engine import Engine
 from worker.engine.fake import FakeEngine
-from worker.slot.engine_slot import EngineSlot
+from worker.feed.slot import EngineSlot
 
 A, B = "model-a", "model-b"
 FAKE = {"path": "fake:", "max_num_seqs": 4, "extra": {"step_seconds": 0.005}}
@@ -118,7 +118,7 @@ def outcome(batch_id: str) -> tuple[dict[str, int], set[int], float]:
 def test_the_worker_switches_to_the_other_model_when_the_loaded_models_queue_empties(
     backend: Backend, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="worker.slot.engine_slot")
+    caplog.set_level(logging.INFO, logger="worker.feed.slot")
     first = enqueue(A, 30, deadline_in=3600)
     second = enqueue(B, 30, deadline_in=7200)
     events: list[tuple[str, str]] = []
@@ -138,7 +138,7 @@ def test_the_worker_switches_to_the_other_model_when_the_loaded_models_queue_emp
 def test_the_worker_leaves_a_busy_model_early_when_the_other_models_deadline_is_at_risk(
     backend: Backend, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="worker.slot.engine_slot")
+    caplog.set_level(logging.INFO, logger="worker.feed.slot")
     with transaction() as session:  # history: both models have run at 10 tokens/s on this node
         for model in (A, B):
             make_run(session, model=model, busy_seconds=1000.0, completion_tokens=10_000, started_at=now_f() - 2000)

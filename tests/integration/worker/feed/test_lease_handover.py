@@ -20,8 +20,8 @@ from storage.settings import get_settings
 from tests.conftest import Backend
 from tests.integration.jobs import chat, submit_job
 from worker.engine.fake import FakeEngine
+from worker.feed.runner import Runner
 from worker.reaper import reap
-from worker.runner import Runner
 
 LEASE_SECONDS = 5  # the smallest lease the settings allow
 

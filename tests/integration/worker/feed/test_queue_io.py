@@ -18,11 +18,11 @@ from storage.queue import results
 from storage.queue.reaping import release_expired_leases
 from storage.settings import get_settings
 from tests.conftest import Backend
-from tests.integration.worker.test_runner import enqueue, statuses
-from worker import queue_io
+from tests.integration.worker.feed.test_runner import enqueue, statuses
 from worker.engine.fake import FakeEngine
+from worker.feed import queue_io
+from worker.feed.runner import Runner
 from worker.finalize import finalize_batch
-from worker.runner import Runner
 
 pytestmark = pytest.mark.backfill_env(
     {"BACKFILL_MODELS": json.dumps({"fake-model": {"path": "fake:"}}), "BACKFILL_RUNNER_IO_THREAD": "true"}

@@ -19,8 +19,8 @@ from storage.settings import get_settings
 from tests.conftest import Backend
 from tests.factories import make_batch, make_tenant
 from worker.engine.fake import FakeEngine
+from worker.feed.runner import Runner
 from worker.finalize import finalize_batch
-from worker.runner import Runner
 
 pytestmark = pytest.mark.backfill_env({"BACKFILL_MODELS": json.dumps({"fake-model": {"path": "fake:"}})})
 

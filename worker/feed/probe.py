@@ -1,4 +1,4 @@
-"""What the runner reports to Prometheus: one probe per runner, fed from two lines in worker/runner.py.
+"""What the runner reports to Prometheus: one probe per runner, fed from two lines in worker/feed/runner.py.
 
 `claimed` sees each claim (leases, re-claims, claim times); `flushed` runs after each results transaction
 and turns the runner's own counters (busy time, steps, occupancy, kept per engine run) into counter
@@ -24,7 +24,7 @@ from storage.queue.claim import ClaimedRequest
 from worker.engine import EngineResult
 
 if TYPE_CHECKING:
-    from worker.runner import Runner
+    from worker.feed.runner import Runner
 
 
 class RunnerProbe:

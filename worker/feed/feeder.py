@@ -9,8 +9,8 @@ from typing import Protocol
 
 from storage.settings import Settings
 from worker.engine import Engine
-from worker.runner import Runner
-from worker.slot.engine_slot import EngineSlot
+from worker.feed.runner import Runner
+from worker.feed.slot import EngineSlot
 
 
 class Feeder(Protocol):

@@ -1,4 +1,4 @@
-"""A worker's one engine slot, shared by several models: one loaded at a time, switched by `worker.slot.switching`.
+"""A worker's one engine slot, shared by several models: one loaded at a time, switched by `worker.feed.switching`.
 
 Every `switch_check_seconds` (and at once when the loaded model runs dry) the slot reads each served
 model's open work from the queue, sizes it like `storage.planning` does and turns it into engine seconds
@@ -26,8 +26,8 @@ from storage.planning.throughput import DEFAULT_TOKENS_PER_SECOND, measured_thro
 from storage.queue.backlog import open_work_by_deadline
 from storage.settings import Settings
 from worker.engine import Engine
-from worker.runner import Runner
-from worker.slot.switching import Backlog, DeadlineGroup, Decision, SwitchPolicy, decide
+from worker.feed.runner import Runner
+from worker.feed.switching import Backlog, DeadlineGroup, Decision, SwitchPolicy, decide
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class Switch:
 
 
 class EngineSlot:
-    """Serves `models` one at a time on one engine, switching when `worker.slot.switching` says so."""
+    """Serves `models` one at a time on one engine, switching when `worker.feed.switching` says so."""
 
     def __init__(
         self,

@@ -13,8 +13,8 @@ import redis
 
 from storage.wakeups import CeleryWaker
 from tests.conftest import Backend
+from tests.integration.worker.feed.test_slot import FAKE, A, B, enqueue, outcome
 from tests.integration.worker.processes import start_worker
-from tests.integration.worker.slot.test_engine_slot import FAKE, A, B, enqueue, outcome
 
 REDIS_URL = "redis://127.0.0.1:6379/9"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker.slot.switching import Backlog, DeadlineGroup, SwitchPolicy, decide, serve
+from worker.feed.switching import Backlog, DeadlineGroup, SwitchPolicy, decide, serve
 
 NOW = 1_000_000.0
 MIN = 60.0

@@ -15,7 +15,7 @@ from storage.queue.claim import claim
 from storage.settings import get_settings
 from tests.conftest import Backend
 from tests.integration.jobs import chat, create_job
-from tests.integration.worker.test_runner import enqueue, make_runner
+from tests.integration.worker.feed.test_runner import enqueue, make_runner
 from worker import service
 from worker.ingest import ingest_batch
 from worker.reaper import reap
