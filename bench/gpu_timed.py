@@ -96,7 +96,7 @@ class Finalizer(threading.Thread):
         self.cpu_seconds = 0.0
 
     def run(self) -> None:
-        from worker import service
+        from worker.process import service
 
         while (batch_id := self.wanted.get()) is not None:
             cpu = time.thread_time()
@@ -131,9 +131,9 @@ def check_outputs(batches: dict[str, int]) -> bool:
 def run(requests: int, *, low: int, high: int, seed: int, profile: bool) -> dict[str, Any]:
     """Enqueue, feed the engine until the queue is drained and every output file is built; measure."""
     from storage.settings import get_settings
-    from worker import service
     from worker.engine.timed_fake import TimedFakeEngine
     from worker.feed.runner import Runner
+    from worker.process import service
 
     batches = enqueue(requests, low=low, high=high, seed=seed)
     settings = get_settings()
@@ -233,8 +233,8 @@ def engine_limit(requests: int, *, low: int, high: int, seed: int) -> tuple[floa
     """The same engine fed from memory, no database: (requests/s, the limit a runner can reach; its own
     roofline ratio, how closely the fake keeps the roofline's time on this machine)."""
     from storage.settings import get_settings
-    from worker import service
     from worker.engine import EngineRequest
+    from worker.process import service
 
     engine = service.load_engine(get_settings(), MODEL)
     work = [

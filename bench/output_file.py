@@ -25,7 +25,7 @@ def main() -> int:
     from storage.db import get_engine, transaction
     from storage.files import tenant_folder
     from storage.lines import result_line
-    from worker.finalize import _SUCCESS, _write
+    from worker.jobs.finalize import _SUCCESS, _write
 
     batch_id = sys.argv[1]
     blobs = get_blob_store()

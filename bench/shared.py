@@ -235,7 +235,7 @@ def harvest(
     from storage.queue.backlog import open_count
     from storage.settings import get_settings
     from worker.feed.runner import Runner
-    from worker.service import load_engine
+    from worker.process.service import load_engine
 
     batch_id = submit_batch(lines, window=window)
     engine = load_engine(get_settings(), MODEL)

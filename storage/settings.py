@@ -163,7 +163,7 @@ class Settings(BaseSettings):
     switch_check_seconds: int = Field(default=10, ge=1)  # how often the backlog is re-read to decide
     switch_drain_seconds: int = Field(default=30, ge=0)  # in-flight work may finish this long, then goes back
     # A GPU worker told to stop (SIGTERM) lets in-flight work finish this long, then hands the rest back to
-    # the queue (worker/shutdown.py): keep it well inside the pod's terminationGracePeriodSeconds.
+    # the queue (worker/process/shutdown.py): keep it well inside the pod's terminationGracePeriodSeconds.
     shutdown_drain_seconds: int = Field(default=10, ge=0)
 
     # Worker and queue.

@@ -199,7 +199,7 @@ def start_server(*, with_worker: bool) -> tuple[LiveServer, callable]:  # type: 
 
     from api.app import create_app
     from storage.settings import get_settings
-    from worker.embedded import EmbeddedWorker
+    from worker.process.embedded import EmbeddedWorker
 
     worker = None
     if with_worker:
@@ -224,7 +224,7 @@ def start_server(*, with_worker: bool) -> tuple[LiveServer, callable]:  # type: 
         server.should_exit = True
         thread.join(10)
         if worker is not None:
-            worker.shutdown()
+            worker.process.shutdown()
 
     return LiveServer(f"http://127.0.0.1:{port}", worker), stop
 

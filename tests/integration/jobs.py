@@ -11,7 +11,7 @@ from storage.db import transaction
 from storage.files import create_file
 from storage.settings import Settings, get_settings
 from storage.tenants import get_or_create_tenant
-from worker.ingest import ingest_batch
+from worker.jobs.ingest import ingest_batch
 
 
 def chat(i: int, system: str | None = None, *, max_tokens: int = 4, model: str = "fake-model") -> dict[str, Any]:

@@ -120,7 +120,7 @@ def test_only_the_engine_adapter_imports_vllm() -> None:
         for path, module in imports_of(package)
         if module.split(".")[0] in {"vllm", "torch"}
     }
-    assert users <= {"worker/engine/vllm_engine.py", "worker/demo_model.py"}
+    assert users <= {"worker/engine/vllm_engine.py", "worker/engine/demo_model.py"}
 
 
 def test_the_api_process_starts_without_torch() -> None:

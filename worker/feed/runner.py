@@ -3,7 +3,7 @@
 Claim (short transaction) → submit to the engine → step → record finished results (short transaction).
 No transaction is open while the engine steps. In-flight work stays in the engine between calls of
 `run_for`, so a Celery task boundary never drains the running batch; its leases are renewed meanwhile by
-the worker's heartbeat thread (`renew_idle`, worker/liveness.py), and reconciled before every claim
+the worker's heartbeat thread (`renew_idle`, worker/process/liveness.py), and reconciled before every claim
 (docs/workers.md).
 """
 

@@ -22,7 +22,7 @@ def test_work_handed_back_mid_decode_is_requeued_unrun_and_finishes_once_on_the_
     from storage.models import Batch, BatchRequest
     from storage.settings import get_settings
     from worker.feed.runner import Runner
-    from worker.finalize import finalize_batch
+    from worker.jobs.finalize import finalize_batch
 
     lines = [batch_line(i, max_tokens=160) for i in range(12)]
     batch_id = submit(lines)

@@ -63,8 +63,8 @@ def test_a_batch_harvested_beside_online_traffic_lands_every_line_once_and_onlin
     from storage.settings import get_settings
     from worker.engine.http_engine import HttpEngine
     from worker.feed.runner import Runner
-    from worker.finalize import finalize_batch
-    from worker.service import load_engine
+    from worker.jobs.finalize import finalize_batch
+    from worker.process.service import load_engine
 
     shared = {"server_url": vllm_server, "poll_seconds": 0.1}
     registry = {"backfill-demo": {"path": "served-by-the-server", "max_num_seqs": MAX_NUM_SEQS, "shared": shared}}
@@ -115,8 +115,8 @@ def test_with_a_latency_slack_the_budget_fits_the_servers_step_time_and_every_li
     from worker.engine.http_engine import HttpEngine
     from worker.engine.shared_budget import slack_cap
     from worker.feed.runner import Runner
-    from worker.finalize import finalize_batch
-    from worker.service import load_engine
+    from worker.jobs.finalize import finalize_batch
+    from worker.process.service import load_engine
 
     shared = {"server_url": vllm_server, "poll_seconds": 0.1, "latency_slack": 0.1}
     registry = {"backfill-demo": {"path": "served-by-the-server", "max_num_seqs": MAX_NUM_SEQS, "shared": shared}}
@@ -220,8 +220,8 @@ def test_the_openai_sdk_runs_a_batch_through_the_api_on_a_shared_server(
     worker, the official SDK; the batch's lines come back from the server that also serves online users."""
     from tests.conftest import make_key, start_server
     from tests.integration.api.helpers import read_lines, to_jsonl, upload, wait_for
-    from worker import service
     from worker.cli.migrate import migrate_database
+    from worker.process import service
 
     shared = {"server_url": vllm_server, "poll_seconds": 0.1}
     registry = {"backfill-demo": {"path": "served-by-the-server", "max_num_seqs": MAX_NUM_SEQS, "shared": shared}}

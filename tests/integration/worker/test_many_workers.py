@@ -26,8 +26,8 @@ from tests.integration.jobs import chat, submit_job
 from worker.engine import EngineRequest, EngineResult
 from worker.engine.fake import FakeEngine
 from worker.feed.runner import Runner
-from worker.liveness import Heartbeat, SelfWake
-from worker.reaper import reap
+from worker.jobs.reaper import reap
+from worker.process.liveness import Heartbeat, SelfWake
 
 STALE_SECONDS = 3
 MODELS = {"model-a": {"path": "fake:"}, "model-b": {"path": "fake:"}}

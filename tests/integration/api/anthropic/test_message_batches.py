@@ -260,7 +260,7 @@ def test_results_are_archived_after_their_retention_and_the_batch_stays_visible(
     from storage.blobs import get_blob_store
     from storage.db import transaction
     from storage.models import Batch, File
-    from worker import service
+    from worker.process import service
 
     client = client_for(api, make_key("acme"))
     done = wait_ended(client, client.messages.batches.create(requests=[req("a"), req("b")]).id)
@@ -344,7 +344,7 @@ def test_every_error_leaves_in_anthropics_envelope_with_its_status(api: LiveServ
 
 def test_a_batch_cancelled_before_it_was_queued_reports_every_request_canceled(backend: Any) -> None:
     from tests.conftest import start_server
-    from worker import service
+    from worker.process import service
 
     server, stop = start_server(with_worker=False)  # nothing ingests: the batch stays validating
     try:

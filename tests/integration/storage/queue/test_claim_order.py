@@ -170,7 +170,7 @@ def stored_rows(batch_id: str) -> list[tuple[str, int, int]]:
 
 
 def test_ingest_keys_shared_prefixes_and_sizes_each_row(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
-    from worker import ingest
+    from worker.jobs import ingest
 
     monkeypatch.setattr(ingest, "INSERT_CHUNK", 2)  # the first row of a prefix is inserted before its partner
     unique = [f"Only for line {i}: " + "x" * 200 for i in range(3)]

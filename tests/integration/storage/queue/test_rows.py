@@ -11,7 +11,7 @@ from storage.db import transaction
 from storage.models import BatchRequest
 from tests.conftest import Backend
 from tests.integration.jobs import chat, submit_job
-from worker import ingest
+from worker.jobs import ingest
 
 pytestmark = pytest.mark.backfill_env({"BACKFILL_MODELS": json.dumps({"fake-model": {"path": "fake:"}})})
 

@@ -21,7 +21,7 @@ from tests.conftest import Backend
 from tests.integration.jobs import chat, submit_job
 from worker.engine.fake import FakeEngine
 from worker.feed.runner import Runner
-from worker.reaper import reap
+from worker.jobs.reaper import reap
 
 LEASE_SECONDS = 5  # the smallest lease the settings allow
 

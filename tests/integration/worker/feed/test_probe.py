@@ -16,9 +16,9 @@ from storage.settings import get_settings
 from tests.conftest import Backend
 from tests.integration.jobs import chat, create_job
 from tests.integration.worker.feed.test_runner import enqueue, make_runner
-from worker import service
-from worker.ingest import ingest_batch
-from worker.reaper import reap
+from worker.jobs.ingest import ingest_batch
+from worker.jobs.reaper import reap
+from worker.process import service
 
 pytestmark = pytest.mark.backfill_env({"BACKFILL_MODELS": json.dumps({"fake-model": {"path": "fake:"}})})
 

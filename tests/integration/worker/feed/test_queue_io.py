@@ -22,7 +22,7 @@ from tests.integration.worker.feed.test_runner import enqueue, statuses
 from worker.engine.fake import FakeEngine
 from worker.feed import queue_io
 from worker.feed.runner import Runner
-from worker.finalize import finalize_batch
+from worker.jobs.finalize import finalize_batch
 
 pytestmark = pytest.mark.backfill_env(
     {"BACKFILL_MODELS": json.dumps({"fake-model": {"path": "fake:"}}), "BACKFILL_RUNNER_IO_THREAD": "true"}

@@ -20,7 +20,7 @@ from tests.conftest import Backend
 from tests.factories import make_batch, make_tenant
 from worker.engine.fake import FakeEngine
 from worker.feed.runner import Runner
-from worker.finalize import finalize_batch
+from worker.jobs.finalize import finalize_batch
 
 pytestmark = pytest.mark.backfill_env({"BACKFILL_MODELS": json.dumps({"fake-model": {"path": "fake:"}})})
 
@@ -133,7 +133,7 @@ def test_tenants_share_claims_fairly(backend: Backend) -> None:
 
 
 def test_the_reaper_wakes_a_model_only_when_no_worker_is_on_it(backend: Backend) -> None:
-    from worker.reaper import reap
+    from worker.jobs.reaper import reap
 
     enqueue(10)
     with transaction() as session:

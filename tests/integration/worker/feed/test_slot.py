@@ -18,10 +18,10 @@ from storage.planning.shapes import request_size
 from storage.settings import Settings, get_settings
 from tests.conftest import Backend
 from tests.factories import make_batch, make_run, make_tenant
-from worker import service, tasks
 from worker.engine import Engine
 from worker.engine.fake import FakeEngine
 from worker.feed.slot import EngineSlot
+from worker.process import service, tasks
 
 A, B = "model-a", "model-b"
 FAKE = {"path": "fake:", "max_num_seqs": 4, "extra": {"step_seconds": 0.005}}

@@ -31,10 +31,10 @@ from worker.engine import Engine, timed_fake
 from worker.feed.feeder import Feeder, make_feeder
 from worker.feed.runner import Runner
 from worker.feed.slot import EngineSlot
-from worker.finalize import finalize_batch
-from worker.ingest import ingest_batch
-from worker.liveness import Heartbeat, SelfWake, make_identity
-from worker.reaper import Reaped, reap
+from worker.jobs.finalize import finalize_batch
+from worker.jobs.ingest import ingest_batch
+from worker.jobs.reaper import Reaped, reap
+from worker.process.liveness import Heartbeat, SelfWake, make_identity
 
 log = logging.getLogger(__name__)
 

@@ -29,9 +29,9 @@ from storage.wakeups import CeleryWaker, set_waker
 from tests.conftest import Backend
 from tests.integration.jobs import chat, submit_job
 from tests.integration.worker.processes import start_worker
-from worker import shutdown
 from worker.engine.fake import FakeEngine
 from worker.feed.runner import Runner
+from worker.process import shutdown
 
 REDIS_URL = "redis://127.0.0.1:6379/14"
 FAKE = {"path": "fake:", "max_num_seqs": 8, "max_model_len": 100_000, "extra": {"step_seconds": 0.02}}

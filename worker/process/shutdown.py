@@ -18,8 +18,8 @@ from typing import Any
 from celery import signals
 
 from storage.wakeups import get_waker
-from worker import readiness
 from worker.feed.feeder import Feeder
+from worker.process import readiness
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from storage.files import create_file
 from storage.tenants import get_or_create_tenant
 from tests.conftest import Backend
 from tests.integration.jobs import chat, create_job
-from worker import service
+from worker.process import service
 
 pytestmark = pytest.mark.backfill_env(
     {

@@ -10,7 +10,8 @@ from collections.abc import Callable
 from storage.db import transaction
 from storage.queue.backlog import batches_ready_to_finalize
 from storage.wakeups import EventWaker, set_waker
-from worker import service, webhooks
+from worker.jobs import webhooks
+from worker.process import service
 
 log = logging.getLogger(__name__)
 

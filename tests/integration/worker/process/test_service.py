@@ -11,7 +11,7 @@ from storage.batches import get_batch
 from storage.db import get_engine, transaction
 from tests.conftest import Backend
 from tests.integration.jobs import chat, create_job, submit_job
-from worker import service
+from worker.process import service
 
 pytestmark = pytest.mark.backfill_env({"BACKFILL_MODELS": json.dumps({"fake-model": {"path": "fake:"}})})
 

@@ -11,7 +11,7 @@ def make_celery() -> Celery:
     """Celery configured for idempotent, late-acknowledged, one-at-a-time GPU tasks."""
     settings = get_settings()
     broker = settings.redis_url or "memory://"
-    app = Celery("backfill", broker=broker, include=["worker.tasks"])
+    app = Celery("backfill", broker=broker, include=["worker.process.tasks"])
     app.conf.update(
         task_acks_late=True,
         task_reject_on_worker_lost=True,

@@ -23,7 +23,7 @@ from storage.queue.reaping import release_worker_leases
 from storage.settings import Settings
 from storage.workers import KnownWorker, WorkerIdentity, beat, forget_workers, workers_on_host
 from worker.feed.runner import Runner
-from worker.reaper import MAX_ATTEMPTS
+from worker.jobs.reaper import MAX_ATTEMPTS
 
 log = logging.getLogger(__name__)
 

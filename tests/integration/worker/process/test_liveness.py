@@ -1,6 +1,6 @@
 """Issue 14 items 10 and 11: a live worker keeps its leases between tasks; a gone one loses them at once.
 
-A worker's heartbeat thread (worker/liveness.py) renews the leases of work its runner holds while no task
+A worker's heartbeat thread (worker/process/liveness.py) renews the leases of work its runner holds while no task
 runs; a worker that restarts on its host takes its predecessor's leases back at start, and the reaper
 releases the leases of a worker whose heartbeat went stale, instead of each waiting out its lease.
 """
@@ -24,8 +24,8 @@ from tests.conftest import Backend
 from tests.integration.jobs import chat, submit_job
 from worker.engine.fake import FakeEngine
 from worker.feed.runner import Runner
-from worker.liveness import Heartbeat, register
-from worker.reaper import reap
+from worker.jobs.reaper import reap
+from worker.process.liveness import Heartbeat, register
 
 LEASE_SECONDS = 5
 STALE_SECONDS = 3

@@ -16,7 +16,7 @@ import redis
 from tests.conftest import Backend
 from tests.integration.api.conftest import FAKE_MODELS
 from tests.integration.receiver import WEBHOOK_TEST_ENV, Reply, running_receiver
-from tests.integration.worker.test_webhooks import delivery_rows, end_batch, register
+from tests.integration.worker.jobs.test_webhooks import delivery_rows, end_batch, register
 
 REDIS_URL = "redis://127.0.0.1:6379/10"
 ROOT = Path(__file__).resolve().parents[3]

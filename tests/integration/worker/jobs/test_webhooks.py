@@ -29,7 +29,7 @@ from tests.integration.api.conftest import FAKE_MODELS
 from tests.integration.api.helpers import chat_line, to_jsonl, upload, wait_for
 from tests.integration.jobs import create_job
 from tests.integration.receiver import WEBHOOK_TEST_ENV, Receiver, Reply, running_receiver
-from worker.webhooks import deliver_due
+from worker.jobs.webhooks import deliver_due
 
 pytestmark = pytest.mark.backfill_env({"BACKFILL_MODELS": FAKE_MODELS, **WEBHOOK_TEST_ENV})
 SDK = openai.OpenAI(api_key="unused")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from storage.settings import Settings
 from storage.webhooks.deliveries import DueDelivery
-from worker.webhooks import next_attempt_at, retry_delay_seconds
+from worker.jobs.webhooks import next_attempt_at, retry_delay_seconds
 
 
 def test_delays_double_with_jitter_between_half_and_all_of_the_nominal_delay() -> None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 
 from storage.settings import get_settings
-from worker import service, shutdown, webhooks
-from worker.celery_app import app
+from worker.jobs import webhooks
+from worker.process import service, shutdown
+from worker.process.celery_app import app
 
 log = logging.getLogger(__name__)
 
