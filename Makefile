@@ -27,9 +27,9 @@ test: setup services lint
 	$(PY) -m pytest
 
 lint: setup
-	$(VENV)/bin/ruff check api storage worker migrations tests bench
-	$(VENV)/bin/ruff format --check api storage worker migrations tests bench
-	$(VENV)/bin/mypy api storage worker
+	$(VENV)/bin/ruff check api storage worker client migrations tests bench
+	$(VENV)/bin/ruff format --check api storage worker client migrations tests bench
+	$(VENV)/bin/mypy api storage worker client
 
 # The benchmark suite (docs/benchmarks.md): ~15 min on 2 cores; ARGS=--quick for a smoke run.
 bench: setup services

@@ -13,22 +13,9 @@ import logging
 import os
 import sys
 
+from client import batches, files, submit, webhooks
 from storage.settings import SettingsError, get_settings
-from worker.cli import (
-    batches,
-    beat,
-    demo_model,
-    estimate,
-    files,
-    keys,
-    migrate,
-    plan,
-    report,
-    serve,
-    submit,
-    webhooks,
-    worker,
-)
+from worker.cli import beat, demo_model, estimate, keys, migrate, plan, report, serve, worker
 
 COMMANDS = (serve, migrate, keys, worker, beat, demo_model, plan, estimate, report, submit, batches, files, webhooks)
 

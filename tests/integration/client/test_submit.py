@@ -12,7 +12,7 @@ from openai.types import Batch
 from tests.conftest import LiveServer
 from tests.integration.api.conftest import FAKE_MODELS
 from tests.integration.api.helpers import chat_line, to_jsonl
-from tests.integration.worker.cli.terminal import Terminal, run_cli
+from tests.integration.client.terminal import Terminal, run_cli
 
 # The client does not care where the server keeps its rows: one backend is enough here.
 pytestmark = [

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Backend, LiveServer, make_key, start_server
-from tests.integration.worker.cli.terminal import cli_env
+from tests.integration.client.terminal import cli_env
 from worker.cli.main import main
 
 

@@ -8,9 +8,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from worker.cli import progress
-from worker.cli.batches import finish, left_running
-from worker.cli.remote import (
+from client import progress
+from client.batches import finish, left_running
+from client.remote import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     UsageError,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from worker.cli.remote import (
+from client.remote import (
     EXIT_OK,
     add_connection_args,
     connect,

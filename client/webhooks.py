@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 from urllib.parse import urlsplit
 
-from worker.cli.remote import (
+from client.remote import (
     EXIT_OK,
     add_connection_args,
     connect,

@@ -15,7 +15,7 @@ from typing import IO, TYPE_CHECKING, Any, cast
 
 from tqdm import tqdm
 
-from worker.cli.remote import TERMINAL, note
+from client.remote import TERMINAL, note
 
 if TYPE_CHECKING:
     import openai

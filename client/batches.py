@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from worker.cli import progress
-from worker.cli.remote import (
+from client import progress
+from client.remote import (
     EXIT_INTERRUPTED,
     EXIT_NOT_FINISHED,
     EXIT_OK,
