@@ -38,7 +38,7 @@ bench: setup services
 # The fuzzers of the default suite with many more examples (schemathesis over the live API, hypothesis over
 # the line checker): ~15 min on 2 cores.
 fuzz: setup services
-	BACKFILL_FUZZ_EXAMPLES=200 $(PY) -m pytest tests/integration/api/test_openapi_fuzz.py tests/unit/storage/test_lines_fuzz.py
+	BACKFILL_FUZZ_EXAMPLES=200 $(PY) -m pytest tests/integration/api/test_openapi_fuzz.py tests/unit/storage/lines/test_reader_fuzz.py
 
 # The fault-injection suite (docs/chaos.md): seeded runs against its own Postgres, Redis and S3, each checked
 # by the history checker; prints runs x outcomes, writes bench/out/chaos/summary-*.json. 35-60 min on 2 cores.

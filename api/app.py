@@ -8,8 +8,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from api import errors, limits, results
-from api import metrics as prometheus
+from api import errors, limits, prometheus, results
 from api.anthropic import message_batches
 from api.deps import commit_in_route_threads
 from api.finance import routes as costs

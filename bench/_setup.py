@@ -90,10 +90,10 @@ def submit(
     window: str = "24h",
 ) -> str:
     """Upload + create + ingest a batch through the storage layer; return its id."""
-    from storage.batches import create_batch
-    from storage.blobs import get_blob_store
+    from storage.batches.batches import create_batch
     from storage.db import transaction
-    from storage.files import create_file
+    from storage.files.blobs import get_blob_store
+    from storage.files.files import create_file
     from storage.settings import get_settings
     from storage.tenants import get_or_create_tenant
     from worker.jobs.ingest import ingest_batch

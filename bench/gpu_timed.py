@@ -107,9 +107,9 @@ class Finalizer(threading.Thread):
 
 def check_outputs(batches: dict[str, int]) -> bool:
     """Every batch completed and its output file holds each custom_id exactly once, all 200s."""
-    from storage.blobs import get_blob_store
     from storage.db import transaction
-    from storage.files import get_file
+    from storage.files.blobs import get_blob_store
+    from storage.files.files import get_file
     from storage.models import Batch
 
     ok = True

@@ -40,8 +40,8 @@ TENANTS = 4
 
 def _worker(index: int, run: str, args: dict[str, Any], ready: Any, go: Any, stop: Any, results: Any) -> None:
     """One GPU worker process: the runner on a fixed-step fake engine, beating, until told to stop."""
+    from storage.queue.workers import WorkerIdentity
     from storage.settings import get_settings
-    from storage.workers import WorkerIdentity
     from worker.engine import EngineRequest, EngineResult
     from worker.engine.fake import FakeEngine
     from worker.feed.runner import Runner
@@ -230,7 +230,7 @@ def run(engine: sa.Engine, *, workers: int, args: argparse.Namespace, kill_at: f
 
 def exactly_once(engine: sa.Engine, batch_ids: list[str], total: int) -> dict[str, Any]:
     """Finalize the batches and count each custom_id across their output and error files."""
-    from storage.blobs import get_blob_store
+    from storage.files.blobs import get_blob_store
     from worker.jobs.finalize import finalize_batch
 
     blobs = get_blob_store()

@@ -38,8 +38,8 @@ def free_port() -> int:
 def reset_caches() -> None:
     """Forget every cached settings-derived object (settings, engine, sessionmaker, blob store, waker)."""
     from storage import wakeups
-    from storage.blobs import get_blob_store
     from storage.db import get_engine, get_sessionmaker
+    from storage.files.blobs import get_blob_store
     from storage.settings import get_settings
 
     try:
@@ -156,7 +156,7 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.
         _migrated.add(url)
     _truncate_all()
     if request.param == "postgres":
-        from storage.blobs import get_blob_store
+        from storage.files.blobs import get_blob_store
 
         get_blob_store().ensure_bucket()  # type: ignore[attr-defined]
     yield Backend(request.param, env)

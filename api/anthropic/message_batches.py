@@ -1,7 +1,7 @@
 """Anthropic's Message Batches API: create, retrieve, list, cancel, delete, results.
 
 The same queue, leases, engines, finalize, reaper and cost accounting as OpenAI batches; only the shapes
-differ (storage/message_batches.py). The create body is streamed, never held whole.
+differ (storage/batches/message_batches.py). The create body is streamed, never held whole.
 """
 
 from __future__ import annotations
@@ -16,10 +16,7 @@ from fastapi.responses import StreamingResponse
 from api.anthropic.deps import Caller
 from api.anthropic.schemas import DeletedMessageBatch, MessageBatch, MessageBatchList
 from api.deps import Blobs, Config, DbSession
-from storage.errors import RequestTooLarge
-from storage.finance.goodput import batch_goodput
-from storage.finance.job_cost import batch_cost_json
-from storage.message_batches import (
+from storage.batches.message_batches import (
     cancel_message_batch,
     create_message_batch,
     delete_message_batch,
@@ -28,6 +25,9 @@ from storage.message_batches import (
     request_counts,
     results_stream,
 )
+from storage.errors import RequestTooLarge
+from storage.finance.goodput import batch_goodput
+from storage.finance.job_cost import batch_cost_json
 from storage.models import Batch
 from storage.settings import Settings
 from storage.wakeups import wake_after_commit

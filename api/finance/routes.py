@@ -11,10 +11,10 @@ from fastapi.responses import HTMLResponse
 
 from api.deps import Caller, Config, DbSession
 from api.finance import reports as organization
-from storage.batches import get_batch
+from storage.batches.batches import get_batch
 from storage.errors import InvalidRequest
 from storage.finance.job_cost import batch_cost_json
-from storage.lines import clip
+from storage.lines.reader import clip
 from storage.planning.roofline import (
     BOUNDS,
     EXAMPLE_CONTEXT,

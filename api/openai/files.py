@@ -11,8 +11,8 @@ from fastapi.responses import StreamingResponse
 from api.deps import Blobs, Caller, Config, DbSession
 from api.openai.schemas import FileDeleted, FileList, FileObject
 from storage.errors import InvalidRequest, UploadTooLarge
-from storage.files import check_filename, content_disposition, create_file, delete_file, get_file, list_files
-from storage.lines import check_utf8_jsonl, clip
+from storage.files.files import check_filename, content_disposition, create_file, delete_file, get_file, list_files
+from storage.lines.reader import check_utf8_jsonl, clip
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
 

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from storage.batches import ENDPOINTS, batch_errors
+from storage.batches.batches import ENDPOINTS, batch_errors
 from storage.models import Batch, File
 from storage.queue.usage import TokenUsage
 

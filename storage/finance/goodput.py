@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
-from storage import lifecycle
+from storage.batches import lifecycle
 from storage.finance.reports import DAY_SECONDS, GROUP_FIELDS, Bucket, check_window, day_buckets, sorted_groups
 from storage.models import Batch, BatchRequest
 

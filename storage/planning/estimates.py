@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from storage.clock import now_f
 from storage.finance.prices import CostBlock, price_book, price_job
-from storage.lines import LineChecker, LineError, iter_lines
+from storage.lines.reader import LineChecker, LineError, iter_lines
 from storage.planning.shapes import BYTES_PER_TOKEN, DEFAULT_MAX_TOKENS, JobShape, output_limit
 from storage.planning.throughput import DEFAULT_TOKENS_PER_SECOND, Throughput, measured_throughput
 from storage.queue.backlog import backlog

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from storage.lines import LineError
+from storage.lines.reader import LineError
 
 DEFAULT_MAX_TOKENS = 256
 MAX_OUTPUT_TOKENS = 2**31 - 1  # `max_output_tokens` is a 32-bit column; no engine produces more anyway

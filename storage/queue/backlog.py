@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
 
-from storage import lifecycle
+from storage.batches import lifecycle
 from storage.models import Batch, BatchRequest
 from storage.planning.shapes import JobShape
 

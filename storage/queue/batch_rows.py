@@ -8,8 +8,8 @@ from collections.abc import Collection
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from storage import lifecycle
-from storage.batches import add_counts
+from storage.batches import lifecycle
+from storage.batches.batches import add_counts
 from storage.clock import now_f
 from storage.models import BatchRequest
 

@@ -13,11 +13,11 @@ from typing import Any
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from storage import lifecycle
+from storage.batches import lifecycle
 from storage.clock import now_f
 from storage.models import BatchRequest
 from storage.queue.claim_order import ClaimOrder, claim_order, pick
-from storage.queue.rows import ids_match
+from storage.queue.enqueue import ids_match
 from storage.settings import get_settings
 
 

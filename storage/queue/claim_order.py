@@ -21,11 +21,11 @@ from typing import Any
 from sqlalchemy import Select, all_, func, or_, select, true
 from sqlalchemy.orm import Session
 
-from storage import lifecycle
+from storage.batches import lifecycle
 from storage.clock import now
 from storage.models import Batch, BatchRequest
 from storage.planning.throughput import drain_seconds
-from storage.queue.rows import id_array
+from storage.queue.enqueue import id_array
 from storage.settings import Settings
 
 HORIZON_MAX_AGE_SECONDS = 15.0

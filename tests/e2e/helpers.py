@@ -24,8 +24,8 @@ def submit(lines: list[dict[str, Any]]) -> str:
 
 
 def read_file(file_id: str | None) -> list[dict[str, Any]]:
-    from storage.blobs import get_blob_store
     from storage.db import transaction
+    from storage.files.blobs import get_blob_store
     from storage.models import File
 
     if file_id is None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from storage.batches import create_batch
-from storage.blobs import get_blob_store
+from storage.batches.batches import create_batch
 from storage.db import transaction
-from storage.files import create_file
+from storage.files.blobs import get_blob_store
+from storage.files.files import create_file
 from storage.settings import Settings, get_settings
 from storage.tenants import get_or_create_tenant
 from worker.jobs.ingest import ingest_batch

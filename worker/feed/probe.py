@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, ParamSpec, cast
 
 from sqlalchemy.orm import Session
 
-from storage import lifecycle
-from storage.batches import get_batch
+from storage.batches import lifecycle
+from storage.batches.batches import get_batch
 from storage.metrics import events
 from storage.queue.claim import ClaimedRequest
 from worker.engine import EngineResult

@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session
 from storage.db import transaction
 from storage.queue.backlog import open_count
 from storage.queue.claim import ClaimedRequest, claim
-from storage.queue.results import Outcome, record, relet, renew
+from storage.queue.leases import Outcome, record, relet, renew
 from worker.engine import EngineResult
 
 log = logging.getLogger(__name__)

@@ -24,11 +24,11 @@ from sqlalchemy.orm import Session
 
 from storage.clock import now_f
 from storage.db import transaction
-from storage.engine_runs import RunCounters, save_run
+from storage.finance.engine_runs import RunCounters, save_run
 from storage.ids import new_id
 from storage.queue.backlog import has_queued, open_count
 from storage.queue.claim import ClaimedRequest, claim
-from storage.queue.results import Outcome, record, release, relet, renew
+from storage.queue.leases import Outcome, record, release, relet, renew
 from storage.settings import Settings
 from worker.engine import Engine, EngineRequest, EngineResult
 from worker.feed.probe import probe

@@ -1,7 +1,7 @@
 """Finalize: once every request of a batch is terminal, write output.jsonl, errors.jsonl and manifest.json.
 
 Three short steps, so no transaction spans the upload of a result file: mark `finalizing`, stream the
-files, then record them and the end state and write the small manifest naming them (storage/manifests.py).
+files, then record them and the end state and write the small manifest naming them (storage/batches/manifests.py).
 File ids and keys are derived from the batch id, so a re-run after a crash overwrites the same objects
 instead of leaving a second copy.
 """
@@ -17,18 +17,18 @@ from typing import Any
 import orjson
 from sqlalchemy.orm import Session
 
-from storage import lifecycle
-from storage.batches import ANTHROPIC, OPENAI, get_batch
-from storage.blobs import BlobStore, StoredBlob
-from storage.blobs.layout import BatchObject, batch_object_key
+from storage.batches import lifecycle
+from storage.batches.batches import ANTHROPIC, OPENAI, get_batch
+from storage.batches.manifests import write_manifest
 from storage.db import transaction
-from storage.files import record_result_file, tenant_folder
-from storage.lines import result_line
-from storage.manifests import write_manifest
-from storage.message_batch_lines import result_line as message_result_line
+from storage.files.blobs import BlobStore, StoredBlob
+from storage.files.blobs.layout import BatchObject, batch_object_key
+from storage.files.files import record_result_file, tenant_folder
+from storage.lines.anthropic import result_line as message_result_line
+from storage.lines.reader import result_line
 from storage.metrics.events import observe_finalized
 from storage.queue.backlog import open_count
-from storage.queue.results import has_expired_requests, iter_results
+from storage.queue.leases import has_expired_requests, iter_results
 from storage.settings import get_settings
 
 log = logging.getLogger(__name__)

@@ -15,18 +15,18 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from storage import lifecycle
-from storage.batches import OPENAI, get_batch
-from storage.blobs import BlobStore
+from storage.batches import lifecycle
+from storage.batches.batches import OPENAI, get_batch
 from storage.errors import FileNotFound
-from storage.files import get_file
-from storage.lines import LineChecker, LineError, ParsedLine, ProblemList, clip, iter_lines
+from storage.files.blobs import BlobStore
+from storage.files.files import get_file
+from storage.lines.reader import LineChecker, LineError, ParsedLine, ProblemList, clip, iter_lines
 from storage.models import Batch
 from storage.planning.admission import Admission, admission_check
 from storage.queue.backlog import open_jobs
 from storage.queue.batch_rows import fail_unserved, queued_models
+from storage.queue.enqueue import DuplicateCustomId, QueueWriter, new_row, set_prefix_keys
 from storage.queue.prefixes import SharedPrefixes, prefix_key_of
-from storage.queue.rows import DuplicateCustomId, QueueWriter, new_row, set_prefix_keys
 from storage.settings import Settings
 from storage.tenants import tenant_name
 from worker.feed.probe import observed_ingest

@@ -11,8 +11,8 @@ from sqlalchemy.orm import Session
 from storage.metrics.events import count_lease_expiries
 from storage.queue.backlog import batches_ready_to_finalize, models_waiting_unserved
 from storage.queue.reaping import expire_overdue, release_expired_leases, release_worker_leases
+from storage.queue.workers import forget_workers, stale_workers
 from storage.settings import get_settings
-from storage.workers import forget_workers, stale_workers
 
 log = logging.getLogger(__name__)
 

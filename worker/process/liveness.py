@@ -20,8 +20,8 @@ from collections.abc import Callable, Sequence
 from storage.db import transaction
 from storage.queue.backlog import has_queued
 from storage.queue.reaping import release_worker_leases
+from storage.queue.workers import KnownWorker, WorkerIdentity, beat, forget_workers, workers_on_host
 from storage.settings import Settings
-from storage.workers import KnownWorker, WorkerIdentity, beat, forget_workers, workers_on_host
 from worker.feed.runner import Runner
 from worker.jobs.reaper import MAX_ATTEMPTS
 

@@ -15,18 +15,18 @@ from concurrent.futures import ThreadPoolExecutor
 
 from sqlalchemy.orm import Session
 
-from storage import lifecycle
-from storage.batches import batches_validating, get_batch, note_ingest_failure
-from storage.blobs import get_blob_store
+from storage.batches import lifecycle
+from storage.batches.batches import batches_validating, get_batch, note_ingest_failure
+from storage.batches.message_batches import archive_due
 from storage.db import transaction
-from storage.message_batches import archive_due
+from storage.files.blobs import get_blob_store
+from storage.files.retention import sweep_expired_files
 from storage.queue.backlog import open_count
 from storage.queue.batch_rows import queued_models
-from storage.queue.rows import refresh_statistics
-from storage.retention import sweep_expired_files
+from storage.queue.enqueue import refresh_statistics
+from storage.queue.workers import WorkerIdentity
 from storage.settings import Settings, SettingsError, get_settings
 from storage.wakeups import get_waker, wake_after_commit
-from storage.workers import WorkerIdentity
 from worker.engine import Engine, timed_fake
 from worker.feed.feeder import Feeder, make_feeder
 from worker.feed.runner import Runner

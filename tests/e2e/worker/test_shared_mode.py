@@ -85,7 +85,7 @@ def test_a_batch_harvested_beside_online_traffic_lands_every_line_once_and_onlin
         online.join(90)
     finally:
         engine.close()
-    from storage.blobs import get_blob_store
+    from storage.files.blobs import get_blob_store
 
     assert finalize_batch(get_blob_store(), batch_id=batch_id) == "completed"
     with transaction() as session:
@@ -132,7 +132,7 @@ def test_with_a_latency_slack_the_budget_fits_the_servers_step_time_and_every_li
             assert time.monotonic() - started < 120, "the batch did not finish"
     finally:
         engine.close()
-    from storage.blobs import get_blob_store
+    from storage.files.blobs import get_blob_store
 
     # The server's own inter-token latency fed the step model, and the cap came from it.
     step = engine.budget.steps.fit()

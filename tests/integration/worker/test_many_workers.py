@@ -19,8 +19,8 @@ from sqlalchemy import select
 
 from storage.db import transaction
 from storage.models import BatchRequest
+from storage.queue.workers import WorkerIdentity
 from storage.settings import get_settings
-from storage.workers import WorkerIdentity
 from tests.conftest import Backend
 from tests.integration.jobs import chat, submit_job
 from worker.engine import EngineRequest, EngineResult

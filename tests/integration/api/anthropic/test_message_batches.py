@@ -257,8 +257,8 @@ def test_requests_left_when_the_batch_expires_end_as_expired(api: LiveServer) ->
 def test_results_are_archived_after_their_retention_and_the_batch_stays_visible(api: LiveServer) -> None:
     from sqlalchemy import update
 
-    from storage.blobs import get_blob_store
     from storage.db import transaction
+    from storage.files.blobs import get_blob_store
     from storage.models import Batch, File
     from worker.process import service
 

@@ -11,9 +11,9 @@ import openai
 import pytest
 from sqlalchemy import update
 
-from storage.blobs import get_blob_store
 from storage.clock import now
 from storage.db import transaction
+from storage.files.blobs import get_blob_store
 from storage.models import File
 from tests.conftest import LiveServer, make_key
 from tests.integration.api.helpers import chat_line, read_lines, to_jsonl, upload, wait_for

@@ -8,8 +8,8 @@ import threading
 import pytest
 from prometheus_client import REGISTRY
 
-from storage.blobs import get_blob_store
 from storage.db import transaction
+from storage.files.blobs import get_blob_store
 from storage.models import BatchRequest
 from storage.queue.claim import claim
 from storage.settings import get_settings

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from sqlalchemy import select, update
 
-from storage.blobs import get_blob_store
 from storage.db import transaction
-from storage.files import get_file
+from storage.files.blobs import get_blob_store
+from storage.files.files import get_file
 from storage.models import Batch, BatchRequest
-from storage.queue import results
+from storage.queue import leases as results
 from storage.queue.reaping import release_expired_leases
 from storage.settings import get_settings
 from tests.conftest import Backend

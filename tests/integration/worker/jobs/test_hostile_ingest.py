@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from storage.batches import create_batch, get_batch
-from storage.blobs import get_blob_store
+from storage.batches.batches import create_batch, get_batch
 from storage.db import transaction
-from storage.files import create_file
+from storage.files.blobs import get_blob_store
+from storage.files.files import create_file
 from storage.tenants import get_or_create_tenant
 from tests.conftest import Backend
 from tests.integration.jobs import chat, create_job

@@ -8,7 +8,7 @@ import json
 import pytest
 from sqlalchemy import func, select
 
-from storage.batches import get_batch
+from storage.batches.batches import get_batch
 from storage.db import transaction
 from storage.models import BatchRequest
 from tests.conftest import Backend

@@ -7,7 +7,7 @@ import json
 import pytest
 from sqlalchemy import text
 
-from storage.batches import get_batch
+from storage.batches.batches import get_batch
 from storage.db import get_engine, transaction
 from tests.conftest import Backend
 from tests.integration.jobs import chat, create_job, submit_job

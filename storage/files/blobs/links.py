@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from storage.blobs import BlobStore
 from storage.clock import now
 from storage.errors import InvalidRequest, LinksUnavailable
+from storage.files.blobs import BlobStore
 
 S3_MAX_EXPIRY_SECONDS = 7 * 24 * 3600  # SigV4 presigned URLs are valid for at most 7 days
 

@@ -10,7 +10,7 @@ from sqlalchemy import select
 from storage.db import transaction
 from storage.models import BatchRequest
 from storage.queue.claim import claim
-from storage.queue.results import Outcome, record
+from storage.queue.leases import Outcome, record
 from tests.conftest import Backend
 from tests.integration.jobs import chat, submit_job
 

@@ -13,7 +13,7 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from storage.blobs import StoredBlob
+from storage.files.blobs import StoredBlob
 from storage.metrics.events import count_s3_error
 
 _S3_ERRORS = (BotoCoreError, ClientError)

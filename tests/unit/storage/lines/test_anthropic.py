@@ -10,8 +10,8 @@ import pytest
 from anthropic.types.messages import MessageBatchIndividualResponse
 
 from storage.errors import InvalidRequest, RequestTooLarge
-from storage.lines import LineChecker, ParsedLine, iter_lines
-from storage.message_batch_lines import RequestsReader, _ranges, result_line, unqueued_results
+from storage.lines.anthropic import RequestsReader, _ranges, result_line, unqueued_results
+from storage.lines.reader import LineChecker, ParsedLine, iter_lines
 
 
 def request(custom_id: str, model: str = "m", **params: Any) -> dict[str, Any]:

@@ -4,7 +4,7 @@
 {prefix}/{tenant}/files/{file_id}.jsonl                 an uploaded input file
 {prefix}/{tenant}/batches/{batch_id}/output.jsonl       a batch's output file
 {prefix}/{tenant}/batches/{batch_id}/errors.jsonl       its error file
-{prefix}/{tenant}/batches/{batch_id}/manifest.json      what the batch left behind (storage/manifests.py)
+{prefix}/{tenant}/batches/{batch_id}/manifest.json      what the batch left behind (storage/batches/manifests.py)
 ```
 
 `{prefix}` is BACKFILL_OBJECT_PREFIX (empty: keys start with the tenant). `{tenant}` is the tenant's name

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from storage.blobs.layout import batch_object_key, batches_prefix, input_file_key, tenant_segment
+from storage.files.blobs.layout import batch_object_key, batches_prefix, input_file_key, tenant_segment
 from storage.settings import Settings, get_settings
 
 

@@ -16,9 +16,9 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from storage.db import make_engine
-from storage.lines import BatchRequestLine, LineChecker, LineError, ParsedLine, iter_lines
+from storage.lines.reader import BatchRequestLine, LineChecker, LineError, ParsedLine, iter_lines
 from storage.models import Base, Batch, BatchRequest, Tenant
-from storage.queue.rows import insert_rows, new_row
+from storage.queue.enqueue import insert_rows, new_row
 
 CHAT = "/v1/chat/completions"
 EXAMPLES = int(os.environ.get("BACKFILL_FUZZ_EXAMPLES", "200"))  # `make fuzz` runs more

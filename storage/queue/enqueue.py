@@ -13,9 +13,9 @@ from sqlalchemy import String, Table, any_, bindparam, func, insert, literal, se
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from storage import lifecycle
+from storage.batches import lifecycle
 from storage.ids import IdPool
-from storage.lines import ParsedLine
+from storage.lines.reader import ParsedLine
 from storage.models import Batch, BatchRequest
 from storage.planning.shapes import request_size
 

@@ -137,7 +137,7 @@ def test_a_failing_statement_counts_as_a_database_error(api: LiveServer) -> None
 
 
 def test_a_missing_object_counts_as_an_s3_error(api: LiveServer, backend) -> None:  # type: ignore[no-untyped-def]
-    from storage.blobs import get_blob_store
+    from storage.files.blobs import get_blob_store
 
     if backend.name != "postgres":
         pytest.skip("S3 errors need S3")

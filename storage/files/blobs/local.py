@@ -7,7 +7,7 @@ import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from storage.blobs import StoredBlob
+from storage.files.blobs import StoredBlob
 
 
 class LocalBlobStore:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from storage import lifecycle
+from storage.batches import lifecycle
 from storage.errors import BatchNotCancellable, IllegalTransition
 from storage.models import Batch
 

@@ -6,7 +6,7 @@ import json
 
 import orjson
 
-from storage.lines import LineChecker, LineError, ParsedLine
+from storage.lines.reader import LineChecker, LineError, ParsedLine
 
 CHAT = "/v1/chat/completions"
 
@@ -82,7 +82,7 @@ def test_a_duplicate_custom_id_echo_is_capped() -> None:
 
 
 def test_the_stored_problem_list_keeps_the_first_entries_and_counts_the_rest() -> None:
-    from storage.lines import ProblemList
+    from storage.lines.reader import ProblemList
 
     problems = ProblemList(limit=5)
     for number in range(1, 1001):

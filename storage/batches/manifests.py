@@ -14,11 +14,11 @@ from typing import Any
 import orjson
 from sqlalchemy.orm import Session
 
-from storage.batches import get_batch
-from storage.blobs import BlobStore
-from storage.blobs.layout import batch_object_key
+from storage.batches.batches import get_batch
 from storage.clock import now
 from storage.errors import ManifestNotFound
+from storage.files.blobs import BlobStore
+from storage.files.blobs.layout import batch_object_key
 from storage.finance.job_cost import batch_cost_json
 from storage.models import Batch, File
 from storage.settings import Settings

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from storage.blobs import BlobStore
-from storage.blobs.local import LocalBlobStore
-from storage.blobs.s3 import S3BlobStore
+from storage.files.blobs import BlobStore
+from storage.files.blobs.local import LocalBlobStore
+from storage.files.blobs.s3 import S3BlobStore
 
 MIB = 1024 * 1024
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from storage.lines import LineChecker, LineError, ParsedLine, check_utf8_jsonl, iter_lines, peek_model
+from storage.lines.reader import LineChecker, LineError, ParsedLine, check_utf8_jsonl, iter_lines, peek_model
 
 
 def lines_of(data: bytes, chunk: int = 3, max_line_bytes: int = 1000) -> list[tuple[int, bytes | None]]:

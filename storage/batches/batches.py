@@ -8,7 +8,7 @@ import orjson
 from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session
 
-from storage import lifecycle
+from storage.batches import lifecycle
 from storage.clock import now
 from storage.errors import BatchNotFound
 from storage.ids import new_id
@@ -16,7 +16,7 @@ from storage.models import Batch, BatchRequest
 from storage.settings import window_seconds
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
-# Which API a batch was created through; each API sees only its own batches (storage/message_batches.py).
+# Which API a batch was created through; each API sees only its own batches (storage/batches/message_batches.py).
 OPENAI = "openai"
 ANTHROPIC = "anthropic"
 

@@ -2,7 +2,7 @@
 
 A file expires at `expires_at` (OpenAI's `expires_after` on upload, 30 days for purpose=batch by default;
 `output_expires_after` on a batch for its result files). From that moment it answers 404 like a deleted
-file (`storage.files.get_file`); the sweep then removes the object and the row, oldest expiry first, at
+file (`storage.files.files.get_file`); the sweep then removes the object and the row, oldest expiry first, at
 most `limit` files and about `budget_seconds` of object deletes per pass, so a backlog of expired files is
 worked off over several passes instead of stalling one. A batch whose input file expires keeps running:
 its queue rows hold their own bodies.
@@ -16,8 +16,8 @@ import time
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from storage.blobs import BlobStore
 from storage.clock import now
+from storage.files.blobs import BlobStore
 from storage.models import File
 
 log = logging.getLogger(__name__)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from storage.blobs import get_blob_store
 from storage.db import transaction
-from storage.files import create_file
+from storage.files.blobs import get_blob_store
+from storage.files.files import create_file
 from storage.tenants import get_or_create_tenant
 from tests.conftest import Backend
 

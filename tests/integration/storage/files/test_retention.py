@@ -8,11 +8,11 @@ from collections.abc import Iterable, Iterator
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from storage.blobs import BlobStore, StoredBlob, get_blob_store
 from storage.clock import now
-from storage.files import create_file
+from storage.files.blobs import BlobStore, StoredBlob, get_blob_store
+from storage.files.files import create_file
+from storage.files.retention import sweep_expired_files
 from storage.models import File
-from storage.retention import sweep_expired_files
 from tests.factories import make_tenant
 
 

@@ -17,15 +17,15 @@ from dataclasses import dataclass
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from storage import lifecycle
-from storage.batches import ANTHROPIC, cancel_batch, create_batch, get_batch
-from storage.blobs import BlobStore
-from storage.blobs.layout import input_file_key
+from storage.batches import lifecycle
+from storage.batches.batches import ANTHROPIC, cancel_batch, create_batch, get_batch
 from storage.clock import now
 from storage.errors import InvalidRequest, NotFound
-from storage.files import create_file, tenant_folder
+from storage.files.blobs import BlobStore
+from storage.files.blobs.layout import input_file_key
+from storage.files.files import create_file, tenant_folder
 from storage.ids import new_id
-from storage.message_batch_lines import MESSAGES_URL, RequestsReader, unqueued_results
+from storage.lines.anthropic import MESSAGES_URL, RequestsReader, unqueued_results
 from storage.models import Batch, File
 from storage.queue.batch_rows import scrub_content
 from storage.settings import Settings

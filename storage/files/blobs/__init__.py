@@ -44,7 +44,7 @@ def get_blob_store() -> BlobStore:
 
     settings = get_settings()
     if settings.s3_bucket:
-        from storage.blobs.s3 import S3BlobStore
+        from storage.files.blobs.s3 import S3BlobStore
 
         return S3BlobStore(
             bucket=settings.s3_bucket,
@@ -52,7 +52,7 @@ def get_blob_store() -> BlobStore:
             region=settings.s3_region,
             multipart_threshold=settings.s3_multipart_threshold_bytes,
         )
-    from storage.blobs.local import LocalBlobStore
+    from storage.files.blobs.local import LocalBlobStore
 
     return LocalBlobStore(settings.data_dir / "objects")
 

@@ -15,11 +15,11 @@ import orjson
 from sqlalchemy import Table, bindparam, select, text, update
 from sqlalchemy.orm import Session
 
-from storage import lifecycle
-from storage.batches import add_counts_of
+from storage.batches import lifecycle
+from storage.batches.batches import add_counts_of
 from storage.clock import now_f
 from storage.models import BatchRequest
-from storage.queue.rows import ids_match, lock_batches_of
+from storage.queue.enqueue import ids_match, lock_batches_of
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import ijson
 import orjson
 
 from storage.errors import InvalidRequest, RequestTooLarge
-from storage.lines import iter_lines
+from storage.lines.reader import iter_lines
 
 MESSAGES_URL = "/v1/messages"
 CUSTOM_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")

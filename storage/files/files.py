@@ -8,10 +8,10 @@ from urllib.parse import quote
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from storage.blobs import BlobStore, delete_on_rollback
-from storage.blobs.layout import input_file_key, tenant_segment
 from storage.clock import now
 from storage.errors import FileNotFound, InvalidRequest
+from storage.files.blobs import BlobStore, delete_on_rollback
+from storage.files.blobs.layout import input_file_key, tenant_segment
 from storage.ids import new_id
 from storage.models import File
 from storage.tenants import tenant_name
