@@ -12,7 +12,8 @@ from storage.batches import lifecycle
 from storage.clock import now
 from storage.errors import BatchNotFound
 from storage.ids import new_id
-from storage.models import Batch, BatchRequest
+from storage.models import Batch
+from storage.queue import batch_rows
 from storage.settings import window_seconds
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
@@ -103,7 +104,7 @@ def cancel_batch(session: Session, *, tenant_id: str, batch_id: str, protocol: s
     """
     batch = get_batch(session, tenant_id=tenant_id, batch_id=batch_id, lock=True, protocol=protocol)
     lifecycle.transition(batch, lifecycle.CANCELLING)
-    close_open_requests(
+    batch_rows.close_open_requests(
         session,
         batch=batch,
         statuses=tuple(lifecycle.REQ_OPEN),
@@ -112,32 +113,6 @@ def cancel_batch(session: Session, *, tenant_id: str, batch_id: str, protocol: s
         message="The batch was cancelled before this request ran.",
     )
     return batch
-
-
-def close_open_requests(
-    session: Session, *, batch: Batch, statuses: tuple[str, ...], status: str, code: str, message: str
-) -> int:
-    """End the batch's requests in `statuses` as error lines with `code`; return how many."""
-    result = session.execute(
-        update(BatchRequest)
-        .where(BatchRequest.batch_id == batch.id, BatchRequest.status.in_(statuses))
-        .values(
-            status=status,
-            error_code=code,
-            error_message=message,
-            lease_owner=None,
-            lease_expires_at=None,
-            finished_at=now(),
-        )
-        .execution_options(synchronize_session=False)
-    )
-    count = int(result.rowcount or 0)  # type: ignore[attr-defined]
-    if count:
-        session.flush()
-        ended = {"cancelled": count} if status == lifecycle.REQ_CANCELLED else {"expired": count}
-        add_counts(session, batch_id=batch.id, completed=0, failed=count, **ended)
-        session.refresh(batch)
-    return count
 
 
 def add_counts(

@@ -15,9 +15,10 @@ from sqlalchemy import ColumnElement, select, update
 from sqlalchemy.orm import Session
 
 from storage.batches import lifecycle
-from storage.batches.batches import add_counts, close_open_requests
+from storage.batches.batches import add_counts
 from storage.clock import now, now_f
 from storage.models import Batch, BatchRequest
+from storage.queue.batch_rows import close_open_requests
 from storage.queue.enqueue import lock_batches_of
 from storage.queue.workers import live_worker_ids
 
