@@ -19,6 +19,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from storage.protocols import OPENAI
+
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
     "uq": "uq_%(table_name)s_%(column_0_name)s",
@@ -114,7 +116,7 @@ class Batch(Base):
     cancelling_at: Mapped[int | None] = mapped_column(BigInteger)
     cancelled_at: Mapped[int | None] = mapped_column(BigInteger)
     # Which API created the batch: "openai" or "anthropic" (storage/batches/message_batches.py renders the latter).
-    protocol: Mapped[str] = mapped_column(String(16), default="openai", server_default="openai")
+    protocol: Mapped[str] = mapped_column(String(16), default=OPENAI.name, server_default=OPENAI.name)
     archived_at: Mapped[int | None] = mapped_column(BigInteger)  # results removed after their retention
     deleted_at: Mapped[int | None] = mapped_column(BigInteger)  # deleted by its owner; kept for accounting
 

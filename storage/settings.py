@@ -13,6 +13,8 @@ from pydantic import BaseModel, Field, PositiveInt, ValidationError, field_valid
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError as PydanticSettingsError
 
+from storage.protocols import EMBEDDINGS_URL
+
 
 class SettingsError(RuntimeError):
     """A setting is missing or malformed; the message names the BACKFILL_ variable."""
@@ -77,7 +79,7 @@ class ModelSpec(BaseModel):
 
     def serves(self, endpoint: str) -> bool:
         """Whether this model can answer `endpoint`: embeddings need a pooling model, everything else a generator."""
-        return (self.runner == "pooling") == (endpoint == "/v1/embeddings")
+        return (self.runner == "pooling") == (endpoint == EMBEDDINGS_URL)
 
     def resolved_max_num_seqs(self) -> int:
         """`max_num_seqs`, or the planner's largest batch that fits when `max_num_seqs_from_planner` is on."""

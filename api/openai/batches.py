@@ -9,13 +9,14 @@ from fastapi import APIRouter, Query
 from api.deps import Blobs, Caller, Config, DbSession
 from api.errors import error_responses
 from api.openai.schemas import BatchCreate, BatchList, BatchObject
-from storage.batches.batches import OPENAI, cancel_batch, create_batch, get_batch, list_batches
+from storage.batches.batches import cancel_batch, create_batch, get_batch, list_batches
 from storage.errors import InvalidRequest, ModelNotFound
 from storage.files.files import get_file
 from storage.finance.goodput import batch_goodput
 from storage.finance.job_cost import batch_cost_json
 from storage.lines.reader import clip, peek_model
 from storage.planning.estimates import estimate_job, shape_of_jsonl
+from storage.protocols import OPENAI
 from storage.queue.usage import batch_usages
 from storage.wakeups import wake_after_commit
 

@@ -6,8 +6,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from storage.batches.batches import ENDPOINTS, batch_errors
+from storage.batches.batches import batch_errors
 from storage.models import Batch, File
+from storage.protocols import OPENAI
 from storage.queue.usage import TokenUsage
 
 
@@ -65,8 +66,8 @@ class BatchCreate(BaseModel):
     @field_validator("endpoint")
     @classmethod
     def _endpoint_known(cls, value: str) -> str:
-        if value not in ENDPOINTS:
-            raise ValueError(f"must be one of {', '.join(ENDPOINTS)}")
+        if value not in OPENAI.endpoints:
+            raise ValueError(f"must be one of {', '.join(OPENAI.endpoints)}")
         return value
 
     @field_validator("metadata")

@@ -13,13 +13,9 @@ from storage.clock import now
 from storage.errors import BatchNotFound
 from storage.ids import new_id
 from storage.models import Batch
+from storage.protocols import OPENAI, Protocol
 from storage.queue import batch_rows
 from storage.settings import window_seconds
-
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
-# Which API a batch was created through; each API sees only its own batches (storage/batches/message_batches.py).
-OPENAI = "openai"
-ANTHROPIC = "anthropic"
 
 
 def create_batch(
@@ -32,13 +28,13 @@ def create_batch(
     model: str | None,
     metadata: dict[str, str] | None,
     output_expires_after_seconds: int | None = None,
-    protocol: str = OPENAI,
+    protocol: Protocol = OPENAI,
 ) -> Batch:
     """Record a new batch in `validating`; ingest validates its file and fills the queue."""
     created = now()
     batch = Batch(
-        id=new_id("msgbatch_" if protocol == ANTHROPIC else "batch_"),
-        protocol=protocol,
+        id=new_id(protocol.id_prefix),
+        protocol=protocol.name,
         tenant_id=tenant_id,
         input_file_id=input_file_id,
         endpoint=endpoint,
@@ -61,7 +57,7 @@ def create_batch(
 
 
 def get_batch(
-    session: Session, *, tenant_id: str | None, batch_id: str, lock: bool = False, protocol: str | None = None
+    session: Session, *, tenant_id: str | None, batch_id: str, lock: bool = False, protocol: Protocol | None = None
 ) -> Batch:
     """The tenant's batch (any tenant's when tenant_id is None), or BatchNotFound; with `protocol`, only a
     live batch created through that API."""
@@ -69,7 +65,11 @@ def get_batch(
     if lock:
         query = query.with_for_update()
     batch = session.scalar(query)
-    if batch is not None and protocol is not None and (batch.protocol != protocol or batch.deleted_at is not None):
+    if (
+        batch is not None
+        and protocol is not None
+        and (not protocol.owns(batch.protocol) or batch.deleted_at is not None)
+    ):
         batch = None
     if batch is None or (tenant_id is not None and batch.tenant_id != tenant_id):
         raise BatchNotFound(f"No batch found with id '{batch_id}'.", param="batch_id")
@@ -78,7 +78,7 @@ def get_batch(
 
 def list_batches(session: Session, *, tenant_id: str, after: str | None, limit: int) -> list[Batch]:
     """The tenant's batches newest first, `limit + 1` rows so callers can tell if more exist."""
-    query = select(Batch).where(Batch.tenant_id == tenant_id, Batch.protocol == OPENAI)
+    query = select(Batch).where(Batch.tenant_id == tenant_id, Batch.protocol == OPENAI.name)
     if after:
         anchor = session.get(Batch, after)
         if anchor is not None and anchor.tenant_id == tenant_id:
@@ -96,7 +96,7 @@ def batches_validating(session: Session) -> list[str]:
     return list(session.scalars(select(Batch.id).where(Batch.status == lifecycle.VALIDATING, due)))
 
 
-def cancel_batch(session: Session, *, tenant_id: str, batch_id: str, protocol: str = OPENAI) -> Batch:
+def cancel_batch(session: Session, *, tenant_id: str, batch_id: str, protocol: Protocol = OPENAI) -> Batch:
     """Move the batch to `cancelling` and turn its unfinished requests into cancelled error lines.
 
     Requests already in an engine lose their lease here; their worker aborts them at its next lease

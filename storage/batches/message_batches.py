@@ -1,4 +1,4 @@
-"""Anthropic Message Batches: rows of the shared `batches` table with protocol "anthropic".
+"""Anthropic Message Batches: rows of the shared `batches` table of the Anthropic protocol (storage/protocols.py).
 
 Everything that watches batches (ingest, the queue, leases, finalize, the reaper, cost accounting, goodput,
 finance reports) treats them like OpenAI batches; this module only adds what Anthropic's API says
@@ -18,15 +18,16 @@ from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from storage.batches import lifecycle
-from storage.batches.batches import ANTHROPIC, cancel_batch, create_batch, get_batch
+from storage.batches.batches import cancel_batch, create_batch, get_batch
 from storage.clock import now
 from storage.errors import InvalidRequest, NotFound
 from storage.files.blobs import BlobStore
 from storage.files.blobs.layout import input_file_key
 from storage.files.files import create_file, tenant_folder
 from storage.ids import new_id
-from storage.lines.anthropic import MESSAGES_URL, RequestsReader, unqueued_results
+from storage.lines.anthropic import RequestsReader, unqueued_results
 from storage.models import Batch, File
+from storage.protocols import ANTHROPIC, MESSAGES_URL
 from storage.queue.batch_rows import scrub_content
 from storage.settings import Settings
 
@@ -114,11 +115,13 @@ def list_message_batches(
     """
     if before_id and after_id:
         raise InvalidRequest("Give at most one of before_id and after_id.", param="before_id")
-    query = select(Batch).where(Batch.tenant_id == tenant_id, Batch.protocol == ANTHROPIC, Batch.deleted_at.is_(None))
+    query = select(Batch).where(
+        Batch.tenant_id == tenant_id, Batch.protocol == ANTHROPIC.name, Batch.deleted_at.is_(None)
+    )
     cursor = before_id or after_id
     if cursor:
         anchor = session.get(Batch, cursor)  # a deleted batch still marks its place
-        if anchor is None or anchor.tenant_id != tenant_id or anchor.protocol != ANTHROPIC:
+        if anchor is None or anchor.tenant_id != tenant_id or not ANTHROPIC.owns(anchor.protocol):
             param = "before_id" if before_id else "after_id"
             raise InvalidRequest(f"No message batch found with id '{cursor}'.", param=param)
         at, ident = anchor.created_at, anchor.id
@@ -226,7 +229,7 @@ def archive_due(session: Session, *, retention_seconds: int, limit: int = ARCHIV
         session.scalars(
             select(Batch)
             .where(
-                Batch.protocol == ANTHROPIC,
+                Batch.protocol == ANTHROPIC.name,
                 Batch.archived_at.is_(None),
                 Batch.status.in_(lifecycle.TERMINAL),
                 or_(

@@ -12,11 +12,12 @@ from decimal import Decimal
 from typing import Any
 
 from storage.lines.reader import LineError
+from storage.protocols import EMBEDDINGS_URL
 
 DEFAULT_MAX_TOKENS = 256
 MAX_OUTPUT_TOKENS = 2**31 - 1  # `max_output_tokens` is a 32-bit column; no engine produces more anyway
 BYTES_PER_TOKEN = 4
-_NO_OUTPUT_URLS = frozenset({"/v1/embeddings"})
+_NO_OUTPUT_URLS = frozenset({EMBEDDINGS_URL})
 
 
 @dataclass(frozen=True)

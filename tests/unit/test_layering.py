@@ -158,7 +158,7 @@ def protocol_spellings(tree: ast.Module, *, outside_storage: bool) -> list[str]:
 def test_protocol_names_live_in_the_protocol_module() -> None:
     bad = {
         path: found
-        for package in ("api", "storage", "worker", "client")
+        for package in ("api", "storage", "worker")  # client/ has no protocol column ("openai" is its SDK there)
         for path, tree in sources(package)
         if path != "storage/protocols.py"
         and (found := protocol_spellings(tree, outside_storage=not path.startswith("storage/")))

@@ -11,22 +11,20 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import orjson
 from sqlalchemy.orm import Session
 
 from storage.batches import lifecycle
-from storage.batches.batches import ANTHROPIC, OPENAI, get_batch
+from storage.batches.batches import get_batch
 from storage.batches.manifests import write_manifest
 from storage.db import transaction
 from storage.files.blobs import BlobStore, StoredBlob
 from storage.files.blobs.layout import BatchObject, batch_object_key
 from storage.files.files import record_result_file, tenant_folder
-from storage.lines.anthropic import result_line as message_result_line
-from storage.lines.reader import result_line
 from storage.metrics.events import observe_finalized
+from storage.protocols import Protocol, RenderLine, protocol_of
 from storage.queue.backlog import open_count
 from storage.queue.leases import has_expired_requests, iter_results
 from storage.settings import get_settings
@@ -36,16 +34,6 @@ log = logging.getLogger(__name__)
 CHUNK_BYTES = 1024 * 1024
 _SUCCESS = (lifecycle.REQ_COMPLETED,)
 _FAILURE = (lifecycle.REQ_FAILED, lifecycle.REQ_EXPIRED, lifecycle.REQ_CANCELLED)
-Render = Callable[..., dict[str, Any]]
-# (kind, the request statuses it holds, how a line is rendered, file purpose, object name) per protocol.
-# An Anthropic batch has one results file with every request, in Anthropic's line format.
-_FILES: dict[str, tuple[tuple[str, tuple[str, ...], Render, str, BatchObject], ...]] = {
-    OPENAI: (
-        ("output", _SUCCESS, result_line, "batch_output", "output.jsonl"),
-        ("errors", _FAILURE, result_line, "batch_output", "errors.jsonl"),
-    ),
-    ANTHROPIC: (("results", _SUCCESS + _FAILURE, message_result_line, "message_batch_results", "output.jsonl"),),
-}
 
 
 def finalize_batch(blobs: BlobStore, *, batch_id: str) -> str | None:
@@ -62,13 +50,13 @@ def finalize_batch(blobs: BlobStore, *, batch_id: str) -> str | None:
             lifecycle.transition(batch, lifecycle.FINALIZING)
         tenant_id = batch.tenant_id
         folder = tenant_folder(session, tenant_id=tenant_id)
-        files = _FILES.get(batch.protocol, _FILES[OPENAI])
+        protocol = protocol_of(batch)
     written = {
         kind: (
             _write(blobs, batch_id=batch_id, kind=kind, folder=folder, statuses=statuses, render=render, name=name),
             purpose,
         )
-        for kind, statuses, render, purpose, name in files
+        for kind, statuses, render, purpose, name in _result_files(protocol)
     }
     with transaction() as session:
         batch = get_batch(session, tenant_id=None, batch_id=batch_id, lock=True)
@@ -101,6 +89,20 @@ def finalize_batch(blobs: BlobStore, *, batch_id: str) -> str | None:
     return target
 
 
+def _result_files(protocol: Protocol) -> list[tuple[str, tuple[str, ...], RenderLine, str, BatchObject]]:
+    """(kind, the request statuses it holds, the line renderer, file purpose, object name) per result file."""
+    return [
+        (
+            file.kind,
+            (_SUCCESS if file.successes else ()) + (_FAILURE if file.failures else ()),
+            protocol.render_line,
+            file.purpose,
+            file.name,
+        )
+        for file in protocol.result_files
+    ]
+
+
 def _end_state(session: Session, *, status: str, batch_id: str) -> str:
     if status == lifecycle.CANCELLING:
         return lifecycle.CANCELLED
@@ -120,7 +122,7 @@ def _write(
     kind: str,
     folder: str,
     statuses: tuple[str, ...],
-    render: Render,
+    render: RenderLine,
     name: BatchObject,
 ) -> tuple[str, StoredBlob] | None:
     file_id = result_file_id(batch_id, kind)
@@ -145,6 +147,6 @@ def _chunks(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
         yield bytes(buffer)
 
 
-def _result_lines(session: Session, *, batch_id: str, statuses: tuple[str, ...], render: Render) -> Iterator[bytes]:
+def _result_lines(session: Session, *, batch_id: str, statuses: tuple[str, ...], render: RenderLine) -> Iterator[bytes]:
     for row in iter_results(session, batch_id=batch_id, statuses=statuses):
         yield orjson.dumps(render(*row)) + b"\n"

@@ -16,13 +16,14 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from storage.batches import lifecycle
-from storage.batches.batches import OPENAI, get_batch
+from storage.batches.batches import get_batch
 from storage.errors import FileNotFound
 from storage.files.blobs import BlobStore
 from storage.files.files import get_file
 from storage.lines.reader import LineChecker, LineError, ParsedLine, ProblemList, clip, iter_lines
 from storage.models import Batch
 from storage.planning.admission import Admission, admission_check
+from storage.protocols import protocol_of
 from storage.queue.backlog import open_jobs
 from storage.queue.batch_rows import fail_unserved, queued_models
 from storage.queue.enqueue import DuplicateCustomId, QueueWriter, new_row, set_prefix_keys
@@ -67,7 +68,7 @@ def ingest_batch(session: Session, blobs: BlobStore, settings: Settings, *, batc
         )
     if not errors and count == 0:
         errors.add(LineError(0, "empty_file", "The input file has no requests."))
-    one_model = batch.protocol == OPENAI  # an Anthropic batch may mix models; unserved ones end as 404s
+    one_model = protocol_of(batch).one_model  # an Anthropic batch may mix models; unserved ones end as 404s
     if not errors and one_model and batch.model not in settings.served_models():
         errors.add(LineError(1, "model_not_found", f"The model {clip(batch.model)} is not served here."))
     if errors:
@@ -98,13 +99,12 @@ def _stream_into_queue(
     errors: ProblemList,
     track_duplicates: bool,
 ) -> int:
-    one_model = batch.protocol == OPENAI
-    limit = settings.batch_max_requests if one_model else settings.message_batch_max_requests
+    protocol = protocol_of(batch)
     checker = LineChecker(
         endpoint=batch.endpoint,
-        max_requests=limit,
+        max_requests=protocol.max_requests(settings),
         model=batch.model,
-        one_model=one_model,
+        one_model=protocol.one_model,
         track_duplicates=track_duplicates,
     )
     pending: list[dict[str, Any]] = []
@@ -135,7 +135,7 @@ def _stream_into_queue(
 def _admit(session: Session, settings: Settings, *, batch: Batch) -> tuple[Problem | None, list[Problem]]:
     """(a rejection, warnings) for a job whose rows are queued but not yet committed, model by model."""
     warnings: list[Problem] = []
-    models = [batch.model or ""] if batch.protocol == OPENAI else queued_models(session, batch_id=batch.id)
+    models = [batch.model or ""] if protocol_of(batch).one_model else queued_models(session, batch_id=batch.id)
     for model in models:
         rejection, more = _admit_model(session, settings, batch=batch, model=model)
         if rejection is not None:
