@@ -16,26 +16,14 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from storage.protocols import EMBEDDINGS_URL
 from storage.settings import ModelSpec
 from worker.engine import EngineRequest, EngineResult, EngineStats, error_result
-from worker.engine.bodies import (
-    EMBEDDINGS_URL,
-    Body,
-    BodyError,
-    ChatBody,
-    Choice,
-    CompletionBody,
-    EmbeddingBody,
-    MessagesBody,
-    anthropic_message,
-    anthropic_stop,
-    embedding_list,
-    engine_body,
-    generated_body,
-    output_budget,
-    parse_body,
-    server_error,
-)
+from worker.engine.wire import parse_body
+from worker.engine.wire.anthropic import MessagesBody, anthropic_message, anthropic_stop
+from worker.engine.wire.base import BodyError, server_error
+from worker.engine.wire.openai import Body, ChatBody, CompletionBody, EmbeddingBody
+from worker.engine.wire.openai_results import Choice, embedding_list, engine_body, generated_body, output_budget
 
 logger = logging.getLogger(__name__)
 

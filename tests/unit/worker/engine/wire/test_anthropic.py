@@ -10,17 +10,12 @@ from typing import Any
 import pytest
 from anthropic.types import Message
 
+from storage.protocols import MESSAGES_URL
 from worker.engine import EngineRequest
-from worker.engine.bodies import (
-    MESSAGES_URL,
-    BodyError,
-    MessagesBody,
-    anthropic_message,
-    anthropic_stop,
-    message_from_chat_completion,
-    parse_body,
-)
 from worker.engine.fake import FakeEngine
+from worker.engine.wire import parse_body
+from worker.engine.wire.anthropic import MessagesBody, anthropic_message, anthropic_stop, message_from_chat_completion
+from worker.engine.wire.base import BodyError
 
 
 def params(**extra: Any) -> dict[str, Any]:

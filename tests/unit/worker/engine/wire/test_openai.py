@@ -1,6 +1,6 @@
 """OpenAI bodies in and out, shared by every engine: Responses requests, output caps, cached-token usage.
 
-Engine-neutral rules run through the fake engine (same code path as vLLM's adapter: `worker.engine.bodies`);
+Engine-neutral rules run through the fake engine (same code path as vLLM's adapter: `worker.engine.wire`);
 the real engine runs the same cases in tests/e2e/worker/engine/test_vllm_engine.py.
 """
 
@@ -14,8 +14,10 @@ from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
 
 from worker.engine import EngineRequest, EngineResult
-from worker.engine.bodies import BodyError, ChatBody, ResponsesBody, parse_body
 from worker.engine.fake import FakeEngine
+from worker.engine.wire import parse_body
+from worker.engine.wire.base import BodyError
+from worker.engine.wire.openai import ChatBody, ResponsesBody
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
