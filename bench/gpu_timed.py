@@ -131,13 +131,13 @@ def check_outputs(batches: dict[str, int]) -> bool:
 def run(requests: int, *, low: int, high: int, seed: int, profile: bool) -> dict[str, Any]:
     """Enqueue, feed the engine until the queue is drained and every output file is built; measure."""
     from storage.settings import get_settings
+    from worker.engine.factory import load_engine
     from worker.engine.timed_fake import TimedFakeEngine
     from worker.feed.runner import Runner
-    from worker.process import service
 
     batches = enqueue(requests, low=low, high=high, seed=seed)
     settings = get_settings()
-    engine = service.load_engine(settings, MODEL)
+    engine = load_engine(settings, MODEL)
     assert isinstance(engine, TimedFakeEngine)
     finalizer = Finalizer()
     finalizer.start()
@@ -234,9 +234,9 @@ def engine_limit(requests: int, *, low: int, high: int, seed: int) -> tuple[floa
     roofline ratio, how closely the fake keeps the roofline's time on this machine)."""
     from storage.settings import get_settings
     from worker.engine import EngineRequest
-    from worker.process import service
+    from worker.engine.factory import load_engine
 
-    engine = service.load_engine(get_settings(), MODEL)
+    engine = load_engine(get_settings(), MODEL)
     work = [
         line for t in range(TENANTS) for line in lines(requests // TENANTS, low=low, high=high, seed=seed, tenant=t)
     ]

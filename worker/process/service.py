@@ -25,9 +25,9 @@ from storage.queue.backlog import open_count
 from storage.queue.batch_rows import queued_models
 from storage.queue.enqueue import refresh_statistics
 from storage.queue.workers import WorkerIdentity
-from storage.settings import Settings, SettingsError, get_settings
+from storage.settings import SettingsError, get_settings
 from storage.wakeups import get_waker, wake_after_commit
-from worker.engine import Engine, timed_fake
+from worker.engine.factory import load_engine
 from worker.feed.feeder import Feeder, make_feeder
 from worker.feed.runner import Runner
 from worker.feed.slot import EngineSlot
@@ -122,30 +122,6 @@ def run_task_ended(*, model: str | None, more: bool) -> None:
         wake.task_ended(more=more)
     elif more and model is not None:
         get_waker().send("batch.run", {"model": model})
-
-
-def load_engine(settings: Settings, model: str) -> Engine:
-    """Build the engine for `model` from the registry (the only path to vLLM)."""
-    spec = settings.served_models()[model]
-    if spec.path == timed_fake.PATH:  # the fake timed like the target GPU (benchmarks)
-        return timed_fake.from_spec(model, spec)
-    if spec.path.startswith("fake:"):
-        from worker.engine.fake import FakeEngine
-
-        return FakeEngine(
-            model_name=model,
-            max_num_seqs=spec.resolved_max_num_seqs(),
-            runner=spec.runner,
-            max_model_len=spec.max_model_len or 2048,
-            step_seconds=float(spec.extra.get("step_seconds", 0.0)),
-        )
-    if spec.shared is not None:  # shared mode: a vLLM server that also serves online users
-        from worker.engine.http_engine import HttpEngine
-
-        return HttpEngine(model, spec)
-    from worker.engine.vllm_engine import VllmEngine
-
-    return VllmEngine(model, spec)
 
 
 def serve_models(models: Sequence[str]) -> None:

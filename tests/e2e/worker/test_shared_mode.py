@@ -61,10 +61,10 @@ def test_a_batch_harvested_beside_online_traffic_lands_every_line_once_and_onlin
     from storage.db import transaction
     from storage.models import Batch
     from storage.settings import get_settings
+    from worker.engine.factory import load_engine
     from worker.engine.http_engine import HttpEngine
     from worker.feed.runner import Runner
     from worker.jobs.finalize import finalize_batch
-    from worker.process.service import load_engine
 
     shared = {"server_url": vllm_server, "poll_seconds": 0.1}
     registry = {"backfill-demo": {"path": "served-by-the-server", "max_num_seqs": MAX_NUM_SEQS, "shared": shared}}
@@ -112,11 +112,11 @@ def test_with_a_latency_slack_the_budget_fits_the_servers_step_time_and_every_li
     from storage.db import transaction
     from storage.models import Batch
     from storage.settings import get_settings
+    from worker.engine.factory import load_engine
     from worker.engine.http_engine import HttpEngine
     from worker.engine.shared_budget import slack_cap
     from worker.feed.runner import Runner
     from worker.jobs.finalize import finalize_batch
-    from worker.process.service import load_engine
 
     shared = {"server_url": vllm_server, "poll_seconds": 0.1, "latency_slack": 0.1}
     registry = {"backfill-demo": {"path": "served-by-the-server", "max_num_seqs": MAX_NUM_SEQS, "shared": shared}}

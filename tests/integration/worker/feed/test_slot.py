@@ -19,6 +19,7 @@ from storage.settings import Settings, get_settings
 from tests.conftest import Backend
 from tests.factories import make_batch, make_run, make_tenant
 from worker.engine import Engine
+from worker.engine.factory import load_engine
 from worker.engine.fake import FakeEngine
 from worker.feed.slot import EngineSlot
 from worker.process import service, tasks
@@ -52,7 +53,7 @@ class ClosableFake(FakeEngine):
 
 def make_slot(events: list[tuple[str, str]]) -> EngineSlot:
     def load(settings: Settings, model: str) -> Engine:
-        plain = service.load_engine(settings, model)
+        plain = load_engine(settings, model)
         assert isinstance(plain, FakeEngine)
         return ClosableFake(
             events,
