@@ -14,19 +14,33 @@ from sqlalchemy.orm import Session
 from storage.models import EngineRun
 
 
-@dataclass(frozen=True)
+@dataclass
 class RunCounters:
-    """What a run has done so far: busy time, steps, tokens, finished requests and slot occupancy."""
+    """What a run has done so far: busy time, steps, tokens, finished requests and slot occupancy (how full
+    the running batch was while work was waiting). The runner keeps one per run; the probe reads it."""
 
-    ended_at: float
-    busy_seconds: float
-    steps: int
-    prompt_tokens: int
-    completion_tokens: int
-    requests_finished: int
-    running_seq_steps: int
-    queued_steps: int
-    queued_running_seq_steps: int
+    busy_seconds: float = 0.0
+    steps: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    requests_finished: int = 0
+    running_seq_steps: int = 0
+    queued_steps: int = 0
+    queued_running_seq_steps: int = 0
+
+    def observe_step(self, running: int, waiting: int) -> None:
+        """One engine step ran `running` sequences while `waiting` more were queued."""
+        self.steps += 1
+        self.running_seq_steps += running
+        if waiting > 0:
+            self.queued_steps += 1
+            self.queued_running_seq_steps += running
+
+    def add_results(self, *, prompt_tokens: int, completion_tokens: int, finished: int) -> None:
+        """Results were flushed (or, with negative numbers, a failed flush is taken back)."""
+        self.prompt_tokens += prompt_tokens
+        self.completion_tokens += completion_tokens
+        self.requests_finished += finished
 
 
 def save_run(
@@ -38,10 +52,11 @@ def save_run(
     started_at: float,
     max_num_seqs: int,
     counters: RunCounters,
+    ended_at: float,
     exists: bool,
 ) -> None:
-    """Write the run's counters: update its row if it `exists` (and is still there), else insert it."""
-    values = vars(counters)
+    """Write the run's counters as of `ended_at`: update its row if it `exists` (and is still there), else insert it."""
+    values = {**vars(counters), "ended_at": ended_at}
     if exists and session.execute(update(EngineRun).where(EngineRun.id == run_id).values(**values)).rowcount:  # type: ignore[attr-defined]
         return
     session.add(

@@ -1,30 +1,26 @@
-"""What the runner reports to Prometheus: one probe per runner, fed from two lines in worker/feed/runner.py.
+"""What the runner reports to Prometheus: each runner owns one probe and feeds it what it has.
 
 `claimed` sees each claim (leases, re-claims, claim times); `flushed` runs after each results transaction
-and turns the runner's own counters (busy time, steps, occupancy, kept per engine run) into counter
-increments, sets the engine gauges and observes each request's claim-to-commit latency. The probe only
-reads the runner; nothing the runner decides depends on it.
+and turns the run's counters (busy time, steps, occupancy, kept per engine run) into counter increments,
+sets the engine gauges and observes each request's claim-to-commit latency. The probe is handed values,
+never the runner; nothing the runner decides depends on it.
 """
 
 from __future__ import annotations
 
 import functools
-import threading
 import time
-import weakref
-from collections.abc import Callable
-from typing import TYPE_CHECKING, ParamSpec, cast
+from collections.abc import Callable, Collection
+from typing import ParamSpec, cast
 
 from sqlalchemy.orm import Session
 
 from storage.batches import lifecycle
 from storage.batches.batches import get_batch
+from storage.finance.engine_runs import RunCounters
 from storage.metrics import events
 from storage.queue.claim import ClaimedRequest
-from worker.engine import EngineResult
-
-if TYPE_CHECKING:
-    from worker.feed.runner import Runner
+from worker.engine import EngineResult, EngineStats
 
 
 class RunnerProbe:
@@ -49,7 +45,16 @@ class RunnerProbe:
         if again:
             events.RECLAIMED.labels(self.model).inc(again)
 
-    def flushed(self, runner: Runner, results: list[EngineResult]) -> None:
+    def flushed(
+        self,
+        results: list[EngineResult],
+        *,
+        run_id: str,
+        counters: RunCounters,
+        inflight: Collection[str],
+        stats: EngineStats,
+        slots: int,
+    ) -> None:
         """Results were committed: tokens, outcomes, latency, and the engine's counters and gauges."""
         model, at = self.model, time.monotonic()
         for result in results:
@@ -59,20 +64,19 @@ class RunnerProbe:
                 events.RESULT_LATENCY.labels(model).observe(at - claimed)
         events.PROMPT_TOKENS.labels(model).inc(sum(r.prompt_tokens for r in results))
         events.OUTPUT_TOKENS.labels(model).inc(sum(r.completion_tokens for r in results))
-        for request_id in [rid for rid in self._claimed_at if rid not in runner.inflight]:
+        for request_id in [rid for rid in self._claimed_at if rid not in inflight]:
             del self._claimed_at[request_id]  # aborted or lost: no result will come
-        self._engine_counters(runner)
-        stats = runner.engine.stats()
+        self._engine_counters(run_id, counters)
         events.ENGINE_RUNNING.labels(model).set(stats.running)
         events.ENGINE_WAITING.labels(model).set(stats.waiting)
-        events.ENGINE_INFLIGHT.labels(model).set(len(runner.inflight))
-        events.ENGINE_SLOTS.labels(model).set(runner.engine.max_num_seqs)
+        events.ENGINE_INFLIGHT.labels(model).set(len(inflight))
+        events.ENGINE_SLOTS.labels(model).set(slots)
 
-    def _engine_counters(self, runner: Runner) -> None:
-        occ, tot = runner.occupancy, runner.totals
-        now = (tot.busy_seconds, occ.steps, occ.running_seq_steps, occ.queued_steps, occ.queued_running_seq_steps)
-        before = self._seen if runner.run_id == self._run_id else (0.0, 0, 0, 0, 0)
-        self._run_id, self._seen = runner.run_id, now
+    def _engine_counters(self, run_id: str, counters: RunCounters) -> None:
+        c = counters
+        now = (c.busy_seconds, c.steps, c.running_seq_steps, c.queued_steps, c.queued_running_seq_steps)
+        before = self._seen if run_id == self._run_id else (0.0, 0, 0, 0, 0)
+        self._run_id, self._seen = run_id, now
         model = self.model
         for counter, value, old in zip(
             (
@@ -88,19 +92,6 @@ class RunnerProbe:
         ):
             if value > old:
                 counter.labels(model).inc(value - old)
-
-
-_probes: weakref.WeakKeyDictionary[Runner, RunnerProbe] = weakref.WeakKeyDictionary()
-_lock = threading.Lock()
-
-
-def probe(runner: Runner) -> RunnerProbe:
-    """The runner's probe, made on first use."""
-    with _lock:
-        found = _probes.get(runner)
-        if found is None:
-            found = _probes[runner] = RunnerProbe(runner.model)
-        return found
 
 
 P = ParamSpec("P")

@@ -29,7 +29,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from storage.db import transaction
-from storage.queue.backlog import open_count
+from storage.queue.backlog import done_batches
 from storage.queue.claim import ClaimedRequest, claim
 from storage.queue.leases import Outcome, record, relet, renew
 from worker.engine import EngineResult
@@ -219,7 +219,7 @@ class QueueIO:
             for run_id in latest:
                 outcomes = [o for flush in flushes if flush.run_id == run_id for o in flush.outcomes]
                 touched |= set(record(session, worker_id=self.worker_id, run_id=run_id, outcomes=outcomes))
-            done = [batch_id for batch_id in sorted(touched) if not open_count(session, batch_id=batch_id)]
+            done = done_batches(session, batch_ids=sorted(touched))
         with self._lock:
             self._committed.extend(flush.results for flush in flushes)
         for batch_id in done:

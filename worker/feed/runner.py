@@ -9,6 +9,7 @@ the worker's heartbeat thread (`renew_idle`, worker/process/liveness.py), and re
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -18,7 +19,6 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
@@ -26,12 +26,12 @@ from storage.clock import now_f
 from storage.db import transaction
 from storage.finance.engine_runs import RunCounters, save_run
 from storage.ids import new_id
-from storage.queue.backlog import has_queued, open_count
+from storage.queue.backlog import done_batches, has_queued
 from storage.queue.claim import ClaimedRequest, claim
 from storage.queue.leases import Outcome, record, release, relet, renew
 from storage.settings import Settings
 from worker.engine import Engine, EngineRequest, EngineResult
-from worker.feed.probe import probe
+from worker.feed.probe import RunnerProbe
 from worker.feed.queue_io import QueueIO
 
 log = logging.getLogger(__name__)
@@ -46,31 +46,6 @@ SAMPLE_SECONDS = 0.25
 def make_worker_id() -> str:
     """A worker identity unique per process start (host, pid, random suffix)."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-
-@dataclass
-class Occupancy:
-    """Slot occupancy counters: how full the running batch was while work was waiting."""
-
-    steps: int = 0
-    running_seq_steps: int = 0
-    queued_steps: int = 0
-    queued_running_seq_steps: int = 0
-
-    def observe(self, running: int, waiting: int) -> None:
-        self.steps += 1
-        self.running_seq_steps += running
-        if waiting > 0:
-            self.queued_steps += 1
-            self.queued_running_seq_steps += running
-
-
-@dataclass
-class _RunTotals:
-    busy_seconds: float = 0.0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    finished: int = 0
 
 
 class Runner:
@@ -95,9 +70,9 @@ class Runner:
         self.inflight: set[str] = set()
         self.urgent: set[str] = set()  # in-flight requests claimed inside their deadline's urgency horizon
         self.pending: list[EngineResult] = []
-        self.occupancy = Occupancy()
+        self.counters = RunCounters()  # this engine run's, written to its EngineRun row with every flush
+        self.probe = RunnerProbe(model)  # what it reports to Prometheus
         self.samples: deque[tuple[float, int, int]] = deque(maxlen=14_400)  # (time, running, queued)
-        self.totals = _RunTotals()
         self.run_id = new_id("run_")
         self._run_started = now_f()
         self._run_written = False
@@ -194,8 +169,7 @@ class Runner:
             self.run_id = new_id("run_")
             self._run_started = now_f()
             self._run_written = False
-            self.occupancy = Occupancy()
-            self.totals = _RunTotals()
+            self.counters = RunCounters()
 
     def _top_up(self) -> None:
         if (limit := self.engine.dispatch_limit()) is not None:
@@ -226,7 +200,7 @@ class Runner:
     def _admit(self, claimed: list[ClaimedRequest], *, asked: int) -> None:
         """Hand claimed rows to the engine; fewer than `asked` means the queue ran dry for now."""
         want, held = asked, set(self.held())
-        probe(self).claimed(claimed)
+        self.probe.claimed(claimed)
         self._queue_backlog = len(claimed) == want
         if len(claimed) < want:
             self._last_empty_claim = time.monotonic()
@@ -250,7 +224,7 @@ class Runner:
     def _step(self) -> None:
         started = time.perf_counter()
         results = self.engine.step()
-        self.totals.busy_seconds += time.perf_counter() - started
+        self.counters.busy_seconds += time.perf_counter() - started
         self._dirty = True
         stats = self.engine.stats()
         now = time.monotonic()
@@ -263,7 +237,7 @@ class Runner:
         # Sequences that ran in this step: those still running plus those that finished in it (the engine
         # reports counts after the step, when finishers have already left and waiters not yet joined).
         running = min(self.engine.max_num_seqs, stats.running + len(results))
-        self.occupancy.observe(running, queued)
+        self.counters.observe_step(running, queued)
         if keep:
             self.samples.append((time.time(), running, queued))
         for result in results:
@@ -283,10 +257,12 @@ class Runner:
             return
         self._dirty = False
         results = list(self.pending)
-        before = (self.totals.prompt_tokens, self.totals.completion_tokens, self.totals.finished)
-        self.totals.prompt_tokens += sum(result.prompt_tokens for result in results)
-        self.totals.completion_tokens += sum(result.completion_tokens for result in results)
-        self.totals.finished += len(results)
+        added = {
+            "prompt_tokens": sum(result.prompt_tokens for result in results),
+            "completion_tokens": sum(result.completion_tokens for result in results),
+            "finished": len(results),
+        }
+        self.counters.add_results(**added)
         if self.io is not None:  # the writer thread commits it (worker/feed/queue_io.py); the engine steps on
             del self.pending[: len(results)]
             self._hand_over(results, wait=force)
@@ -300,17 +276,24 @@ class Runner:
                     run_id=self.run_id,
                     outcomes=[_outcome(result) for result in results],
                 )
-                done = [batch_id for batch_id in touched if not open_count(session, batch_id=batch_id)]
+                done = done_batches(session, batch_ids=touched)
         except Exception:
             # Keep the results (and their leases, see `held`) for the next flush rather than lose them.
-            self.totals.prompt_tokens, self.totals.completion_tokens, self.totals.finished = before
+            self.counters.add_results(**{name: -value for name, value in added.items()})
             self._dirty = True
             raise
         del self.pending[: len(results)]
-        probe(self).flushed(self, results)
+        self._probe_flushed(results)
         for batch_id in done:
             if self.on_batch_done is not None:
                 self.on_batch_done(batch_id)
+
+    def _probe_flushed(self, results: list[EngineResult]) -> None:
+        engine = self.engine
+        stats, slots = engine.stats(), engine.max_num_seqs
+        self.probe.flushed(
+            results, run_id=self.run_id, counters=self.counters, inflight=self.inflight, stats=stats, slots=slots
+        )
 
     def _write_run(self, session: Session) -> None:
         self._run_writer()(session)
@@ -318,18 +301,6 @@ class Runner:
 
     def _run_writer(self) -> Callable[[Session], None]:
         """Writes the run's counters as they are now (a snapshot: the writer thread may run it later)."""
-        occ, tot = self.occupancy, self.totals
-        counters = RunCounters(
-            ended_at=now_f(),
-            busy_seconds=tot.busy_seconds,
-            steps=occ.steps,
-            prompt_tokens=tot.prompt_tokens,
-            completion_tokens=tot.completion_tokens,
-            requests_finished=tot.finished,
-            running_seq_steps=occ.running_seq_steps,
-            queued_steps=occ.queued_steps,
-            queued_running_seq_steps=occ.queued_running_seq_steps,
-        )
         # A row written before may be gone (a fresh database under a warm runner): save_run inserts it again.
         return functools.partial(
             save_run,
@@ -338,7 +309,8 @@ class Runner:
             model=self.model,
             started_at=self._run_started,
             max_num_seqs=self.engine.max_num_seqs,
-            counters=counters,
+            counters=dataclasses.replace(self.counters),
+            ended_at=now_f(),
             exists=self._run_written,
         )
 
@@ -385,7 +357,7 @@ class Runner:
         if wait:
             self.io.drain()
         for results in self.io.take_committed():
-            probe(self).flushed(self, results)
+            self._probe_flushed(results)
         self._drop_lost(self.io.take_lost() & self.inflight)
         self.io.raise_failure()
 
@@ -407,7 +379,7 @@ class Runner:
 
     def slot_occupancy(self) -> float | None:
         """Mean share of engine slots in use over the steps where work was waiting."""
-        occ = self.occupancy
+        occ = self.counters
         if not occ.queued_steps:
             return None
         return occ.queued_running_seq_steps / (occ.queued_steps * self.engine.max_num_seqs)

@@ -25,7 +25,7 @@ from storage.files.blobs.layout import BatchObject, batch_object_key
 from storage.files.files import record_result_file, tenant_folder
 from storage.metrics.events import observe_finalized
 from storage.protocols import Protocol, RenderLine, protocol_of
-from storage.queue.backlog import open_count
+from storage.queue.backlog import batch_done
 from storage.queue.leases import has_expired_requests, iter_results
 from storage.settings import get_settings
 
@@ -43,7 +43,7 @@ def finalize_batch(blobs: BlobStore, *, batch_id: str) -> str | None:
         batch = get_batch(session, tenant_id=None, batch_id=batch_id, lock=True)
         if batch.status not in (lifecycle.IN_PROGRESS, lifecycle.CANCELLING, lifecycle.FINALIZING):
             return None
-        if open_count(session, batch_id=batch_id):
+        if not batch_done(session, batch_id=batch_id):
             return None
         target = _end_state(session, status=batch.status, batch_id=batch_id)
         if target == lifecycle.COMPLETED and batch.status == lifecycle.IN_PROGRESS:

@@ -21,7 +21,7 @@ from storage.batches.message_batches import archive_due
 from storage.db import transaction
 from storage.files.blobs import get_blob_store
 from storage.files.retention import sweep_expired_files
-from storage.queue.backlog import open_count
+from storage.queue.backlog import batch_done
 from storage.queue.batch_rows import queued_models
 from storage.queue.enqueue import refresh_statistics
 from storage.queue.workers import WorkerIdentity
@@ -260,7 +260,7 @@ def _ingest(batch_id: str) -> str:
         if enqueued:  # each model the batch queued work for (an Anthropic batch may mix them)
             for model in queued_models(session, batch_id=batch_id):
                 wake_after_commit(session, "batch.run", model=model)
-            if not open_count(session, batch_id=batch_id):  # every request already ended (unserved models)
+            if batch_done(session, batch_id=batch_id):  # every request already ended (unserved models)
                 wake_after_commit(session, "batch.finalize", batch_id=batch_id)
     if enqueued >= ANALYZE_AFTER_ROWS:
         with transaction() as session:
