@@ -226,7 +226,7 @@ class Settings(BaseSettings):
     metrics_cache_seconds: float = Field(default=10.0, ge=0, le=300)  # queue gauges: one DB read per interval
     metrics_tenants_max: int = Field(default=50, ge=0, le=1000)  # tenants labelled by name; the rest "_other"
     metrics_goodput_window_seconds: int = Field(default=86400, ge=60)  # goodput of batches due since then or later
-    # Object layout (storage/blobs/layout.py): keys start with this prefix (no leading or trailing "/").
+    # Object layout (storage/files/blobs/layout.py): keys start with this prefix (no leading or trailing "/").
     object_prefix: str = Field(default="", pattern=_PLAIN_KEY_PREFIX, max_length=200)
     # Presigned links (a Backfill extension): default and longest expiry; S3 signs for at most 7 days.
     presign_default_seconds: int = Field(default=3600, ge=1, le=604800)

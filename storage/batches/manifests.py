@@ -1,7 +1,7 @@
 """A batch's manifest.json: what the batch left in object storage, for people who read the bucket.
 
 Written by finalize in the transaction that ends the batch, next to output.jsonl and errors.jsonl (the
-layout is storage/blobs/layout.py). It names every object of the batch with its key, size and SHA-256, so
+layout is storage/files/blobs/layout.py). It names every object of the batch with its key, size and SHA-256, so
 someone with read access to the bucket alone can find, check and price a batch's results. If that
 transaction rolls back after the object was written, the batch stays open, finalize runs again and
 overwrites the same key: a manifest never points at objects that are not there.

@@ -54,7 +54,7 @@ def create_file(
 
 
 def tenant_folder(session: Session, *, tenant_id: str) -> str:
-    """The tenant's folder in object storage (the key rule itself is storage/blobs/layout.py)."""
+    """The tenant's folder in object storage (the key rule itself is storage/files/blobs/layout.py)."""
     return tenant_segment(tenant_id=tenant_id, tenant_name=tenant_name(session, tenant_id=tenant_id))
 
 
@@ -65,7 +65,7 @@ def check_filename(name: str) -> str:
     """The name as given, or InvalidRequest if a database cannot hold it (too long, NUL or control characters).
 
     A filename is the user's label and is returned verbatim (`../../etc/passwd` included); it is never
-    part of an object key or a path: `storage/blobs/layout.py` keys objects by tenant and file id alone.
+    part of an object key or a path: `storage/files/blobs/layout.py` keys objects by tenant and file id alone.
     """
     if len(name) > FILENAME_MAX_CHARS:
         raise InvalidRequest(f"The filename is longer than {FILENAME_MAX_CHARS} characters.", param="file")

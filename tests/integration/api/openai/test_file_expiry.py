@@ -32,7 +32,7 @@ def expire_now(file_id: str) -> None:
 
 
 def blob_key_of(file_id: str) -> str:
-    """Where the file's object lives (its row keeps the key; the rule is storage/blobs/layout.py)."""
+    """Where the file's object lives (its row keeps the key; the rule is storage/files/blobs/layout.py)."""
     with transaction() as session:
         row = session.get(File, file_id)
         assert row is not None
