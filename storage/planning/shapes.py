@@ -48,6 +48,11 @@ def request_size(url: str, body: Any, *, line_bytes: int) -> tuple[int, int]:
     return -(-line_bytes // BYTES_PER_TOKEN), output_limit(body, url)
 
 
+def work(*, output_tokens: float, input_tokens: float, prefill_weight: Decimal) -> float:
+    """The one work formula, in output-token equivalents: output + prefill_weight x input tokens."""
+    return output_tokens + float(prefill_weight) * input_tokens
+
+
 def work_of(shape: JobShape, prefill_weight: Decimal) -> float:
-    """Output-token equivalents of a shape: output + prefill_weight x input tokens."""
-    return shape.output_tokens + float(prefill_weight) * shape.input_tokens
+    """The work of a shape (`work`)."""
+    return work(output_tokens=shape.output_tokens, input_tokens=shape.input_tokens, prefill_weight=prefill_weight)

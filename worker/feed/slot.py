@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 
 from storage.clock import now_f
 from storage.db import transaction
+from storage.planning.shapes import JobShape, work_of
 from storage.planning.throughput import DEFAULT_TOKENS_PER_SECOND, measured_throughput
 from storage.queue.backlog import open_work_by_deadline
 from storage.settings import Settings
@@ -39,11 +40,11 @@ def read_backlogs(
 ) -> list[Backlog]:
     """Each model's queued requests (plus those `worker_id` holds) by deadline, in engine seconds of work."""
     rows = open_work_by_deadline(session, models=models, worker_id=worker_id, at=at)
-    weight = float(settings.prefill_weight)
     rates = {model: _rate(session, model, settings) for model in {row[0] for row in rows}}
     groups: dict[tuple[str, int], list[float]] = {}
     for model, deadline, count, output_tokens, input_tokens in rows:
-        work = int(output_tokens or 0) + weight * int(input_tokens or 0)
+        shape = JobShape(int(count), int(input_tokens or 0), int(output_tokens or 0))
+        work = work_of(shape, settings.prefill_weight)
         groups[(model, int(deadline))] = [int(count), work / rates[model]]
     return [
         Backlog(
