@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
@@ -186,3 +187,32 @@ def note_ingest_failure(session: Session, *, batch_id: str, reason: str, max_att
     lifecycle.transition(batch, lifecycle.FAILED)
     session.flush()
     return True
+
+
+def record_model(batch: Batch, *, model: str | None) -> None:
+    """Name the batch's model once ingest has read it (the first line was unreadable at create)."""
+    batch.model = model
+
+
+def mark_ingested(
+    session: Session, *, batch: Batch, request_total: int, warnings: Iterable[dict[str, Any]] = ()
+) -> None:
+    """A validated and admitted batch: its request count, admission's warnings, and `in_progress`."""
+    batch.warnings = list(warnings) or None
+    batch.request_total = request_total
+    lifecycle.transition(batch, lifecycle.IN_PROGRESS)
+    session.flush()
+
+
+def fail_batch(batch: Batch, *, errors: list[dict[str, Any]]) -> None:
+    """End a batch as `failed` with OpenAI's batch-level `errors.data` entries."""
+    batch.errors = errors
+    lifecycle.transition(batch, lifecycle.FAILED)
+
+
+def attach_result_file(batch: Batch, *, kind: str, file_id: str) -> None:
+    """Name a result file finalize wrote on its batch: the errors file, else the output (or results) file."""
+    if kind == "errors":
+        batch.error_file_id = file_id
+    else:
+        batch.output_file_id = file_id

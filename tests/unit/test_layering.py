@@ -7,7 +7,8 @@ client/ (the HTTP client commands) imports nothing of api/, worker/ or storage/ 
 storage/protocols.py (and the settings, for the embedded server's key file). No SQL outside storage/: no SQLAlchemy statement, no `text()`, no `COPY`, no session
 query call; and inside storage/, no statement that writes `batch_requests` outside storage/queue/. The
 protocol names ("openai", "anthropic") are spelled only in storage/protocols.py, and nothing outside
-storage/ compares a batch's protocol: it asks the protocol object. The runner and the slot call only what
+storage/ compares a batch's protocol: it asks the protocol object. The worker sets no attribute of a batch
+row: storage functions do (`mark_ingested`, `fail_batch`, `attach_result_file`). The runner and the slot call only what
 the `Engine` protocol declares: no `getattr` on an engine.
 Each rule's checker is also run on a snippet that breaks it, so a checker that stopped seeing anything
 would fail here too.
@@ -171,6 +172,23 @@ def test_protocol_names_live_in_the_protocol_module() -> None:
 )
 def test_the_protocol_guard_sees_a_comparison_put_back_into_ingest(snippet: str) -> None:
     assert protocol_spellings(ast.parse(snippet), outside_storage=True)
+
+
+def batch_attribute_writes(tree: ast.Module) -> list[str]:
+    """Assignments to a batch row's attributes (`batch.status = ...`): storage functions make those."""
+    return [
+        f"line {node.lineno}: {ast.unparse(target)}"
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "batch"
+    ]
+
+
+def test_the_worker_changes_batches_only_through_storage() -> None:
+    bad = {path: found for path, tree in sources("worker") if (found := batch_attribute_writes(tree))}
+    assert bad == {}
+    assert batch_attribute_writes(ast.parse("batch.output_file_id = file_id\n"))
 
 
 # -- imports ---------------------------------------------------------------------------------------

@@ -8,15 +8,9 @@ never the runner; nothing the runner decides depends on it.
 
 from __future__ import annotations
 
-import functools
 import time
-from collections.abc import Callable, Collection
-from typing import ParamSpec, cast
+from collections.abc import Collection
 
-from sqlalchemy.orm import Session
-
-from storage.batches import lifecycle
-from storage.batches.batches import get_batch
 from storage.finance.engine_runs import RunCounters
 from storage.metrics import events
 from storage.queue.claim import ClaimedRequest
@@ -92,30 +86,3 @@ class RunnerProbe:
         ):
             if value > old:
                 counter.labels(model).inc(value - old)
-
-
-P = ParamSpec("P")
-
-
-def observed_ingest(ingest: Callable[P, str]) -> Callable[P, str]:
-    """Wrap `ingest_batch`: time each pass over a `validating` batch and count its lines and bad lines."""
-
-    @functools.wraps(ingest)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> str:
-        session, batch_id = cast(Session, args[0]), str(kwargs["batch_id"])
-        # Read under the row lock ingest takes anyway: a concurrent duplicate pass waits here, then sees the
-        # batch already ingested and counts nothing.
-        before = get_batch(session, tenant_id=None, batch_id=batch_id, lock=True).status
-        started = time.perf_counter()
-        status = ingest(*args, **kwargs)
-        if before == lifecycle.VALIDATING:
-            batch = get_batch(session, tenant_id=None, batch_id=batch_id)
-            events.observe_ingest(
-                enqueued=batch.request_total,
-                problems=batch.errors or [],
-                status=status,
-                seconds=time.perf_counter() - started,
-            )
-        return status
-
-    return wrapper

@@ -17,7 +17,7 @@ import orjson
 from sqlalchemy.orm import Session
 
 from storage.batches import lifecycle
-from storage.batches.batches import get_batch
+from storage.batches.batches import attach_result_file, get_batch
 from storage.batches.manifests import write_manifest
 from storage.db import transaction
 from storage.files.blobs import BlobStore, StoredBlob
@@ -78,10 +78,7 @@ def finalize_batch(blobs: BlobStore, *, batch_id: str) -> str | None:
                 expires_after_seconds=batch.output_expires_after_seconds,
                 purpose=purpose,
             )
-            if kind == "errors":
-                batch.error_file_id = file_id
-            else:
-                batch.output_file_id = file_id
+            attach_result_file(batch, kind=kind, file_id=file_id)
         lifecycle.transition(batch, target)
         manifest = write_manifest(session, blobs, batch=batch, folder=folder, settings=get_settings())
     observe_finalized(manifest, seconds=time.perf_counter() - started)
