@@ -32,6 +32,7 @@ from storage.db import transaction
 from storage.queue.backlog import done_batches
 from storage.queue.claim import ClaimedRequest, claim
 from storage.queue.leases import Outcome, record, relet, renew
+from storage.settings import Settings
 from worker.engine import EngineResult
 
 log = logging.getLogger(__name__)
@@ -68,10 +69,11 @@ class QueueIO:
         *,
         model: str,
         worker_id: str,
-        lease_seconds: int,
+        settings: Settings,
         on_batch_done: Callable[[str], None] | None = None,
     ) -> None:
-        self.model, self.worker_id, self.lease_seconds = model, worker_id, lease_seconds
+        self.model, self.worker_id, self.settings = model, worker_id, settings
+        self.lease_seconds = settings.lease_seconds
         self.on_batch_done = on_batch_done
         self._writes: queue.Queue[_Flush | list[str] | None] = queue.Queue(maxsize=MAX_PENDING)
         self._claims: queue.Queue[tuple[int, frozenset[str]] | None] = queue.Queue(maxsize=1)
@@ -251,6 +253,7 @@ class QueueIO:
                         worker_id=self.worker_id,
                         limit=limit,
                         lease_seconds=self.lease_seconds,
+                        settings=self.settings,
                         held=held,
                     )
             except Exception as error:

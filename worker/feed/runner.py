@@ -87,7 +87,7 @@ class Runner:
             QueueIO(
                 model=model,
                 worker_id=self.worker_id,
-                lease_seconds=settings.lease_seconds,
+                settings=settings,
                 on_batch_done=on_batch_done,
             )
             if settings.runner_io_thread
@@ -193,6 +193,7 @@ class Runner:
                 worker_id=self.worker_id,
                 limit=want,
                 lease_seconds=self.settings.lease_seconds,
+                settings=self.settings,
                 held=held,
             )
         self._admit(claimed, asked=want)

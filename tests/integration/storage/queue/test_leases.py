@@ -11,6 +11,7 @@ from storage.db import transaction
 from storage.models import BatchRequest
 from storage.queue.claim import claim
 from storage.queue.leases import Outcome, record
+from storage.settings import get_settings
 from tests.conftest import Backend
 from tests.integration.jobs import chat, submit_job
 
@@ -22,7 +23,7 @@ def test_results_with_nul_characters_are_stored_verbatim(backend: Backend) -> No
     batch_id, status = submit_job([chat(i) for i in range(3)])
     assert status == "in_progress"
     with transaction() as session:
-        claimed = claim(session, model="fake-model", worker_id="w", limit=3, lease_seconds=60)
+        claimed = claim(session, settings=get_settings(), model="fake-model", worker_id="w", limit=3, lease_seconds=60)
     body = {"choices": [{"message": {"content": "a\u0000b \u2603"}}], "usage": {"completion_tokens": 2}}
     outcomes = [
         Outcome(claimed[0].id, 200, body, 5, 2, 0.1),

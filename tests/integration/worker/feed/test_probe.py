@@ -34,7 +34,7 @@ def test_a_lease_the_reaper_released_is_counted_and_its_next_claim_is_a_reclaim(
         metric("backfill_requests_reclaimed_total", model="fake-model"),
     )
     with transaction() as session:
-        claim(session, model="fake-model", worker_id="dead-worker", limit=3, lease_seconds=5)
+        claim(session, settings=get_settings(), model="fake-model", worker_id="dead-worker", limit=3, lease_seconds=5)
         session.execute(BatchRequest.__table__.update().values(lease_expires_at=0.0))  # type: ignore[attr-defined]
     with transaction() as session:
         reap(session)

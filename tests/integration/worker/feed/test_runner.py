@@ -86,7 +86,9 @@ def test_runner_keeps_every_slot_busy_while_work_is_queued(backend: Backend) -> 
 def test_a_result_for_a_lost_lease_is_dropped_and_the_request_runs_again(backend: Backend) -> None:
     batch_id = enqueue(3)
     with transaction() as session:
-        claimed = claim(session, model="fake-model", worker_id="dead-worker", limit=3, lease_seconds=5)
+        claimed = claim(
+            session, settings=get_settings(), model="fake-model", worker_id="dead-worker", limit=3, lease_seconds=5
+        )
         session.execute(
             BatchRequest.__table__.update().values(lease_expires_at=0.0)  # type: ignore[attr-defined]
         )
@@ -127,7 +129,7 @@ def test_tenants_share_claims_fairly(backend: Backend) -> None:
     big = enqueue(100, tenant="big")
     small = enqueue(5, tenant="small")
     with transaction() as session:
-        claimed = claim(session, model="fake-model", worker_id="w", limit=10, lease_seconds=30)
+        claimed = claim(session, settings=get_settings(), model="fake-model", worker_id="w", limit=10, lease_seconds=30)
     by_batch = {batch_id: sum(1 for c in claimed if c.batch_id == batch_id) for batch_id in (big, small)}
     assert by_batch == {big: 5, small: 5}
 
@@ -139,7 +141,7 @@ def test_the_reaper_wakes_a_model_only_when_no_worker_is_on_it(backend: Backend)
     with transaction() as session:
         assert reap(session).models_with_work == ["fake-model"]
     with transaction() as session:
-        claim(session, model="fake-model", worker_id="w", limit=2, lease_seconds=30)
+        claim(session, settings=get_settings(), model="fake-model", worker_id="w", limit=2, lease_seconds=30)
     with transaction() as session:
         assert reap(session).models_with_work == []  # a live worker keeps claiming on its own
 

@@ -55,7 +55,14 @@ def dead_pid() -> int:
 
 def claim_all(worker_id: str) -> int:
     with transaction() as session:
-        claimed = claim(session, model="fake-model", worker_id=worker_id, limit=100, lease_seconds=LEASE_SECONDS)
+        claimed = claim(
+            session,
+            settings=get_settings(),
+            model="fake-model",
+            worker_id=worker_id,
+            limit=100,
+            lease_seconds=LEASE_SECONDS,
+        )
     return len(claimed)
 
 
@@ -134,7 +141,14 @@ def test_a_lease_that_lapsed_under_a_live_worker_goes_back_without_using_an_atte
 def test_a_claim_that_returns_rows_the_worker_already_runs_is_a_re_lease_not_a_new_try(backend: Backend) -> None:
     batch_id, _ = submit_job([chat(i) for i in range(3)])
     with transaction() as session:
-        first = claim(session, model="fake-model", worker_id="gpu-a", limit=2, lease_seconds=LEASE_SECONDS)
+        first = claim(
+            session,
+            settings=get_settings(),
+            model="fake-model",
+            worker_id="gpu-a",
+            limit=2,
+            lease_seconds=LEASE_SECONDS,
+        )
     with transaction() as session:  # the reaper re-queued them while gpu-a still runs them
         session.execute(
             BatchRequest.__table__.update()
@@ -144,6 +158,7 @@ def test_a_claim_that_returns_rows_the_worker_already_runs_is_a_re_lease_not_a_n
     with transaction() as session:
         again = claim(
             session,
+            settings=get_settings(),
             model="fake-model",
             worker_id="gpu-a",
             limit=3,
