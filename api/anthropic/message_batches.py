@@ -16,6 +16,7 @@ from fastapi.responses import StreamingResponse
 from api.anthropic.deps import Caller
 from api.anthropic.schemas import DeletedMessageBatch, MessageBatch, MessageBatchList
 from api.deps import Blobs, Config, DbSession
+from api.paging import cursor_fields
 from storage.batches.message_batches import (
     cancel_message_batch,
     create_message_batch,
@@ -72,9 +73,7 @@ def list_all(
     page = [MessageBatch.of(row, request_counts(row), base_url=base) for row in rows]
     return MessageBatchList(
         data=page,
-        has_more=has_more,
-        first_id=page[0].id if page else None,
-        last_id=page[-1].id if page else None,
+        **cursor_fields(page, has_more=has_more),
     )
 
 

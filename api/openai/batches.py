@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query
 from api.deps import Blobs, Caller, Config, DbSession
 from api.errors import error_responses
 from api.openai.schemas import BatchCreate, BatchList, BatchObject
+from api.paging import cursor_fields
 from storage.batches.batches import cancel_batch, create_batch, get_batch, list_batches
 from storage.errors import InvalidRequest, ModelNotFound
 from storage.files.files import get_file
@@ -115,12 +116,7 @@ def list_all(
     rows = list_batches(session, tenant_id=caller.tenant_id, after=after, limit=limit)
     usages = batch_usages(session, batch_ids=[row.id for row in rows[:limit]])
     page = [BatchObject.of(row, usage=usages[row.id]) for row in rows[:limit]]
-    return BatchList(
-        data=page,
-        first_id=page[0].id if page else None,
-        last_id=page[-1].id if page else None,
-        has_more=len(rows) > limit,
-    )
+    return BatchList(data=page, **cursor_fields(page, has_more=len(rows) > limit))
 
 
 @router.post("/{batch_id}/cancel", response_model=BatchObject, responses=error_responses(409))

@@ -14,6 +14,7 @@ from storage.clock import now
 from storage.errors import BatchNotFound
 from storage.ids import new_id
 from storage.models import Batch
+from storage.paging import keyset_page
 from storage.protocols import OPENAI, Protocol
 from storage.queue import batch_rows
 from storage.settings import window_seconds
@@ -80,15 +81,9 @@ def get_batch(
 def list_batches(session: Session, *, tenant_id: str, after: str | None, limit: int) -> list[Batch]:
     """The tenant's batches newest first, `limit + 1` rows so callers can tell if more exist."""
     query = select(Batch).where(Batch.tenant_id == tenant_id, Batch.protocol == OPENAI.name)
-    if after:
-        anchor = session.get(Batch, after)
-        if anchor is not None and anchor.tenant_id == tenant_id:
-            query = query.where(
-                (Batch.created_at < anchor.created_at)
-                | ((Batch.created_at == anchor.created_at) & (Batch.id < anchor.id))
-            )
-    query = query.order_by(Batch.created_at.desc(), Batch.id.desc()).limit(limit + 1)
-    return list(session.scalars(query))
+    found = session.get(Batch, after) if after else None
+    anchor = (found.created_at, found.id) if found is not None and found.tenant_id == tenant_id else None
+    return keyset_page(session, query, created=Batch.created_at, ident=Batch.id, anchor=anchor, limit=limit)
 
 
 def batches_validating(session: Session) -> list[str]:

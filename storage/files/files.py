@@ -14,6 +14,7 @@ from storage.files.blobs import BlobStore, delete_on_rollback
 from storage.files.blobs.layout import input_file_key, tenant_segment
 from storage.ids import new_id
 from storage.models import File
+from storage.paging import keyset_page
 from storage.tenants import tenant_name
 
 # Files Backfill keeps for an Anthropic Message Batch (its requests, its results): not listed at /v1/files.
@@ -134,20 +135,11 @@ def list_files(
     )
     wanted = File.purpose == purpose if purpose else File.purpose.not_in(INTERNAL_PURPOSES)
     query = query.where(wanted)
-    descending = order != "asc"
-    if after:
-        anchor = session.get(File, after)
-        if anchor is not None and anchor.tenant_id == tenant_id:
-            key = (anchor.created_at, anchor.id)
-            if descending:
-                query = query.where((File.created_at < key[0]) | ((File.created_at == key[0]) & (File.id < key[1])))
-            else:
-                query = query.where((File.created_at > key[0]) | ((File.created_at == key[0]) & (File.id > key[1])))
-    if descending:
-        query = query.order_by(File.created_at.desc(), File.id.desc())
-    else:
-        query = query.order_by(File.created_at.asc(), File.id.asc())
-    return list(session.scalars(query.limit(limit + 1)))
+    found = session.get(File, after) if after else None
+    anchor = (found.created_at, found.id) if found is not None and found.tenant_id == tenant_id else None
+    return keyset_page(
+        session, query, created=File.created_at, ident=File.id, anchor=anchor, limit=limit, descending=order != "asc"
+    )
 
 
 def delete_file(session: Session, blobs: BlobStore, *, tenant_id: str, file_id: str) -> File:
