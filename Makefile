@@ -27,9 +27,9 @@ test: setup services lint
 	$(PY) -m pytest
 
 lint: setup
-	$(VENV)/bin/ruff check api storage worker migrations tests bench
-	$(VENV)/bin/ruff format --check api storage worker migrations tests bench
-	$(VENV)/bin/mypy api storage worker
+	$(VENV)/bin/ruff check api storage worker client migrations tests bench
+	$(VENV)/bin/ruff format --check api storage worker client migrations tests bench
+	$(VENV)/bin/mypy api storage worker client
 
 # The benchmark suite (docs/benchmarks.md): ~15 min on 2 cores; ARGS=--quick for a smoke run.
 bench: setup services
@@ -39,7 +39,7 @@ bench: setup services
 # body-taking route, hypothesis over
 # the line checker): ~15 min on 2 cores.
 fuzz: setup services
-	BACKFILL_FUZZ_EXAMPLES=200 $(PY) -m pytest tests/integration/api/test_openapi_fuzz.py tests/integration/api/test_hostile_fuzz.py tests/unit/storage/test_lines_fuzz.py
+	BACKFILL_FUZZ_EXAMPLES=200 $(PY) -m pytest tests/integration/api/test_openapi_fuzz.py tests/integration/api/test_hostile_fuzz.py tests/unit/storage/lines/test_reader_fuzz.py
 
 # The fault-injection suite (docs/chaos.md): seeded runs against its own Postgres, Redis and S3, each checked
 # by the history checker; prints runs x outcomes, writes bench/out/chaos/summary-*.json. 35-60 min on 2 cores.

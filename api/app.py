@@ -8,8 +8,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from api import errors, keys, limits, results
-from api import metrics as prometheus
+from api import errors, keys, limits, prometheus, results
 from api.anthropic import message_batch_retries, message_batches
 from api.console import routes as console
 from api.deps import commit_in_route_threads

@@ -10,9 +10,9 @@ from fastapi import Depends, FastAPI, Header, Query
 from fastapi.routing import APIRoute
 from sqlalchemy.orm import Session
 
-from storage.blobs import BlobStore, get_blob_store
 from storage.db import transaction
 from storage.errors import Unauthorized
+from storage.files.blobs import BlobStore, get_blob_store
 from storage.settings import Settings, get_settings
 from storage.tenants import Principal, authenticate
 

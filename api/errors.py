@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException
 
 from api.anthropic import errors as anthropic
 from storage.errors import BackfillError, is_unavailable
-from storage.lines import clip
+from storage.lines.reader import clip
 
 log = logging.getLogger(__name__)
 

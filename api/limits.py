@@ -22,8 +22,8 @@ import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.anthropic.errors import is_anthropic_path
-from storage.bounded_json import check_body
 from storage.errors import InvalidRequest
+from storage.lines.bounded_json import check_body
 
 UPLOAD_PATH = "/v1/files"
 MESSAGE_BATCHES_PATH = "/v1/messages/batches"

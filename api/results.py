@@ -13,9 +13,9 @@ import orjson
 from fastapi import APIRouter, Query
 
 from api.deps import Blobs, Caller, Config, DbSession
-from storage.blobs.links import S3_MAX_EXPIRY_SECONDS, Link, presigned_link
-from storage.files import get_file
-from storage.manifests import manifest_key
+from storage.batches.manifests import manifest_key
+from storage.files.blobs.links import S3_MAX_EXPIRY_SECONDS, Link, presigned_link
+from storage.files.files import get_file
 
 router = APIRouter()
 

@@ -63,7 +63,7 @@ def prepare_env(*, database_url: str | None = None, max_num_seqs: int = 64) -> P
     os.environ["BACKFILL_DATA_DIR"] = str(data)
     if database_url:
         os.environ["BACKFILL_DATABASE_URL"] = database_url
-    from worker.demo_model import build_demo_model
+    from worker.engine.demo_model import build_demo_model
 
     model_dir = build_demo_model(OUT / "models" / "backfill-demo")
     registry = {
@@ -90,13 +90,13 @@ def submit(
     window: str = "24h",
 ) -> str:
     """Upload + create + ingest a batch through the storage layer; return its id."""
-    from storage.batches import create_batch
-    from storage.blobs import get_blob_store
+    from storage.batches.batches import create_batch
     from storage.db import transaction
-    from storage.files import create_file
+    from storage.files.blobs import get_blob_store
+    from storage.files.files import create_file
     from storage.settings import get_settings
     from storage.tenants import get_or_create_tenant
-    from worker.ingest import ingest_batch
+    from worker.jobs.ingest import ingest_batch
 
     chunks = (json.dumps(line).encode() + b"\n" for line in lines)
     with transaction() as session:

@@ -47,7 +47,7 @@ def api_client():  # type: ignore[no-untyped-def]
 
 def submit_via_api(lines: list[dict[str, object]]) -> str:
     """Upload and create the batch through the API, then validate/enqueue it as a worker would."""
-    from worker import service
+    from worker.process import service
 
     client = api_client()
     data = b"".join(json.dumps(line).encode() + b"\n" for line in lines)
@@ -59,7 +59,7 @@ def submit_via_api(lines: list[dict[str, object]]) -> str:
 
 def fetch_output(batch_id: str, expected: int) -> float:
     """Finalize, download the output file through the API and check every line came back; return seconds."""
-    from worker import service
+    from worker.process import service
 
     client = api_client()
     started = time.perf_counter()
@@ -77,7 +77,7 @@ def run_backfill(lines: list[dict[str, object]]) -> dict[str, float]:
 
     from storage.db import transaction
     from storage.models import BatchRequest, EngineRun
-    from worker import service
+    from worker.process import service
 
     runner = service.get_runner("backfill-demo")
     runner.samples.clear()
@@ -165,7 +165,7 @@ def main() -> int:
     llm = make_llm(model_dir, args.max_num_seqs)
     lines = [chat_line(i, args.tokens) for i in range(args.requests)]
     run_vllm(llm, lines[:64])  # warm both engines the same way
-    from worker import service
+    from worker.process import service
 
     service.get_runner("backfill-demo")
     run_backfill([chat_line(i, 8) for i in range(64)])

@@ -1,6 +1,6 @@
 """GPU-timed runner benchmark: does Backfill's own work leave an 8x H100 node waiting? (issue 15, section 1)
 
-The real runner (worker/runner.py) feeds the GPU-timed fake (worker/engine/timed_fake.py: every step lasts
+The real runner (worker/feed/runner.py) feeds the GPU-timed fake (worker/engine/timed_fake.py: every step lasts
 the roofline time of its batch for Llama 3.1 70B FP8 on 8x H100, max_num_seqs 384) from the real Postgres
 queue: 4 tenants' batches uploaded and ingested as production does, results recorded under their leases,
 each batch's output file built (finalize, on a thread as the embedded worker does) and checked line by line.
@@ -96,7 +96,7 @@ class Finalizer(threading.Thread):
         self.cpu_seconds = 0.0
 
     def run(self) -> None:
-        from worker import service
+        from worker.process import service
 
         while (batch_id := self.wanted.get()) is not None:
             cpu = time.thread_time()
@@ -107,9 +107,9 @@ class Finalizer(threading.Thread):
 
 def check_outputs(batches: dict[str, int]) -> bool:
     """Every batch completed and its output file holds each custom_id exactly once, all 200s."""
-    from storage.blobs import get_blob_store
     from storage.db import transaction
-    from storage.files import get_file
+    from storage.files.blobs import get_blob_store
+    from storage.files.files import get_file
     from storage.models import Batch
 
     ok = True
@@ -131,13 +131,13 @@ def check_outputs(batches: dict[str, int]) -> bool:
 def run(requests: int, *, low: int, high: int, seed: int, profile: bool) -> dict[str, Any]:
     """Enqueue, feed the engine until the queue is drained and every output file is built; measure."""
     from storage.settings import get_settings
-    from worker import service
+    from worker.engine.factory import load_engine
     from worker.engine.timed_fake import TimedFakeEngine
-    from worker.runner import Runner
+    from worker.feed.runner import Runner
 
     batches = enqueue(requests, low=low, high=high, seed=seed)
     settings = get_settings()
-    engine = service.load_engine(settings, MODEL)
+    engine = load_engine(settings, MODEL)
     assert isinstance(engine, TimedFakeEngine)
     finalizer = Finalizer()
     finalizer.start()
@@ -233,10 +233,10 @@ def engine_limit(requests: int, *, low: int, high: int, seed: int) -> tuple[floa
     """The same engine fed from memory, no database: (requests/s, the limit a runner can reach; its own
     roofline ratio, how closely the fake keeps the roofline's time on this machine)."""
     from storage.settings import get_settings
-    from worker import service
     from worker.engine import EngineRequest
+    from worker.engine.factory import load_engine
 
-    engine = service.load_engine(get_settings(), MODEL)
+    engine = load_engine(get_settings(), MODEL)
     work = [
         line for t in range(TENANTS) for line in lines(requests // TENANTS, low=low, high=high, seed=seed, tenant=t)
     ]

@@ -171,8 +171,8 @@ def _serve(env: dict[str, str], port: int) -> tuple[subprocess.Popen[bytes], str
 def orphans(env: dict[str, str]) -> int:
     """Objects in the local store or bucket that no file row (or batch manifest) names."""
     os.environ.update(env)
-    from storage.blobs import get_blob_store
     from storage.db import transaction
+    from storage.files.blobs import get_blob_store
     from storage.models import Batch, File
 
     with transaction() as session:

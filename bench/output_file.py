@@ -19,13 +19,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main() -> int:
-    from storage import lifecycle
-    from storage.batches import get_batch
-    from storage.blobs import get_blob_store
+    from storage.batches import lifecycle
+    from storage.batches.batches import get_batch
     from storage.db import get_engine, transaction
-    from storage.files import tenant_folder
-    from storage.lines import result_line
-    from worker.finalize import _SUCCESS, _write
+    from storage.files.blobs import get_blob_store
+    from storage.files.files import tenant_folder
+    from storage.lines.reader import result_line
+    from worker.jobs.finalize import _SUCCESS, _write
 
     batch_id = sys.argv[1]
     blobs = get_blob_store()

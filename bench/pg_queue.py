@@ -32,7 +32,8 @@ def _worker(url: str, claim_size: int, start: Any, results: Any, index: int) -> 
     os.environ["BACKFILL_DATABASE_URL"] = url
     from storage.db import transaction
     from storage.queue.claim import claim
-    from storage.queue.results import Outcome, record
+    from storage.queue.leases import Outcome, record
+    from storage.settings import get_settings
 
     worker_id = f"bench-{index}"
     claimed: list[str] = []
@@ -41,7 +42,14 @@ def _worker(url: str, claim_size: int, start: Any, results: Any, index: int) -> 
     began = time.perf_counter()
     while True:
         with transaction() as session:
-            rows = claim(session, model="fake-model", worker_id=worker_id, limit=claim_size, lease_seconds=120)
+            rows = claim(
+                session,
+                settings=get_settings(),
+                model="fake-model",
+                worker_id=worker_id,
+                limit=claim_size,
+                lease_seconds=120,
+            )
         if not rows:
             break
         claimed.extend(row.id for row in rows)

@@ -169,7 +169,7 @@ def main() -> int:
 
     from storage.settings import ModelSpec, get_settings
     from worker.engine.vllm_engine import VllmEngine
-    from worker.runner import Runner
+    from worker.feed.runner import Runner
 
     spec = ModelSpec(
         path=str(model_dir),

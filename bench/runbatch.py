@@ -171,7 +171,7 @@ def main() -> int:
     parser.add_argument("--runbatch-jobs", type=int, default=3, help="how many of the small jobs run-batch runs")
     args = parser.parse_args()
     OUT.mkdir(exist_ok=True)
-    from worker.demo_model import build_demo_model
+    from worker.engine.demo_model import build_demo_model
 
     model_dir = build_demo_model(OUT / "models" / "backfill-demo")
     work = Path(tempfile.mkdtemp(prefix="runbatch-files-", dir=OUT))

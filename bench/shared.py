@@ -234,8 +234,8 @@ def harvest(
     from storage.db import transaction
     from storage.queue.backlog import open_count
     from storage.settings import get_settings
-    from worker.runner import Runner
-    from worker.service import load_engine
+    from worker.engine.factory import load_engine
+    from worker.feed.runner import Runner
 
     batch_id = submit_batch(lines, window=window)
     engine = load_engine(get_settings(), MODEL)

@@ -40,12 +40,12 @@ TENANTS = 4
 
 def _worker(index: int, run: str, args: dict[str, Any], ready: Any, go: Any, stop: Any, results: Any) -> None:
     """One GPU worker process: the runner on a fixed-step fake engine, beating, until told to stop."""
+    from storage.queue.workers import WorkerIdentity
     from storage.settings import get_settings
-    from storage.workers import WorkerIdentity
     from worker.engine import EngineRequest, EngineResult
     from worker.engine.fake import FakeEngine
-    from worker.liveness import Heartbeat, make_identity
-    from worker.runner import Runner
+    from worker.feed.runner import Runner
+    from worker.process.liveness import Heartbeat, make_identity
 
     class TimedSteps(FakeEngine):
         """The fake engine, counting time in `step` and every id it was handed."""
@@ -140,7 +140,7 @@ def waiting_on_locks(engine: sa.Engine) -> int:
 
 def reap_once() -> int:
     from storage.db import transaction
-    from worker.reaper import reap
+    from worker.jobs.reaper import reap
 
     with transaction() as session:
         return reap(session).requeued
@@ -230,8 +230,8 @@ def run(engine: sa.Engine, *, workers: int, args: argparse.Namespace, kill_at: f
 
 def exactly_once(engine: sa.Engine, batch_ids: list[str], total: int) -> dict[str, Any]:
     """Finalize the batches and count each custom_id across their output and error files."""
-    from storage.blobs import get_blob_store
-    from worker.finalize import finalize_batch
+    from storage.files.blobs import get_blob_store
+    from worker.jobs.finalize import finalize_batch
 
     blobs = get_blob_store()
     for batch_id in batch_ids:

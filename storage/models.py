@@ -19,6 +19,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from storage.protocols import OPENAI
+
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
     "uq": "uq_%(table_name)s_%(column_0_name)s",
@@ -94,7 +96,7 @@ class Batch(Base):
     warnings: Mapped[list[Any] | None] = mapped_column(JSON)
     output_file_id: Mapped[str | None] = mapped_column(String(64))
     error_file_id: Mapped[str | None] = mapped_column(String(64))
-    # The key of manifest.json (storage/manifests.py), written when the batch ended with results.
+    # The key of manifest.json (storage/batches/manifests.py), written when the batch ended with results.
     manifest_key: Mapped[str | None] = mapped_column(String(512))
     # `output_expires_after.seconds`: the output and error files expire this long after they are written.
     output_expires_after_seconds: Mapped[int | None] = mapped_column(Integer)
@@ -116,8 +118,8 @@ class Batch(Base):
     expired_at: Mapped[int | None] = mapped_column(BigInteger)
     cancelling_at: Mapped[int | None] = mapped_column(BigInteger)
     cancelled_at: Mapped[int | None] = mapped_column(BigInteger)
-    # Which API created the batch: "openai" or "anthropic" (storage/message_batches.py renders the latter).
-    protocol: Mapped[str] = mapped_column(String(16), default="openai", server_default="openai")
+    # Which API created the batch: "openai" or "anthropic" (storage/batches/message_batches.py renders the latter).
+    protocol: Mapped[str] = mapped_column(String(16), default=OPENAI.name, server_default=OPENAI.name)
     archived_at: Mapped[int | None] = mapped_column(BigInteger)  # results removed after their retention
     deleted_at: Mapped[int | None] = mapped_column(BigInteger)  # deleted by its owner; kept for accounting
     # The ended batch whose failed requests this one re-runs (storage/retries.py); None for a first attempt.

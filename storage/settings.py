@@ -13,6 +13,8 @@ from pydantic import BaseModel, Field, PositiveInt, ValidationError, field_valid
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError as PydanticSettingsError
 
+from storage.protocols import EMBEDDINGS_URL
+
 
 class SettingsError(RuntimeError):
     """A setting is missing or malformed; the message names the BACKFILL_ variable."""
@@ -88,7 +90,7 @@ class ModelSpec(BaseModel):
 
     def serves(self, endpoint: str) -> bool:
         """Whether this model can answer `endpoint`: embeddings need a pooling model, everything else a generator."""
-        return (self.runner == "pooling") == (endpoint == "/v1/embeddings")
+        return (self.runner == "pooling") == (endpoint == EMBEDDINGS_URL)
 
     def resolved_max_num_seqs(self) -> int:
         """`max_num_seqs`, or the planner's largest batch that fits when `max_num_seqs_from_planner` is on."""
@@ -181,7 +183,7 @@ class Settings(BaseSettings):
     switch_check_seconds: int = Field(default=10, ge=1)  # how often the backlog is re-read to decide
     switch_drain_seconds: int = Field(default=30, ge=0)  # in-flight work may finish this long, then goes back
     # A GPU worker told to stop (SIGTERM) lets in-flight work finish this long, then hands the rest back to
-    # the queue (worker/shutdown.py): keep it well inside the pod's terminationGracePeriodSeconds.
+    # the queue (worker/process/shutdown.py): keep it well inside the pod's terminationGracePeriodSeconds.
     shutdown_drain_seconds: int = Field(default=10, ge=0)
 
     # Worker and queue.
@@ -198,7 +200,7 @@ class Settings(BaseSettings):
     worker_stale_seconds: int = Field(default=15, ge=3, le=3600)
     worker_slot: str | None = Field(default=None, max_length=64)
     inflight_per_seq: int = Field(default=2, ge=1)
-    # The runner's claims, result commits and lease renewals on threads of their own (worker/queue_io.py),
+    # The runner's claims, result commits and lease renewals on threads of their own (worker/feed/queue_io.py),
     # so a slow transaction never leaves the engine idle between steps (bench/gpu_timed.py measures both).
     runner_io_thread: bool = False
     # An ingest that fails with an error no line explains is retried after 5, 10, 20 ... s, then fails its batch.
@@ -257,7 +259,7 @@ class Settings(BaseSettings):
     metrics_cache_seconds: float = Field(default=10.0, ge=0, le=300)  # queue gauges: one DB read per interval
     metrics_tenants_max: int = Field(default=50, ge=0, le=1000)  # tenants labelled by name; the rest "_other"
     metrics_goodput_window_seconds: int = Field(default=86400, ge=60)  # goodput of batches due since then or later
-    # Object layout (storage/blobs/layout.py): keys start with this prefix (no leading or trailing "/").
+    # Object layout (storage/files/blobs/layout.py): keys start with this prefix (no leading or trailing "/").
     object_prefix: str = Field(default="", pattern=_PLAIN_KEY_PREFIX, max_length=200)
     # Presigned links (a Backfill extension): default and longest expiry; S3 signs for at most 7 days.
     presign_default_seconds: int = Field(default=3600, ge=1, le=604800)

@@ -38,8 +38,8 @@ def free_port() -> int:
 def reset_caches() -> None:
     """Forget every cached settings-derived object (settings, engine, sessionmaker, blob store, waker)."""
     from storage import wakeups
-    from storage.blobs import get_blob_store
     from storage.db import get_engine, get_sessionmaker
+    from storage.files.blobs import get_blob_store
     from storage.settings import get_settings
 
     try:
@@ -159,7 +159,7 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.
         _migrated.add(url)
     _truncate_all()
     if request.param == "postgres":
-        from storage.blobs import get_blob_store
+        from storage.files.blobs import get_blob_store
 
         get_blob_store().ensure_bucket()  # type: ignore[attr-defined]
     yield Backend(request.param, env)
@@ -202,7 +202,7 @@ def start_server(*, with_worker: bool) -> tuple[LiveServer, callable]:  # type: 
 
     from api.app import create_app
     from storage.settings import get_settings
-    from worker.embedded import EmbeddedWorker
+    from worker.process.embedded import EmbeddedWorker
 
     worker = None
     if with_worker:
@@ -227,7 +227,7 @@ def start_server(*, with_worker: bool) -> tuple[LiveServer, callable]:  # type: 
         server.should_exit = True
         thread.join(10)
         if worker is not None:
-            worker.shutdown()
+            worker.process.shutdown()
 
     return LiveServer(f"http://127.0.0.1:{port}", worker), stop
 

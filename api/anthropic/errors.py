@@ -14,7 +14,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from storage.message_batch_lines import error_type
+from storage.lines.anthropic import error_type
 
 PREFIX = "/v1/messages"
 

@@ -8,10 +8,10 @@ from api.anthropic.deps import Caller
 from api.anthropic.schemas import MessageBatch
 from api.deps import DbSession
 from api.openai.schemas import BatchRetry
-from storage.batches import ANTHROPIC
-from storage.message_batches import request_counts
+from storage.batches.message_batches import request_counts
+from storage.batches.retries import retry_batch
+from storage.protocols import ANTHROPIC
 from storage.queue.batch_rows import queued_models
-from storage.retries import retry_batch
 from storage.wakeups import wake_after_commit
 
 router = APIRouter(prefix="/v1/messages/batches", tags=["message batches"])

@@ -1,7 +1,7 @@
 """Anthropic's Message Batches API: create, retrieve, list, cancel, delete, results.
 
 The same queue, leases, engines, finalize, reaper and cost accounting as OpenAI batches; only the shapes
-differ (storage/message_batches.py). The create body is streamed, never held whole.
+differ (storage/batches/message_batches.py). The create body is streamed, never held whole.
 """
 
 from __future__ import annotations
@@ -16,11 +16,9 @@ from fastapi.responses import StreamingResponse
 from api.anthropic.deps import Caller
 from api.anthropic.schemas import DeletedMessageBatch, MessageBatch, MessageBatchList, MessageBatchPriority
 from api.deps import Blobs, Config, Cursor, DbSession
-from storage.batch_control import pause_batch, resume_batch, set_priority
-from storage.batches import ANTHROPIC
-from storage.finance.goodput import batch_goodput
-from storage.finance.job_cost import batch_cost_json
-from storage.message_batches import (
+from api.paging import cursor_fields
+from storage.batches.control import pause_batch, resume_batch, set_priority
+from storage.batches.message_batches import (
     cancel_message_batch,
     create_message_batch,
     delete_message_batch,
@@ -29,8 +27,11 @@ from storage.message_batches import (
     request_counts,
     results_stream,
 )
+from storage.batches.retries import retry_ids_of
+from storage.finance.goodput import batch_goodput
+from storage.finance.job_cost import batch_cost_json
 from storage.models import Batch
-from storage.retries import retry_ids_of
+from storage.protocols import ANTHROPIC
 from storage.settings import Settings
 from storage.wakeups import wake_after_commit
 
@@ -108,9 +109,7 @@ def list_all(
     page = [MessageBatch.of(row, request_counts(row), base_url=base) for row in rows]
     return MessageBatchList(
         data=page,
-        has_more=has_more,
-        first_id=page[0].id if page else None,
-        last_id=page[-1].id if page else None,
+        **cursor_fields(page, has_more=has_more),
     )
 
 

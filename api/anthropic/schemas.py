@@ -7,8 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from storage.batches import batch_errors
-from storage.message_batches import RequestCounts, ended_at, processing_status
+from storage.batches.batches import batch_errors
+from storage.batches.message_batches import RequestCounts, ended_at, processing_status
 from storage.models import Batch
 
 

@@ -17,13 +17,14 @@ from fastapi.responses import HTMLResponse
 from api.deps import Caller, Config, Cursor, DbSession
 from api.errors import error_responses
 from api.pages import page_response
-from storage.batches import ENDPOINTS, get_batch, search_batches
+from storage.batches.batches import get_batch, search_batches
 from storage.clock import now_f
 from storage.errors import InvalidRequest, PermissionDenied
 from storage.finance.job_cost import batch_cost_json
 from storage.metrics.events import ENGINE_BUSY_SECONDS
 from storage.metrics.queue_state import QUEUE_STATE
 from storage.models import Batch
+from storage.protocols import OPENAI
 from storage.queue.failures import failures_by_code
 
 router = APIRouter(prefix="/v1/console", tags=["console"])
@@ -83,7 +84,7 @@ def whoami(caller: Caller, settings: Config) -> dict[str, Any]:
     return {
         "object": "console.session",
         "is_admin": caller.is_admin,
-        "endpoints": list(ENDPOINTS),
+        "endpoints": list(OPENAI.endpoints),
         "completion_windows": {name: str(rate) for name, rate in sorted(settings.completion_windows.items())},
     }
 

@@ -13,10 +13,10 @@ from api.deps import Caller, Config, DbSession
 from api.finance import budgets
 from api.finance import reports as organization
 from api.pages import page_response
-from storage.batches import get_batch
+from storage.batches.batches import get_batch
 from storage.errors import InvalidRequest
 from storage.finance.job_cost import batch_cost_json
-from storage.lines import clip
+from storage.lines.reader import clip
 from storage.planning.roofline import (
     BOUNDS,
     EXAMPLE_CONTEXT,

@@ -10,12 +10,12 @@ from fastapi.responses import StreamingResponse
 from api.deps import Caller, DbSession
 from api.errors import error_responses
 from api.openai.schemas import BatchObject, BatchRetry
-from storage.batch_results import merged_results, results_so_far
-from storage.batches import OPENAI
+from storage.batches.results import merged_results, results_so_far
+from storage.batches.retries import retry_batch
 from storage.errors import InvalidRequest
+from storage.protocols import OPENAI
 from storage.queue.batch_rows import queued_models
 from storage.queue.usage import batch_usages
-from storage.retries import retry_batch
 from storage.wakeups import wake_after_commit
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])

@@ -9,17 +9,19 @@ from fastapi import APIRouter, Query
 from api.deps import Blobs, Caller, Config, Cursor, DbSession
 from api.errors import error_responses
 from api.openai.schemas import BatchCreate, BatchList, BatchObject, BatchPriority
-from storage.batch_control import check_priority, pause_batch, resume_batch, set_priority
-from storage.batches import OPENAI, cancel_batch, create_batch, get_batch, list_batches
+from api.paging import cursor_fields
+from storage.batches.batches import cancel_batch, create_batch, get_batch, list_batches
+from storage.batches.control import check_priority, pause_batch, resume_batch, set_priority
+from storage.batches.retries import retry_ids_of
 from storage.errors import InvalidRequest, ModelNotFound
-from storage.files import get_file
+from storage.files.files import get_file
 from storage.finance.budgets import check_file_within_budget, parse_usd
 from storage.finance.goodput import batch_goodput
 from storage.finance.job_cost import batch_cost_json
-from storage.lines import clip, peek_model
+from storage.lines.reader import clip, peek_model
 from storage.planning.estimates import estimate_job, shape_of_jsonl
+from storage.protocols import OPENAI
 from storage.queue.usage import batch_usages
-from storage.retries import retry_ids_of
 from storage.wakeups import wake_after_commit
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
@@ -138,12 +140,7 @@ def list_all(
     usages = batch_usages(session, batch_ids=[row.id for row in rows[:limit]])
     retries = retry_ids_of(session, batch_ids=[row.id for row in rows[:limit]])
     page = [BatchObject.of(row, usage=usages[row.id], retries=retries[row.id]) for row in rows[:limit]]
-    return BatchList(
-        data=page,
-        first_id=page[0].id if page else None,
-        last_id=page[-1].id if page else None,
-        has_more=len(rows) > limit,
-    )
+    return BatchList(data=page, **cursor_fields(page, has_more=len(rows) > limit))
 
 
 @router.post("/{batch_id}/cancel", response_model=BatchObject, responses=error_responses(409))

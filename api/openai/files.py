@@ -10,9 +10,10 @@ from fastapi.responses import StreamingResponse
 
 from api.deps import Blobs, Caller, Config, Cursor, DbSession
 from api.openai.schemas import FileDeleted, FileList, FileObject
+from api.paging import cursor_fields
 from storage.errors import InvalidRequest, UploadTooLarge
-from storage.files import check_filename, content_disposition, create_file, delete_file, get_file, list_files
-from storage.lines import check_utf8_jsonl, clip
+from storage.files.files import check_filename, content_disposition, create_file, delete_file, get_file, list_files
+from storage.lines.reader import check_utf8_jsonl, clip
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
 
@@ -98,12 +99,7 @@ def list_all_files(
     """List the caller's files, newest first."""
     rows = list_files(session, tenant_id=caller.tenant_id, purpose=purpose, after=after, limit=limit, order=order)
     page = [FileObject.of(row) for row in rows[:limit]]
-    return FileList(
-        data=page,
-        first_id=page[0].id if page else None,
-        last_id=page[-1].id if page else None,
-        has_more=len(rows) > limit,
-    )
+    return FileList(data=page, **cursor_fields(page, has_more=len(rows) > limit))
 
 
 @router.get("/{file_id}", response_model=FileObject)

@@ -6,11 +6,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from storage.batches import ENDPOINTS, batch_errors
+from storage.batches.batches import batch_errors
+from storage.batches.windows import is_background_window
 from storage.finance.budgets import usd, usd_text
 from storage.models import Batch, File
+from storage.protocols import OPENAI
 from storage.queue.usage import TokenUsage
-from storage.windows import is_background_window
 
 
 class FileObject(BaseModel):
@@ -87,8 +88,8 @@ class BatchCreate(BaseModel):
     @field_validator("endpoint")
     @classmethod
     def _endpoint_known(cls, value: str) -> str:
-        if value not in ENDPOINTS:
-            raise ValueError(f"must be one of {', '.join(ENDPOINTS)}")
+        if value not in OPENAI.endpoints:
+            raise ValueError(f"must be one of {', '.join(OPENAI.endpoints)}")
         return value
 
     @field_validator("metadata")

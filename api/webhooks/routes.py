@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from api.deps import Caller, Config, Cursor, DbSession
+from api.paging import cursor_fields
 from api.webhooks.schemas import (
     WebhookDeliveryList,
     WebhookDeliveryObject,
@@ -62,9 +63,7 @@ def list_all(session: DbSession, caller: Caller, after: Cursor = None, limit: Li
     page = [WebhookEndpointObject.of(row) for row in rows[:limit]]
     return WebhookEndpointList(
         data=page,
-        first_id=page[0].id if page else None,
-        last_id=page[-1].id if page else None,
-        has_more=len(rows) > limit,
+        **cursor_fields(page, has_more=len(rows) > limit),
     )
 
 
@@ -120,9 +119,7 @@ def deliveries(
     page = [WebhookDeliveryObject.of(view) for view in views[:limit]]
     return WebhookDeliveryList(
         data=page,
-        first_id=page[0].id if page else None,
-        last_id=page[-1].id if page else None,
-        has_more=len(views) > limit,
+        **cursor_fields(page, has_more=len(views) > limit),
     )
 
 

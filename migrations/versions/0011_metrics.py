@@ -4,7 +4,7 @@ Revision ID: 0011_metrics
 Revises: 0012_queue_body_lz4
 Create Date: 2026-12-10 09:00:00.000000
 
-`batches.manifest_key` names the batch's manifest.json in object storage (storage/manifests.py). Batches
+`batches.manifest_key` names the batch's manifest.json in object storage (storage/batches/manifests.py). Batches
 that ended before it existed keep NULL: they have no manifest, and their files keep their own keys.
 """
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
-
 
 revision = "0011_metrics"
 down_revision = "0012_queue_body_lz4"

@@ -2,7 +2,7 @@
 
 Spend is what the tenant is billed (`billed_usd`: list price less the window's discount) for completed
 requests, by the one pricing function (`price_job`); a month's spend counts requests that finished in it,
-as `/v1/organization/costs` does. The check runs where results are recorded (`storage.queue.results.record`),
+as `/v1/organization/costs` does. The check runs where results are recorded (`storage.queue.leases.record`),
 in the transaction that stores them: once a batch's billed cost reaches its cap, or its tenant's month is
 spent, the batch's *queued* requests end as `budget_exceeded` error lines (the way cancel closes them) and
 nothing of it is claimed again. Requests already running finish and are billed, so a stop overruns the cap
@@ -21,10 +21,10 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from storage import lifecycle
-from storage.blobs import BlobStore
+from storage.batches import lifecycle
 from storage.clock import now
 from storage.errors import BudgetExceeded, InvalidRequest
+from storage.files.blobs import BlobStore
 from storage.finance.prices import price_book, price_job
 from storage.models import Batch, BatchRequest, Tenant
 from storage.planning.estimates import shape_of_jsonl

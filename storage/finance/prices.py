@@ -205,7 +205,8 @@ def _version_from_dict(item: Mapping[str, Any]) -> PriceVersion:
         raise ValueError(f"price entry {dict(item)!r} lacks {missing}") from None
 
 
-def _usd(value: Decimal) -> str:
+def usd_text(value: Decimal) -> str:
+    """Dollars as the API shows them: a string with six decimal places, rounded half up."""
     return str(value.quantize(_USD_PLACES, ROUND_HALF_UP))
 
 
@@ -232,15 +233,15 @@ class CostBlock:
         return {
             "input_tokens": self.input_tokens,
             "cached_input_tokens": self.cached_input_tokens,
-            "cached_input_usd_per_mtok": None if cached_price is None else _usd(cached_price),
+            "cached_input_usd_per_mtok": None if cached_price is None else usd_text(cached_price),
             "output_tokens": self.output_tokens,
-            "list_usd": _usd(self.list_usd),
+            "list_usd": usd_text(self.list_usd),
             "discount_pct": str(self.discount_pct.quantize(Decimal("0.01"), ROUND_HALF_UP)),
-            "discount_usd": _usd(self.discount_usd),
-            "billed_usd": _usd(self.billed_usd),
+            "discount_usd": usd_text(self.discount_usd),
+            "billed_usd": usd_text(self.billed_usd),
             "gpu_seconds": str(self.gpu_seconds.quantize(Decimal("0.001"), ROUND_HALF_UP)),
-            "compute_usd": _usd(self.compute_usd),
-            "margin_usd": _usd(self.margin_usd),
+            "compute_usd": usd_text(self.compute_usd),
+            "margin_usd": usd_text(self.margin_usd),
             "mean_batch_size": (
                 None
                 if self.mean_batch_size is None
@@ -279,7 +280,7 @@ def cost_block(
     discount_usd = list_usd * discount
     billed_usd = list_usd - discount_usd
     gpu_seconds = to_decimal(busy_seconds) * gpu_count
-    compute_usd = gpu_seconds * usd_per_gpu_hour / _SECONDS_PER_HOUR
+    compute_usd = gpu_cost(gpu_seconds, usd_per_gpu_hour)
     return CostBlock(
         input_tokens=input_tokens,
         output_tokens=output_tokens,
@@ -322,7 +323,12 @@ def price_book(settings: Settings) -> PriceBook:
 
 def compute_usd(busy_seconds: Decimal, book: PriceBook) -> Decimal:
     """What `busy_seconds` of the whole node cost: seconds x GPUs x price per GPU-hour / 3600."""
-    return busy_seconds * book.gpu_count * book.usd_per_gpu_hour / _SECONDS_PER_HOUR
+    return gpu_cost(busy_seconds * book.gpu_count, book.usd_per_gpu_hour)
+
+
+def gpu_cost(gpu_seconds: Decimal, usd_per_gpu_hour: Decimal) -> Decimal:
+    """The one compute-cost formula: GPU-seconds x price per GPU-hour / 3600."""
+    return gpu_seconds * usd_per_gpu_hour / _SECONDS_PER_HOUR
 
 
 def price_job(

@@ -21,11 +21,11 @@ from typing import Any
 from sqlalchemy import ColumnElement, Integer, cast, func, literal_column, select
 from sqlalchemy.orm import Session
 
-from storage import lifecycle
+from storage.batches import lifecycle
 from storage.errors import InvalidRequest
 from storage.finance.attribution import RunShare, attribute_busy_seconds, attribute_runs
-from storage.finance.prices import price_book, price_job
-from storage.lines import clip
+from storage.finance.prices import price_book, price_job, usd_text
+from storage.lines.reader import clip
 from storage.models import Batch, BatchRequest
 from storage.settings import Settings
 
@@ -39,7 +39,6 @@ GROUP_FIELDS = {
     "completion_window": "completion_window",
     "protocol": "protocol",  # the API the batch came through: openai or anthropic
 }
-_USD = Decimal("0.000001")
 _GROUP_COLUMNS = {
     "tenant": BatchRequest.tenant_id,
     "model": BatchRequest.model,
@@ -82,10 +81,6 @@ def _day_index(session: Session) -> ColumnElement[int]:
     return cast(func.floor(days), Integer)
 
 
-def _usd(value: Decimal) -> str:
-    return str(value.quantize(_USD, ROUND_HALF_UP))
-
-
 @dataclass
 class CostResult:
     """One row of a day: money and tokens of one group (or of everything when not grouped)."""
@@ -110,12 +105,12 @@ class CostResult:
         """OpenAI's costs result with Backfill's breakdown; money as Decimal strings rounded here."""
         return {
             "object": "organization.costs.result",
-            "amount": {"value": _usd(self.billed_usd), "currency": "usd"},
-            "list_usd": _usd(self.list_usd),
-            "billed_usd": _usd(self.billed_usd),
-            "discount_usd": _usd(self.discount_usd),
-            "compute_usd": _usd(self.compute_usd),
-            "margin_usd": _usd(self.margin_usd),
+            "amount": {"value": usd_text(self.billed_usd), "currency": "usd"},
+            "list_usd": usd_text(self.list_usd),
+            "billed_usd": usd_text(self.billed_usd),
+            "discount_usd": usd_text(self.discount_usd),
+            "compute_usd": usd_text(self.compute_usd),
+            "margin_usd": usd_text(self.margin_usd),
             "gpu_seconds": str(self.gpu_seconds.quantize(Decimal("0.001"), ROUND_HALF_UP)),
             "input_tokens": self.input_tokens,
             "input_cached_tokens": self.input_cached_tokens,

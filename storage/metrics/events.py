@@ -27,7 +27,7 @@ PROCESS_INFO = Gauge(
     multiprocess_mode="max",
 )
 
-# -- engine (worker/metrics.py feeds these from the runner) ------------------------------------------
+# -- engine (worker/feed/probe.py feeds these from the runner) ------------------------------------------
 ENGINE_BUSY_SECONDS = Counter("backfill_engine_busy_seconds", "Seconds spent inside engine steps.", ["model"])
 ENGINE_STEPS = Counter("backfill_engine_steps", "Engine steps.", ["model"])
 ENGINE_SEQ_STEPS = Counter(

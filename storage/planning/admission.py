@@ -1,18 +1,25 @@
-"""Admission: can a just-enqueued job, and the jobs accepted before it, finish inside their windows?"""
+"""Admission: may a just-enqueued job stay (its tenant's quota), and can it and the jobs accepted before it finish
+inside their windows? `admit` returns the verdict, with its message."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from decimal import Decimal
+from typing import Any
 
 from sqlalchemy.orm import Session
 
 from storage.clock import now_f
+from storage.models import Batch
 from storage.planning.shapes import work_of
 from storage.planning.throughput import Throughput, throughput
 from storage.queue.backlog import OpenJob, open_jobs
 from storage.settings import Settings
+from storage.tenants import tenant_name
+
+Problem = dict[str, Any]  # a batch-level entry of `errors.data` / `warnings.data`
 
 
 def edf_finish_times(
@@ -76,3 +83,96 @@ def admission_check(
     deadlines = {job.batch_id: job.deadline for job in jobs}
     newly_late = tuple(sorted(b for b, t in without.items() if t <= deadlines[b] < with_job[b]))
     return Admission(batch_id, deadlines.get(batch_id, 0), with_job.get(batch_id, at), rate, newly_late)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Admission's answer for a job: a rejection (the batch fails with it), or warnings to keep on the batch."""
+
+    rejection: Problem | None = None
+    warnings: tuple[Problem, ...] = ()
+
+
+def admit(session: Session, settings: Settings, *, batch: Batch, models: Iterable[str]) -> Verdict:
+    """Judge a job whose rows are queued but not yet committed, model by model: the tenant's enqueued-token
+    quota (`token_limit_exceeded`), then whether it and the jobs accepted before it finish inside their
+    windows at the measured throughput (`admission_policy`: a `deadline_at_risk` warning, or
+    `deadline_infeasible`)."""
+    warnings: list[Problem] = []
+    for model in models:
+        rejection, more = _admit_model(session, settings, batch=batch, model=model)
+        if rejection is not None:
+            return Verdict(rejection)
+        warnings += more
+    return Verdict(None, tuple(warnings))
+
+
+def _admit_model(
+    session: Session, settings: Settings, *, batch: Batch, model: str
+) -> tuple[Problem | None, list[Problem]]:
+    limit = _token_limit(session, settings, tenant_id=batch.tenant_id)
+    if limit is None and settings.admission_policy == "off":
+        return None, []
+    jobs = open_jobs(session, model=model)
+    if limit is not None:
+        mine = [job for job in jobs if job.tenant_id == batch.tenant_id]
+        enqueued = sum(job.shape.input_tokens for job in mine)
+        if enqueued > limit:
+            added = sum(job.shape.input_tokens for job in mine if job.batch_id == batch.id)
+            quota = _quota_problem(session, batch, model=model, limit=limit, enqueued=enqueued - added, added=added)
+            return quota, []
+    if settings.admission_policy == "off":
+        return None, []
+    check = admission_check(session, batch_id=batch.id, model=model, settings=settings, jobs=jobs)
+    if check.fits:
+        return None, []
+    measured = check.throughput.source == "measured"
+    if settings.admission_policy == "reject" and measured:
+        return _problem("deadline_infeasible", _deadline_message(check, rejected=True)), []
+    return None, [_problem("deadline_at_risk", _deadline_message(check, rejected=False))]
+
+
+def _problem(code: str, message: str) -> Problem:
+    """A batch-level entry in OpenAI's `errors.data` shape (no line: it concerns the whole job)."""
+    return {"code": code, "message": message, "param": None, "line": None}
+
+
+def _token_limit(session: Session, settings: Settings, *, tenant_id: str) -> int | None:
+    """The tenant's enqueued-token limit per model: its override (by id or name), else the default."""
+    overrides = settings.enqueued_token_limits
+    if tenant_id in overrides:
+        return overrides[tenant_id]
+    name = tenant_name(session, tenant_id=tenant_id) if overrides else None
+    if name is not None and name in overrides:
+        return overrides[name]
+    return settings.enqueued_token_limit
+
+
+def _quota_problem(session: Session, batch: Batch, *, model: str, limit: int, enqueued: int, added: int) -> Problem:
+    name = tenant_name(session, tenant_id=batch.tenant_id) or batch.tenant_id
+    message = (
+        f"Enqueued token limit reached for {model} in organization {name}. Limit: {limit:,} enqueued "
+        f"tokens; {enqueued:,} are already enqueued and this batch adds about {added:,}. Please try again "
+        "once some in_progress batches have been completed, or submit a smaller batch."
+    )
+    return _problem("token_limit_exceeded", message)
+
+
+def _deadline_message(check: Admission, *, rejected: bool) -> str:
+    rate = check.throughput
+    speed = f"{rate.work_per_second:,.0f} tokens/s"
+    basis = f"the measured {speed}" if rate.source == "measured" else f"an assumed {speed} (not measured yet)"
+    parts = []
+    if check.finish_at > check.deadline_at:
+        parts.append(
+            f"this batch is estimated to finish at {_utc(check.finish_at)}, after its completion window "
+            f"closes at {_utc(check.deadline_at)}"
+        )
+    if check.newly_late:
+        parts.append(f"it would push {len(check.newly_late)} accepted batches past their deadlines")
+    outcome = "The batch was not enqueued." if rejected else "The batch was accepted anyway; it may expire unfinished."
+    return f"At {basis} behind the current backlog, {' and '.join(parts)}. {outcome}"
+
+
+def _utc(at: float) -> str:
+    return datetime.fromtimestamp(at, tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

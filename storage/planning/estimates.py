@@ -19,14 +19,14 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from storage.batches.windows import BACKGROUND_DEADLINE, is_background_window
 from storage.clock import now_f
 from storage.finance.prices import CostBlock, price_book, price_job
-from storage.lines import LineChecker, LineError, iter_lines
-from storage.planning.shapes import BYTES_PER_TOKEN, DEFAULT_MAX_TOKENS, JobShape, output_limit
+from storage.lines.reader import LineChecker, LineError, iter_lines
+from storage.planning.shapes import BYTES_PER_TOKEN, DEFAULT_MAX_TOKENS, JobShape, output_limit, work_of
 from storage.planning.throughput import DEFAULT_TOKENS_PER_SECOND, Throughput, measured_throughput
 from storage.queue.backlog import backlog
 from storage.settings import Settings, window_seconds
-from storage.windows import BACKGROUND_DEADLINE, is_background_window
 
 MAX_PROBLEMS = 20  # line problems an estimate echoes; `skipped_lines` counts them all
 
@@ -124,13 +124,12 @@ def estimate_job(
     if default_tokens_per_second <= 0:
         raise ValueError("the default throughput must be positive")
     at = now_f() if at is None else at
-    weight = float(settings.prefill_weight)
     rate = measured_throughput(session, model=model, prefill_weight=settings.prefill_weight) or Throughput(
         default_tokens_per_second, default_tokens_per_second, "default", 0
     )
     queued = backlog(session, model=model)
-    backlog_seconds = (queued.output_tokens + weight * queued.input_tokens) / rate.work_per_second
-    job_seconds = (shape.output_tokens + weight * shape.input_tokens) / rate.work_per_second
+    backlog_seconds = work_of(queued, settings.prefill_weight) / rate.work_per_second
+    job_seconds = work_of(shape, settings.prefill_weight) / rate.work_per_second
     cost = price_job(
         price_book(settings),
         model=model,

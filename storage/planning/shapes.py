@@ -11,12 +11,13 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from storage.lines import LineError
+from storage.lines.reader import LineError
+from storage.protocols import EMBEDDINGS_URL
 
 DEFAULT_MAX_TOKENS = 256
 MAX_OUTPUT_TOKENS = 2**31 - 1  # `max_output_tokens` is a 32-bit column; no engine produces more anyway
 BYTES_PER_TOKEN = 4
-_NO_OUTPUT_URLS = frozenset({"/v1/embeddings"})
+_NO_OUTPUT_URLS = frozenset({EMBEDDINGS_URL})
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,11 @@ def request_size(url: str, body: Any, *, line_bytes: int) -> tuple[int, int]:
     return -(-line_bytes // BYTES_PER_TOKEN), output_limit(body, url)
 
 
+def work(*, output_tokens: float, input_tokens: float, prefill_weight: Decimal) -> float:
+    """The one work formula, in output-token equivalents: output + prefill_weight x input tokens."""
+    return output_tokens + float(prefill_weight) * input_tokens
+
+
 def work_of(shape: JobShape, prefill_weight: Decimal) -> float:
-    """Output-token equivalents of a shape: output + prefill_weight x input tokens."""
-    return shape.output_tokens + float(prefill_weight) * shape.input_tokens
+    """The work of a shape (`work`)."""
+    return work(output_tokens=shape.output_tokens, input_tokens=shape.input_tokens, prefill_weight=prefill_weight)

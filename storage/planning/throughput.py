@@ -9,7 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from storage.models import EngineRun
-from storage.planning.shapes import work_of
+from storage.planning.shapes import work, work_of
 from storage.queue.backlog import backlog
 from storage.settings import Settings
 
@@ -44,10 +44,10 @@ def measured_throughput(
     ).all()
     busy = sum(float(b) for b, _, _ in rows)
     output = sum(int(c) for _, _, c in rows)
-    work = output + float(prefill_weight) * sum(int(p) for _, p, _ in rows)
-    if busy < MIN_MEASURED_SECONDS or work <= 0:
+    done = work(output_tokens=output, input_tokens=sum(int(p) for _, p, _ in rows), prefill_weight=prefill_weight)
+    if busy < MIN_MEASURED_SECONDS or done <= 0:
         return None
-    return Throughput(work / busy, output / busy, "measured", len(rows))
+    return Throughput(done / busy, output / busy, "measured", len(rows))
 
 
 def throughput(

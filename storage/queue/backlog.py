@@ -5,13 +5,13 @@ Jobs are sized as ingest stored them (`est_input_tokens`, `max_output_tokens`): 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
 
-from storage import lifecycle
+from storage.batches import lifecycle
 from storage.models import Batch, BatchRequest
 from storage.planning.shapes import JobShape
 
@@ -26,6 +26,16 @@ def open_count(session: Session, *, batch_id: str) -> int:
         )
         or 0
     )
+
+
+def batch_done(session: Session, *, batch_id: str) -> bool:
+    """Whether none of the batch's requests is still queued or running: the one test before finalize."""
+    return open_count(session, batch_id=batch_id) == 0
+
+
+def done_batches(session: Session, *, batch_ids: Iterable[str]) -> list[str]:
+    """Those of `batch_ids` that are done (`batch_done`), in the order given."""
+    return [batch_id for batch_id in batch_ids if batch_done(session, batch_id=batch_id)]
 
 
 def batches_ready_to_finalize(session: Session) -> list[str]:

@@ -1,5 +1,5 @@
-"""One batch's rows as a whole: the models it queues, rows no worker can serve, and scrubbing the content
-of a deleted or archived batch. Used for Anthropic Message Batches, which may mix models."""
+"""One batch's rows as a whole: the models it queues, rows no worker can serve, closing its open rows (on
+cancel and expiry), and scrubbing the content of a deleted or archived batch."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ from collections.abc import Collection
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from storage import lifecycle
-from storage.batches import add_counts, close_open_requests
-from storage.clock import now_f
+from storage.batches import batches, lifecycle
+from storage.clock import now, now_f
 from storage.models import Batch, BatchRequest
 
 UNSERVED_CODE = "model_not_found"
@@ -52,7 +51,7 @@ def fail_unserved(session: Session, *, batch_id: str, served: Collection[str]) -
         )
         ended += int(result.rowcount or 0)  # type: ignore[attr-defined]
     if ended:
-        add_counts(session, batch_id=batch_id, completed=0, failed=ended)
+        batches.add_counts(session, batch_id=batch_id, completed=0, failed=ended)
     return ended
 
 
@@ -73,3 +72,30 @@ def scrub_content(session: Session, *, batch_id: str) -> None:
         .values(body={}, response_body=None, error_message=None)
         .execution_options(synchronize_session=False)
     )
+
+
+def close_open_requests(
+    session: Session, *, batch: Batch, statuses: tuple[str, ...], status: str, code: str, message: str
+) -> int:
+    """End the batch's requests in `statuses` as error lines with `code`; return how many."""
+    result = session.execute(
+        update(BatchRequest)
+        .where(BatchRequest.batch_id == batch.id, BatchRequest.status.in_(statuses))
+        .values(
+            status=status,
+            error_code=code,
+            error_message=message,
+            lease_owner=None,
+            lease_expires_at=None,
+            finished_at=now(),
+        )
+        .execution_options(synchronize_session=False)
+    )
+    count = int(result.rowcount or 0)  # type: ignore[attr-defined]
+    if count:
+        session.flush()
+        ended = {"cancelled": count} if status == lifecycle.REQ_CANCELLED else {}
+        ended = {"expired": count} if status == lifecycle.REQ_EXPIRED else ended
+        batches.add_counts(session, batch_id=batch.id, completed=0, failed=count, **ended)
+        session.refresh(batch)
+    return count

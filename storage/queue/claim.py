@@ -13,12 +13,12 @@ from typing import Any
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from storage import lifecycle
+from storage.batches import lifecycle
 from storage.clock import now_f
 from storage.models import BatchRequest
 from storage.queue.claim_order import ClaimOrder, claim_order, pick
-from storage.queue.rows import ids_match
-from storage.settings import get_settings
+from storage.queue.enqueue import ids_match
+from storage.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,7 @@ def claim(
     worker_id: str,
     limit: int,
     lease_seconds: int,
+    settings: Settings,
     order: ClaimOrder | None = None,
     held: Collection[str] = (),
 ) -> list[ClaimedRequest]:
@@ -52,13 +53,13 @@ def claim(
     Urgent rows (deadline inside the urgency horizon) go first, earliest deadline first across tenants;
     the rest is shared equally by tenant, grouped by prompt prefix within a deadline bucket (see
     storage/queue/claim_order.py). Rows are locked with SKIP LOCKED, so concurrent workers never claim the same
-    row. `order` defaults to the one the settings and the backlog give. A row in `held` (already running
+    row. `order` defaults to the one `settings` and the backlog give. A row in `held` (already running
     in this worker's engine, re-queued under it by the reaper) is a re-lease: its attempt is given back.
     """
     if limit <= 0:
         return []
     if order is None:
-        order = claim_order(session, model=model, settings=get_settings())
+        order = claim_order(session, model=model, settings=settings)
     ids = pick(session, model=model, limit=limit, order=order)
     if not ids:
         return []

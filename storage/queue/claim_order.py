@@ -22,12 +22,12 @@ from typing import Any
 from sqlalchemy import Select, all_, func, select, true
 from sqlalchemy.orm import Session
 
-from storage import lifecycle
+from storage.batches import lifecycle
 from storage.clock import now
 from storage.models import BatchRequest
 from storage.planning.throughput import drain_seconds
 from storage.queue.claim_tiers import claim_bands
-from storage.queue.rows import id_array
+from storage.queue.enqueue import id_array
 from storage.settings import Settings
 
 HORIZON_MAX_AGE_SECONDS = 15.0

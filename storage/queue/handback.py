@@ -10,7 +10,7 @@ from __future__ import annotations
 from sqlalchemy import ColumnElement, exists, select, update
 from sqlalchemy.orm import Session
 
-from storage import lifecycle
+from storage.batches import lifecycle
 from storage.models import Batch, BatchRequest
 
 

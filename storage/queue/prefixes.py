@@ -11,14 +11,9 @@ from typing import Any
 
 import orjson
 
-CHAT_URL = "/v1/chat/completions"
+from storage.protocols import CHAT_URL, COMPLETIONS_URL, MESSAGES_URL, RESPONSES_URL
 
-
-COMPLETIONS_URL = "/v1/completions"
-
-
-RESPONSES_URL = "/v1/responses"
-MESSAGES_URL = "/v1/messages"  # Anthropic: like chat, with the system prompt (a separate field) leading
+# Anthropic's /v1/messages is keyed like chat, with the system prompt (a separate field) leading.
 
 
 def prefix_key_of(url: str, body: dict[str, Any], *, chars: int) -> str:

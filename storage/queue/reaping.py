@@ -14,12 +14,13 @@ from typing import Any
 from sqlalchemy import ColumnElement, select, update
 from sqlalchemy.orm import Session
 
-from storage import lifecycle
-from storage.batches import add_counts, close_open_requests
+from storage.batches import lifecycle
+from storage.batches.batches import add_counts
 from storage.clock import now, now_f
 from storage.models import Batch, BatchRequest
-from storage.queue.rows import lock_batches_of
-from storage.workers import live_worker_ids
+from storage.queue.batch_rows import close_open_requests
+from storage.queue.enqueue import lock_batches_of
+from storage.queue.workers import live_worker_ids
 
 
 def release_expired_leases(session: Session, *, max_attempts: int, stale_seconds: float | None = None) -> int:

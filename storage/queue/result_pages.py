@@ -16,10 +16,10 @@ from typing import Any
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
-from storage import lifecycle
+from storage.batches import lifecycle
 from storage.db import transaction
 from storage.models import BatchRequest
-from storage.queue.results import ResultRow
+from storage.queue.leases import ResultRow
 
 PAGE_ROWS = 1000
 _TERMINAL = tuple(sorted(lifecycle.REQ_TERMINAL))

@@ -7,10 +7,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from storage import lifecycle
+from storage.batches import lifecycle
 from storage.ids import IdPool
 from storage.models import Batch, BatchRequest
-from storage.queue.rows import insert_rows
+from storage.queue.enqueue import insert_rows
 
 _ROW_IDS = IdPool("batch_req_")
 

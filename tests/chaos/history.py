@@ -23,7 +23,7 @@ from typing import Any
 
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
 # Faults that can interrupt a request the engine is running (its lease then lapses and the reaper re-queues
-# it). The reaper gives up on a request interrupted MAX_ATTEMPTS times (worker/reaper.py) with `engine_error`.
+# it). The reaper gives up on a request interrupted MAX_ATTEMPTS times (worker/jobs/reaper.py) with `engine_error`.
 INTERRUPTING_FAULTS = frozenset({"kill_gpu", "kill_one_gpu", "pg_stop"})
 MAX_ATTEMPTS = 3
 

@@ -4,8 +4,8 @@
 the BACKFILL_CHAOS_SIZE workload. The default seeds kill -9 every process kind and take S3 down during
 upload and during finalize (1: GPU worker; 4: S3 at finalize + beat; 19: S3 at upload; 27: API + io
 worker), 20-45 s each on 2 cores. The kinds that still break (a Postgres stop: issue 14 item 10; Redis
-down: item 12) have strict-xfail reproducers instead (tests/chaos/test_issue14_faults.py,
-tests/integration/worker/test_lease_handover.py): a chaos seed that fails only sometimes cannot be one.
+down: item 12) have strict-xfail reproducers instead (tests/chaos/test_killed_worker_and_lost_broker.py,
+tests/integration/worker/feed/test_lease_handover.py): a chaos seed that fails only sometimes cannot be one.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ def vllm_cache_env(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
 @pytest.fixture(scope="session")
 def demo_model_path(vllm_cache_env: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The random-weight Llama demo model, built offline into the session's temp dir."""
-    from worker.demo_model import build_demo_model
+    from worker.engine.demo_model import build_demo_model
 
     return build_demo_model(tmp_path_factory.mktemp("models") / "backfill-demo")
 

@@ -24,8 +24,8 @@ def submit(lines: list[dict[str, Any]]) -> str:
 
 
 def read_file(file_id: str | None) -> list[dict[str, Any]]:
-    from storage.blobs import get_blob_store
     from storage.db import transaction
+    from storage.files.blobs import get_blob_store
     from storage.models import File
 
     if file_id is None:
@@ -33,6 +33,6 @@ def read_file(file_id: str | None) -> list[dict[str, Any]]:
     with transaction() as session:
         row = session.get(File, file_id)
         assert row is not None, file_id
-        key = row.blob_key  # the row keeps its key (storage/blobs/layout.py)
+        key = row.blob_key  # the row keeps its key (storage/files/blobs/layout.py)
     data = b"".join(get_blob_store().open_stream(key))
     return [json.loads(line) for line in data.splitlines()]

@@ -18,7 +18,7 @@ from sqlalchemy import func, select
 
 from tests.conftest import LiveServer, make_key, start_server
 from tests.integration.api.helpers import read_lines, to_jsonl, upload, wait_for
-from tests.integration.worker.cli.terminal import cli_env, run_cli
+from tests.integration.client.terminal import cli_env, run_cli
 
 pytestmark = pytest.mark.vllm
 

@@ -14,8 +14,8 @@ from openai.types.chat import ChatCompletion
 from openai.types.webhooks import BatchCompletedWebhookEvent
 
 from tests.conftest import LiveServer, make_key, start_server
+from tests.integration.client.terminal import Terminal, cli_env, run_cli
 from tests.integration.receiver import WEBHOOK_TEST_ENV, running_receiver
-from tests.integration.worker.cli.terminal import Terminal, cli_env, run_cli
 
 pytestmark = pytest.mark.vllm
 

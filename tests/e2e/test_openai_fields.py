@@ -29,8 +29,8 @@ pytestmark = pytest.mark.vllm
 @pytest.fixture(scope="module")
 def live(demo_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     """`backfill serve` as a newcomer runs it: nothing configured but the data folder (the demo model is built)."""
-    from worker import service
     from worker.cli.migrate import migrate_database
+    from worker.process import service
 
     data = tmp_path_factory.mktemp("default-registry")
     (data / "models").mkdir()

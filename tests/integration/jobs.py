@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from storage.batches import create_batch
-from storage.blobs import get_blob_store
+from storage.batches.batches import create_batch
 from storage.db import transaction
-from storage.files import create_file
+from storage.files.blobs import get_blob_store
+from storage.files.files import create_file
 from storage.settings import Settings, get_settings
 from storage.tenants import get_or_create_tenant
-from worker.ingest import ingest_batch
+from worker.jobs.ingest import ingest_batch
 
 
 def chat(i: int, system: str | None = None, *, max_tokens: int = 4, model: str = "fake-model") -> dict[str, Any]:

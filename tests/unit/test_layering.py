@@ -2,9 +2,14 @@
 
 Who may import whom: api/ and worker/ import storage/; storage/ imports neither; api/ never imports
 worker/ (it sends tasks by name); only worker/cli/ (the composition root) imports api/; worker/engine/
-imports nothing else of worker/; only the vLLM adapter imports vllm (so the API starts without torch).
-No SQL outside storage/: no SQLAlchemy statement, no `text()`, no `COPY`, no session query call. The
-runner and the slot call only what the `Engine` protocol declares: no `getattr` on an engine.
+imports nothing else of worker/; only the vLLM adapter imports vllm (so the API starts without torch);
+client/ (the HTTP client commands) imports nothing of api/, worker/ or storage/ beyond the shared constants of
+storage/protocols.py (and the settings, for the embedded server's key file). No SQL outside storage/: no SQLAlchemy statement, no `text()`, no `COPY`, no session
+query call; and inside storage/, no statement that writes `batch_requests` outside storage/queue/. The
+protocol names ("openai", "anthropic") are spelled only in storage/protocols.py, and nothing outside
+storage/ compares a batch's protocol: it asks the protocol object. The worker sets no attribute of a batch
+row: storage functions do (`mark_ingested`, `fail_batch`, `attach_result_file`). The runner and the slot call only what
+the `Engine` protocol declares: no `getattr` on an engine.
 Each rule's checker is also run on a snippet that breaks it, so a checker that stopped seeing anything
 would fail here too.
 """
@@ -66,7 +71,7 @@ def sql_outside_storage(tree: ast.Module) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("package", ["api", "worker"])
+@pytest.mark.parametrize("package", ["api", "worker", "client"])
 def test_no_sql_outside_storage(package: str) -> None:
     bad = {path: found for path, tree in sources(package) if (found := sql_outside_storage(tree))}
     assert bad == {}
@@ -86,10 +91,113 @@ def test_the_sql_guard_sees_a_statement_put_back_into_worker(snippet: str) -> No
     assert sql_outside_storage(ast.parse(snippet))
 
 
+# -- storage's own rules: queue writes in storage/queue/, protocol names in storage/protocols.py -------------
+
+QUEUE_WRITES = re.compile(r"\b(UPDATE|INSERT INTO|DELETE FROM|COPY)\s+batch_requests\b", re.I)
+
+
+def writes_to_the_queue(tree: ast.Module) -> list[str]:
+    """Statements that change `batch_requests` (an ORM update/insert/delete of BatchRequest, or SQL text)."""
+    found = []
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in {"update", "insert", "delete"}
+            and node.args
+            and ast.unparse(node.args[0]) == "BatchRequest"
+        ):
+            found.append(f"line {node.lineno}: {node.func.id}(BatchRequest)")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and QUEUE_WRITES.search(node.value):
+            found.append(f"line {node.lineno}: SQL text {node.value[:40]!r}")
+    return found
+
+
+def test_only_storage_queue_writes_the_queue() -> None:
+    bad = {
+        path: found
+        for path, tree in sources("storage")
+        if not path.startswith("storage/queue/") and (found := writes_to_the_queue(tree))
+    }
+    assert bad == {}
+
+
+@pytest.mark.parametrize(
+    "snippet",
+    [
+        "def f(s):\n    s.execute(update(BatchRequest).values(status=1))\n",
+        "def f(s):\n    s.execute(delete(BatchRequest))\n",
+        "Q = 'COPY batch_requests (id) FROM STDIN'\n",
+    ],
+)
+def test_the_queue_guard_sees_a_write_put_back_into_batches(snippet: str) -> None:
+    assert writes_to_the_queue(ast.parse(snippet))
+
+
+PROTOCOL_NAMES = {"openai", "anthropic"}
+
+
+def protocol_spellings(tree: ast.Module, *, outside_storage: bool) -> list[str]:
+    """Protocol names spelled as strings, and (outside storage/) comparisons of a batch's protocol."""
+    found = [
+        f"line {node.lineno}: {node.value!r}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.lower() in PROTOCOL_NAMES
+    ]
+    if outside_storage:
+        found += [
+            f"line {node.lineno}: {ast.unparse(node)}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Compare)
+            and any(
+                isinstance(side, ast.Attribute) and side.attr == "protocol" for side in [node.left, *node.comparators]
+            )
+        ]
+    return found
+
+
+def test_protocol_names_live_in_the_protocol_module() -> None:
+    bad = {
+        path: found
+        for package in ("api", "storage", "worker")  # client/ has no protocol column ("openai" is its SDK there)
+        for path, tree in sources(package)
+        if path != "storage/protocols.py"
+        and (found := protocol_spellings(tree, outside_storage=not path.startswith("storage/")))
+    }
+    assert bad == {}
+
+
+@pytest.mark.parametrize(
+    "snippet", ["one_model = batch.protocol == OPENAI\n", "if protocol == 'anthropic':\n    pass\n"]
+)
+def test_the_protocol_guard_sees_a_comparison_put_back_into_ingest(snippet: str) -> None:
+    assert protocol_spellings(ast.parse(snippet), outside_storage=True)
+
+
+def batch_attribute_writes(tree: ast.Module) -> list[str]:
+    """Assignments to a batch row's attributes (`batch.status = ...`): storage functions make those."""
+    return [
+        f"line {node.lineno}: {ast.unparse(target)}"
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "batch"
+    ]
+
+
+def test_the_worker_changes_batches_only_through_storage() -> None:
+    bad = {path: found for path, tree in sources("worker") if (found := batch_attribute_writes(tree))}
+    assert bad == {}
+    assert batch_attribute_writes(ast.parse("batch.output_file_id = file_id\n"))
+
+
 # -- imports ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("package", "forbidden"), [("storage", ("api", "worker")), ("api", ("worker",))])
+@pytest.mark.parametrize(
+    ("package", "forbidden"),
+    [("storage", ("api", "worker", "client")), ("api", ("worker", "client")), ("client", ("api", "worker"))],
+)
 def test_layers_import_only_downwards(package: str, forbidden: tuple[str, ...]) -> None:
     bad = [(path, module) for path, module in imports_of(package) if module.split(".")[0] in forbidden]
     assert bad == []
@@ -100,6 +208,29 @@ def test_only_the_composition_root_imports_the_api() -> None:
         (path, module)
         for path, module in imports_of("worker")
         if module.split(".")[0] == "api" and not path.startswith("worker/cli/")
+    ]
+    assert bad == []
+
+
+# The protocols' endpoint lists, and the settings (only to find the embedded server's default key file).
+CLIENT_MAY_READ = ("storage.protocols", "storage.settings")
+
+
+def test_the_client_takes_only_shared_constants_from_storage() -> None:
+    bad = [
+        (path, module)
+        for path, module in imports_of("client")
+        if module.split(".")[0] == "storage" and not module.startswith(CLIENT_MAY_READ)
+    ]
+    assert bad == []
+
+
+def test_only_the_composition_root_imports_the_client() -> None:
+    bad = [
+        (path, module)
+        for package in ("api", "storage", "worker")
+        for path, module in imports_of(package)
+        if module.split(".")[0] == "client" and not path.startswith("worker/cli/")
     ]
     assert bad == []
 
@@ -116,11 +247,11 @@ def test_the_engine_package_imports_nothing_else_of_worker() -> None:
 def test_only_the_engine_adapter_imports_vllm() -> None:
     users = {
         path
-        for package in ("api", "storage", "worker")
+        for package in ("api", "storage", "worker", "client")
         for path, module in imports_of(package)
         if module.split(".")[0] in {"vllm", "torch"}
     }
-    assert users <= {"worker/engine/vllm_engine.py", "worker/demo_model.py"}
+    assert users <= {"worker/engine/vllm_engine.py", "worker/engine/demo_model.py"}
 
 
 def test_the_api_process_starts_without_torch() -> None:

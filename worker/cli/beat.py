@@ -25,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
         print("backfill: BACKFILL_REDIS_URL must be set to run beat", file=sys.stderr)
         return 2
     from storage.metrics import serve_metrics
-    from worker.celery_app import app
+    from worker.process.celery_app import app
 
     serve_metrics(settings.metrics_port if args.metrics_port is None else args.metrics_port, role="beat")
     settings.data_dir.mkdir(parents=True, exist_ok=True)

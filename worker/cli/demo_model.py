@@ -16,7 +16,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Build it and print where."""
-    from worker.demo_model import build_demo_model
+    from worker.engine.demo_model import build_demo_model
 
     path = build_demo_model(args.path)
     print(f"demo model ready at {path}")

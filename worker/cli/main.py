@@ -13,23 +13,9 @@ import logging
 import os
 import sys
 
+from client import batches, files, submit, webhooks
 from storage.settings import SettingsError, get_settings
-from worker.cli import (
-    batches,
-    beat,
-    demo_model,
-    estimate,
-    files,
-    keys,
-    migrate,
-    plan,
-    report,
-    serve,
-    submit,
-    tenants,
-    webhooks,
-    worker,
-)
+from worker.cli import beat, demo_model, estimate, keys, migrate, plan, report, serve, tenants, worker
 
 COMMANDS = (
     serve,

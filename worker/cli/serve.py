@@ -40,7 +40,7 @@ def ensure_demo_model() -> None:
     settings = get_settings()
     if settings.models:
         return
-    from worker.demo_model import build_demo_model
+    from worker.engine.demo_model import build_demo_model
 
     spec = settings.served_models()["backfill-demo"]
     build_demo_model(Path(spec.path))
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
                 f"first run: created an API key for tenant 'default' (also in {settings.data_dir / 'default-api-key'}):"
             )
             print(key, flush=True)
-        from worker.embedded import EmbeddedWorker
+        from worker.process.embedded import EmbeddedWorker
 
         embedded_worker = EmbeddedWorker(reap_interval_seconds=settings.reap_interval_seconds)
         embedded_worker.start()

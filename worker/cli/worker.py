@@ -37,9 +37,9 @@ def run(args: argparse.Namespace) -> int:
         print("backfill: BACKFILL_REDIS_URL must be set to run a Celery worker", file=sys.stderr)
         return 2
     from storage.metrics import serve_metrics
-    from worker import readiness, service, shutdown
-    from worker.celery_app import app
-    from worker.slot.feeder import Feeder
+    from worker.feed.feeder import Feeder
+    from worker.process import readiness, service, shutdown
+    from worker.process.celery_app import app
 
     port = settings.metrics_port if args.metrics_port is None else args.metrics_port
     serve_metrics(port, role=f"worker-{args.role}", ready=readiness.is_ready)

@@ -3,7 +3,7 @@
 It keeps vLLM's continuous-batching contract: requests wait FIFO until one of `max_num_seqs` slots is
 free, are admitted at the start of a step, decode one token per step, and leave the moment they finish,
 so short requests overtake long ones. Bodies are validated and answered by the same code as the real
-adapter (`worker.engine.bodies`). One request holds one slot, whatever its `n`.
+adapter (`worker.engine.wire`). One request holds one slot, whatever its `n`.
 """
 
 from __future__ import annotations
@@ -15,25 +15,13 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from storage.protocols import EMBEDDINGS_URL
 from worker.engine import EngineRequest, EngineResult, EngineStats
-from worker.engine.bodies import (
-    EMBEDDINGS_URL,
-    Body,
-    BodyError,
-    ChatBody,
-    Choice,
-    CompletionBody,
-    EmbeddingBody,
-    MessagesBody,
-    anthropic_message,
-    anthropic_stop,
-    embedding_list,
-    engine_body,
-    generated_body,
-    output_budget,
-    parse_body,
-    server_error,
-)
+from worker.engine.wire import parse_body
+from worker.engine.wire.anthropic import MessagesBody, anthropic_message, anthropic_stop
+from worker.engine.wire.base import BodyError, server_error
+from worker.engine.wire.openai import Body, ChatBody, CompletionBody, EmbeddingBody
+from worker.engine.wire.openai_results import Choice, embedding_list, engine_body, generated_body, output_budget
 
 _WORDS = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit")
 EMBEDDING_DIMENSIONS = 8

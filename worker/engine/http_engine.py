@@ -27,25 +27,15 @@ from typing import Any
 
 import httpx
 
+from storage.protocols import CHAT_URL
 from storage.settings import ModelSpec, SharedModeSpec
 from worker.engine import EngineRequest, EngineResult, EngineStats
-from worker.engine.bodies import (
-    CHAT_URL,
-    Body,
-    BodyError,
-    ChatBody,
-    Choice,
-    CompletionBody,
-    EmbeddingBody,
-    MessagesBody,
-    ResponsesBody,
-    context_length_error,
-    message_from_chat_completion,
-    parse_body,
-    response_object,
-    server_error,
-)
 from worker.engine.shared_budget import DispatchBudget, MetricsError, parse_load
+from worker.engine.wire import parse_body
+from worker.engine.wire.anthropic import MessagesBody, message_from_chat_completion
+from worker.engine.wire.base import BodyError, server_error
+from worker.engine.wire.openai import Body, ChatBody, CompletionBody, EmbeddingBody, ResponsesBody
+from worker.engine.wire.openai_results import Choice, context_length_error, response_object
 
 log = logging.getLogger(__name__)
 

@@ -16,31 +16,17 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from storage.protocols import EMBEDDINGS_URL
 from storage.settings import ModelSpec
 from worker.engine import EngineRequest, EngineResult, EngineStats, error_result
-from worker.engine.bodies import (
-    EMBEDDINGS_URL,
-    Body,
-    BodyError,
-    ChatBody,
-    Choice,
-    CompletionBody,
-    EmbeddingBody,
-    MessagesBody,
-    anthropic_message,
-    anthropic_stop,
-    embedding_list,
-    engine_body,
-    generated_body,
-    output_budget,
-    parse_body,
-    server_error,
-)
+from worker.engine.vllm_choices import choice_of, message_of
+from worker.engine.wire import parse_body
+from worker.engine.wire.anthropic import MessagesBody
+from worker.engine.wire.base import BodyError, server_error
+from worker.engine.wire.openai import Body, ChatBody, CompletionBody, EmbeddingBody
+from worker.engine.wire.openai_results import embedding_list, engine_body, generated_body, output_budget
 
 logger = logging.getLogger(__name__)
-
-# Logprobs can be -inf, which JSON cannot carry; vLLM's server clamps the same way.
-_MIN_LOGPROB = -9999.0
 
 
 def _set_env_defaults(spec: ModelSpec) -> None:
@@ -371,8 +357,15 @@ class VllmEngine:
             reasons = sorted({str(c.finish_reason) for c in completions})
             return server_error(flight.request_id, f"the engine ended the request early ({', '.join(reasons)})")
         if isinstance(body, MessagesBody):
-            return self._message(flight.request_id, body, completions[0], prompt_tokens, cached_tokens)
-        choices = [self._choice(c, run) for c in completions]
+            return message_of(
+                flight.request_id,
+                body,
+                completions[0],
+                self.model_name,
+                prompt_tokens=prompt_tokens,
+                cached=cached_tokens,
+            )
+        choices = [choice_of(c, run, self._tokenizer) for c in completions]
         response = generated_body(
             body,
             response_id=uuid.uuid4().hex,
@@ -390,89 +383,6 @@ class VllmEngine:
             completion_tokens=completion_tokens,
             cached_tokens=cached_tokens,
         )
-
-    def _message(self, rid: str, body: MessagesBody, completion: Any, prompt_tokens: int, cached: int) -> EngineResult:
-        """Anthropic's Message; vLLM's `stop_reason` names the stop string that matched, if one did."""
-        output_tokens = len(completion.token_ids)
-        stop = anthropic_stop(
-            finish_reason=str(completion.finish_reason),
-            matched=completion.stop_reason,
-            output_tokens=output_tokens,
-            max_tokens=body.max_tokens,
-        )
-        message = anthropic_message(
-            message_id=uuid.uuid4().hex[:24],
-            model=self.model_name,
-            text=completion.text,
-            stop=stop,
-            prompt_tokens=prompt_tokens,
-            output_tokens=output_tokens,
-            cached_tokens=cached,
-        )
-        return EngineResult(
-            rid, 200, message, prompt_tokens=prompt_tokens, completion_tokens=output_tokens, cached_tokens=cached
-        )
-
-    def _choice(self, completion: Any, body: ChatBody | CompletionBody) -> Choice:
-        logprobs = None
-        if completion.logprobs is not None and body.logprob_count() is not None:
-            if isinstance(body, ChatBody):
-                logprobs = self._chat_logprobs(completion, body.top_logprobs or 0)
-            else:
-                logprobs = self._completion_logprobs(completion)
-        return Choice(
-            text=completion.text,
-            finish_reason=str(completion.finish_reason),
-            token_count=len(completion.token_ids),
-            logprobs=logprobs,
-        )
-
-    def _token_text(self, token_id: int, logprob: Any) -> str:
-        text = getattr(logprob, "decoded_token", None)
-        return text if text is not None else str(self._tokenizer.decode([token_id]))
-
-    def _ranked(self, position: dict[int, Any]) -> list[tuple[str, float]]:
-        ranked = sorted(position.items(), key=lambda item: -item[1].logprob)
-        return [(self._token_text(tid, lp), max(lp.logprob, _MIN_LOGPROB)) for tid, lp in ranked]
-
-    def _chat_logprobs(self, completion: Any, top: int) -> dict[str, Any]:
-        content = []
-        for token_id, position in zip(completion.token_ids, completion.logprobs, strict=False):
-            chosen = position[token_id]
-            token = self._token_text(token_id, chosen)
-            content.append(
-                {
-                    "token": token,
-                    "logprob": max(chosen.logprob, _MIN_LOGPROB),
-                    "bytes": list(token.encode("utf-8")),
-                    "top_logprobs": [
-                        {"token": text, "logprob": value, "bytes": list(text.encode("utf-8"))}
-                        for text, value in self._ranked(position)[:top]
-                    ],
-                }
-            )
-        return {"content": content, "refusal": None}
-
-    def _completion_logprobs(self, completion: Any) -> dict[str, Any]:
-        tokens: list[str] = []
-        token_logprobs: list[float] = []
-        top_logprobs: list[dict[str, float]] = []
-        offsets: list[int] = []
-        offset = 0
-        for token_id, position in zip(completion.token_ids, completion.logprobs, strict=False):
-            chosen = position[token_id]
-            token = self._token_text(token_id, chosen)
-            tokens.append(token)
-            token_logprobs.append(max(chosen.logprob, _MIN_LOGPROB))
-            top_logprobs.append(dict(self._ranked(position)))  # top k plus the chosen token, as vLLM does
-            offsets.append(offset)
-            offset += len(token)
-        return {
-            "tokens": tokens,
-            "token_logprobs": token_logprobs,
-            "top_logprobs": top_logprobs,
-            "text_offset": offsets,
-        }
 
     def _drop_lost(self) -> list[EngineResult]:
         """The engine holds nothing yet requests are in flight: fail them rather than wait forever."""

@@ -17,12 +17,12 @@ pytestmark = pytest.mark.vllm
 def test_work_handed_back_mid_decode_is_requeued_unrun_and_finishes_once_on_the_next_runner(
     backend: Backend, vllm_chat_engine: VllmEngine
 ) -> None:
-    from storage.blobs import get_blob_store
     from storage.db import transaction
+    from storage.files.blobs import get_blob_store
     from storage.models import Batch, BatchRequest
     from storage.settings import get_settings
-    from worker.finalize import finalize_batch
-    from worker.runner import Runner
+    from worker.feed.runner import Runner
+    from worker.jobs.finalize import finalize_batch
 
     lines = [batch_line(i, max_tokens=160) for i in range(12)]
     batch_id = submit(lines)

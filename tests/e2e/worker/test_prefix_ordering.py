@@ -49,7 +49,7 @@ def test_prefix_ordering_lets_the_prefix_cache_serve_a_shared_system_prompt(
 ) -> None:
     from worker.cli.migrate import migrate_database
     from worker.engine.vllm_engine import VllmEngine
-    from worker.runner import Runner
+    from worker.feed.runner import Runner
 
     configure(monkeypatch, {"BACKFILL_DATA_DIR": str(tmp_path / "data")})
     migrate_database()

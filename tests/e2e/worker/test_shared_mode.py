@@ -61,10 +61,10 @@ def test_a_batch_harvested_beside_online_traffic_lands_every_line_once_and_onlin
     from storage.db import transaction
     from storage.models import Batch
     from storage.settings import get_settings
+    from worker.engine.factory import load_engine
     from worker.engine.http_engine import HttpEngine
-    from worker.finalize import finalize_batch
-    from worker.runner import Runner
-    from worker.service import load_engine
+    from worker.feed.runner import Runner
+    from worker.jobs.finalize import finalize_batch
 
     shared = {"server_url": vllm_server, "poll_seconds": 0.1}
     registry = {"backfill-demo": {"path": "served-by-the-server", "max_num_seqs": MAX_NUM_SEQS, "shared": shared}}
@@ -85,7 +85,7 @@ def test_a_batch_harvested_beside_online_traffic_lands_every_line_once_and_onlin
         online.join(90)
     finally:
         engine.close()
-    from storage.blobs import get_blob_store
+    from storage.files.blobs import get_blob_store
 
     assert finalize_batch(get_blob_store(), batch_id=batch_id) == "completed"
     with transaction() as session:
@@ -112,11 +112,11 @@ def test_with_a_latency_slack_the_budget_fits_the_servers_step_time_and_every_li
     from storage.db import transaction
     from storage.models import Batch
     from storage.settings import get_settings
+    from worker.engine.factory import load_engine
     from worker.engine.http_engine import HttpEngine
     from worker.engine.shared_budget import slack_cap
-    from worker.finalize import finalize_batch
-    from worker.runner import Runner
-    from worker.service import load_engine
+    from worker.feed.runner import Runner
+    from worker.jobs.finalize import finalize_batch
 
     shared = {"server_url": vllm_server, "poll_seconds": 0.1, "latency_slack": 0.1}
     registry = {"backfill-demo": {"path": "served-by-the-server", "max_num_seqs": MAX_NUM_SEQS, "shared": shared}}
@@ -132,7 +132,7 @@ def test_with_a_latency_slack_the_budget_fits_the_servers_step_time_and_every_li
             assert time.monotonic() - started < 120, "the batch did not finish"
     finally:
         engine.close()
-    from storage.blobs import get_blob_store
+    from storage.files.blobs import get_blob_store
 
     # The server's own inter-token latency fed the step model, and the cap came from it.
     step = engine.budget.steps.fit()
@@ -220,8 +220,8 @@ def test_the_openai_sdk_runs_a_batch_through_the_api_on_a_shared_server(
     worker, the official SDK; the batch's lines come back from the server that also serves online users."""
     from tests.conftest import make_key, start_server
     from tests.integration.api.helpers import read_lines, to_jsonl, upload, wait_for
-    from worker import service
     from worker.cli.migrate import migrate_database
+    from worker.process import service
 
     shared = {"server_url": vllm_server, "poll_seconds": 0.1}
     registry = {"backfill-demo": {"path": "served-by-the-server", "max_num_seqs": MAX_NUM_SEQS, "shared": shared}}

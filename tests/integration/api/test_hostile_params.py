@@ -138,7 +138,7 @@ def test_an_over_long_or_nul_filename_is_400_and_leaves_no_object(server: LiveSe
     for name in (b"x" * 600 + b".jsonl", b"a\x00b.jsonl", b"a\x1bb.jsonl"):
         assert_envelope(raw_upload(server, key, name))
     assert get(server, "/v1/files", key).json()["data"] == []
-    from storage.blobs import get_blob_store
+    from storage.files.blobs import get_blob_store
 
     store = get_blob_store()
     if hasattr(store, "root"):

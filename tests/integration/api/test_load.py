@@ -16,7 +16,7 @@ CLIENTS = 60  # more than the 40 request threads, so requests queue for threads 
 
 
 def stored_objects() -> set[str]:
-    from storage.blobs import get_blob_store
+    from storage.files.blobs import get_blob_store
 
     store = get_blob_store()
     if hasattr(store, "client"):

@@ -10,9 +10,9 @@ from urllib.parse import parse_qs, urlparse
 import httpx
 import pytest
 
-from storage.blobs import get_blob_store
 from storage.db import transaction
-from storage.lines import BatchResultLine
+from storage.files.blobs import get_blob_store
+from storage.lines.reader import BatchResultLine
 from storage.models import Batch, File
 from tests.conftest import Backend, LiveServer, make_key
 from tests.integration.api.conftest import FAKE_MODELS

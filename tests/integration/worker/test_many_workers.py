@@ -19,15 +19,15 @@ from sqlalchemy import select
 
 from storage.db import transaction
 from storage.models import BatchRequest
+from storage.queue.workers import WorkerIdentity
 from storage.settings import get_settings
-from storage.workers import WorkerIdentity
 from tests.conftest import Backend
 from tests.integration.jobs import chat, submit_job
 from worker.engine import EngineRequest, EngineResult
 from worker.engine.fake import FakeEngine
-from worker.liveness import Heartbeat, SelfWake
-from worker.reaper import reap
-from worker.runner import Runner
+from worker.feed.runner import Runner
+from worker.jobs.reaper import reap
+from worker.process.liveness import Heartbeat, SelfWake
 
 STALE_SECONDS = 3
 MODELS = {"model-a": {"path": "fake:"}, "model-b": {"path": "fake:"}}

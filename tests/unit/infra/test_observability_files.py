@@ -2,7 +2,7 @@
 
 Syntax is checked offline with promql-parser (the Rust parser of GreptimeDB's PromQL, in the dev extra);
 where promtool is installed (Debian's `prometheus` package) it checks the config and runs the rules' unit
-tests too. That every named metric exists on a live /metrics is checked in tests/integration/api/test_metrics.py
+tests too. That every named metric exists on a live /metrics is checked in tests/integration/api/test_prometheus.py
 (API + embedded worker) and tests/e2e/test_metrics_deployment.py (the Celery deployment).
 """
 

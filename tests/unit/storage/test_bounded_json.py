@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from storage.bounded_json import DepthCounter, RequestsSplitter, TooDeep, check_body, value_problem
 from storage.errors import InvalidRequest, RequestTooLarge
-from storage.message_batch_lines import RequestsReader
+from storage.lines.anthropic import RequestsReader
+from storage.lines.bounded_json import DepthCounter, RequestsSplitter, TooDeep, check_body, value_problem
 
 ATTACK_PREFIX = b'{"requests":[{"custom_id":"q0","params":{"model":"backfill-demo","max_tokens":4,"x":'
 

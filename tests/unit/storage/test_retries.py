@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from storage.retries import is_retryable
+from storage.batches.retries import is_retryable
 
 
 def row(status: str, status_code: int | None, code: str | None) -> tuple[tuple[object, ...], str, int]:

@@ -28,7 +28,7 @@ SYSTEM = "You are a careful Python reviewer. " + " ".join(
 
 @pytest.fixture
 def live(backend: Backend, demo_model_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LiveServer]:
-    from worker import service
+    from worker.process import service
 
     engine = {"path": str(demo_model_path), "dtype": "float32", "max_num_seqs": 8, "kv_cache_memory_bytes": 64 << 20}
     models = {LONG: {**engine, "max_model_len": 1024}, SHORT: {**engine, "max_model_len": 160}}

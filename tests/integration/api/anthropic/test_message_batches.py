@@ -69,8 +69,8 @@ def results(client: anthropic.Anthropic, batch_id: str) -> dict[str, Any]:
 
 def stored_manifest(batch_id: str) -> dict[str, Any]:
     """The batch's manifest.json as someone reading the bucket sees it."""
-    from storage.blobs import get_blob_store
     from storage.db import transaction
+    from storage.files.blobs import get_blob_store
     from storage.models import Batch
 
     with transaction() as session:
@@ -272,10 +272,10 @@ def test_requests_left_when_the_batch_expires_end_as_expired(api: LiveServer) ->
 def test_results_are_archived_after_their_retention_and_the_batch_stays_visible(api: LiveServer) -> None:
     from sqlalchemy import update
 
-    from storage.blobs import get_blob_store
     from storage.db import transaction
+    from storage.files.blobs import get_blob_store
     from storage.models import Batch, File
-    from worker import service
+    from worker.process import service
 
     client = client_for(api, make_key("acme"))
     done = wait_ended(client, client.messages.batches.create(requests=[req("a"), req("b")]).id)
@@ -359,7 +359,7 @@ def test_every_error_leaves_in_anthropics_envelope_with_its_status(api: LiveServ
 
 def test_a_batch_cancelled_before_it_was_queued_reports_every_request_canceled(backend: Any) -> None:
     from tests.conftest import start_server
-    from worker import service
+    from worker.process import service
 
     server, stop = start_server(with_worker=False)  # nothing ingests: the batch stays validating
     try:
@@ -388,8 +388,8 @@ def test_a_batch_cancelled_while_its_ingest_is_queueing_ends_every_request_once(
     ingest had queued every row; each request must end once, canceled, and the counts match the results."""
     import threading
 
-    import storage.message_batches as message_batches
-    import worker.ingest as ingest_module
+    import storage.batches.message_batches as message_batches
+    import worker.jobs.ingest as ingest_module
     from tests.conftest import start_server
     from worker import service
 
@@ -436,7 +436,7 @@ def test_a_batch_cancelled_just_as_its_ingest_starts_is_not_queued_afterwards(
     Cancel now waits for ingest (or ingest for cancel): each request ends once and the counts match."""
     import threading
 
-    import worker.ingest as ingest_module
+    import worker.jobs.ingest as ingest_module
     from tests.conftest import start_server
     from worker import service
 

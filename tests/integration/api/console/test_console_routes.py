@@ -9,9 +9,9 @@ from typing import Any
 import httpx
 import pytest
 
-from storage import lifecycle
-from storage.batches import ANTHROPIC
+from storage.batches import lifecycle
 from storage.db import transaction
+from storage.protocols import ANTHROPIC
 from tests.conftest import Backend, LiveServer, make_key, start_server
 from tests.factories import DAY0, make_batch, make_request, make_tenant
 
@@ -44,7 +44,7 @@ def seeded() -> dict[str, str]:
             failed.error_code, failed.error_message = code, f"{code} on {failed.custom_id}"
         nightly.request_total, nightly.request_completed, nightly.request_failed = 4, 1, 3
         messages = make_batch(session, tenant=acme, created_at=DAY0 + 20)
-        messages.protocol = ANTHROPIC
+        messages.protocol = ANTHROPIC.name
         cancelled = make_batch(session, tenant=acme, created_at=DAY0 + 10, status=lifecycle.CANCELLED)
         theirs = make_batch(session, tenant=globex, created_at=DAY0 + 40)
         session.flush()

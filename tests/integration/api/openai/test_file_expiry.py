@@ -11,9 +11,9 @@ import openai
 import pytest
 from sqlalchemy import update
 
-from storage.blobs import get_blob_store
 from storage.clock import now
 from storage.db import transaction
+from storage.files.blobs import get_blob_store
 from storage.models import File
 from tests.conftest import LiveServer, make_key
 from tests.integration.api.helpers import chat_line, read_lines, to_jsonl, upload, wait_for
@@ -32,7 +32,7 @@ def expire_now(file_id: str) -> None:
 
 
 def blob_key_of(file_id: str) -> str:
-    """Where the file's object lives (its row keeps the key; the rule is storage/blobs/layout.py)."""
+    """Where the file's object lives (its row keeps the key; the rule is storage/files/blobs/layout.py)."""
     with transaction() as session:
         row = session.get(File, file_id)
         assert row is not None

@@ -64,10 +64,10 @@ def test_a_deep_or_huge_integer_line_fails_its_own_batch_and_another_tenant_comp
 def test_an_ingest_that_keeps_failing_fails_that_batch_after_a_few_tries_and_others_complete(
     api: LiveServer,
 ) -> None:
-    from storage.batches import create_batch
-    from storage.blobs import get_blob_store
+    from storage.batches.batches import create_batch
     from storage.db import transaction
-    from storage.files import create_file
+    from storage.files.blobs import get_blob_store
+    from storage.files.files import create_file
     from storage.tenants import get_or_create_tenant
 
     attacker = api.client(make_key("mallory"))

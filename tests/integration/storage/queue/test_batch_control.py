@@ -8,17 +8,17 @@ import json
 import pytest
 from sqlalchemy import select
 
-from storage.batch_control import pause_batch, resume_batch, set_priority
+from storage.batches.control import pause_batch, resume_batch, set_priority
+from storage.batches.windows import BACKGROUND_DEADLINE
 from storage.clock import now
 from storage.db import transaction
 from storage.errors import BatchNotControllable, PriorityNotAllowed
 from storage.models import Batch, BatchRequest
 from storage.queue.claim import ClaimedRequest, claim
 from storage.queue.claim_order import ClaimOrder
+from storage.queue.leases import relet, renew
 from storage.queue.reaping import expire_overdue
-from storage.queue.results import relet, renew
 from storage.settings import Settings
-from storage.windows import BACKGROUND_DEADLINE
 from tests.conftest import Backend
 from tests.integration.jobs import chat, submit_job
 

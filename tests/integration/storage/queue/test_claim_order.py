@@ -15,7 +15,7 @@ from storage.models import BatchRequest
 from storage.planning.throughput import drain_seconds
 from storage.queue.claim import ClaimedRequest, claim
 from storage.queue.claim_order import ClaimOrder, claim_order, drain_cache, urgency_horizon
-from storage.settings import Settings
+from storage.settings import Settings, get_settings
 from tests.conftest import Backend
 from tests.factories import make_batch, make_request, make_run, make_tenant
 from tests.integration.jobs import chat, submit_job
@@ -38,7 +38,15 @@ def claim_all(order: ClaimOrder, *, size: int) -> list[ClaimedRequest]:
     claimed: list[ClaimedRequest] = []
     while True:
         with transaction() as session:
-            batch = claim(session, model="fake-model", worker_id="w", limit=size, lease_seconds=60, order=order)
+            batch = claim(
+                session,
+                settings=get_settings(),
+                model="fake-model",
+                worker_id="w",
+                limit=size,
+                lease_seconds=60,
+                order=order,
+            )
         if not batch:
             return claimed
         claimed.extend(batch)
@@ -95,7 +103,9 @@ def test_urgent_requests_go_ahead_of_the_fair_share_and_are_flagged(backend: Bac
 
     with transaction() as session:
         order = claim_order(session, model="fake-model", settings=settings)  # horizon: 900 s by default
-        claimed = claim(session, model="fake-model", worker_id="w", limit=6, lease_seconds=60, order=order)
+        claimed = claim(
+            session, settings=get_settings(), model="fake-model", worker_id="w", limit=6, lease_seconds=60, order=order
+        )
 
     assert [c.batch_id for c in claimed[:3]] == [rush] * 3 and all(c.urgent for c in claimed[:3])
     assert not any(c.urgent for c in claimed[3:]) and len(claimed) == 6
@@ -107,7 +117,15 @@ def test_without_urgency_the_near_deadline_tenant_gets_only_its_fair_share(backe
     rush, _ = submit_job([chat(i) for i in range(3)], tenant="rush", deadline=now() + 600)
 
     with transaction() as session:
-        claimed = claim(session, model="fake-model", worker_id="w", limit=6, lease_seconds=60, order=ClaimOrder())
+        claimed = claim(
+            session,
+            settings=get_settings(),
+            model="fake-model",
+            worker_id="w",
+            limit=6,
+            lease_seconds=60,
+            order=ClaimOrder(),
+        )
 
     assert sum(1 for c in claimed if c.batch_id == rush) == 2  # 6 / 3 tenants
     assert not any(c.urgent for c in claimed)
@@ -119,7 +137,9 @@ def test_among_urgent_requests_the_earliest_deadline_wins_over_fairness(backend:
     order = ClaimOrder(urgent_before=now() + 900, prefix_ordering=True)
 
     with transaction() as session:
-        claimed = claim(session, model="fake-model", worker_id="w", limit=5, lease_seconds=60, order=order)
+        claimed = claim(
+            session, settings=get_settings(), model="fake-model", worker_id="w", limit=5, lease_seconds=60, order=order
+        )
 
     assert [c.batch_id for c in claimed] == [sooner] * 5
 
@@ -149,8 +169,12 @@ def test_concurrent_claims_never_share_a_row(backend: Backend) -> None:
     order = ClaimOrder(urgent_before=0, prefix_ordering=True)
     first, second = get_sessionmaker()(), get_sessionmaker()()
     try:
-        a = claim(first, model="fake-model", worker_id="w1", limit=12, lease_seconds=60, order=order)
-        b = claim(second, model="fake-model", worker_id="w2", limit=12, lease_seconds=60, order=order)
+        a = claim(
+            first, settings=get_settings(), model="fake-model", worker_id="w1", limit=12, lease_seconds=60, order=order
+        )
+        b = claim(
+            second, settings=get_settings(), model="fake-model", worker_id="w2", limit=12, lease_seconds=60, order=order
+        )
         assert len(a) == len(b) == 12 and not {c.id for c in a} & {c.id for c in b}
     finally:
         first.rollback()
@@ -170,7 +194,7 @@ def stored_rows(batch_id: str) -> list[tuple[str, int, int]]:
 
 
 def test_ingest_keys_shared_prefixes_and_sizes_each_row(backend: Backend, monkeypatch: pytest.MonkeyPatch) -> None:
-    from worker import ingest
+    from worker.jobs import ingest
 
     monkeypatch.setattr(ingest, "INSERT_CHUNK", 2)  # the first row of a prefix is inserted before its partner
     unique = [f"Only for line {i}: " + "x" * 200 for i in range(3)]

@@ -15,7 +15,7 @@ from storage.models import BatchRequest
 from storage.queue.claim import claim
 from storage.queue.claim_order import drain_cache
 from storage.queue.state import deadline_state, finished_requests, oldest_queued, open_requests
-from storage.settings import Settings
+from storage.settings import Settings, get_settings
 from tests.conftest import Backend
 from tests.integration.jobs import chat, submit_job
 
@@ -73,7 +73,7 @@ def test_a_deadline_already_passed_shows_as_negative_slack(backend: Backend, set
 def test_the_collector_reports_running_and_queued_requests_by_tenant(backend: Backend, settings: Settings) -> None:
     submit_job([chat(i) for i in range(5)], tenant="acme")
     with transaction() as session:
-        claim(session, model="fake-model", worker_id="w1", limit=2, lease_seconds=60)
+        claim(session, settings=get_settings(), model="fake-model", worker_id="w1", limit=2, lease_seconds=60)
     families = {family.name: family for family in QueueStateCollector().collect()}
     samples = {
         (s.labels.get("tenant"), s.labels.get("state")): s.value for s in families["backfill_queue_requests"].samples

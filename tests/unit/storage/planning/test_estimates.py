@@ -8,7 +8,7 @@ from decimal import Decimal
 import pytest
 from sqlalchemy.orm import Session
 
-from storage import lifecycle
+from storage.batches import lifecycle
 from storage.planning.estimates import estimate_job, shape_of_jsonl
 from storage.planning.throughput import measured_throughput
 from storage.queue.backlog import backlog

@@ -84,7 +84,7 @@ def test_the_registry_selects_it_by_path_with_the_entry_hardware_and_batch() -> 
 
 def test_the_worker_loads_it_for_a_registry_entry_with_its_path(monkeypatch: pytest.MonkeyPatch) -> None:
     from storage.settings import Settings
-    from worker.service import load_engine
+    from worker.engine.factory import load_engine
 
     monkeypatch.setenv("BACKFILL_MODELS", json.dumps({"llama-70b-timed": {"path": PATH, "max_num_seqs": 384}}))
     engine = load_engine(Settings(), "llama-70b-timed")

@@ -1,0 +1,127 @@
+"""`backfill submit FILE`: upload a JSONL job with a progress bar, create the batch, optionally watch it to the end."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from client import progress
+from client.batches import finish, left_running
+from client.remote import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    UsageError,
+    add_connection_args,
+    connect,
+    int_between,
+    note,
+    print_json,
+    remote_command,
+)
+from storage.protocols import OPENAI
+
+ENDPOINTS = OPENAI.endpoints  # the server's own list: the CLI offers exactly what it serves
+METADATA_MAX_PAIRS = 16
+
+
+def register(subparsers: Any) -> None:
+    """Add the `submit` subcommand."""
+    parser = subparsers.add_parser("submit", help="upload a JSONL job and create a batch (--wait: watch it to the end)")
+    parser.add_argument("file", type=Path, metavar="FILE", help="JSONL, one OpenAI batch request per line")
+    parser.add_argument("--endpoint", choices=ENDPOINTS, help="default: the first line's url")
+    parser.add_argument("--window", default="24h", help="completion window (24h; 'background': no deadline)")
+    parser.add_argument("--priority", type=int_between(-100, 100), default=0, metavar="N", help="-100..100 (0)")
+    parser.add_argument("--metadata", action="append", default=[], metavar="KEY=VALUE", help="repeatable")
+    parser.add_argument(
+        "--max-cost-usd", metavar="USD", help="stop the batch once it is billed this much (a Backfill extension)"
+    )
+    parser.add_argument("--wait", action="store_true", help="watch the batch to its end, then download its files")
+    parser.add_argument("--output", "-o", type=Path, default=Path("."), help="with --wait: directory for the files (.)")
+    add_connection_args(parser)
+    parser.set_defaults(func=run)
+
+
+def parse_metadata(pairs: list[str]) -> dict[str, str] | None:
+    """`k=v` flags into the batch's metadata (the server bounds sizes)."""
+    if len(pairs) > METADATA_MAX_PAIRS:
+        raise UsageError(f"at most {METADATA_MAX_PAIRS} --metadata pairs")
+    metadata = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--metadata takes KEY=VALUE, got {pair!r}")
+        metadata[key] = value
+    return metadata or None
+
+
+def endpoint_of(path: Path, given: str | None) -> str:
+    """The flag, else the `url` of the file's first line, else chat completions."""
+    if given:
+        return given
+    with path.open("rb") as handle:
+        first = handle.readline(1024 * 1024).lstrip(b"\xef\xbb\xbf").strip()
+    try:
+        url = json.loads(first).get("url") if first else None
+    except (ValueError, AttributeError):
+        url = None
+    return url if url in ENDPOINTS else ENDPOINTS[0]
+
+
+@remote_command
+def run(args: argparse.Namespace) -> int:
+    """Upload, create, and with --wait watch, download and summarise; the exit code tells the end state."""
+    path: Path = args.file
+    if not path.is_file():
+        raise UsageError(f"{path}: no such file")
+    metadata = parse_metadata(args.metadata)
+    endpoint = endpoint_of(path, args.endpoint)
+    remote = connect(args)
+    started = time.monotonic()
+    uploaded = progress.upload(remote.client, path)
+    try:
+        batch = remote.client.batches.create(
+            input_file_id=uploaded.id,
+            endpoint=endpoint,  # type: ignore[arg-type]
+            completion_window=args.window,
+            metadata=metadata,
+            extra_body=_extensions(args),
+        )
+    except BaseException:
+        _drop_upload(remote.client, uploaded.id)
+        raise
+    note(f"uploaded {path.name} as {uploaded.id}; created {batch.id} ({endpoint}, window {batch.completion_window})")
+    if not args.wait:
+        if args.json:
+            print_json(batch)
+        else:
+            print(batch.id)
+        return EXIT_OK
+    ended = progress.watch_or_cancel(remote.client, batch, on_left_running=left_running)
+    if ended is None:
+        return EXIT_INTERRUPTED
+    return finish(remote, ended, args.output, elapsed=time.monotonic() - started, as_json=args.json)
+
+
+def _drop_upload(client: Any, file_id: str) -> None:
+    """A refused create leaves nothing behind: delete the file just uploaded for it (or say it stays)."""
+    import openai
+
+    try:
+        client.files.delete(file_id)
+    except openai.OpenAIError:
+        note(f"the uploaded file {file_id} stays: delete it with `backfill files rm {file_id}`")
+    else:
+        note(f"the batch was not created; deleted the uploaded file {file_id}")
+
+
+def _extensions(args: argparse.Namespace) -> dict[str, object] | None:
+    """The Backfill extensions of a create (sent in the SDK's `extra_body`), or None."""
+    extra: dict[str, object] = {}
+    if args.priority:
+        extra["priority"] = args.priority
+    if args.max_cost_usd:
+        extra["max_cost_usd"] = args.max_cost_usd
+    return extra or None

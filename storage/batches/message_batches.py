@@ -1,0 +1,276 @@
+"""Anthropic Message Batches: rows of the shared `batches` table of the Anthropic protocol (storage/protocols.py).
+
+Everything that watches batches (ingest, the queue, leases, finalize, the reaper, cost accounting, goodput,
+finance reports) treats them like OpenAI batches; this module only adds what Anthropic's API says
+differently: the create body streamed into an internal input file, statuses seen as `processing_status`,
+counts by result type, one results file, deletion once ended, and archival after the retention.
+
+Status mapping: validating, in_progress, finalizing -> in_progress; cancelling -> canceling; completed,
+failed, expired, cancelled -> ended.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from sqlalchemy import or_, select
+from sqlalchemy.orm import Session
+
+from storage.batches import lifecycle
+from storage.batches.batches import cancel_batch, create_batch, get_batch
+from storage.clock import now
+from storage.errors import InvalidRequest, NotFound
+from storage.files.blobs import BlobStore
+from storage.files.blobs.layout import input_file_key
+from storage.files.files import create_file, tenant_folder
+from storage.finance.budgets import check_file_within_budget
+from storage.ids import new_id
+from storage.lines.anthropic import RequestsReader, unqueued_results
+from storage.lines.reader import clip
+from storage.models import Batch, File
+from storage.protocols import ANTHROPIC, MESSAGES_URL
+from storage.queue.batch_rows import scrub_content
+from storage.settings import Settings
+
+INPUT_PURPOSE = "message_batch_input"
+RESULTS_PURPOSE = "message_batch_results"
+WINDOW = "24h"  # Anthropic's only processing window
+ARCHIVE_PER_PASS = 100
+
+_PROCESSING = {
+    lifecycle.VALIDATING: "in_progress",
+    lifecycle.IN_PROGRESS: "in_progress",
+    lifecycle.FINALIZING: "in_progress",
+    lifecycle.CANCELLING: "canceling",
+}
+# What an ended batch's requests became when it ended before any was queued.
+_UNQUEUED_OUTCOME = {lifecycle.CANCELLED: "canceled", lifecycle.EXPIRED: "expired", lifecycle.FAILED: "errored"}
+
+
+class NotEnded(InvalidRequest):
+    """Results and deletion wait until a batch has ended."""
+
+    code = "batch_not_ended"
+
+
+class ResultsArchived(NotFound):
+    """The results passed their retention and were removed (the batch itself stays visible)."""
+
+    code = "results_archived"
+
+
+def create_message_batch(
+    session: Session, blobs: BlobStore, settings: Settings, *, tenant_id: str, chunks: Iterable[bytes]
+) -> Batch:
+    """Stream a create body into an internal input file, checking every request's shape; record the batch.
+
+    The body is never held whole: each request is written on as one JSONL line as it arrives. A shape
+    problem anywhere fails the whole create (400 naming every bad request) and removes the partial object.
+    """
+    reader = RequestsReader(
+        max_requests=settings.message_batch_max_requests,
+        max_request_bytes=settings.line_max_bytes,
+        max_body_bytes=settings.message_batch_max_bytes,
+    )
+    file_id = new_id("file-")
+    try:
+        source = create_file(
+            session,
+            blobs,
+            tenant_id=tenant_id,
+            filename="message_batch_requests.jsonl",
+            purpose=INPUT_PURPOSE,
+            chunks=reader.lines(chunks),
+            file_id=file_id,
+        )
+        reader.raise_if_bad()
+        model = None if reader.mixed_models else reader.first_model
+        check_file_within_budget(
+            session,
+            blobs,
+            settings,
+            tenant_id=tenant_id,
+            blob_key=source.blob_key,
+            endpoint=MESSAGES_URL,
+            model=model,
+            completion_window=WINDOW,
+        )
+    except BaseException:
+        blobs.delete(input_file_key(tenant=tenant_folder(session, tenant_id=tenant_id), file_id=file_id))
+        raise
+    batch = create_batch(
+        session,
+        tenant_id=tenant_id,
+        input_file_id=source.id,
+        endpoint=MESSAGES_URL,
+        completion_window=WINDOW,
+        model=None if reader.mixed_models else reader.first_model,  # None: each request names its own
+        metadata=None,
+        protocol=ANTHROPIC,
+    )
+    batch.request_total = reader.count
+    session.flush()
+    return batch
+
+
+def get_message_batch(session: Session, *, tenant_id: str, batch_id: str, lock: bool = False) -> Batch:
+    """The tenant's live Anthropic batch, or BatchNotFound."""
+    return get_batch(session, tenant_id=tenant_id, batch_id=batch_id, lock=lock, protocol=ANTHROPIC)
+
+
+def list_message_batches(
+    session: Session, *, tenant_id: str, before_id: str | None, after_id: str | None, limit: int
+) -> tuple[list[Batch], bool]:
+    """A page of the tenant's batches, newest first, and whether more lie beyond it in paging direction.
+
+    `after_id`: the page of older batches right after that one; `before_id`: the newer ones right before it.
+    """
+    if before_id and after_id:
+        raise InvalidRequest("Give at most one of before_id and after_id.", param="before_id")
+    query = select(Batch).where(
+        Batch.tenant_id == tenant_id, Batch.protocol == ANTHROPIC.name, Batch.deleted_at.is_(None)
+    )
+    cursor = before_id or after_id
+    if cursor:
+        anchor = session.get(Batch, cursor)  # a deleted batch still marks its place
+        if anchor is None or anchor.tenant_id != tenant_id or not ANTHROPIC.owns(anchor.protocol):
+            param = "before_id" if before_id else "after_id"
+            raise InvalidRequest(f"No message batch found with id {clip(cursor, 64)}.", param=param)
+        at, ident = anchor.created_at, anchor.id
+        if before_id:
+            newer = or_(Batch.created_at > at, (Batch.created_at == at) & (Batch.id > ident))
+            rows = list(session.scalars(query.where(newer).order_by(Batch.created_at, Batch.id).limit(limit + 1)))
+            return list(reversed(rows[:limit])), len(rows) > limit
+        query = query.where(or_(Batch.created_at < at, (Batch.created_at == at) & (Batch.id < ident)))
+    rows = list(session.scalars(query.order_by(Batch.created_at.desc(), Batch.id.desc()).limit(limit + 1)))
+    return rows[:limit], len(rows) > limit
+
+
+def processing_status(batch: Batch) -> str:
+    """Anthropic's `processing_status`: in_progress, canceling or ended."""
+    return _PROCESSING.get(batch.status, "ended")
+
+
+def ended_at(batch: Batch) -> int | None:
+    """When processing ended (completed, cancelled, expired or failed), if it has."""
+    return batch.completed_at or batch.cancelled_at or batch.expired_at or batch.failed_at
+
+
+@dataclass(frozen=True)
+class RequestCounts:
+    """Anthropic's `request_counts`; they always add up to the batch's requests."""
+
+    processing: int = 0
+    succeeded: int = 0
+    errored: int = 0
+    canceled: int = 0
+    expired: int = 0
+
+
+def request_counts(batch: Batch) -> RequestCounts:
+    """Live counts from the batch row's counters (no request is read, so a list page costs one query)."""
+    completed, failed = batch.request_completed, batch.request_failed
+    canceled, expired = batch.request_cancelled, batch.request_expired
+    processing = max(0, batch.request_total - completed - failed)
+    outcome = _UNQUEUED_OUTCOME.get(batch.status)
+    if outcome is not None and processing:  # ended before these were queued (cancelled, expired, refused)
+        canceled += processing if outcome == "canceled" else 0
+        expired += processing if outcome == "expired" else 0
+        failed += processing
+        processing = 0
+    return RequestCounts(
+        processing=processing,
+        succeeded=completed,
+        errored=failed - canceled - expired,
+        canceled=canceled,
+        expired=expired,
+    )
+
+
+def cancel_message_batch(session: Session, *, tenant_id: str, batch_id: str) -> Batch:
+    """Start cancelling: queued requests end as `canceled` at once, running ones within seconds."""
+    batch = get_message_batch(session, tenant_id=tenant_id, batch_id=batch_id)
+    if processing_status(batch) != "in_progress":
+        raise InvalidRequest(f"Message Batch {batch.id} is {processing_status(batch)} and cannot be canceled.")
+    return cancel_batch(session, tenant_id=tenant_id, batch_id=batch_id, protocol=ANTHROPIC)
+
+
+def results_stream(
+    session: Session, blobs: BlobStore, settings: Settings, *, tenant_id: str, batch_id: str
+) -> Iterator[bytes]:
+    """The ended batch's results JSONL, streamed from object storage (read no database while streaming)."""
+    batch = get_message_batch(session, tenant_id=tenant_id, batch_id=batch_id)
+    if processing_status(batch) != "ended":
+        raise NotEnded(f"Message Batch {batch.id} has not ended yet: results are available once it has.")
+    if batch.archived_at is not None:
+        raise ResultsArchived(
+            f"The results of Message Batch {batch.id} were archived and are no longer available "
+            f"(kept {settings.message_batch_retention_seconds // 86400} days after the batch ended)."
+        )
+    chunk = settings.stream_chunk_bytes
+    results = session.get(File, batch.output_file_id) if batch.output_file_id is not None else None
+    if results is not None:
+        return blobs.open_stream(results.blob_key, chunk_bytes=chunk)
+    source = session.get(File, batch.input_file_id)
+    if source is None or source.deleted_at is not None or batch.request_completed + batch.request_failed:
+        return iter(())  # nothing was left unqueued: the results file holds every request
+    refusal = batch.errors[0] if batch.errors else None
+    return unqueued_results(
+        blobs.open_stream(source.blob_key, chunk_bytes=chunk),
+        outcome=_UNQUEUED_OUTCOME.get(batch.status, "errored"),
+        refusal=refusal,
+        max_line_bytes=settings.line_max_bytes,
+    )
+
+
+def delete_message_batch(session: Session, *, tenant_id: str, batch_id: str) -> list[str]:
+    """Delete an ended batch: hide it, scrub its content, mark its files deleted; return the object keys to
+    remove once this commits. Its usage and cost stay in the finance reports."""
+    batch = get_message_batch(session, tenant_id=tenant_id, batch_id=batch_id, lock=True)
+    if processing_status(batch) != "ended":
+        status = processing_status(batch)
+        raise NotEnded(f"Message Batch {batch.id} is {status}: only ended batches can be deleted (cancel it first).")
+    batch.deleted_at = now()
+    manifest, batch.manifest_key = batch.manifest_key, None  # it names the objects going now: it goes too
+    return _drop_content(session, batch) + ([manifest] if manifest else [])
+
+
+def archive_due(session: Session, *, retention_seconds: int, limit: int = ARCHIVE_PER_PASS) -> list[str]:
+    """Archive Anthropic batches whose results passed their retention; return the object keys to remove."""
+    cutoff = now() - retention_seconds
+    due = list(
+        session.scalars(
+            select(Batch)
+            .where(
+                Batch.protocol == ANTHROPIC.name,
+                Batch.archived_at.is_(None),
+                Batch.status.in_(lifecycle.TERMINAL),
+                or_(
+                    Batch.completed_at <= cutoff,
+                    Batch.cancelled_at <= cutoff,
+                    Batch.expired_at <= cutoff,
+                    Batch.failed_at <= cutoff,
+                ),
+            )
+            .limit(limit)
+            .with_for_update(skip_locked=True)
+        )
+    )
+    keys: list[str] = []
+    for batch in due:
+        batch.archived_at = now()
+        keys += _drop_content(session, batch)
+    return keys
+
+
+def _drop_content(session: Session, batch: Batch) -> list[str]:
+    scrub_content(session, batch_id=batch.id)
+    keys = []
+    for file_id in (batch.input_file_id, batch.output_file_id, batch.error_file_id):
+        row = session.get(File, file_id) if file_id else None
+        if row is not None and row.deleted_at is None:
+            row.deleted_at = now()
+            keys.append(row.blob_key)
+    session.flush()
+    return keys

@@ -1,0 +1,89 @@
+"""One object per protocol (OpenAI's Batch API, Anthropic's Message Batches): everything that differs between them.
+
+A batch row names its protocol (`batches.protocol`); every place that used to compare that string reads the
+object instead: its id prefix, the endpoints its lines may target, whether a batch runs one model, its request
+limit, the result files finalize writes and the renderer of their lines. The endpoint URLs are spelled here
+and nowhere else in storage/ and worker/.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from storage.lines import anthropic as anthropic_lines
+from storage.lines import reader as openai_lines
+
+if TYPE_CHECKING:
+    from storage.files.blobs.layout import BatchObject
+    from storage.models import Batch
+    from storage.settings import Settings
+
+CHAT_URL = "/v1/chat/completions"
+COMPLETIONS_URL = "/v1/completions"
+EMBEDDINGS_URL = "/v1/embeddings"
+RESPONSES_URL = "/v1/responses"
+MESSAGES_URL = "/v1/messages"
+
+RenderLine = Callable[..., dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class ResultFile:
+    """One result file finalize writes: which requests it holds, its file purpose and its object name."""
+
+    kind: str  # "output", "errors", "results": the key finalize records the file under
+    successes: bool  # holds the completed requests
+    failures: bool  # holds the failed, expired and cancelled ones
+    purpose: str
+    name: BatchObject  # the object's name under the batch's folder (storage/files/blobs/layout.py)
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """What one API's batches are: see the module docstring."""
+
+    name: str  # the value of `batches.protocol`
+    id_prefix: str
+    endpoints: tuple[str, ...]
+    one_model: bool  # a batch runs one model (OpenAI); else each request names its own (Anthropic)
+    max_requests: Callable[[Settings], int]
+    result_files: tuple[ResultFile, ...]
+    render_line: RenderLine  # one queue row -> one line of its result file
+
+    def owns(self, protocol: str) -> bool:
+        """Whether a batch row's `protocol` column names this protocol."""
+        return protocol == self.name
+
+
+OPENAI = Protocol(
+    name="openai",
+    id_prefix="batch_",
+    endpoints=(CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, RESPONSES_URL),
+    one_model=True,
+    max_requests=lambda settings: settings.batch_max_requests,
+    result_files=(
+        ResultFile("output", successes=True, failures=False, purpose="batch_output", name="output.jsonl"),
+        ResultFile("errors", successes=False, failures=True, purpose="batch_output", name="errors.jsonl"),
+    ),
+    render_line=openai_lines.result_line,
+)
+# One results file with every request, in Anthropic's line format; requests may each name their own model.
+ANTHROPIC = Protocol(
+    name="anthropic",
+    id_prefix="msgbatch_",
+    endpoints=(MESSAGES_URL,),
+    one_model=False,
+    max_requests=lambda settings: settings.message_batch_max_requests,
+    result_files=(
+        ResultFile("results", successes=True, failures=True, purpose="message_batch_results", name="output.jsonl"),
+    ),
+    render_line=anthropic_lines.result_line,
+)
+PROTOCOLS = {protocol.name: protocol for protocol in (OPENAI, ANTHROPIC)}
+
+
+def protocol_of(batch: Batch) -> Protocol:
+    """The protocol a batch (anything with a `protocol` column) was created through; OpenAI for old rows."""
+    return PROTOCOLS.get(batch.protocol, OPENAI)

@@ -1,0 +1,89 @@
+"""What the worker counts: a re-claimed lease, a reaped lease, the engine's busy time and slots, ingest once."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+from prometheus_client import REGISTRY
+
+from storage.db import transaction
+from storage.files.blobs import get_blob_store
+from storage.models import BatchRequest
+from storage.queue.claim import claim
+from storage.settings import get_settings
+from tests.conftest import Backend
+from tests.integration.jobs import chat, create_job
+from tests.integration.worker.feed.test_runner import enqueue, make_runner
+from worker.jobs.ingest import ingest_batch
+from worker.jobs.reaper import reap
+from worker.process import service
+
+pytestmark = pytest.mark.backfill_env({"BACKFILL_MODELS": json.dumps({"fake-model": {"path": "fake:"}})})
+
+
+def metric(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def test_a_lease_the_reaper_released_is_counted_and_its_next_claim_is_a_reclaim(backend: Backend) -> None:
+    batch_id = enqueue(3)
+    expired, reclaimed = (
+        metric("backfill_lease_expiries_total"),
+        metric("backfill_requests_reclaimed_total", model="fake-model"),
+    )
+    with transaction() as session:
+        claim(session, settings=get_settings(), model="fake-model", worker_id="dead-worker", limit=3, lease_seconds=5)
+        session.execute(BatchRequest.__table__.update().values(lease_expires_at=0.0))  # type: ignore[attr-defined]
+    with transaction() as session:
+        reap(session)
+    assert metric("backfill_lease_expiries_total") - expired == 3
+    runner = make_runner()
+    busy = metric("backfill_engine_busy_seconds_total", model="fake-model")
+    while runner.run_for(5.0):
+        pass
+    assert metric("backfill_requests_reclaimed_total", model="fake-model") - reclaimed == 3
+    assert metric("backfill_engine_busy_seconds_total", model="fake-model") > busy
+    assert metric("backfill_engine_max_num_seqs", model="fake-model") == 4
+    assert metric("backfill_engine_inflight_requests", model="fake-model") == 0
+    assert batch_id
+
+
+def test_busy_time_on_metrics_adds_up_to_the_engine_runs_recorded_for_cost(backend: Backend) -> None:
+    from sqlalchemy import func, select
+
+    from storage.models import EngineRun
+
+    enqueue(30, max_tokens=20)
+    before = metric("backfill_engine_busy_seconds_total", model="fake-model")
+    steps = metric("backfill_engine_steps_total", model="fake-model")
+    runner = make_runner(max_num_seqs=4)
+    while runner.run_for(5.0):
+        pass
+    with transaction() as session:
+        busy, run_steps = session.execute(select(func.sum(EngineRun.busy_seconds), func.sum(EngineRun.steps))).one()
+    assert metric("backfill_engine_busy_seconds_total", model="fake-model") - before == pytest.approx(busy, rel=1e-6)
+    assert metric("backfill_engine_steps_total", model="fake-model") - steps == run_steps
+
+
+def test_two_passes_over_one_new_batch_count_its_lines_once(backend: Backend) -> None:
+    if backend.name != "postgres":
+        pytest.skip("concurrent ingest passes wait on the batch row lock: a Postgres matter")
+    batch_id = create_job([chat(i) for i in range(7)])
+    enqueued = metric("backfill_ingest_lines_total", outcome="enqueued")
+    start = threading.Barrier(2)
+
+    def one_pass() -> None:
+        start.wait()
+        with transaction() as session:
+            ingest_batch(session, get_blob_store(), get_settings(), batch_id=batch_id)
+
+    passes = [threading.Thread(target=one_pass) for _ in range(2)]
+    for thread in passes:
+        thread.start()
+    for thread in passes:
+        thread.join()
+    assert metric("backfill_ingest_lines_total", outcome="enqueued") - enqueued == 7
+    assert service.ingest(batch_id) == "in_progress"  # a third, late pass counts nothing either
+    assert metric("backfill_ingest_lines_total", outcome="enqueued") - enqueued == 7

@@ -1,0 +1,152 @@
+"""The runner with its database I/O on threads of its own: every result committed exactly once, whatever fails."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import pytest
+from sqlalchemy import select, update
+
+from storage.db import transaction
+from storage.files.blobs import get_blob_store
+from storage.files.files import get_file
+from storage.models import Batch, BatchRequest
+from storage.queue import leases as results
+from storage.queue.reaping import release_expired_leases
+from storage.settings import get_settings
+from tests.conftest import Backend
+from tests.integration.worker.feed.test_runner import enqueue, statuses
+from worker.engine.fake import FakeEngine
+from worker.feed import queue_io
+from worker.feed.runner import Runner
+from worker.jobs.finalize import finalize_batch
+
+pytestmark = pytest.mark.backfill_env(
+    {"BACKFILL_MODELS": json.dumps({"fake-model": {"path": "fake:"}}), "BACKFILL_RUNNER_IO_THREAD": "true"}
+)
+
+
+def make_runner(worker_id: str = "w1", max_num_seqs: int = 4) -> Runner:
+    engine = FakeEngine("fake-model", max_num_seqs=max_num_seqs, max_model_len=10**9)
+    runner = Runner(engine, model="fake-model", settings=get_settings(), worker_id=worker_id)
+    assert runner.io is not None  # the setting turned the I/O threads on
+    return runner
+
+
+def run_until_idle(runner: Runner) -> None:
+    while runner.run_for(5.0):
+        pass
+
+
+def output_custom_ids(batch_id: str) -> list[str]:
+    """Finalize the batch and read its output file back: the custom_id of every line, in file order."""
+    assert finalize_batch(get_blob_store(), batch_id=batch_id) == "completed"
+    with transaction() as session:
+        batch = session.get(Batch, batch_id)
+        assert batch is not None and batch.output_file_id
+        key = get_file(session, tenant_id=batch.tenant_id, file_id=batch.output_file_id).blob_key
+    text = b"".join(get_blob_store().open_stream(key))
+    return [json.loads(line)["custom_id"] for line in text.splitlines() if line]
+
+
+def requeue_expired() -> int:
+    """The reaper after every lease ran out: held rows go back to the queue."""
+    with transaction() as session:
+        session.execute(update(BatchRequest).where(BatchRequest.status == "running").values(lease_expires_at=0.0))
+    with transaction() as session:
+        return release_expired_leases(session, max_attempts=3)
+
+
+def test_with_the_io_threads_every_request_ends_in_exactly_one_line(backend: Backend) -> None:
+    batch_id = enqueue(40, max_tokens=6)
+    runner = make_runner()
+    run_until_idle(runner)
+    runner.close_io()
+    assert statuses(batch_id) == {"completed": 40}
+    assert sorted(output_custom_ids(batch_id)) == sorted(f"r{i}" for i in range(40))
+    with transaction() as session:
+        batch = session.get(Batch, batch_id)
+        attempts = set(session.scalars(select(BatchRequest.attempts).where(BatchRequest.batch_id == batch_id)))
+    assert batch is not None and batch.request_completed == 40 and attempts == {1}
+
+
+def test_a_writer_failure_mid_run_surfaces_and_its_requests_run_again_once(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    batch_id = enqueue(30, max_tokens=3)
+    calls: list[int] = []
+
+    def second_commit_fails(session: Any, **kwargs: Any) -> dict[str, int]:
+        calls.append(len(kwargs["outcomes"]))
+        if len(calls) == 2:
+            raise RuntimeError("the database went away mid-commit")
+        return results.record(session, **kwargs)
+
+    monkeypatch.setattr(queue_io, "record", second_commit_fails)
+    runner = make_runner()
+    with pytest.raises(RuntimeError, match="went away"):  # raised on the engine's thread, as inline
+        run_until_idle(runner)
+    run_until_idle(runner)  # the runner serves on; the failed group's rows stay leased, not renewed
+    lost = calls[1]
+    assert statuses(batch_id) == {"completed": 30 - lost, "running": lost}
+    assert requeue_expired() == lost
+    run_until_idle(runner)
+    runner.close_io()
+    assert sorted(output_custom_ids(batch_id)) == sorted(f"r{i}" for i in range(30))
+    with transaction() as session:
+        batch = session.get(Batch, batch_id)
+        attempts = list(session.scalars(select(BatchRequest.attempts).where(BatchRequest.batch_id == batch_id)))
+    assert batch is not None and batch.request_completed == 30
+    assert sorted(attempts) == [1] * (30 - lost) + [2] * lost
+
+
+def test_a_worker_that_dies_before_its_writer_commits_loses_nothing_and_its_late_commit_counts_nothing(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    batch_id = enqueue(12, max_tokens=2)
+    gate = threading.Event()
+
+    def stalled_for_w1(session: Any, **kwargs: Any) -> dict[str, int]:
+        if kwargs["worker_id"] == "w1":
+            gate.wait(30)  # w1's writer hangs before its first commit (say its connection froze)
+        return results.record(session, **kwargs)
+
+    monkeypatch.setattr(queue_io, "record", stalled_for_w1)
+    dying = make_runner("w1")
+    serving = threading.Thread(target=dying.run_for, args=(3.0,), daemon=True)
+    serving.start()
+    for _ in range(100):  # every request decoded and handed to w1's writer
+        if not dying.engine.has_unfinished() and not dying.inflight and statuses(batch_id) == {"running": 12}:
+            break
+        time.sleep(0.05)
+    assert statuses(batch_id) == {"running": 12}  # nothing committed: w1 now "crashes"
+    assert requeue_expired() == 12
+    survivor = make_runner("w2")
+    run_until_idle(survivor)
+    survivor.close_io()
+    gate.set()  # w1's stalled commit finally runs: the lease check refuses every result
+    serving.join(timeout=10)
+    dying.close_io()
+    assert sorted(output_custom_ids(batch_id)) == sorted(f"r{i}" for i in range(12))
+    with transaction() as session:
+        batch = session.get(Batch, batch_id)
+        owners = set(session.scalars(select(BatchRequest.lease_owner).where(BatchRequest.batch_id == batch_id)))
+    assert batch is not None and batch.request_completed == 12 and batch.request_failed == 0
+    assert owners <= {"w2", None}
+
+
+def test_a_hand_back_returns_in_flight_rows_and_rows_claimed_but_not_yet_started(backend: Backend) -> None:
+    batch_id = enqueue(20, max_tokens=10**8)  # never finishes on its own
+    runner = make_runner(max_num_seqs=4)
+    runner.run_for(0.5)
+    assert statuses(batch_id) == {"running": 8, "queued": 12}
+    assert runner.io is not None
+    runner.io.request_claim(4)  # a claim the engine has not collected when the switch comes
+    assert runner.hand_back(drain_seconds=0) == 12
+    runner.close_io()
+    assert statuses(batch_id) == {"queued": 20}
+    with pytest.raises(RuntimeError, match="closed"):
+        runner.io.request_claim(1)

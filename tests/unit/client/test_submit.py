@@ -1,0 +1,37 @@
+"""`backfill submit` reads endpoints from the server's own list: a flag or a file's first url the server serves
+is never refused or guessed as chat completions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from client.submit import endpoint_of
+from storage.protocols import OPENAI
+from worker.cli.main import build_parser
+
+ENDPOINTS = OPENAI.endpoints
+
+
+@pytest.mark.parametrize("endpoint", ENDPOINTS)
+def test_every_endpoint_the_server_serves_is_detected_from_the_first_line(tmp_path: Path, endpoint: str) -> None:
+    source = tmp_path / "job.jsonl"
+    line = {"custom_id": "a", "method": "POST", "url": endpoint, "body": {"model": "m"}}
+    source.write_text(json.dumps(line) + "\n")
+    assert endpoint_of(source, None) == endpoint
+
+
+@pytest.mark.parametrize("endpoint", ENDPOINTS)
+def test_every_endpoint_the_server_serves_is_accepted_as_a_flag(tmp_path: Path, endpoint: str) -> None:
+    args = build_parser().parse_args(["submit", str(tmp_path / "job.jsonl"), "--endpoint", endpoint])
+    assert args.endpoint == endpoint
+
+
+def test_a_responses_file_is_submitted_to_responses(tmp_path: Path) -> None:
+    """Issue 19 bug 1: a /v1/responses file was guessed as chat completions and every line failed."""
+    source = tmp_path / "responses.jsonl"
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/responses", "body": {"model": "m", "input": "hi"}}
+    source.write_text(json.dumps(line) + "\n")
+    assert endpoint_of(source, None) == "/v1/responses"

@@ -1,0 +1,63 @@
+"""Line splitting and checking: the rules a user's JSONL is held to."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from storage.lines.reader import LineChecker, LineError, ParsedLine, check_utf8_jsonl, iter_lines, peek_model
+
+
+def lines_of(data: bytes, chunk: int = 3, max_line_bytes: int = 1000) -> list[tuple[int, bytes | None]]:
+    chunks = [data[i : i + chunk] for i in range(0, len(data), chunk)]
+    return list(iter_lines(chunks, max_line_bytes=max_line_bytes))
+
+
+def test_lines_are_split_across_chunk_boundaries_with_crlf_and_no_final_newline() -> None:
+    assert lines_of(b'{"a":1}\r\n{"b":2}\n{"c":3}') == [(1, b'{"a":1}'), (2, b'{"b":2}'), (3, b'{"c":3}')]
+
+
+def test_an_over_long_line_is_flagged_without_being_buffered() -> None:
+    data = b"short\n" + b"x" * 5000 + b"\nafter\n"
+    assert lines_of(data, chunk=64, max_line_bytes=100) == [(1, b"short"), (2, None), (3, b"after")]
+
+
+def test_checker_reports_duplicates_and_model_mismatch() -> None:
+    checker = LineChecker(endpoint="/v1/completions", max_requests=10)
+
+    def line(cid: str, model: str) -> bytes:
+        return json.dumps(
+            {"custom_id": cid, "method": "POST", "url": "/v1/completions", "body": {"model": model, "prompt": "x"}}
+        ).encode()
+
+    assert isinstance(checker.check(1, line("a", "m"), max_line_bytes=100), ParsedLine)
+    duplicate = checker.check(2, line("a", "m"), max_line_bytes=100)
+    assert isinstance(duplicate, LineError) and duplicate.code == "duplicate_custom_id" and duplicate.line == 2
+    other = checker.check(3, line("b", "n"), max_line_bytes=100)
+    assert isinstance(other, LineError) and other.code == "mismatched_model"
+    assert checker.check(4, b"   ", max_line_bytes=100) is None
+
+
+def test_bom_is_stripped_only_on_the_first_line() -> None:
+    checker = LineChecker(endpoint="/v1/completions", max_requests=10)
+    raw = (
+        b"\xef\xbb\xbf"
+        + json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {"model": "m"}}).encode()
+    )
+    assert isinstance(checker.check(1, raw, max_line_bytes=1000), ParsedLine)
+    assert isinstance(checker.check(2, raw, max_line_bytes=1000), LineError)
+
+
+def test_upload_sniffing_rejects_binary_and_csv() -> None:
+    with pytest.raises(ValueError, match="UTF-8"):
+        list(check_utf8_jsonl([b"\xff\xfe\x00"]))
+    with pytest.raises(ValueError, match="JSONL"):
+        list(check_utf8_jsonl([b"a,b\n"]))
+    assert b"".join(check_utf8_jsonl([b"\n  ", b'{"x": 1}\n'])) == b'\n  {"x": 1}\n'
+
+
+def test_peek_model_skips_blank_lines() -> None:
+    data = [b"\n\n", b'{"body": {"model": "m1"}}\n']
+    assert peek_model(data, max_line_bytes=100) == "m1"
+    assert peek_model([b"nope\n"], max_line_bytes=100) is None

@@ -1,0 +1,232 @@
+"""Anthropic Messages (/v1/messages) request bodies in, Anthropic `Message` bodies out.
+
+An Anthropic Message Batch request's `params`, run on the chat path of every engine (`as_chat()`, or
+`chat_payload()` for a vLLM server) and answered as Anthropic's `Message` (`anthropic_message`). What the
+engine cannot do (tools, images, thinking, streaming) is refused per request: it becomes an `errored`
+result with `invalid_request_error`, never a failed batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, field_validator
+
+from worker.engine.wire.base import TYPE_TAGS, BodyError, Strict
+from worker.engine.wire.openai import ChatBody, ChatMessage
+
+MAX_MESSAGES_STOP_SEQUENCES = 64
+MAX_METADATA_USER_ID_CHARS = 256
+
+# Anthropic parameters accepted only at their "off" value.
+_MESSAGES_OFF_VALUES: dict[str, tuple[Any, ...]] = {
+    "stream": (None, False),
+    "tools": (None, []),
+    "tool_choice": (None, {"type": "none"}, {"type": "auto"}),
+    "thinking": (None, {"type": "disabled"}),
+    "mcp_servers": (None, []),
+    "container": (None,),
+    "service_tier": (None, "auto", "standard_only"),  # every request here runs at batch priority
+}
+
+
+def _text_blocks_only(value: Any, where: str) -> Any:
+    """Name the first non-text block plainly, instead of pydantic's union-of-everything message."""
+    if isinstance(value, list):
+        for index, block in enumerate(value):
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind != "text":
+                raise ValueError(f"{where}.{index}: only text content blocks are supported here, got {kind!r}")
+    return value
+
+
+class MessagesTextBlock(Strict):
+    type: Literal["text"]
+    text: str
+    # Accepted and ignored: the engine's prefix cache serves a repeated prompt prefix without being asked.
+    cache_control: dict[str, Any] | None = None
+    citations: list[Any] | None = Field(default=None, max_length=0)
+
+
+class MessagesTurn(Strict):
+    role: Literal["user", "assistant"]
+    content: str | list[MessagesTextBlock]
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text(cls, value: Any) -> Any:
+        return _text_blocks_only(value, "content")
+
+    def parts(self) -> list[str]:
+        return [self.content] if isinstance(self.content, str) else [block.text for block in self.content]
+
+
+class MessagesMetadata(Strict):
+    user_id: str | None = Field(default=None, max_length=MAX_METADATA_USER_ID_CHARS)
+
+
+class MessagesBody(Strict):
+    """Anthropic's Messages parameters that a text-only engine can honour."""
+
+    model: str
+    max_tokens: int = Field(ge=1)
+    messages: list[MessagesTurn] = Field(min_length=1)
+    system: str | list[MessagesTextBlock] | None = None
+    stop_sequences: list[str] | None = Field(default=None, max_length=MAX_MESSAGES_STOP_SEQUENCES)
+    temperature: float | None = Field(default=None, ge=0, le=1)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=0)
+    metadata: MessagesMetadata | None = None
+    cache_control: dict[str, Any] | None = None  # accepted and ignored, as on text blocks
+
+    @field_validator("system", mode="before")
+    @classmethod
+    def _system_text(cls, value: Any) -> Any:
+        return _text_blocks_only(value, "system")
+
+    @field_validator("stop_sequences")
+    @classmethod
+    def _stops_not_blank(cls, value: list[str] | None) -> list[str] | None:
+        if value and any(not stop.strip() for stop in value):
+            raise ValueError("each stop sequence must contain non-whitespace")
+        return value
+
+    @property
+    def prefill(self) -> bool:
+        """A final assistant turn: the answer continues it (Anthropic's prefill)."""
+        return self.messages[-1].role == "assistant"
+
+    def conversation(self) -> list[dict[str, str]]:
+        """System first, then the turns; consecutive turns of one role are combined, as Anthropic does."""
+        turns: list[tuple[str, list[str]]] = []
+        for turn in self.messages:
+            if turns and turns[-1][0] == turn.role:
+                turns[-1][1].extend(turn.parts())
+            else:
+                turns.append((turn.role, turn.parts()))
+        system = [self.system] if isinstance(self.system, str) else [block.text for block in self.system or []]
+        head = [{"role": "system", "content": "\n".join(system)}] if system else []
+        return head + [{"role": role, "content": "\n".join(parts)} for role, parts in turns]
+
+    def as_chat(self) -> ChatBody:
+        """The same request as a chat body (already validated here, so it is built, not re-validated)."""
+        turns: list[dict[str, Any]] = list(self.conversation())
+        messages = [ChatMessage.model_construct(**turn) for turn in turns]
+        return ChatBody.model_construct(
+            messages=messages,
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            stop=list(self.stop_sequences or []),
+        )
+
+    def chat_payload(self) -> dict[str, Any]:
+        """The request for a vLLM server's /v1/chat/completions (vLLM takes top_k and prefill as extras)."""
+        payload: dict[str, Any] = {"messages": self.conversation(), "max_tokens": self.max_tokens}
+        for name in ("temperature", "top_p", "top_k"):
+            if (value := getattr(self, name)) is not None:
+                payload[name] = value
+        if self.stop_sequences:
+            payload["stop"] = list(self.stop_sequences)
+        if self.prefill:
+            payload.update(add_generation_prompt=False, continue_final_message=True)
+        return payload
+
+
+def parse_messages_body(body: Any) -> MessagesBody:
+    """Validate an Anthropic Messages request; what cannot run raises BodyError (an errored result)."""
+    if not isinstance(body, dict):
+        raise BodyError("params: must be an object", code="invalid_type", param="params")
+    fields = dict(body)
+    for name, allowed in _MESSAGES_OFF_VALUES.items():
+        if name in fields:
+            value = fields.pop(name)
+            if not any(value == ok and type(value) is type(ok) for ok in allowed):
+                raise BodyError(
+                    f"{name}: not supported by this server (text generation only)",
+                    code="unsupported_parameter",
+                    param=name,
+                )
+    try:
+        return MessagesBody.model_validate(fields)
+    except ValidationError as error:
+        raise _describe_messages(error) from None
+
+
+def _describe_messages(error: ValidationError) -> BodyError:
+    first = error.errors(include_url=False)[0]
+    parts = [str(p) for p in first["loc"] if str(p) not in TYPE_TAGS and not str(p).startswith(("list[", "Messages"))]
+    where = ".".join(parts) or "params"
+    param = parts[0] if parts else None
+    if first["type"] == "extra_forbidden":
+        return BodyError(f"{where}: not supported by this server", code="unsupported_parameter", param=param)
+    if first["type"] == "missing":
+        return BodyError(f"{where}: Field required", code="missing_required_parameter", param=param)
+    message = str(first["msg"]).removeprefix("Value error, ")
+    return BodyError(f"{where}: {message}", code="invalid_value", param=param)
+
+
+def anthropic_stop(*, finish_reason: str, matched: Any, output_tokens: int, max_tokens: int) -> tuple[str, str | None]:
+    """(stop_reason, stop_sequence): the engine's finish reason and matched stop string in Anthropic's terms.
+
+    `matched` is what vLLM reports as `stop_reason`: the stop string that ended the text, a stop token id,
+    or None (end of sequence). A length stop short of `max_tokens` hit the model's context window.
+    """
+    if finish_reason == "length":
+        return ("max_tokens", None) if output_tokens >= max_tokens else ("model_context_window_exceeded", None)
+    if isinstance(matched, str):
+        return "stop_sequence", matched
+    return "end_turn", None
+
+
+def anthropic_message(
+    *,
+    message_id: str,
+    model: str,
+    text: str,
+    stop: tuple[str, str | None],
+    prompt_tokens: int,
+    output_tokens: int,
+    cached_tokens: int = 0,
+) -> dict[str, Any]:
+    """Anthropic's `Message`. `input_tokens` leaves out what the prefix cache served, which is reported as
+    `cache_read_input_tokens` (Anthropic: total input = input + cache creation + cache read)."""
+    cached = max(0, min(cached_tokens, prompt_tokens))
+    return {
+        "id": message_id if message_id.startswith("msg_") else f"msg_{message_id}",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [{"type": "text", "text": text}] if text else [],
+        "stop_reason": stop[0],
+        "stop_sequence": stop[1],
+        "usage": {
+            "input_tokens": prompt_tokens - cached,
+            "output_tokens": output_tokens,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": cached,
+        },
+    }
+
+
+def message_from_chat_completion(completion: dict[str, Any], *, model: str, body: MessagesBody) -> dict[str, Any]:
+    """A vLLM server's chat.completion answer to `chat_payload()`, as Anthropic's `Message`."""
+    choice = (completion.get("choices") or [{}])[0]
+    usage = completion.get("usage") or {}
+    output_tokens = int(usage.get("completion_tokens") or 0)
+    details = usage.get("prompt_tokens_details") or {}
+    stop = anthropic_stop(
+        finish_reason=str(choice.get("finish_reason")),
+        matched=choice.get("stop_reason"),
+        output_tokens=output_tokens,
+        max_tokens=body.max_tokens,
+    )
+    return anthropic_message(
+        message_id=str(completion.get("id") or "").removeprefix("chatcmpl-"),
+        model=model,
+        text=str((choice.get("message") or {}).get("content") or ""),
+        stop=stop,
+        prompt_tokens=int(usage.get("prompt_tokens") or 0),
+        output_tokens=output_tokens,
+        cached_tokens=int(details.get("cached_tokens") or 0),
+    )

@@ -1,0 +1,268 @@
+"""The runner's database work off the engine's thread: claims ahead, result commits, lease renewals.
+
+On an 8x H100 node a decode step of a 70B model takes 4-22 ms; a claim or a results transaction on the
+engine's thread (tens of ms on a loaded database) leaves the GPU idle for that long (bench/gpu_timed.py).
+With `BACKFILL_RUNNER_IO_THREAD=true` the runner hands that work to two threads of its own:
+
+* the writer commits each flush (results under the lease check, the engine run's counters) and renews
+  leases, in the order they were handed over, from a bounded queue: when the database falls behind,
+  `submit` blocks and the engine waits, as it would inline; nothing piles up without limit;
+* the claimer leases the next rows while the engine steps; at most one claim is outstanding.
+
+Exactly-once is the database's lease check, as inline: a result counts only once its transaction commits
+(`record` stores it only while this worker holds the lease). Until then its id stays in every renewal, so
+its lease holds while it waits; a failed commit drops the group's results, stops renewing their ids and
+raises on the engine's thread (as an inline flush would), so their leases expire and the reaper re-queues
+them; a crash loses only uncommitted results, whose leases expire the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from storage.db import transaction
+from storage.queue.backlog import done_batches
+from storage.queue.claim import ClaimedRequest, claim
+from storage.queue.leases import Outcome, record, relet, renew
+from storage.settings import Settings
+from worker.engine import EngineResult
+
+log = logging.getLogger(__name__)
+
+MAX_PENDING = 16  # writes (flushes and renewals) queued before `submit` makes the engine thread wait
+MAX_COALESCED = 8  # queued flushes the writer commits in one transaction when the database falls behind
+
+
+@dataclass
+class Claimed:
+    """One claim's rows and how many were asked for (fewer: the queue ran dry)."""
+
+    rows: list[ClaimedRequest]
+    asked: int
+
+
+@dataclass
+class _Flush:
+    run_id: str
+    write_run: Callable[[Session], None]
+    outcomes: list[Outcome]
+    results: list[EngineResult]
+    ids: frozenset[str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.ids = frozenset(o.request_id for o in self.outcomes)
+
+
+class QueueIO:
+    """Two threads doing one runner's database work; the engine thread only hands over and collects."""
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        worker_id: str,
+        settings: Settings,
+        on_batch_done: Callable[[str], None] | None = None,
+    ) -> None:
+        self.model, self.worker_id, self.settings = model, worker_id, settings
+        self.lease_seconds = settings.lease_seconds
+        self.on_batch_done = on_batch_done
+        self._writes: queue.Queue[_Flush | list[str] | None] = queue.Queue(maxsize=MAX_PENDING)
+        self._claims: queue.Queue[tuple[int, frozenset[str]] | None] = queue.Queue(maxsize=1)
+        self._lock = threading.Lock()
+        self._uncommitted: dict[int, frozenset[str]] = {}  # id(flush) -> its request ids, until committed
+        self._claimed: deque[Claimed] = deque()
+        self._claiming = False
+        self._committed: deque[list[EngineResult]] = deque()
+        self._lost: set[str] = set()
+        self._errors: deque[BaseException] = deque()
+        self._closed = False
+        self._threads = [
+            threading.Thread(target=self._write_loop, name=f"queue-writer-{model}", daemon=True),
+            threading.Thread(target=self._claim_loop, name=f"queue-claimer-{model}", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    # --- the engine thread's side -------------------------------------------------------------------
+
+    def submit(
+        self,
+        *,
+        run_id: str,
+        write_run: Callable[[Session], None],
+        outcomes: list[Outcome],
+        results: list[EngineResult],
+    ) -> None:
+        """Queue one flush for commit (blocks while MAX_PENDING writes wait); raise an earlier failure.
+
+        `write_run(session)` writes the engine run's counters as they were at hand-over (a snapshot).
+        """
+        self._check_open()
+        self.raise_failure()
+        flush = _Flush(run_id, write_run, outcomes, results)
+        with self._lock:
+            self._uncommitted[id(flush)] = flush.ids
+        self._writes.put(flush)
+
+    def renew(self, request_ids: list[str]) -> None:
+        """Queue a renewal of these leases (and those of every result not yet committed)."""
+        self._check_open()
+        self._writes.put(list(request_ids))
+
+    def request_claim(self, limit: int, *, held: frozenset[str] = frozenset()) -> None:
+        """Ask the claimer for up to `limit` rows, unless a claim is already on its way; a row in `held` (still in
+        this worker's engine) that comes back is a re-lease, as on the inline path."""
+        self._check_open()
+        with self._lock:
+            if self._claiming or self._claimed or limit <= 0:
+                return
+            self._claiming = True
+        self._claims.put((limit, held))
+
+    def claiming(self) -> bool:
+        """True while a claim is outstanding or rows it leased wait to be collected."""
+        with self._lock:
+            return self._claiming or any(claimed.rows for claimed in self._claimed)
+
+    def take_claimed(self) -> Claimed | None:
+        """The rows of a finished claim, if one finished since the last call."""
+        with self._lock:
+            return self._claimed.popleft() if self._claimed else None
+
+    def take_committed(self) -> list[list[EngineResult]]:
+        """The results of every flush committed since the last call (for the metrics probe)."""
+        with self._lock:
+            done, self._committed = list(self._committed), deque()
+        return done
+
+    def take_lost(self) -> set[str]:
+        """Ids whose lease a renewal found gone since the last call (cancelled, expired, re-queued)."""
+        with self._lock:
+            lost, self._lost = self._lost, set()
+        return lost
+
+    def raise_failure(self) -> None:
+        """Re-raise, on the engine thread, the first database error the threads met since the last call."""
+        with self._lock:
+            error = self._errors.popleft() if self._errors else None
+        if error is not None:
+            raise error
+
+    def drain(self) -> None:
+        """Wait until every handed-over write and claim is done; then raise any failure they met."""
+        self._writes.join()
+        self._claims.join()
+        self.raise_failure()
+
+    def close(self) -> None:
+        """Finish what was handed over, then stop both threads (once; later hand-overs raise)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._writes.put(None)
+        self._claims.put(None)
+        for thread in self._threads:
+            thread.join(timeout=30)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"the runner I/O threads of {self.model} are closed (after a hand-back)")
+
+    # --- the threads ----------------------------------------------------------------------------------
+
+    def _write_loop(self) -> None:
+        while (item := self._writes.get()) is not None:
+            items: list[_Flush | list[str] | None] = [item]
+            while isinstance(items[-1], _Flush) and len(items) < MAX_COALESCED:
+                try:  # flushes queued behind this one share its transaction (the database fell behind)
+                    items.append(self._writes.get_nowait())
+                except queue.Empty:
+                    break
+            flushes = [flush for flush in items if isinstance(flush, _Flush)]
+            if flushes:
+                self._guarded(self._commit, flushes)
+                with self._lock:
+                    for flush in flushes:  # committed, or dropped: no longer renewed
+                        self._uncommitted.pop(id(flush), None)
+            for other in items[len(flushes) :]:  # at most one, at the end: a renewal or the stop mark
+                if other is None:
+                    break
+                self._guarded(self._renew, other)
+            for _ in items:
+                self._writes.task_done()
+            if items[-1] is None:
+                return
+        self._writes.task_done()
+
+    def _guarded(self, work: Callable[[Any], None], arg: Any) -> None:
+        try:
+            work(arg)
+        except Exception as error:  # surfaced on the engine thread; this thread keeps serving
+            log.exception("runner database write failed")
+            with self._lock:
+                self._errors.append(error)
+
+    def _commit(self, flushes: list[_Flush]) -> None:
+        """One transaction: each run's latest counters, then every result under the lease check."""
+        latest = {flush.run_id: flush.write_run for flush in flushes}  # counters are cumulative: last wins
+        touched: set[str] = set()
+        with transaction() as session:
+            for write_run in latest.values():
+                write_run(session)
+            for run_id in latest:
+                outcomes = [o for flush in flushes if flush.run_id == run_id for o in flush.outcomes]
+                touched |= set(record(session, worker_id=self.worker_id, run_id=run_id, outcomes=outcomes))
+            done = done_batches(session, batch_ids=sorted(touched))
+        with self._lock:
+            self._committed.extend(flush.results for flush in flushes)
+        for batch_id in done:
+            if self.on_batch_done is not None:
+                self.on_batch_done(batch_id)
+
+    def _renew(self, request_ids: list[str]) -> None:
+        with self._lock:
+            waiting = set().union(*self._uncommitted.values()) if self._uncommitted else set()
+        held = sorted(set(request_ids) | waiting)
+        with transaction() as session:
+            lost = renew(session, worker_id=self.worker_id, request_ids=held, lease_seconds=self.lease_seconds)
+            if lost:  # re-queued under us while we still run them: ours again, the same try (docs/workers.md)
+                lost -= relet(
+                    session, worker_id=self.worker_id, request_ids=sorted(lost), lease_seconds=self.lease_seconds
+                )
+        with self._lock:
+            self._lost |= lost - waiting  # a result waiting for commit is not in flight: nothing to abort
+
+    def _claim_loop(self) -> None:
+        while (asked := self._claims.get()) is not None:
+            limit, held = asked
+            rows: list[ClaimedRequest] = []
+            try:
+                with transaction() as session:
+                    rows = claim(
+                        session,
+                        model=self.model,
+                        worker_id=self.worker_id,
+                        limit=limit,
+                        lease_seconds=self.lease_seconds,
+                        settings=self.settings,
+                        held=held,
+                    )
+            except Exception as error:
+                log.exception("runner claim failed")
+                with self._lock:
+                    self._errors.append(error)
+            finally:
+                with self._lock:
+                    self._claimed.append(Claimed(rows, limit))
+                    self._claiming = False
+                self._claims.task_done()
+        self._claims.task_done()
