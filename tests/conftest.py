@@ -227,7 +227,7 @@ def start_server(*, with_worker: bool) -> tuple[LiveServer, callable]:  # type: 
         server.should_exit = True
         thread.join(10)
         if worker is not None:
-            worker.process.shutdown()
+            worker.shutdown()
 
     return LiveServer(f"http://127.0.0.1:{port}", worker), stop
 

@@ -13,18 +13,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from storage.batches import lifecycle
 from storage.batches.batches import cancel_batch, create_batch, get_batch
+from storage.batches.control import check_priority
 from storage.clock import now
 from storage.errors import InvalidRequest, NotFound
 from storage.files.blobs import BlobStore
 from storage.files.blobs.layout import input_file_key
 from storage.files.files import create_file, tenant_folder
-from storage.finance.budgets import check_file_within_budget
+from storage.finance.budgets import check_file_within_budget, parse_usd
 from storage.ids import new_id
 from storage.lines.anthropic import RequestsReader, unqueued_results
 from storage.lines.reader import clip
@@ -85,6 +87,7 @@ def create_message_batch(
             file_id=file_id,
         )
         reader.raise_if_bad()
+        priority, cap = _extensions(session, settings, tenant_id=tenant_id, given=reader.extensions)
         model = None if reader.mixed_models else reader.first_model
         check_file_within_budget(
             session,
@@ -108,10 +111,25 @@ def create_message_batch(
         model=None if reader.mixed_models else reader.first_model,  # None: each request names its own
         metadata=None,
         protocol=ANTHROPIC,
+        priority=priority,
+        max_cost_micro_usd=cap,
     )
     batch.request_total = reader.count
     session.flush()
     return batch
+
+
+def _extensions(
+    session: Session, settings: Settings, *, tenant_id: str, given: dict[str, Any]
+) -> tuple[int, int | None]:
+    """The create's Backfill extensions beside `requests` (as OpenAI's `extra_body` carries them): the priority
+    (checked against the tenant's cap) and the spend cap in micro-dollars."""
+    priority = given.get("priority", 0)
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise InvalidRequest("priority: must be an integer between -100 and 100.", param="priority")
+    check_priority(session, settings, tenant_id=tenant_id, priority=priority)
+    cost = given.get("max_cost_usd")
+    return priority, None if cost is None else parse_usd(cost, param="max_cost_usd")
 
 
 def get_message_batch(session: Session, *, tenant_id: str, batch_id: str, lock: bool = False) -> Batch:

@@ -27,6 +27,8 @@ CUSTOM_ID = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # fullmatch: `$` would let a tra
 MODEL_MAX_CHARS = 200  # batch_requests.model
 DESCRIBED_PROBLEMS = 20  # problems spelled out in the 400; every bad index is listed regardless
 CHUNK_BYTES = 1024 * 1024
+# Backfill extensions a create body may carry beside `requests` (the SDK's `extra_body`): small scalars.
+EXTENSIONS = frozenset({"priority", "max_cost_usd"})
 RAW_SLACK = 2  # a request as sent may carry white space its stored line drops: held up to twice the line limit
 _REQUEST_KEYS = frozenset({"custom_id", "params"})
 
@@ -57,6 +59,7 @@ class RequestsReader:
         self.mixed_models = False
         self._custom_ids: dict[str, int] = {}
         self.unknown_keys: list[str] = []
+        self.extensions: dict[str, Any] = {}  # Backfill extensions given beside `requests` (EXTENSIONS)
 
     def lines(self, chunks: Iterable[bytes]) -> Iterator[bytes]:
         """JSONL bytes in ~1 MiB chunks; once a problem is seen, nothing more is yielded (but all is read).
@@ -64,7 +67,7 @@ class RequestsReader:
         The body is split into its requests by the one bounded reader (storage/bounded_json.py): depth is
         counted over the bytes before anything is built, and no request is held past its size limit.
         """
-        splitter = RequestsSplitter(max_item_bytes=RAW_SLACK * self.max_request_bytes)
+        splitter = RequestsSplitter(max_item_bytes=RAW_SLACK * self.max_request_bytes, extensions=EXTENSIONS)
         buffer = bytearray()
         for chunk in chunks:
             self.body_bytes += len(chunk)
@@ -79,6 +82,7 @@ class RequestsReader:
                 buffer.clear()
         splitter.close()
         self.unknown_keys = splitter.unknown_keys
+        self.extensions = {key: _extension(key, raw) for key, raw in splitter.extension_values.items()}
         if buffer and not self.problems:
             yield bytes(buffer)
 
@@ -150,6 +154,13 @@ class RequestsReader:
             self.first_model = model
         elif model != self.first_model:
             self.mixed_models = True
+
+
+def _extension(key: str, raw: bytes) -> Any:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise InvalidRequest(f"{key}: not a valid JSON value.", param=key) from None
 
 
 def _parse_item(raw: bytearray) -> tuple[Any, str | None]:

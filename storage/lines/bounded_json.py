@@ -33,6 +33,8 @@ _IN_STRING = re.compile(rb'["\\]')
 # a bracket run: `[[[[` is one match, so a deep body costs one step, not one per level.
 _DEEP_TOKEN = re.compile(rb'"(?:[^"\\]++|\\.)*+("?)|[\[{]++|[\]}]++', re.DOTALL)
 _OPEN = frozenset(b"[{")
+_STRUCTURAL = frozenset(b'"[]{},:')
+EXTENSION_MAX_BYTES = 64  # a top-level extension's value (a number or a short string)
 REQUESTS_REQUIRED = 'requests: List should have at least 1 item ({"requests": [{"custom_id", "params"}]})'
 
 
@@ -146,10 +148,18 @@ class RequestsSplitter:
     is refused at once (InvalidRequest): each item's own JSON is judged by the caller's parser.
     """
 
-    def __init__(self, *, max_item_bytes: int, max_item_depth: int = LINE_MAX_DEPTH) -> None:
+    def __init__(
+        self, *, max_item_bytes: int, max_item_depth: int = LINE_MAX_DEPTH, extensions: frozenset[str] = frozenset()
+    ) -> None:
         self.max_item_bytes = max_item_bytes
         self.max_item_depth = max_item_depth
+        self.extensions = extensions  # top-level keys whose (small) values are kept: `extension_values`
+        self.extension_values: dict[str, bytes] = {}
         self.unknown_keys: list[str] = []
+        self._ext_key: str | None = None  # the extension whose value is being read
+        self._ext = bytearray()
+        self._ext_from = -1
+        self._scalar_tail = False  # the last token was a scalar run that reached the chunk's end
         self._depth = 0
         self._in_string = False
         self._escape = False
@@ -181,6 +191,9 @@ class RequestsSplitter:
         if self._item_from >= 0:  # the item goes on in the next chunk
             self._append(chunk[self._item_from :])
             self._item_from = 0
+        if self._ext_from >= 0:  # an extension's value goes on in the next chunk
+            self._ext += chunk[self._ext_from :][: EXTENSION_MAX_BYTES + 1 - len(self._ext)]
+            self._ext_from = 0
         if self._key is not None:
             self._key += chunk[self._key_from : self._key_from + 256 - len(self._key)]
             self._key_from = 0
@@ -242,6 +255,11 @@ class RequestsSplitter:
 
     def _token(self, chunk: bytes, start: int, end: int) -> tuple[bytearray | None, str | None] | None:
         byte, state = chunk[start], self._state
+        scalar = byte not in _STRUCTURAL
+        if self._scalar_tail and start == 0 and scalar:  # a number cut by the chunk boundary goes on
+            self._scalar_tail = end == len(chunk)
+            return None
+        self._scalar_tail = scalar and end == len(chunk) and state in ("value", "comma")
         if state in ("first", "next", "item"):
             return self._in_array(chunk, start, byte)
         if state == "start":
@@ -258,9 +276,13 @@ class RequestsSplitter:
             self._expect(byte == 0x3A)
             self._state = "value"
         elif state == "value":
+            if self._ext_key is not None:
+                self._ext, self._ext_from = bytearray(), start
             self._value(byte)
         elif state == "comma":
             self._expect(byte in (0x2C, 0x7D))
+            if self._ext_key is not None:
+                self._end_extension(chunk, start)
             self._state = "key" if byte == 0x2C else "done"
             self._depth = 1 if byte == 0x2C else 0
         else:
@@ -313,9 +335,22 @@ class RequestsSplitter:
             if self._requests_seen:
                 raise InvalidRequest("requests: given more than once.")
             self._requests_seen = True
+        elif key in self.extensions:
+            if key in self.extension_values:
+                raise InvalidRequest(f"{key}: given more than once.")
+            self._ext_key = key
         else:
             self.unknown_keys.append(key[:80])
         self._state = "colon"
+
+    def _end_extension(self, chunk: bytes, end: int) -> None:
+        """An extension's value ended at `end`: keep its bytes (a small scalar; anything longer is refused)."""
+        assert self._ext_key is not None
+        self._ext += chunk[self._ext_from : end][: EXTENSION_MAX_BYTES + 1 - len(self._ext)]
+        if len(self._ext) > EXTENSION_MAX_BYTES:
+            raise InvalidRequest(f"{self._ext_key}: longer than {EXTENSION_MAX_BYTES} bytes.")
+        self.extension_values[self._ext_key] = bytes(self._ext).strip()
+        self._ext_key, self._ext, self._ext_from = None, bytearray(), -1
 
     def _append(self, piece: bytes) -> None:
         if self._item_problem is not None:

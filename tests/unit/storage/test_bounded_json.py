@@ -214,12 +214,12 @@ json_value = st.recursive(
 @settings(max_examples=200, deadline=None)
 @given(items=st.lists(json_value, max_size=5), chunk=st.integers(1, 17), pretty=st.booleans())
 def test_the_splitter_yields_each_item_as_a_parser_sees_it(items: list[Any], chunk: int, pretty: bool) -> None:
-    body = json.dumps({"other": {"[": "]"}, "requests": items}, indent=1 if pretty else None).encode()
+    body = json.dumps({"other": {"[": "]"}, "requests": items, "n": -12345.5e3}, indent=1 if pretty else None).encode()
     splitter = RequestsSplitter(max_item_bytes=1 << 20)
     got = [raw for part in chunked(body, chunk) for raw, _ in splitter.feed(part)]
     splitter.close()
     assert [orjson.loads(raw) for raw in got] == items  # type: ignore[arg-type]
-    assert splitter.unknown_keys == ["other"]
+    assert splitter.unknown_keys == ["other", "n"]
 
 
 def true_depth(value: Any) -> int:
@@ -244,3 +244,18 @@ def test_the_depth_counter_counts_exactly_however_the_body_is_chunked(value: Any
             shallow = DepthCounter(max_depth=depth - 1)
             for part in chunked(raw, chunk):
                 shallow.feed(part)
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 64])
+def test_extension_fields_beside_requests_are_kept_and_others_refused(chunk: int) -> None:
+    request = {
+        "custom_id": "a",
+        "params": {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]},
+    }
+    body = orjson.dumps({"priority": -5, "requests": [request], "max_cost_usd": "12.50"})
+    reader = read_all(body, chunk=chunk)
+    assert reader.extensions == {"priority": -5, "max_cost_usd": "12.50"} and reader.count == 1
+    with pytest.raises(InvalidRequest, match="max_cost_usd: longer than 64 bytes"):
+        read_all(orjson.dumps({"requests": [request], "max_cost_usd": "9" * 100}), chunk=chunk)
+    with pytest.raises(InvalidRequest, match="other: Extra inputs are not permitted"):
+        read_all(orjson.dumps({"requests": [request], "priority": 1, "other": 2}), chunk=chunk)
