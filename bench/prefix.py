@@ -167,7 +167,8 @@ def main() -> int:
 
     from transformers import AutoTokenizer
 
-    from storage.settings import ModelSpec, get_settings
+    from storage.registry import ModelSpec
+    from storage.settings import get_settings
     from worker.engine.vllm_engine import VllmEngine
     from worker.feed.runner import Runner
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from storage.settings import ModelSpec
+from storage.registry import ModelSpec
 from worker.engine.vllm_engine import VllmEngine
 
 CHAT_MAX_NUM_SEQS = 4

@@ -19,7 +19,7 @@ from openai.types import Batch, CreateEmbeddingResponse
 from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
 
-from storage.settings import DEFAULT_EMBEDDING_MODEL
+from storage.registry import DEFAULT_EMBEDDING_MODEL
 from tests.conftest import LiveServer, configure, make_key, start_server
 from tests.integration.api.helpers import read_lines, to_jsonl, upload, wait_for
 

@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 
 from storage.protocols import CHAT_URL
-from storage.settings import ModelSpec, SharedModeSpec
+from storage.registry import ModelSpec, SharedModeSpec
 from worker.engine import EngineRequest, EngineResult, EngineStats
 from worker.engine.shared_budget import DispatchBudget, MetricsError, parse_load
 from worker.engine.wire import parse_body

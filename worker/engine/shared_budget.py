@@ -61,7 +61,7 @@ import logging
 import re
 from dataclasses import dataclass
 
-from storage.settings import SharedModeSpec
+from storage.registry import SharedModeSpec
 
 log = logging.getLogger(__name__)
 

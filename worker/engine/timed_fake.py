@@ -26,7 +26,7 @@ from storage.planning.roofline import (
     ModelShape,
     step_seconds,
 )
-from storage.settings import ModelSpec
+from storage.registry import ModelSpec
 from worker.engine import EngineRequest, EngineResult
 from worker.engine.fake import FakeEngine
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from storage.protocols import EMBEDDINGS_URL
-from storage.settings import ModelSpec
+from storage.registry import ModelSpec
 from worker.engine import EngineRequest, EngineResult, EngineStats, error_result
 from worker.engine.vllm_choices import choice_of, message_of
 from worker.engine.wire import parse_body

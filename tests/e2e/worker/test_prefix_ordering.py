@@ -17,7 +17,8 @@ import pytest
 
 from storage.db import transaction
 from storage.models import BatchRequest
-from storage.settings import ModelSpec, get_settings
+from storage.registry import ModelSpec
+from storage.settings import get_settings
 from tests.conftest import configure
 from tests.integration.jobs import submit_job
 

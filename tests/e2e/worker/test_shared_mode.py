@@ -149,7 +149,7 @@ def test_with_a_latency_slack_the_budget_fits_the_servers_step_time_and_every_li
 
 
 def test_aborting_a_batch_request_frees_its_sequence_on_the_server(vllm_server: str) -> None:
-    from storage.settings import ModelSpec, SharedModeSpec
+    from storage.registry import ModelSpec, SharedModeSpec
     from worker.engine import EngineRequest
     from worker.engine.http_engine import HttpEngine
     from worker.engine.shared_budget import parse_load
@@ -183,7 +183,7 @@ def test_aborting_a_batch_request_frees_its_sequence_on_the_server(vllm_server: 
 def test_a_responses_request_and_an_over_long_cap_on_a_shared_server(vllm_server: str) -> None:
     from openai.types.responses import Response
 
-    from storage.settings import ModelSpec, SharedModeSpec
+    from storage.registry import ModelSpec, SharedModeSpec
     from worker.engine import EngineRequest, EngineResult
     from worker.engine.http_engine import HttpEngine
 
@@ -249,7 +249,7 @@ def test_the_openai_sdk_runs_a_batch_through_the_api_on_a_shared_server(
 def test_anthropic_messages_run_on_the_servers_chat_path_and_come_back_as_messages(vllm_server: str) -> None:
     from anthropic.types import Message
 
-    from storage.settings import ModelSpec, SharedModeSpec
+    from storage.registry import ModelSpec, SharedModeSpec
     from worker.engine import EngineRequest, EngineResult
     from worker.engine.http_engine import HttpEngine
 

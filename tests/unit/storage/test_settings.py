@@ -12,7 +12,8 @@ import pytest
 from pydantic import ValidationError
 
 from storage.planning.roofline import HARDWARE_PRESETS, ModelShape, max_num_seqs_for
-from storage.settings import ModelSpec, Settings, window_seconds
+from storage.registry import ModelSpec
+from storage.settings import Settings, window_seconds
 
 LLAMA_70B = {
     "architectures": ["LlamaForCausalLM"],

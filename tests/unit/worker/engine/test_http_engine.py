@@ -18,7 +18,7 @@ import pytest
 from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
 
-from storage.settings import ModelSpec, SharedModeSpec
+from storage.registry import ModelSpec, SharedModeSpec
 from worker.engine import Engine, EngineRequest, EngineResult, http_engine
 from worker.engine.http_engine import HttpEngine
 

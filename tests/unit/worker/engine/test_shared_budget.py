@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from storage.settings import SharedModeSpec
+from storage.registry import SharedModeSpec
 from worker.engine.shared_budget import (
     DispatchBudget,
     MetricsError,

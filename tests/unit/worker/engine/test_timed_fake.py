@@ -8,7 +8,7 @@ import time
 import pytest
 
 from storage.planning.roofline import HARDWARE_PRESETS, LLAMA_70B_FP8, Hardware, ModelShape, row
-from storage.settings import ModelSpec
+from storage.registry import ModelSpec
 from worker.engine import Engine, EngineRequest
 from worker.engine.timed_fake import PATH, TimedFakeEngine, from_spec
 
