@@ -44,7 +44,31 @@ class TooDeep(InvalidRequest):
     code = "too_deeply_nested"
 
 
-class DepthCounter:
+class _Strings:
+    """String state across chunks: inside a string, only its closing quote (past escapes) matters."""
+
+    _in_string = False
+    _escape = False
+
+    def _skip_string(self, chunk: bytes, pos: int) -> int:
+        if self._escape:
+            self._escape = False
+            return pos + 1
+        match = _IN_STRING.search(chunk, pos)
+        if match is None:
+            return len(chunk)
+        if chunk[match.start()] == 0x5C:  # backslash: the next byte is escaped, maybe in the next chunk
+            self._escape = True
+            return match.end()
+        self._in_string = False
+        self._string_ended(chunk, match.start())
+        return match.end()
+
+    def _string_ended(self, chunk: bytes, end: int) -> None:
+        """Called where a string that began in an earlier step closes."""
+
+
+class DepthCounter(_Strings):
     """Tracks nesting depth and string state across chunks; raises `TooDeep` past `max_depth`."""
 
     def __init__(self, *, max_depth: int = BODY_MAX_DEPTH) -> None:
@@ -72,19 +96,6 @@ class DepthCounter:
                     raise TooDeep(f"The request body nests deeper than {self.max_depth} levels.")
             else:
                 self.depth -= end - start
-
-    def _skip_string(self, chunk: bytes, pos: int) -> int:
-        if self._escape:
-            self._escape = False
-            return pos + 1
-        match = _IN_STRING.search(chunk, pos)
-        if match is None:
-            return len(chunk)
-        if chunk[match.start()] == 0x5C:  # backslash: the next byte is escaped, maybe in the next chunk
-            self._escape = True
-            return match.end()
-        self._in_string = False
-        return match.end()
 
 
 def parse_checked(raw: bytes, *, what: str = "The request body", allow_nul: bool = False) -> Any:
@@ -138,7 +149,7 @@ def check_body(chunks: list[bytes]) -> bytes:
     return raw
 
 
-class RequestsSplitter:
+class RequestsSplitter(_Strings):
     """Splits `{"requests": [item, item, ...]}` as it streams into the raw bytes of each item.
 
     Holds at most one item, and only up to `max_item_bytes`: a larger item, or one nesting deeper than
@@ -204,20 +215,9 @@ class RequestsSplitter:
             pending = f" (and its last request {self._item_problem})" if self._item_problem else ""
             raise InvalidRequest(f"The request body is not valid JSON: it ends before its object closes{pending}.")
 
-    def _skip_string(self, chunk: bytes, pos: int) -> int:
-        if self._escape:
-            self._escape = False
-            return pos + 1
-        match = _IN_STRING.search(chunk, pos)
-        if match is None:
-            return len(chunk)
-        if chunk[match.start()] == 0x5C:  # backslash: the next byte is escaped, maybe in the next chunk
-            self._escape = True
-            return match.end()
-        self._in_string = False
-        if self._key is not None:
-            self._end_key(chunk, match.start())
-        return match.end()
+    def _string_ended(self, chunk: bytes, end: int) -> None:
+        if self._key is not None:  # a top-level key just closed
+            self._end_key(chunk, end)
 
     def _walk(self, chunk: bytes, pos: int) -> int:
         """Inside an item or a skipped value: only strings and depth matter until it closes.
