@@ -25,7 +25,7 @@ PRICES = {
 
 @pytest.fixture(scope="module")
 def live(demo_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    from worker import service
+    from worker.process import service
     from worker.cli.migrate import migrate_database
 
     data = tmp_path_factory.mktemp("budgets")

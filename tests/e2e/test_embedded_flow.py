@@ -121,7 +121,7 @@ def test_two_tenants_share_the_engine(live: LiveServer, monkeypatch: pytest.Monk
     # (the worker goes on ingesting meanwhile); from then on the order they hand rows out in is recorded.
     from storage.db import transaction
     from storage.models import Batch
-    from worker import queue_io, runner
+    from worker.feed import queue_io, runner
 
     jobs: list[str] = []
     claims: list[list[str]] = []

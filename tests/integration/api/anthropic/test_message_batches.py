@@ -391,7 +391,7 @@ def test_a_batch_cancelled_while_its_ingest_is_queueing_ends_every_request_once(
     import storage.batches.message_batches as message_batches
     import worker.jobs.ingest as ingest_module
     from tests.conftest import start_server
-    from worker import service
+    from worker.process import service
 
     queued, cancel_read = threading.Event(), threading.Event()
     admit, cancel_batch = ingest_module._admit, message_batches.cancel_batch
@@ -438,7 +438,7 @@ def test_a_batch_cancelled_just_as_its_ingest_starts_is_not_queued_afterwards(
 
     import worker.jobs.ingest as ingest_module
     from tests.conftest import start_server
-    from worker import service
+    from worker.process import service
 
     server, stop = start_server(with_worker=False)
     client = client_for(server, make_key("acme"))
