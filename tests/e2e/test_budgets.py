@@ -25,8 +25,8 @@ PRICES = {
 
 @pytest.fixture(scope="module")
 def live(demo_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    from worker.process import service
     from worker.cli.migrate import migrate_database
+    from worker.process import service
 
     data = tmp_path_factory.mktemp("budgets")
     models = {"backfill-demo": {"path": str(demo_model_path), "max_num_seqs": 4, "max_model_len": 1024}}
