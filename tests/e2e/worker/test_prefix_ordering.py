@@ -66,10 +66,11 @@ def test_prefix_ordering_lets_the_prefix_cache_serve_a_shared_system_prompt(
     rng = random.Random(5)
     rates: dict[bool, float] = {}
     try:
-        runner = Runner(engine, model="backfill-demo", settings=get_settings())
         for grouped in (False, True):
             monkeypatch.setenv("BACKFILL_PREFIX_ORDERING", "true" if grouped else "false")
             get_settings.cache_clear()
+            # the runner claims with the settings it is given (house issue 19: no global read in the claim)
+            runner = Runner(engine, model="backfill-demo", settings=get_settings())
             batch_id, status = submit_job(job(prompts(rng, 4), per_prompt=5))
             assert status == "in_progress"
             before = engine.stats().extra
