@@ -394,7 +394,7 @@ def test_a_batch_cancelled_while_its_ingest_is_queueing_ends_every_request_once(
     from worker.process import service
 
     queued, cancel_read = threading.Event(), threading.Event()
-    admit, cancel_batch = ingest_module._admit, message_batches.cancel_batch
+    admit, cancel_batch = ingest_module.admit, message_batches.cancel_batch
 
     def admit_then_wait(*args: Any, **kwargs: Any) -> Any:
         queued.set()  # ingest holds the batch's lock with every row written, not yet committed
@@ -405,7 +405,7 @@ def test_a_batch_cancelled_while_its_ingest_is_queueing_ends_every_request_once(
         cancel_read.set()  # cancel has read the batch (still `validating`) and now asks for its lock
         return cancel_batch(*args, **kwargs)
 
-    monkeypatch.setattr(ingest_module, "_admit", admit_then_wait)
+    monkeypatch.setattr(ingest_module, "admit", admit_then_wait)
     monkeypatch.setattr(message_batches, "cancel_batch", cancel_after_reading)
     server, stop = start_server(with_worker=False)
     try:

@@ -128,8 +128,9 @@ def test_operator_overview_answers_admin_keys_only(server: LiveServer, seeded: d
     assert get(server, None, "/v1/console/overview").status_code == 401
     overview = get(server, make_key("ops", admin=True), "/v1/console/overview").json()
     assert overview["object"] == "console.overview" and overview["ok"]
-    assert [model["model"] for model in overview["models"]] == ["fake-model"]
-    assert "at_risk" in overview["models"][0]
+    # engine busy seconds are process-wide counters: an earlier test's engine may be listed too
+    served = {model["model"]: model for model in overview["models"]}
+    assert "fake-model" in served and "at_risk" in served["fake-model"]
 
 
 @pytest.mark.parametrize("backend", ["embedded"], indirect=True)
