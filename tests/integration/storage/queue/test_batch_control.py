@@ -18,7 +18,7 @@ from storage.queue.claim import ClaimedRequest, claim
 from storage.queue.claim_order import ClaimOrder
 from storage.queue.leases import relet, renew
 from storage.queue.reaping import expire_overdue
-from storage.settings import Settings
+from storage.settings import Settings, get_settings
 from tests.conftest import Backend
 from tests.integration.jobs import chat, submit_job
 
@@ -31,7 +31,15 @@ HOUR = 3600
 
 def claim_some(limit: int, *, worker: str = "w") -> list[ClaimedRequest]:
     with transaction() as session:
-        return claim(session, model="fake-model", worker_id=worker, limit=limit, lease_seconds=60, order=ClaimOrder())
+        return claim(
+            session,
+            settings=get_settings(),
+            model="fake-model",
+            worker_id=worker,
+            limit=limit,
+            lease_seconds=60,
+            order=ClaimOrder(),
+        )
 
 
 def tenant_of(batch_id: str) -> str:
@@ -108,7 +116,7 @@ def test_a_paused_batch_is_handed_back_gets_no_claims_and_resumes(backend: Backe
 
 
 def test_cancel_works_while_paused_and_an_ended_batch_cannot_be_paused(backend: Backend) -> None:
-    from storage.batches import cancel_batch
+    from storage.batches.batches import cancel_batch
 
     batch_id, _ = submit_job([chat(i) for i in range(3)], deadline=now() + 20 * HOUR)
     tenant = tenant_of(batch_id)

@@ -50,7 +50,7 @@ def test_requests_cancelled_while_a_worker_picks_them_are_not_run(
     import threading
 
     import storage.queue.claim as claim_module
-    from storage.batches import cancel_batch
+    from storage.batches.batches import cancel_batch
     from storage.models import Batch
 
     batch_id, _ = submit_job([chat(i) for i in range(5)])
@@ -76,7 +76,7 @@ def test_requests_cancelled_while_a_worker_picks_them_are_not_run(
     threads: list[threading.Thread] = []
     monkeypatch.setattr(claim_module, "pick", pick_then_cancel)
     with transaction() as session:
-        claimed = claim(session, model="fake-model", worker_id="w", limit=5, lease_seconds=60)
+        claimed = claim(session, settings=get_settings(), model="fake-model", worker_id="w", limit=5, lease_seconds=60)
     for thread in threads:
         thread.join(30)
     outcomes = [Outcome(item.id, 200, {"ok": True}, 5, 2, 0.1) for item in claimed]
