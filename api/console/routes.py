@@ -18,14 +18,17 @@ from api.deps import Caller, Config, Cursor, DbSession
 from api.errors import error_responses
 from api.pages import page_response
 from storage.batches.batches import get_batch, search_batches
+from storage.batches.retries import retry_ids_of
 from storage.clock import now_f
 from storage.errors import InvalidRequest, PermissionDenied
+from storage.finance.budgets import tenant_budgets, usd, usd_text
 from storage.finance.job_cost import batch_cost_json
 from storage.metrics.events import ENGINE_BUSY_SECONDS
 from storage.metrics.queue_state import QUEUE_STATE
 from storage.models import Batch
 from storage.protocols import OPENAI
 from storage.queue.failures import failures_by_code
+from storage.tenants import tenant_names
 
 router = APIRouter(prefix="/v1/console", tags=["console"])
 page_router = APIRouter()
@@ -74,6 +77,10 @@ def _row(batch: Batch, cost: dict[str, Any] | None) -> dict[str, Any]:
             "failed": batch.request_failed,
         },
         "cost": cost,
+        "priority": batch.priority,
+        "paused_at": batch.paused_at,
+        "max_cost_usd": None if batch.max_cost_micro_usd is None else usd_text(usd(batch.max_cost_micro_usd)),
+        "retry_of": batch.retry_of,
     }
 
 
@@ -121,7 +128,19 @@ def batch(batch_id: str, session: DbSession, caller: Caller, settings: Config) -
         "errors": row.errors or [],
         "warnings": row.warnings or [],
         "failures": [group.to_json() for group in failures_by_code(session, batch_id=row.id)],
+        "retries": retry_ids_of(session, batch_ids=[row.id])[row.id],
     }
+
+
+@router.get("/budgets", response_model=dict[str, Any], responses=error_responses(403))
+def budgets(session: DbSession, caller: Caller, settings: Config) -> dict[str, Any]:
+    """Backfill extension, admin keys only: every tenant with a monthly budget or spend this month, with both
+    (its own tenant's month is `GET /v1/organization/budgets`)."""
+    if not caller.is_admin:
+        raise PermissionDenied("Only admin keys may read every tenant's budget.")
+    names = tenant_names(session)
+    rows = [{**row.to_json(), "tenant": names.get(row.tenant_id)} for row in tenant_budgets(session, settings)]
+    return {"object": "list", "data": rows}
 
 
 @router.get("/overview", response_model=dict[str, Any], responses=error_responses(403))

@@ -104,18 +104,26 @@ def batch_spend(session: Session, settings: Settings, *, batch: Batch) -> Decima
 
 def month_spend(session: Session, settings: Settings, *, tenant_id: str, at: int | None = None) -> Decimal:
     """What the tenant has been billed this calendar month (UTC): completed requests that finished in it."""
+    return month_spends(session, settings, tenant_id=tenant_id, at=at).get(tenant_id, Decimal(0))
+
+
+def month_spends(
+    session: Session, settings: Settings, *, tenant_id: str | None = None, at: int | None = None
+) -> dict[str, Decimal]:
+    """{tenant_id: billed this calendar month (UTC)} for every tenant that spent (or only `tenant_id`)."""
     start = month_start(now() if at is None else at)
-    rows = session.execute(
-        select(BatchRequest.model, Batch.completion_window, Batch.created_at, *_TOKENS)
+    query = (
+        select(BatchRequest.tenant_id, BatchRequest.model, Batch.completion_window, Batch.created_at, *_TOKENS)
         .join(Batch, Batch.id == BatchRequest.batch_id)
-        .where(
-            BatchRequest.tenant_id == tenant_id,
-            BatchRequest.status == lifecycle.REQ_COMPLETED,
-            BatchRequest.finished_at >= start,
-        )
-        .group_by(BatchRequest.model, Batch.id, Batch.completion_window, Batch.created_at)
-    ).all()
-    return _billed(settings, rows)
+        .where(BatchRequest.status == lifecycle.REQ_COMPLETED, BatchRequest.finished_at >= start)
+        .group_by(BatchRequest.tenant_id, BatchRequest.model, Batch.id, Batch.completion_window, Batch.created_at)
+    )
+    if tenant_id is not None:
+        query = query.where(BatchRequest.tenant_id == tenant_id)
+    by_tenant: dict[str, list[Any]] = {}
+    for tenant, *row in session.execute(query).all():
+        by_tenant.setdefault(tenant, []).append(row)
+    return {tenant: _billed(settings, rows) for tenant, rows in by_tenant.items()}
 
 
 @dataclass(frozen=True)
@@ -155,6 +163,26 @@ def tenant_budget(session: Session, settings: Settings, *, tenant_id: str) -> Te
         spent_usd=month_spend(session, settings, tenant_id=tenant_id),
         month_start=month_start(now()),
     )
+
+
+def tenant_budgets(session: Session, settings: Settings) -> list[TenantBudget]:
+    """Every tenant with a budget or with spend this month, with both (the admin's view; two queries)."""
+    spends = month_spends(session, settings)
+    rows = session.execute(
+        select(Tenant.id, Tenant.monthly_budget_micro_usd)
+        .where(Tenant.monthly_budget_micro_usd.is_not(None) | Tenant.id.in_(sorted(spends)))
+        .order_by(Tenant.name)
+    ).all()
+    start = month_start(now())
+    return [
+        TenantBudget(
+            tenant_id=tenant_id,
+            budget_usd=None if micro is None else usd(micro),
+            spent_usd=spends.get(tenant_id, Decimal(0)),
+            month_start=start,
+        )
+        for tenant_id, micro in rows
+    ]
 
 
 def set_tenant_budget(session: Session, settings: Settings, *, tenant: str, usd_micro: int | None) -> TenantBudget:

@@ -112,17 +112,26 @@
       s("rect", { class: "done", x: 0, y: 0, width: done.toFixed(1), height: 10 }),
       s("rect", { class: "failed", x: done.toFixed(1), y: 0, width: failed.toFixed(1), height: 10 }));
   }
+  // spent against a cap or budget: a bar that turns red past 90 %, with its numbers as data-* for tests
+  function meter(spent, cap, label) {
+    const w = 300, share = cap > 0 ? Math.min(spent / cap, 1) : 1, level = cap > 0 && spent / cap >= 0.9 ? "over" : "spent";
+    return s("svg", { viewBox: "0 0 " + w + " 10", class: "bar wide meter", role: "img", preserveAspectRatio: "none", "aria-label": label,
+                      "data-spent": spent, "data-cap": cap },
+      s("rect", { class: "rest", x: 0, y: 0, width: w, height: 10, rx: 3 }), s("rect", { class: level, x: 0, y: 0, width: (share * w).toFixed(1), height: 10, rx: 3 }));
+  }
+  const pct = (part, whole) => (whole > 0 ? Math.round((part / whole) * 100) + "%" : "–");
   function windowRate(b) {
     const rate = state.session.completion_windows[b.completion_window];
     return rate === undefined ? b.completion_window : Math.round(Number(rate) * 100) + "% (" + b.completion_window + ")";
   }
+  const shownStatus = (b) => (b.paused_at && !ENDED.includes(b.status) ? "paused" : b.status);
   function timeLeft(b) { return ENDED.includes(b.status) ? "ended" : left(b.expires_at - Date.now() / 1000); }
   function batchRow(b) {
     const c = b.request_counts, cost = b.cost || {};
     return h("tr", { "data-batch": b.id },
       h("td", {}, h("a", { href: "#/batch/" + encodeURIComponent(b.id) }, h("code", {}, b.id)), " ",
         h("small", { class: "note" }, b.protocol === "anthropic" ? "messages" : b.endpoint)),
-      h("td", { "data-label": "Status" }, h("span", { class: "badge " + b.status }, b.status)),
+      h("td", { "data-label": "Status" }, h("span", { class: "badge " + shownStatus(b) }, shownStatus(b))),
       h("td", { class: "progress" }, bar(c), h("small", {}, " " + c.completed + " done · " + c.failed + " failed · " + c.total)),
       h("td", { "data-label": "Left" }, timeLeft(b)),
       h("td", { class: "num", "data-label": "Cost" }, usd(cost.billed_usd)),
@@ -148,7 +157,13 @@
   $("page-first").addEventListener("click", () => { state.cursor = []; loadBatches(); });
 
   // ---- one batch ----
-  function tile(label, value) { return h("div", { class: "tile" }, h("small", {}, label), h("b", {}, value)); }
+  function tile(label, value, id) { return h("div", { class: "tile", id: id || null }, h("small", {}, label), h("b", {}, value)); }
+  function spendCap(b) {
+    if (b.max_cost_usd === null || b.max_cost_usd === undefined) return [];
+    const spent = Number((b.cost && b.cost.billed_usd) || 0), cap = Number(b.max_cost_usd);
+    return [h("p", { class: "note" }, h("b", {}, "Spend cap: "), usd(spent) + " billed so far of " + usd(cap) + " (" + pct(spent, cap) + ")",
+      spent >= cap ? " · reached: unrun lines end as budget_exceeded" : ""), meter(spent, cap, usd(spent) + " of a " + usd(cap) + " cap")];
+  }
   function chart(points) {
     const w = 420, hgt = 140, pad = 28;
     const total = Math.max(1, ...points.map((p) => p.total));
@@ -251,11 +266,19 @@
     const last = samples[samples.length - 1];
     if (!last || last.done !== c.completed || last.failed !== c.failed || samples.length < 2) samples.push({ t: Date.now() / 1000, done: c.completed, failed: c.failed, total: c.total });
     state.samples.set(b.id, samples.slice(-240));
-    $("batch-title").replaceChildren(h("code", {}, b.id), " ", h("span", { class: "badge " + b.status, id: "batch-status" }, b.status));
+    $("batch-title").replaceChildren(h("code", {}, b.id), " ", h("span", { class: "badge " + shownStatus(b), id: "batch-status" }, shownStatus(b)));
+    const link = (id) => h("a", { href: "#/batch/" + encodeURIComponent(id) }, h("code", {}, id));
     $("batch-summary").replaceChildren(tile("Model", b.model || "–"), tile("Endpoint", b.endpoint), tile("Window", b.completion_window),
-      tile("Created", when(b.created_at)), tile("Time left", timeLeft(b)), tile("Metadata", Object.keys(b.metadata).length ? JSON.stringify(b.metadata) : "–"));
+      tile("Created", when(b.created_at)), tile("Time left", timeLeft(b)), tile("Priority", String(b.priority), "batch-priority"),
+      tile("Metadata", Object.keys(b.metadata).length ? JSON.stringify(b.metadata) : "–"),
+      b.retry_of ? tile("Retry of", link(b.retry_of), "batch-retry-of") : null,
+      b.retries.length ? tile("Retries", b.retries.flatMap((id, i) => (i ? [" ", link(id)] : [link(id)])), "batch-retries") : null);
     $("batch-progress").replaceChildren(bar(c, 600, true), h("p", { class: "note", id: "batch-counts" }, c.completed + " done · " + c.failed + " failed · " + c.total + " lines"));
-    window.BackfillControls.render($("batch-controls"), b, api, (text) => { $("control-outcome").textContent = text; refresh(); });
+    $("batch-cap").replaceChildren(...spendCap(b));
+    window.BackfillControls.render($("batch-controls"), b, api, (outcome) => {
+      $("control-outcome").replaceChildren(outcome.text, outcome.batch ? link(outcome.batch) : "");
+      refresh(true);
+    });
     $("batch-chart").replaceChildren(chart(state.samples.get(b.id)));
     $("batch-cost").replaceChildren(costBlock(b.cost));
     $("batch-errors").replaceChildren(errorGroups(b));
@@ -265,7 +288,7 @@
       $("batch-manifest").replaceChildren(await manifest(b));
       $("batch-preview").dataset.ended = ENDED.includes(b.status) ? "1" : "";
     }
-    if (!quiet) $("control-outcome").textContent = "";
+    if (!quiet) $("control-outcome").replaceChildren();
     say("Batch updated " + new Date().toLocaleTimeString());
   }
 
@@ -300,6 +323,7 @@
     const uploaded = await api("POST", "/v1/files", form);
     if (!uploaded.ok) { say("Upload: " + failure(uploaded), true); return; }
     const choice = { input_file_id: uploaded.body.id, endpoint: $("upload-endpoint").value, completion_window: $("upload-window").value };
+    if ($("upload-cap").value.trim()) choice.max_cost_usd = $("upload-cap").value.trim();
     const estimate = await api("POST", "/v1/batches/estimate", choice);
     const result = $("upload-result");
     if (!estimate.ok) { result.replaceChildren(h("p", { class: "problems", id: "upload-refused" }, failure(estimate))); say("The file cannot make a batch.", true); return; }
@@ -319,7 +343,7 @@
     if (!checked) return;
     const created = await api("POST", "/v1/batches", { ...checked, metadata: metadata() });
     if (!created.ok) { say("Create: " + failure(created), true); return; }
-    checked = null; $("upload-create").hidden = true; $("upload-result").replaceChildren(); state.pendingFile = null; $("upload-file").value = "";
+    checked = null; $("upload-create").hidden = true; $("upload-result").replaceChildren(); state.pendingFile = null; $("upload-file").value = ""; $("upload-cap").value = "";
     location.hash = "#/batch/" + encodeURIComponent(created.body.id);
   });
 
@@ -370,7 +394,29 @@
   });
 
   // ---- finance ----
+  function budgetLine(b) {
+    const spent = Number(b.spent_usd);
+    if (b.monthly_budget_usd === null) return [h("p", {}, usd(spent) + " billed this month · no monthly budget set (an admin sets one).")];
+    const cap = Number(b.monthly_budget_usd);
+    return [h("p", {}, h("b", {}, usd(spent)), " of " + usd(cap) + " this month (" + pct(spent, cap) + ") · " + usd(Number(b.remaining_usd)) + " left"),
+      meter(spent, cap, usd(spent) + " of a " + usd(cap) + " monthly budget")];
+  }
+  async function loadBudgets() {
+    const own = await api("GET", "/v1/organization/budgets");
+    $("finance-budget").replaceChildren(...(own.ok ? budgetLine(own.body) : [h("p", { class: "note" }, failure(own))]));
+    $("budgets-card").hidden = !state.session.is_admin;
+    if (!state.session.is_admin) return;
+    const all = await api("GET", "/v1/console/budgets");
+    if (!all.ok) { $("finance-budgets").replaceChildren(h("p", { class: "note" }, failure(all))); return; }
+    $("finance-budgets").replaceChildren(all.body.data.length ? h("table", { id: "budget-table" },
+      h("thead", {}, h("tr", {}, h("th", {}, "Tenant"), h("th", { class: "num" }, "Spent"), h("th", { class: "num" }, "Budget"), h("th", { class: "meter-cell" }, "This month"))),
+      h("tbody", {}, all.body.data.map((b) => h("tr", { "data-tenant": b.tenant || b.tenant_id }, h("td", {}, b.tenant || b.tenant_id),
+        h("td", { class: "num" }, usd(Number(b.spent_usd))), h("td", { class: "num" }, b.monthly_budget_usd === null ? "none" : usd(Number(b.monthly_budget_usd))),
+        h("td", { class: "meter-cell" }, b.monthly_budget_usd === null ? "–" : meter(Number(b.spent_usd), Number(b.monthly_budget_usd), pct(Number(b.spent_usd), Number(b.monthly_budget_usd)) + " of the budget"))))))
+      : h("p", { class: "note" }, "No tenant has a budget or spend this month."));
+  }
   async function loadFinance() {
+    await loadBudgets();
     const start = Math.floor(Date.now() / 86400000 - 13) * 86400;
     const answer = await api("GET", "/v1/organization/costs?start_time=" + start);
     if (!answer.ok) { say("Finance: " + failure(answer), true); return; }
@@ -390,12 +436,37 @@
   }
 
   // ---- operations (admin keys) ----
+  // Horizontal bars, one row per model, its parts stacked; its figure at the end. data-* carry the numbers.
+  function hbars(id, rows, max, legend) {
+    if (!rows.length) return h("p", { class: "note" }, "No model is served or queued yet.");
+    const w = 360, rowH = 24, labelW = 112, valueW = 74, barW = w - labelW - valueW;
+    const clip = (name) => (name.length > 17 ? name.slice(0, 16) + "…" : name);
+    return h("div", {}, s("svg", { viewBox: "0 0 " + w + " " + (rows.length * rowH + 4), role: "img", id, class: "hbars", "aria-label": rows.map((r) => r.name + ": " + r.label).join("; ") },
+      ...rows.map((r, i) => {
+        const y = i * rowH + 4;
+        let x = labelW;
+        const parts = r.parts.map((p) => { const width = (Math.min(p.value, max) / max) * barW; const rect = s("rect", { class: p.cls, x: x.toFixed(1), y, width: width.toFixed(1), height: 14 }); x += width; return rect; });
+        const attrs = { "data-model": r.name };
+        if (r.total !== null) attrs["data-value"] = r.total;
+        return s("g", attrs, s("title", {}, r.name + ": " + r.label), s("text", { x: 0, y: y + 11 }, clip(r.name)),
+          s("rect", { class: "rest", x: labelW, y, width: barW, height: 14, rx: 2 }), ...parts, s("text", { x: labelW + barW + 6, y: y + 11 }, r.label));
+      })),
+      h("div", { class: "legend" }, legend.map(([cls, text]) => h("span", {}, h("i", { class: cls }), text))));
+  }
   async function loadAdmin() {
     const answer = await api("GET", "/v1/console/overview");
     if (!answer.ok) { $("admin-overview").replaceChildren(h("p", { class: "note" }, failure(answer))); return; }
     const o = answer.body, previous = state.lastBusy;
     state.lastBusy = { at: o.at, busy: Object.fromEntries(o.models.map((m) => [m.model, m.busy_seconds || 0])) };
     const share = (m) => (previous && o.at > previous.at ? Math.min(1, ((m.busy_seconds || 0) - (previous.busy[m.model] || 0)) / (o.at - previous.at)) : null);
+    const depth = o.models.map((m) => ({ name: m.model, total: (m.open.queued || 0) + (m.open.running || 0),
+      parts: [{ cls: "running", value: m.open.running || 0 }, { cls: "queued", value: m.open.queued || 0 }], label: (m.open.queued || 0) + " + " + (m.open.running || 0) }));
+    const risk = o.models.map((m) => ({ name: m.model, total: m.at_risk || 0, parts: [{ cls: "failed", value: m.at_risk || 0 }], label: String(m.at_risk ?? "–") }));
+    const busyRows = o.models.map((m) => { const v = share(m); return { name: m.model, total: v === null ? null : Math.round(v * 100),
+      parts: [{ cls: "done", value: v || 0 }], label: v === null ? "measuring…" : (v * 100).toFixed(0) + "%" }; });
+    $("chart-queue").replaceChildren(hbars("queue-chart", depth, Math.max(1, ...depth.map((r) => r.total)), [["queued", "queued"], ["running", "running"]]));
+    $("chart-risk").replaceChildren(hbars("risk-chart", risk, Math.max(1, ...risk.map((r) => r.total)), [["failed", "requests that may miss their deadline"]]));
+    $("chart-busy").replaceChildren(hbars("busy-chart", busyRows, 1, [["done", "share of the last poll's seconds spent in engine steps"]]));
     $("admin-overview").replaceChildren(h("table", { id: "overview-table" }, h("thead", {}, h("tr", {}, ["Model", "Queued", "Running", "At risk", "Slack", "Goodput", "Engine busy"].map((t, i) => h("th", { class: i ? "num" : null }, t)))),
       h("tbody", {}, o.models.map((m) => { const busy = share(m); return h("tr", {}, h("td", {}, m.model), h("td", { class: "num" }, String(m.open.queued || 0)), h("td", { class: "num" }, String(m.open.running || 0)),
         h("td", { class: "num" }, String(m.at_risk ?? "–")), h("td", { class: "num" }, m.slack_seconds === null || m.slack_seconds === undefined ? "–" : left(m.slack_seconds)),
@@ -404,13 +475,18 @@
   }
 
   // ---- live updates: one poll at a time per tab, only while visible ----
-  async function refresh() {
-    if (state.busy || !state.session || document.hidden) return;
+  // `soon`: after an action, reload once more when the poll in flight (which may predate it) ends
+  async function refresh(soon) {
+    if (!state.session || document.hidden) return;
+    if (state.busy) { state.again = state.again || soon === true; return; }
     state.busy = true;
     try {
-      if (state.view === "batches") await loadBatches();
-      else if (state.view === "batch") await loadBatch(decodeURIComponent((location.hash.split("/")[2]) || ""), true);
-      else if (state.view === "admin") await loadAdmin();
+      do {
+        state.again = false;
+        if (state.view === "batches") await loadBatches();
+        else if (state.view === "batch") await loadBatch(decodeURIComponent((location.hash.split("/")[2]) || ""), true);
+        else if (state.view === "admin") await loadAdmin();
+      } while (state.again);
     } finally { state.busy = false; }
   }
   setInterval(refresh, POLL_MS);

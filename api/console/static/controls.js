@@ -1,42 +1,49 @@
 "use strict";
-// The batch controls, in one place so the routes of the batch-control issue (#20) are wired here alone.
-// Each action asks for confirmation, calls its route and reports the server's answer as it is (a 404 until
-// a route exists on this server). `api(method, path, body)` resolves to {ok, status, body}.
+// The batch controls, in one place: cancel, pause, resume, priority and retry (the batch-control routes,
+// under /v1/batches or /v1/messages/batches by protocol). Each action asks for confirmation, calls its route
+// and reports the server's answer as it is. `api(method, path, body)` resolves to {ok, status, body}.
 window.BackfillControls = (function () {
-  const openai = (id) => "/v1/batches/" + encodeURIComponent(id);
-  const anthropic = (id) => "/v1/messages/batches/" + encodeURIComponent(id);
+  const base = (b) => (b.protocol === "anthropic" ? "/v1/messages/batches/" : "/v1/batches/") + encodeURIComponent(b.id);
   const ENDED = ["completed", "failed", "expired", "cancelled"];
+  const CONTROLLABLE = ["validating", "in_progress"];  // storage/batches/lifecycle.py: CONTROLLABLE
   const ACTIONS = [
-    { name: "cancel", label: "Cancel", danger: true, when: (b) => !ENDED.includes(b.status) && b.status !== "cancelling",
-      path: (b) => (b.protocol === "anthropic" ? anthropic(b.id) : openai(b.id)) + "/cancel",
-      confirm: (b) => "Cancel " + b.id + "? Queued lines end at once; running ones within seconds." },
-    { name: "pause", label: "Pause", when: (b) => ["validating", "in_progress"].includes(b.status),
-      path: (b) => openai(b.id) + "/pause", confirm: (b) => "Pause " + b.id + "? No new lines start until you resume." },
-    { name: "resume", label: "Resume", when: (b) => b.status === "paused",
-      path: (b) => openai(b.id) + "/resume", confirm: (b) => "Resume " + b.id + "?" },
+    { name: "pause", label: "Pause", when: (b) => CONTROLLABLE.includes(b.status) && !b.paused_at,
+      confirm: (b) => "Pause " + b.id + "? No new lines start until you resume; running ones go back to the queue. The window keeps running.",
+      done: () => "Pause: done, the batch is paused." },
+    { name: "resume", label: "Resume", when: (b) => CONTROLLABLE.includes(b.status) && !!b.paused_at,
+      confirm: (b) => "Resume " + b.id + "?", done: () => "Resume: done, the batch is running again." },
+    { name: "priority", label: "Priority…", when: (b) => CONTROLLABLE.includes(b.status), ask: true,
+      confirm: (b) => "New priority for " + b.id + " (an integer from -100 to 100; now " + b.priority + "):",
+      done: (b, body) => "Priority: done, now " + body.priority + "." },
     { name: "retry", label: "Retry failed lines", when: (b) => ENDED.includes(b.status) && b.request_counts.failed > 0,
-      path: (b) => openai(b.id) + "/retry", confirm: (b) => "Retry the " + b.request_counts.failed + " failed lines of " + b.id + "?" },
-    { name: "priority", label: "Priority…", when: (b) => !ENDED.includes(b.status),
-      path: (b) => openai(b.id) + "/priority", ask: true, confirm: (b) => "New priority for " + b.id + " (an integer):" },
+      confirm: (b) => "Retry the failed lines of " + b.id + " in a new batch? Lines that succeeded are not run or billed again.",
+      done: () => "Retry: done, a new batch runs the failed lines: " },
+    { name: "cancel", label: "Cancel", danger: true, when: (b) => !ENDED.includes(b.status) && b.status !== "cancelling",
+      confirm: (b) => "Cancel " + b.id + "? Queued lines end at once; running ones within seconds.",
+      done: () => "Cancel: done." },
   ];
 
-  function describe(action, answer) {
-    if (answer.ok) return action.label.replace("…", "") + ": done (" + (answer.body.status || "ok") + ").";
-    const error = (answer.body && answer.body.error) || {};
-    const why = error.message || ("HTTP " + answer.status);
-    return action.label.replace("…", "") + " refused (" + answer.status + "): " + why;
+  function askPriority(action, batch) {
+    const value = window.prompt(action.confirm(batch), String(batch.priority ?? 0));
+    if (value === null) return null;
+    const priority = Number(value.trim());
+    return Number.isInteger(priority) && priority >= -100 && priority <= 100 ? { priority } : undefined;
   }
 
+  // Resolves to null (the person said no) or {text, batch}: the outcome, and a new batch's id to link to.
   async function run(action, batch, api) {
     let body;
     if (action.ask) {
-      const value = window.prompt(action.confirm(batch), "0");
-      if (value === null) return null;
-      body = { priority: Number.parseInt(value, 10) };
+      body = askPriority(action, batch);
+      if (body === null) return null;
+      if (body === undefined) return { text: "Priority: enter a whole number from -100 to 100." };
     } else if (!window.confirm(action.confirm(batch))) {
       return null;
     }
-    return describe(action, await api("POST", action.path(batch), body));
+    const answer = await api("POST", base(batch) + "/" + action.name, body);
+    if (answer.ok) return { text: action.done(batch, body || {}), batch: action.name === "retry" ? answer.body.id : null };
+    const error = (answer.body && answer.body.error) || {};
+    return { text: action.label.replace("…", "") + " refused (" + answer.status + "): " + (error.message || "HTTP " + answer.status) };
   }
 
   function render(container, batch, api, report) {
@@ -61,10 +68,10 @@ window.BackfillControls = (function () {
     }
   }
 
-  // Results while the batch runs (#20: GET /v1/batches/{id}/results?limit=, X-Incomplete while running).
+  // Results while the batch runs (GET /v1/batches/{id}/results?limit=, X-Incomplete while running).
   async function results(batch, api, limit) {
     if (batch.protocol !== "openai") return null;
-    const answer = await api("GET", openai(batch.id) + "/results?limit=" + limit, undefined, "text");
+    const answer = await api("GET", base(batch) + "/results?limit=" + limit, undefined, "text");
     return answer.ok ? { text: answer.body, incomplete: answer.headers.get("X-Incomplete") === "true" } : null;
   }
 

@@ -10,7 +10,10 @@ import httpx
 import pytest
 
 from storage.batches import lifecycle
+from storage.clock import now
 from storage.db import transaction
+from storage.finance.budgets import month_start
+from storage.models import Batch
 from storage.protocols import ANTHROPIC
 from tests.conftest import Backend, LiveServer, make_key, start_server
 from tests.factories import DAY0, make_batch, make_request, make_tenant
@@ -140,3 +143,61 @@ def test_whoami_tells_admin_keys_apart_and_lists_what_a_batch_may_ask_for(server
     assert "/v1/chat/completions" in tenant["endpoints"]
     assert get(server, make_key("ops", admin=True), "/v1/console/whoami").json()["is_admin"] is True
     assert get(server, "sk-bf-wrong", "/v1/console/whoami").status_code == 401
+
+
+@pytest.mark.parametrize("backend", ["embedded", "postgres"], indirect=True)
+def test_a_batch_shows_what_its_controls_set_pause_priority_spend_cap_and_retries(
+    server: LiveServer, seeded: dict[str, str]
+) -> None:
+    with transaction() as session:
+        nightly = session.get(Batch, seeded["nightly"])
+        assert nightly is not None
+        nightly.priority, nightly.paused_at, nightly.max_cost_micro_usd = 7, DAY0 + 90, 2_500_000
+        retry = make_batch(session, tenant=make_tenant(session, "acme"), created_at=DAY0 + 50)
+        retry.retry_of = seeded["cancelled"]
+        retry_id = retry.id
+    key = make_key("acme")
+    detail = get(server, key, f"/v1/console/batches/{seeded['nightly']}").json()
+    assert (detail["priority"], detail["paused_at"], detail["max_cost_usd"]) == (7, DAY0 + 90, "2.500000")
+    listed = {row["id"]: row for row in get(server, key, "/v1/console/batches").json()["data"]}
+    assert listed[seeded["nightly"]]["paused_at"] == DAY0 + 90 and listed[retry_id]["retry_of"] == seeded["cancelled"]
+    assert get(server, key, f"/v1/console/batches/{seeded['cancelled']}").json()["retries"] == [retry_id]
+    assert listed[seeded["messages"]]["max_cost_usd"] is None
+
+
+PRICED = {
+    "BACKFILL_MODELS": '{"fake-model": {"path": "fake:"}}',
+    # one output token bills exactly $1 in the 24h window (list $2, 50% off); input is free
+    "BACKFILL_PRICE_BOOK": '{"prices": [{"model": "fake-model", "effective_from": "2025-01-01", '
+    '"input_usd_per_mtok": "0", "output_usd_per_mtok": "2000000"}]}',
+}
+
+
+@pytest.mark.backfill_env(PRICED)
+@pytest.mark.parametrize("backend", ["embedded", "postgres"], indirect=True)
+def test_admins_see_each_tenants_budget_against_this_months_spend_and_tenants_may_not(server: LiveServer) -> None:
+    today = now()
+    with transaction() as session:
+        acme, globex = make_tenant(session, "acme"), make_tenant(session, "globex")
+        make_tenant(session, "idle")  # neither budget nor spend: not listed
+        acme.monthly_budget_micro_usd = 10_000_000
+        for tenant, tokens, finished in ((acme, 3, today), (globex, 2, today), (globex, 5, month_start(today) - 60)):
+            batch = make_batch(session, tenant=tenant, created_at=month_start(today) - 3600)
+            make_request(session, batch=batch, completion_tokens=tokens, finished_at=finished)
+    refused = get(server, make_key("acme"), "/v1/console/budgets")
+    assert refused.status_code == 403
+    rows = {
+        row["tenant"]: row for row in get(server, make_key("ops", admin=True), "/v1/console/budgets").json()["data"]
+    }
+    assert set(rows) == {"acme", "globex"}
+    assert (rows["acme"]["monthly_budget_usd"], rows["acme"]["spent_usd"], rows["acme"]["remaining_usd"]) == (
+        "10.000000",
+        "3.000000",
+        "7.000000",
+    )
+    assert (rows["globex"]["monthly_budget_usd"], rows["globex"]["spent_usd"]) == (
+        None,
+        "2.000000",
+    )  # last month's $5 not
+    own = get(server, make_key("acme"), "/v1/organization/budgets").json()
+    assert own["spent_usd"] == rows["acme"]["spent_usd"]  # the admin's view and the tenant's agree
