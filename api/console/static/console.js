@@ -24,7 +24,11 @@
     for (const child of children) node.append(child);
     return node;
   }
-  const usd = (v) => (v === null || v === undefined ? "–" : "$" + Number(v).toFixed(Number(v) < 1 ? 4 : 2));
+  function usd(v) {
+    if (v === null || v === undefined) return "–";
+    const n = Number(v), size = Math.abs(n);
+    return "$" + n.toFixed(size >= 1 ? 2 : size >= 0.001 || size === 0 ? 4 : 6);  // a few micro-dollars are not $0.0000
+  }
   const when = (t) => (t ? new Date(t * 1000).toISOString().replace("T", " ").slice(0, 16) + " UTC" : "–");
   function left(seconds) {
     if (seconds <= 0) return "due";
@@ -222,7 +226,7 @@
     let lines = live ? live.text.split("\n").filter(Boolean).slice(0, 5) : null;
     if (!lines && b.output_file_id) lines = await firstLines("/v1/files/" + encodeURIComponent(b.output_file_id) + "/content", 5);
     if (!lines && b.protocol === "anthropic" && ENDED.includes(b.status)) lines = await firstLines("/v1/messages/batches/" + encodeURIComponent(b.id) + "/results", 5);
-    if (!lines || !lines.length) return h("p", { class: "note" }, ENDED.includes(b.status) ? "No results." : "Results appear here as lines finish (once this server has the results-while-running route) and when the batch ends.");
+    if (!lines || !lines.length) return h("p", { class: "note" }, ENDED.includes(b.status) ? "No results." : "Results appear here as lines finish.");
     return h("pre", { id: "results-preview" }, lines.map((l) => { try { return JSON.stringify(JSON.parse(l), null, 1); } catch { return l; } }).join("\n\n"));
   }
   async function download(path, name) {
@@ -268,11 +272,11 @@
     state.samples.set(b.id, samples.slice(-240));
     $("batch-title").replaceChildren(h("code", {}, b.id), " ", h("span", { class: "badge " + shownStatus(b), id: "batch-status" }, shownStatus(b)));
     const link = (id) => h("a", { href: "#/batch/" + encodeURIComponent(id) }, h("code", {}, id));
-    $("batch-summary").replaceChildren(tile("Model", b.model || "–"), tile("Endpoint", b.endpoint), tile("Window", b.completion_window),
+    $("batch-summary").replaceChildren(...[tile("Model", b.model || "–"), tile("Endpoint", b.endpoint), tile("Window", b.completion_window),
       tile("Created", when(b.created_at)), tile("Time left", timeLeft(b)), tile("Priority", String(b.priority), "batch-priority"),
       tile("Metadata", Object.keys(b.metadata).length ? JSON.stringify(b.metadata) : "–"),
       b.retry_of ? tile("Retry of", link(b.retry_of), "batch-retry-of") : null,
-      b.retries.length ? tile("Retries", b.retries.flatMap((id, i) => (i ? [" ", link(id)] : [link(id)])), "batch-retries") : null);
+      b.retries.length ? tile("Retries", b.retries.flatMap((id, i) => (i ? [" ", link(id)] : [link(id)])), "batch-retries") : null].filter(Boolean));
     $("batch-progress").replaceChildren(bar(c, 600, true), h("p", { class: "note", id: "batch-counts" }, c.completed + " done · " + c.failed + " failed · " + c.total + " lines"));
     $("batch-cap").replaceChildren(...spendCap(b));
     window.BackfillControls.render($("batch-controls"), b, api, (outcome) => {

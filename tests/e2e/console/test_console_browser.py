@@ -1,18 +1,24 @@
 """The console in a real headless browser (Debian's chromium, driven by playwright) on the real vLLM engine.
 
-Sign in, upload a file with bad lines and see them by number, create a batch, watch its progress bar move,
-open its errors, download its output, cancel another batch; a second tenant sees none of it. With
-BACKFILL_SCREENSHOTS=1 each page is written to docs/console/ (desktop and 360 px wide).
+Sign in, upload a file with bad lines and see them by number, create a batch with a spend cap, watch its
+progress bar move, open its errors, download its output; pause, re-prioritise, resume and cancel another
+batch, retry its failed lines; see the month against the budget; a second tenant sees none of it; an admin
+sees the operations charts and every tenant's budget. With BACKFILL_SCREENSHOTS=1 each page is written to
+docs/console/ (desktop and 360 px wide).
+
+Every wait is for a state the page shows (generous timeouts, no fixed sleeps): the test runs inside a loaded
+full suite, and the only process-wide state it shares (engine busy counters) is read by model name.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import time
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.conftest import LiveServer, make_key, start_server
@@ -36,6 +42,18 @@ pytestmark = [
     pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium: infra/local/services.sh installs it"),
 ]
 playwright = pytest.importorskip("playwright.sync_api")
+WAIT_MS = 60_000  # a page state under a loaded CI machine: generous, and only ever waited for, never slept
+# list $4 per million output tokens ($2 billed in the 24h window), so the cap and budget show real fractions
+PRICES = {
+    "prices": [
+        {
+            "model": "backfill-demo",
+            "effective_from": "2025-01-01",
+            "input_usd_per_mtok": "1",
+            "output_usd_per_mtok": "4",
+        }
+    ]
+}
 
 
 @pytest.fixture
@@ -50,6 +68,9 @@ def live(demo_model_path: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
             "BACKFILL_DATA_DIR": str(tmp_path / "data"),
             "BACKFILL_MODELS": json.dumps({"backfill-demo": model}),
             "BACKFILL_REAP_INTERVAL_SECONDS": "1",
+            "BACKFILL_PRICE_BOOK": json.dumps(PRICES),
+            "BACKFILL_TENANT_MAX_PRIORITY": "10",
+            "BACKFILL_METRICS_CACHE_SECONDS": "1",
         },
     )
     migrate_database()
@@ -74,7 +95,13 @@ def page(live: LiveServer) -> Iterator[playwright.Page]:
         browser = driver.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
         context = browser.new_context(viewport={"width": 1280, "height": 900}, accept_downloads=True)
         tab = context.new_page()
-        tab.on("dialog", lambda dialog: dialog.accept())  # the controls ask for confirmation
+        tab.set_default_timeout(WAIT_MS)
+        # the controls ask for confirmation; the priority asks for a number
+        tab.on("dialog", lambda dialog: dialog.accept("7" if dialog.type == "prompt" else None))
+        problems: list[str] = []  # script errors and policy (CSP) refusals: the page must cause none
+        tab.on("pageerror", lambda error: problems.append(f"page error: {error}"))
+        tab.on("console", lambda msg: problems.append(msg.text) if "Content Security Policy" in msg.text else None)
+        tab.problems = problems  # type: ignore[attr-defined]
         yield tab
         context.close()
         browser.close()
@@ -114,11 +141,12 @@ def sign_in(page: playwright.Page, base_url: str, key: str) -> None:
     assert key not in page.url
 
 
-def test_a_tenant_uploads_watches_reads_errors_downloads_and_cancels(
+def test_a_tenant_uploads_watches_reads_errors_downloads_controls_and_cancels(
     live: LiveServer, page: playwright.Page, tmp_path: Path
 ) -> None:
     expect = playwright.expect
-    key, other_key = make_key("acme"), make_key("globex")
+    expect.set_options(timeout=WAIT_MS)
+    key, other_key, admin_key = make_key("acme"), make_key("globex"), make_key("ops", admin=True)
     sign_in(page, live.base_url, key)
     shot(page, "signin-empty")
 
@@ -137,26 +165,32 @@ def test_a_tenant_uploads_watches_reads_errors_downloads_and_cancels(
     expect(page.locator("#upload-create")).to_be_disabled()
     shot(page, "upload")
 
-    # A good file (one line the engine refuses) becomes a batch; its progress bar moves on the real engine.
-    lines = [chat(i) for i in range(40)] + [chat(98, temperature=-3)]
+    # A good file (one line the engine refuses) with a spend cap becomes a batch; its bar moves on the real engine.
+    # Line 1 is long (900 tokens): the batch cannot end before it, so the page sees the short lines done
+    # while it runs however fast or slow the machine is (no race with the poll).
+    lines = [chat(0, max_tokens=900)] + [chat(i) for i in range(1, 40)] + [chat(98, temperature=-3)]
     good = tmp_path / "good.jsonl"
     good.write_bytes(to_jsonl(lines))
     page.set_input_files("#upload-file", str(good))
     page.fill("#upload-metadata", '{"project": "console-e2e"}')
+    page.fill("#upload-cap", "0.01")
     page.click("#upload-check")
     expect(page.locator("#upload-create")).to_be_enabled()
     page.click("#upload-create")
     page.wait_for_url("**/console#/batch/batch_*")
+    expect(page.locator("#batch-progress svg.bar")).to_have_count(1)
+    page.evaluate(WATCH_PROGRESS)  # records the bar's done count at every redraw, however slow the machine is
+    expect(page.locator("#batch-status")).to_have_text("completed", timeout=300_000)
+    seen = page.evaluate("() => window.seen")
+    assert any(done > 0 and status != "completed" for done, status in seen), f"the bar never moved: {seen}"
     bar = page.locator("#batch-progress svg.bar")
-    seen: set[int] = set()
-    deadline = time.time() + 120
-    while time.time() < deadline and page.locator("#batch-status").text_content() != "completed":
-        seen.add(int(bar.get_attribute("data-done") or 0))
-        page.wait_for_timeout(250)
-    assert page.locator("#batch-status").text_content() == "completed"
-    assert any(0 < done < 40 for done in seen), f"the bar never showed partial progress: {sorted(seen)}"
     expect(bar).to_have_attribute("data-done", "40")
     expect(bar).to_have_attribute("data-failed", "1")
+    # its cap, with what it was billed so far (1,836 output tokens at $2 per million: about a third of it)
+    cap = page.locator("#batch-cap svg.meter")
+    expect(cap).to_have_attribute("data-cap", "0.01")
+    assert 0 < float(cap.get_attribute("data-spent") or 0) < 0.01
+    expect(page.locator("#batch-cap")).to_contain_text("billed so far of $0.0100")
 
     # Its errors, grouped by code with the line number; then its output, downloaded.
     group = page.locator("#error-groups details")
@@ -169,31 +203,64 @@ def test_a_tenant_uploads_watches_reads_errors_downloads_and_cancels(
     output = Path(download.value.path()).read_text().splitlines()
     assert len(output) == 40 and all(json.loads(line)["response"]["status_code"] == 200 for line in output)
 
-    # Another batch, cancelled from the console.
+    # Another batch, controlled from the console: each button asks first, then the page shows the outcome.
     client = live.client(key)
     other = client.batches.create(
-        input_file_id=upload(client, to_jsonl([chat(i, max_tokens=900) for i in range(8)])).id,
+        input_file_id=upload(client, to_jsonl([chat(i, max_tokens=900) for i in range(16)])).id,
         endpoint="/v1/chat/completions",
         completion_window="24h",
     )
     page.goto(f"{live.base_url}/console#/batch/{other.id}")
-    page.click("#batch-controls button[data-action=cancel]")
-    expect(page.locator("#control-outcome")).to_contain_text("Cancel: done")
-    expect(page.locator("#batch-status")).to_have_text("cancelled", timeout=30_000)
+    outcome, status = page.locator("#control-outcome"), page.locator("#batch-status")
+    control(page, "pause", "Pause: done")
+    expect(status).to_have_text("paused")
+    control(page, "priority", "Priority: done, now 7.")
+    expect(page.locator("#batch-priority b")).to_have_text("7")
+    shot(page, "batch-paused")
+    control(page, "resume", "Resume: done")
+    expect(status).to_have_text(re.compile("^(in_progress|validating)$"))  # running again, not paused
+    control(page, "cancel", "Cancel: done")
+    expect(status).to_have_text("cancelled")
+
+    # Retrying the cancelled batch's failed lines makes a new batch, linked both ways.
+    control(page, "retry", "Retry: done")
+    retry_id = outcome.locator("a code").text_content()
+    assert retry_id and retry_id.startswith("batch_") and retry_id != other.id
+    expect(page.locator("#batch-retries")).to_contain_text(retry_id)
+    outcome.locator("a").click()
+    page.wait_for_url(f"**/console#/batch/{retry_id}")
+    expect(page.locator("#batch-retry-of")).to_contain_text(other.id)
+    control(page, "cancel", "Cancel: done")  # it would run 16 long lines: stop it
+    expect(status).to_have_text("cancelled")
 
     page.click("nav a[data-view=batches]")
-    expect(page.locator("#batch-table tbody tr")).to_have_count(2)
+    expect(page.locator("#batch-table tbody tr")).to_have_count(3)
     page.fill("#filter-q", "console-e2e")
     page.click("#batch-filter button")
     expect(page.locator("#batch-table tbody tr")).to_have_count(1)
     page.fill("#filter-q", "")
     page.click("#batch-filter button")
-    expect(page.locator("#batch-table tbody tr")).to_have_count(2)
+    expect(page.locator("#batch-table tbody tr")).to_have_count(3)
     shot(page, "batches")
-    for view in ("files", "webhooks", "finance"):
+    for view in ("files", "webhooks"):
         page.click(f"nav a[data-view={view}]")
-        page.wait_for_timeout(500)
+        expect(page).to_have_title(f"Backfill · {view}")  # set once the view has loaded
         shot(page, view)
+
+    # The month against the tenant's budget (set by an admin): what it spent so far, and a bar.
+    budget = httpx.post(
+        f"{live.base_url}/v1/organization/budgets",
+        json={"tenant": "acme", "monthly_budget_usd": "0.05"},
+        headers={"Authorization": f"Bearer {admin_key}"},
+    ).json()
+    page.click("nav a[data-view=finance]")
+    meter = page.locator("#finance-budget svg.meter")
+    expect(meter).to_have_attribute("data-cap", "0.05")
+    assert float(meter.get_attribute("data-spent") or 0) == float(budget["spent_usd"]) > 0
+    expect(page.locator("#finance-budget")).to_contain_text("of $0.0500 this month")
+    expect(page.locator("#spend-chart")).to_be_visible()
+    expect(page.locator("#budgets-card")).to_be_hidden()  # every tenant's budget is for admins
+    shot(page, "finance")
 
     # Sign-out forgets the key; a second tenant sees none of it.
     page.click("#sign-out")
@@ -206,14 +273,59 @@ def test_a_tenant_uploads_watches_reads_errors_downloads_and_cancels(
     page.goto(f"{live.base_url}/console#/batch/{other.id}")
     expect(page.locator("#batch-title")).to_have_text("Batch not found")
     page.click("nav a[data-view=files]")
+    expect(page).to_have_title("Backfill · files")
     expect(page.locator("#file-table tbody tr")).to_have_count(0)
     expect(page.locator("#nav-admin")).to_be_hidden()
 
-    # An admin key also sees the operations view.
+    # An admin key also sees the operations charts (with work in the queue) and every tenant's budget.
     page.click("#sign-out")
-    sign_in(page, live.base_url, make_key("ops", admin=True))
+    sign_in(page, live.base_url, admin_key)
+    ops = live.client(admin_key)
+    busy = ops.batches.create(
+        input_file_id=upload(ops, to_jsonl([chat(i, max_tokens=900) for i in range(12)])).id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+    )
     page.click("nav a[data-view=admin]")
     # one row per model; engine busy counters are process-wide, so an earlier test's engines may be listed too
     expect(page.locator("#overview-table tbody tr", has_text="backfill-demo")).to_have_count(1)
-    page.wait_for_timeout(3500)  # a second poll gives the engine's busy share
+    expect(page.locator("#risk-chart g[data-model=backfill-demo]")).to_have_count(1)
+    # the queue's lines show as depth; the busy share needs two polls of the counters while the engine works
+    bar_above_zero(page, "#queue-chart g[data-model=backfill-demo]")
+    bar_above_zero(page, "#busy-chart g[data-model=backfill-demo]")
     shot(page, "operations")
+    ops.batches.cancel(busy.id)
+    page.click("nav a[data-view=finance]")
+    row = page.locator("#budget-table tr[data-tenant=acme]")
+    expect(row).to_contain_text("$0.0500")
+    expect(row.locator("svg.meter")).to_have_attribute("data-cap", "0.05")
+    expect(page.locator("#budget-table tr[data-tenant=globex]")).to_have_count(0)  # no budget, no spend
+    shot(page, "finance-admin")
+    assert page.problems == []  # type: ignore[attr-defined]
+
+
+WATCH_PROGRESS = """() => {
+  window.seen = [];
+  const where = document.getElementById("batch-progress"), status = document.getElementById("batch-title");
+  const note = () => {
+    const bar = where.querySelector("svg.bar"), badge = document.getElementById("batch-status");
+    if (bar && badge) window.seen.push([Number(bar.getAttribute("data-done")), badge.textContent]);
+  };
+  note();
+  for (const node of [where, status]) new MutationObserver(note).observe(node, { childList: true, subtree: true });
+}"""
+
+
+def bar_above_zero(page: playwright.Page, selector: str) -> None:
+    """Wait until the chart's row for a model carries a figure above zero (the page redraws at each poll)."""
+    page.wait_for_function(
+        "s => { const g = document.querySelector(s); return !!g && Number(g.getAttribute('data-value')) > 0; }",
+        arg=selector,
+        timeout=WAIT_MS,
+    )
+
+
+def control(page: playwright.Page, action: str, outcome: str) -> None:
+    """Press a batch control (the dialog handler confirms it) and wait for the page to show the outcome."""
+    page.click(f"#batch-controls button[data-action={action}]")
+    playwright.expect(page.locator("#control-outcome")).to_contain_text(outcome)
