@@ -443,8 +443,8 @@
   // Horizontal bars, one row per model, its parts stacked; its figure at the end. data-* carry the numbers.
   function hbars(id, rows, max, legend) {
     if (!rows.length) return h("p", { class: "note" }, "No model is served or queued yet.");
-    const w = 360, rowH = 24, labelW = 112, valueW = 74, barW = w - labelW - valueW;
-    const clip = (name) => (name.length > 17 ? name.slice(0, 16) + "…" : name);
+    const w = 300, rowH = 24, labelW = 100, valueW = 70, barW = w - labelW - valueW;  // legible at 360 px
+    const clip = (name) => (name.length > 15 ? name.slice(0, 14) + "…" : name);
     return h("div", {}, s("svg", { viewBox: "0 0 " + w + " " + (rows.length * rowH + 4), role: "img", id, class: "hbars", "aria-label": rows.map((r) => r.name + ": " + r.label).join("; ") },
       ...rows.map((r, i) => {
         const y = i * rowH + 4;
@@ -464,11 +464,11 @@
     state.lastBusy = { at: o.at, busy: Object.fromEntries(o.models.map((m) => [m.model, m.busy_seconds || 0])) };
     const share = (m) => (previous && o.at > previous.at ? Math.min(1, ((m.busy_seconds || 0) - (previous.busy[m.model] || 0)) / (o.at - previous.at)) : null);
     const depth = o.models.map((m) => ({ name: m.model, total: (m.open.queued || 0) + (m.open.running || 0),
-      parts: [{ cls: "running", value: m.open.running || 0 }, { cls: "queued", value: m.open.queued || 0 }], label: (m.open.queued || 0) + " + " + (m.open.running || 0) }));
+      parts: [{ cls: "running", value: m.open.running || 0 }, { cls: "queued", value: m.open.queued || 0 }], label: (m.open.running || 0) + " + " + (m.open.queued || 0) }));
     const risk = o.models.map((m) => ({ name: m.model, total: m.at_risk || 0, parts: [{ cls: "failed", value: m.at_risk || 0 }], label: String(m.at_risk ?? "–") }));
     const busyRows = o.models.map((m) => { const v = share(m); return { name: m.model, total: v === null ? null : Math.round(v * 100),
       parts: [{ cls: "done", value: v || 0 }], label: v === null ? "measuring…" : (v * 100).toFixed(0) + "%" }; });
-    $("chart-queue").replaceChildren(hbars("queue-chart", depth, Math.max(1, ...depth.map((r) => r.total)), [["queued", "queued"], ["running", "running"]]));
+    $("chart-queue").replaceChildren(hbars("queue-chart", depth, Math.max(1, ...depth.map((r) => r.total)), [["running", "running"], ["queued", "queued"]]));
     $("chart-risk").replaceChildren(hbars("risk-chart", risk, Math.max(1, ...risk.map((r) => r.total)), [["failed", "requests that may miss their deadline"]]));
     $("chart-busy").replaceChildren(hbars("busy-chart", busyRows, 1, [["done", "share of the last poll's seconds spent in engine steps"]]));
     $("admin-overview").replaceChildren(h("table", { id: "overview-table" }, h("thead", {}, h("tr", {}, ["Model", "Queued", "Running", "At risk", "Slack", "Goodput", "Engine busy"].map((t, i) => h("th", { class: i ? "num" : null }, t)))),
