@@ -134,7 +134,8 @@
     const c = b.request_counts, cost = b.cost || {};
     return h("tr", { "data-batch": b.id },
       h("td", {}, h("a", { href: "#/batch/" + encodeURIComponent(b.id) }, h("code", {}, b.id)), " ",
-        h("small", { class: "note" }, b.protocol === "anthropic" ? "messages" : b.endpoint)),
+        h("small", { class: "note" }, (b.protocol === "anthropic" ? "messages" : b.endpoint) + (b.retry_of ? " · retry of " + b.retry_of.slice(-8) : "")
+          + (b.priority ? " · priority " + b.priority : "") + (b.max_cost_usd !== null && b.max_cost_usd !== undefined ? " · cap " + usd(b.max_cost_usd) : ""))),
       h("td", { "data-label": "Status" }, h("span", { class: "badge " + shownStatus(b) }, shownStatus(b))),
       h("td", { class: "progress" }, bar(c), h("small", {}, " " + c.completed + " done · " + c.failed + " failed · " + c.total)),
       h("td", { "data-label": "Left" }, timeLeft(b)),
