@@ -8,200 +8,58 @@ sequence. So with batch size B on a node of G GPUs:
     $ per 1M   = node $/s / throughput x 1e6
     memory     = weight_bytes + B x kv_bytes_per_token x context          (must fit in G x HBM)
 
-These are ceilings: attention kernels, sampling, prefill and the interconnect are ignored, so a real
-stack lands under them. The shape transfers; the absolute numbers are a best case. GB means 1e9 bytes.
+The step time is step_time.py's formula with no prefill (the larger of that memory time and the compute
+time, which a decode batch never reaches below the memory limit). The plan adds the other clock:
+prefill, compute-bound (prompt tokens/s), and a job's steady state with both clocks and its bill. These are
+ceilings: attention kernels, sampling and the interconnect are ignored, so a real stack lands under them.
+The shape transfers; the absolute numbers are a best case. GB means 1e9 bytes.
 Physics (seconds, bytes, tokens/s) is float; money is Decimal, never rounded until it is displayed.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
-GB = 1e9
+from storage.planning import step_time
+from storage.planning.node import (
+    BOUNDS,
+    EXAMPLE_CONTEXT,
+    EXAMPLE_HARDWARE,
+    GB,
+    HARDWARE_PRESETS,
+    KV_DTYPE_BYTES,
+    LLAMA_70B_FP8,
+    WEIGHT_DTYPE_BYTES,
+    Bound,
+    Hardware,
+    ModelShape,
+)
+
+__all__ = [
+    "BOUNDS",
+    "EXAMPLE_CONTEXT",
+    "EXAMPLE_HARDWARE",
+    "GB",
+    "HARDWARE_PRESETS",
+    "KV_DTYPE_BYTES",
+    "LLAMA_70B_FP8",
+    "WEIGHT_DTYPE_BYTES",
+    "Bound",
+    "Hardware",
+    "Job",
+    "ModelShape",
+    "Plan",
+    "PlanRow",
+    "plan",
+]
+
 _SECONDS_PER_HOUR = Decimal(3600)
 _MILLION = Decimal(1_000_000)
-
-
-@dataclass(frozen=True)
-class Bound:
-    """The accepted range of one planner input (the API's `ge`/`le` and the CLI's check use the same)."""
-
-    low: float
-    high: float
-
-    def check(self, name: str, value: float | Decimal) -> None:
-        """ValueError naming the input unless low <= value <= high (and finite)."""
-        if not self.low <= value <= self.high:
-            raise ValueError(f"{name} must be between {self.low:g} and {self.high:g}, got {value}")
-
-
-# Generous for any real node (a 4,096-GPU pod, 100 TB of weights, a 10M-token context) and small enough that
-# every figure the planner derives stays a finite float well inside 2**53.
-BOUNDS = {
-    "weights_gb": Bound(0.001, 100_000),
-    "kv_bytes_per_token": Bound(1, 1e9),
-    "gpus": Bound(1, 4096),
-    "hbm_gb": Bound(0.001, 100_000),
-    "hbm_tbps": Bound(0.001, 1000),
-    "gpu_hour_usd": Bound(0.0001, 10_000),
-    "context": Bound(1, 10_000_000),
-    "batch_size": Bound(1, 10_000_000),
-}
-
-WEIGHT_DTYPE_BYTES: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int4": 0.5}
-KV_DTYPE_BYTES: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
-# config.json "torch_dtype" -> our dtype names; vLLM's kv_cache_dtype "auto" follows the model dtype.
-_TORCH_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
-# Families whose MLP is a plain up/down projection; everything else is assumed gated (SwiGLU: 3 mats).
-_UNGATED_MODEL_TYPES = frozenset({"gpt2", "gpt_neox", "gptj", "opt", "bloom", "falcon", "phi", "bert"})
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What a decode step must read: the weights, and the KV cache per token of context."""
-
-    weight_bytes: float
-    kv_bytes_per_token: float
-
-    def __post_init__(self) -> None:
-        if not self.weight_bytes > 0:
-            raise ValueError(f"weight bytes must be positive, got {self.weight_bytes}")
-        if not self.kv_bytes_per_token > 0:
-            raise ValueError(f"KV bytes per token must be positive, got {self.kv_bytes_per_token}")
-
-    def kv_bytes_per_sequence(self, context: int) -> float:
-        """KV cache bytes held by one sequence of `context` tokens."""
-        return self.kv_bytes_per_token * context
-
-    @classmethod
-    def from_hf_config(
-        cls, config: Mapping[str, Any], *, weight_dtype: str | None = None, kv_dtype: str | None = None
-    ) -> ModelShape:
-        """Estimate weights and KV per token from a HuggingFace config.json (dtypes default to its own)."""
-        native = _TORCH_DTYPES.get(str(config.get("torch_dtype", "bfloat16")), "bf16")
-        weight_dtype = weight_dtype or native
-        kv_dtype = kv_dtype or native
-        if weight_dtype not in WEIGHT_DTYPE_BYTES:
-            raise ValueError(f"unknown weight dtype {weight_dtype!r}: use one of {', '.join(WEIGHT_DTYPE_BYTES)}")
-        if kv_dtype not in KV_DTYPE_BYTES:
-            raise ValueError(f"unknown KV dtype {kv_dtype!r}: use one of {', '.join(KV_DTYPE_BYTES)}")
-        dims = _Dims.from_config(config)
-        return cls(
-            weight_bytes=dims.parameter_count() * WEIGHT_DTYPE_BYTES[weight_dtype],
-            kv_bytes_per_token=2 * dims.layers * dims.kv_heads * dims.head_dim * KV_DTYPE_BYTES[kv_dtype],
-        )
-
-
-def _first(config: Mapping[str, Any], *keys: str) -> Any:
-    """The first of `keys` present in the config (families spell the same dimension differently)."""
-    for key in keys:
-        if config.get(key) is not None:
-            return config[key]
-    return None
-
-
-@dataclass(frozen=True)
-class _Dims:
-    hidden: int
-    layers: int
-    intermediate: int
-    vocab: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    experts: int
-    gated: bool
-    tied: bool
-
-    @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> _Dims:
-        hidden = _first(config, "hidden_size", "n_embd", "d_model")
-        layers = _first(config, "num_hidden_layers", "n_layer", "num_layers")
-        heads = _first(config, "num_attention_heads", "n_head")
-        vocab = _first(config, "vocab_size")
-        missing = [n for n, v in (("hidden_size", hidden), ("num_hidden_layers", layers)) if v is None]
-        missing += [n for n, v in (("num_attention_heads", heads), ("vocab_size", vocab)) if v is None]
-        if missing:
-            raise ValueError(f"config.json lacks {', '.join(missing)}")
-        head_dim = _first(config, "head_dim") or hidden // heads
-        return cls(
-            hidden=int(hidden),
-            layers=int(layers),
-            intermediate=int(_first(config, "intermediate_size", "n_inner", "ffn_dim") or 4 * hidden),
-            vocab=int(vocab),
-            heads=int(heads),
-            kv_heads=int(_first(config, "num_key_value_heads", "num_kv_heads") or heads),
-            head_dim=int(head_dim),
-            experts=int(_first(config, "num_local_experts") or 1),
-            gated=str(config.get("model_type", "")) not in _UNGATED_MODEL_TYPES,
-            tied=bool(config.get("tie_word_embeddings", False)),
-        )
-
-    def parameter_count(self) -> int:
-        """Projections, MLP (per expert), norms and embeddings; biases are too small to matter."""
-        attention = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
-        mlp = (3 if self.gated else 2) * self.hidden * self.intermediate * self.experts
-        router = self.hidden * self.experts if self.experts > 1 else 0
-        per_layer = attention + mlp + router + 2 * self.hidden
-        embeddings = self.vocab * self.hidden * (1 if self.tied else 2)
-        return self.layers * per_layer + embeddings + self.hidden
-
-
-@dataclass(frozen=True)
-class Hardware:
-    """One node: its GPUs, their memory and bandwidth, and the rental price per GPU-hour."""
-
-    gpus: int
-    hbm_bytes_per_gpu: float
-    hbm_bandwidth_bytes_per_s_per_gpu: float
-    usd_per_gpu_hour: Decimal
-
-    def __post_init__(self) -> None:
-        if self.gpus < 1:
-            raise ValueError(f"GPU count must be positive, got {self.gpus}")
-        if not self.hbm_bytes_per_gpu > 0:
-            raise ValueError(f"HBM per GPU must be positive, got {self.hbm_bytes_per_gpu}")
-        if not self.hbm_bandwidth_bytes_per_s_per_gpu > 0:
-            raise ValueError(f"HBM bandwidth must be positive, got {self.hbm_bandwidth_bytes_per_s_per_gpu}")
-        if not self.usd_per_gpu_hour > 0:
-            raise ValueError(f"price per GPU-hour must be positive, got {self.usd_per_gpu_hour}")
-
-    @property
-    def hbm_bytes(self) -> float:
-        """Memory of the whole node."""
-        return self.gpus * self.hbm_bytes_per_gpu
-
-    @property
-    def bandwidth_bytes_per_s(self) -> float:
-        """Aggregate HBM bandwidth: tensor parallelism splits every read across all GPUs."""
-        return self.gpus * self.hbm_bandwidth_bytes_per_s_per_gpu
-
-    @property
-    def usd_per_hour(self) -> Decimal:
-        """Rental price of the whole node per hour."""
-        return self.gpus * self.usd_per_gpu_hour
-
-
-HARDWARE_PRESETS: dict[str, Hardware] = {
-    # NVIDIA H100 SXM datasheet: 80 GB HBM3 at 3.35 TB/s. Lambda on-demand $3.99/GPU-hour, as in the
-    # worked example of shared/inference-economics.txt (list price at the time of writing).
-    "8xH100-SXM": Hardware(8, 80e9, 3.35e12, Decimal("3.99")),
-    # NVIDIA H200 datasheet: 141 GB HBM3e at 4.8 TB/s. Price is an assumption: comparisons of 2025
-    # cloud listings put the H200 about $0.90-1.20/GPU-hour above the H100 (deploybase.ai, "H100 vs
-    # H200", Sept 2025), so $3.99 + $1.00. Override with --gpu-hour-usd for a real quote.
-    "8xH200": Hardware(8, 141e9, 4.8e12, Decimal("4.99")),
-}
-
-
-# The worked example of shared/inference-economics.txt, and the target the GPU-timed fake engine is timed
-# after: Llama 3.1 70B in FP8 (70.6 GB of weights, 320 KiB of KV cache per token), 4,096-token context.
-LLAMA_70B_FP8 = ModelShape(weight_bytes=70.6e9, kv_bytes_per_token=327680.0)
-EXAMPLE_CONTEXT = 4096
-EXAMPLE_HARDWARE = "8xH100-SXM"
+VLLM_MAX_NUM_SEQS = 1024  # vLLM's default max_num_seqs on H100/H200-class GPUs: the job estimate's cap
 
 
 @dataclass(frozen=True)
@@ -227,6 +85,18 @@ class Plan:
     rows: tuple[PlanRow, ...]
     knee_batch_size: int
     max_batch_size: int
+    job: step_time.JobEstimate | None = None
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        """Prompt tokens per second when the node only prefills (compute-bound)."""
+        return step_time.prefill_tokens_per_s(self.model, self.hardware)
+
+    @property
+    def usd_per_mtok_prefill(self) -> Decimal:
+        """Node $/s over that prefill rate, per million prompt tokens."""
+        rate = Decimal(repr(self.prefill_tokens_per_s))
+        return self.hardware.usd_per_hour * _MILLION / (_SECONDS_PER_HOUR * rate)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready view: money as Decimal strings rounded here, once, to 6 places."""
@@ -247,7 +117,7 @@ class Plan:
                     "tpot_ms": round(r.tpot_ms, 4),
                     "user_tokens_per_s": round(r.user_tokens_per_s, 2),
                     "node_tokens_per_s": round(r.node_tokens_per_s, 2),
-                    "usd_per_mtok": str(r.usd_per_mtok.quantize(Decimal("0.000001"), ROUND_HALF_UP)),
+                    "usd_per_mtok": _usd(r.usd_per_mtok),
                     "memory_gb": round(r.memory_gb, 3),
                     "fits": r.fits,
                 }
@@ -255,7 +125,42 @@ class Plan:
             ],
             "knee_batch_size": self.knee_batch_size,
             "max_batch_size": self.max_batch_size,
+            "prefill": {
+                "parameters": self.model.parameter_count,
+                "flops_per_s": self.hardware.flops_per_s(self.model.weight_dtype),
+                "compute_efficiency": self.hardware.compute_efficiency,
+                "prompt_tokens_per_s": round(self.prefill_tokens_per_s, 1),
+                "usd_per_mtok_prompt": _usd(self.usd_per_mtok_prefill),
+            },
+            "job": None if self.job is None else job_dict(self.job),
         }
+
+
+def _usd(value: Decimal) -> str:
+    return str(value.quantize(Decimal("0.000001"), ROUND_HALF_UP))
+
+
+def job_dict(job: step_time.JobEstimate) -> dict[str, Any]:
+    """A JSON-ready view of a job estimate (seconds as float, money as a Decimal string)."""
+    return {
+        "requests": job.requests,
+        "prompt_tokens": job.prompt_tokens,
+        "output_tokens": job.output_tokens,
+        "max_num_seqs": job.max_num_seqs,
+        "max_num_batched_tokens": job.max_num_batched_tokens,
+        "limited_by": job.limited_by,
+        "bound": job.bound,
+        "decode_seqs_per_step": round(job.load.decode_seqs, 2),
+        "prefill_tokens_per_step": round(job.load.prefill_tokens, 1),
+        "tpot_ms": round(job.step_seconds * 1e3, 4),
+        "ttft_ms": round(job.ttft_seconds * 1e3, 4),
+        "requests_per_s": round(job.requests_per_s, 2),
+        "prompt_tokens_per_s": round(job.prompt_tokens_per_s, 1),
+        "output_tokens_per_s": round(job.output_tokens_per_s, 1),
+        "seconds": round(job.seconds, 3),
+        "usd": _usd(job.usd),
+        "usd_per_mtok": _usd(job.usd_per_mtok),
+    }
 
 
 def _check_context(context: int) -> None:
@@ -269,15 +174,14 @@ def memory_bytes(model: ModelShape, context: int, batch_size: int) -> float:
 
 
 def step_seconds(model: ModelShape, hardware: Hardware, context: int, batch_size: int) -> float:
-    """One decode step (TPOT): every byte it reads, over the node's aggregate bandwidth."""
-    return memory_bytes(model, context, batch_size) / hardware.bandwidth_bytes_per_s
+    """One decode step (TPOT) of `batch_size` sequences: step_time's formula with no prefill."""
+    return step_time.step_seconds(model, hardware, context, step_time.StepLoad(decode_seqs=batch_size))
 
 
 def usd_per_mtok(model: ModelShape, hardware: Hardware, context: int, batch_size: int) -> Decimal:
     """Node $/s over node tokens/s, per million tokens, in exact Decimal from the inputs."""
-    step_bytes = Decimal(repr(memory_bytes(model, context, batch_size)))
-    bandwidth = Decimal(repr(hardware.bandwidth_bytes_per_s))
-    return hardware.usd_per_hour * step_bytes * _MILLION / (_SECONDS_PER_HOUR * bandwidth * batch_size)
+    step = step_time.step_seconds_exact(model, hardware, context, step_time.StepLoad(decode_seqs=batch_size))
+    return hardware.usd_per_hour * step * _MILLION / (_SECONDS_PER_HOUR * batch_size)
 
 
 def row(model: ModelShape, hardware: Hardware, context: int, batch_size: int) -> PlanRow:
@@ -348,8 +252,43 @@ def default_batch_sizes(model: ModelShape, hardware: Hardware, context: int) -> 
     return sorted(sizes)
 
 
-def plan(model: ModelShape, hardware: Hardware, context: int, batch_sizes: Iterable[int] | None = None) -> Plan:
-    """Roofline rows for each batch size (default: powers of two, the knee and the memory limit)."""
+@dataclass(frozen=True)
+class Job:
+    """A job to cost beside the table: identical requests of `prompt_tokens` in, `output_tokens` out."""
+
+    requests: int
+    prompt_tokens: int
+    output_tokens: int
+    max_num_seqs: int | None = None  # default: the largest batch that fits at the job's own length
+    max_num_batched_tokens: int = step_time.DEFAULT_MAX_NUM_BATCHED_TOKENS
+
+
+def estimate(model: ModelShape, hardware: Hardware, job: Job) -> step_time.JobEstimate:
+    """The job on a perfectly fed engine whose sequences hold prompt + output tokens of KV cache each."""
+    length = job.prompt_tokens + job.output_tokens
+    seqs = job.max_num_seqs or max_num_seqs_for(model, hardware, length, cap=VLLM_MAX_NUM_SEQS)
+    return step_time.estimate_job(
+        model,
+        hardware,
+        length,
+        requests=job.requests,
+        prompt_tokens=job.prompt_tokens,
+        output_tokens=job.output_tokens,
+        max_num_seqs=seqs,
+        max_num_batched_tokens=job.max_num_batched_tokens,
+    )
+
+
+def plan(
+    model: ModelShape,
+    hardware: Hardware,
+    context: int,
+    batch_sizes: Iterable[int] | None = None,
+    *,
+    job: Job | None = None,
+) -> Plan:
+    """Roofline rows for each batch size (default: powers of two, the knee and the memory limit), the
+    prefill rate, and `job`'s estimate when given."""
     _check_context(context)
     sizes = list(batch_sizes) if batch_sizes is not None else default_batch_sizes(model, hardware, context)
     if not sizes:
@@ -361,4 +300,5 @@ def plan(model: ModelShape, hardware: Hardware, context: int, batch_sizes: Itera
         rows=tuple(row(model, hardware, context, b) for b in sizes),
         knee_batch_size=knee_batch_size(model, context),
         max_batch_size=max_batch_size(model, hardware, context),
+        job=None if job is None else estimate(model, hardware, job),
     )
