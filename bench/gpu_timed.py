@@ -1,20 +1,22 @@
 """GPU-timed runner benchmark: does Backfill's own work leave an 8x H100 node waiting? (issue 15, section 1)
 
-The real runner (worker/feed/runner.py) feeds the GPU-timed fake (worker/engine/timed_fake.py: every step lasts
-the roofline time of its batch for Llama 3.1 70B FP8 on 8x H100, max_num_seqs 384) from the real Postgres
-queue: 4 tenants' batches uploaded and ingested as production does, results recorded under their leases,
+The real runner (worker/feed/runner.py) feeds the GPU-timed fake (worker/engine/timed_fake.py: chunked prefill in
+a 16,384-token budget per step, every step lasting storage/planning/step_time.py's time for what it carried, for
+Llama 3.1 70B FP8 on 8x H100, max_num_seqs 384) from the real Postgres queue: 4 tenants' batches uploaded and ingested as production does, results recorded under their leases,
 each batch's output file built (finalize, on a thread as the embedded worker does) and checked line by line.
 
-Two workloads, each run once per runner I/O mode in the same process (`--modes inline,thread`: the
-database work on the engine's thread, the old path and the baseline; or on the runner's I/O thread):
-  long   output lengths 10..1,000 tokens (log-uniform, seeded): engine busy share while work waits (goal
-         >= 0.98), tokens/s / the roofline's tokens/s for the batch sizes that ran (goal >= 0.97), the
-         runner's CPU seconds per 1,000 requests;
-  short  1..10 tokens (embeddings-like): requests/s the runner sustains / the same engine's requests/s fed
-         from memory with no database (the engine's limit).
+Two workloads, each run once per runner I/O mode in the same process (`--modes thread`, the default: the
+database work on the runner's I/O threads; `inline`, on the engine's thread, is the old path):
+  long   ~7-token prompts, output lengths 10..1,000 tokens (log-uniform, seeded): engine busy share while
+         work waits (goal >= 0.98), tokens/s / the formula's tokens/s for the steps that ran (goal >= 0.97),
+         the runner's CPU seconds per 1,000 requests;
+  short  500-token prompts, 1..10 output tokens (prefill-bound): requests/s the runner sustains / the
+         engine's limit (goal >= 0.95): the same requests all added at once to the same engine, its steps
+         summed from the formula without sleeping (a perfectly fed engine).
+Both report TTFT and TPOT per request (p50, p99) as the timed engine measured them.
 
-Usage: .venv/bin/python bench/gpu_timed.py [--quick] [--requests 5000] [--short-requests 20000]
-       [--modes inline,thread] [--profile]      (cProfile of the engine thread, top functions printed)
+Usage: .venv/bin/python bench/gpu_timed.py [--quick] [--requests 5000] [--short-requests 6000]
+       [--modes thread] [--profile]      (cProfile of the engine thread, top functions printed)
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ from bench._setup import OUT, fresh_postgres, plot_dir, submit
 
 MODEL = "llama-70b-timed"
 TENANTS = 4
-BUSY_GOAL, TOKENS_GOAL = 0.98, 0.97
+BUSY_GOAL, TOKENS_GOAL, SHORT_GOAL = 0.98, 0.97, 0.95
+SHORT_PROMPT_TOKENS = 500
 
 
 def prepare(*, io_thread: bool) -> None:
@@ -61,27 +64,32 @@ def prepare(*, io_thread: bool) -> None:
     migrate_database()
 
 
-def lines(n: int, *, low: int, high: int, seed: int, tenant: int) -> list[dict[str, Any]]:
-    """Chat lines whose output lengths are log-uniform in [low, high] (seeded: the same in every mode)."""
+def lines(n: int, *, low: int, high: int, seed: int, tenant: int, prompt_tokens: int = 0) -> list[dict[str, Any]]:
+    """Chat lines whose output lengths are log-uniform in [low, high] (seeded: the same in every mode); with
+    `prompt_tokens`, prompts of that many tokens as the fake counts them (words, plus 2 per message)."""
     rng = random.Random(seed * 1000 + tenant)
     out = []
     for i in range(n):
         tokens = round(math.exp(rng.uniform(math.log(low), math.log(high + 0.499))))
+        content = f"Summarise document {tenant}-{i} in detail."
+        if prompt_tokens:
+            words = content.split()
+            content = " ".join(words + [f"w{j % 97}" for j in range(prompt_tokens - 2 - len(words))])
         body = {
             "model": MODEL,
-            "messages": [{"role": "user", "content": f"Summarise document {tenant}-{i} in detail."}],
+            "messages": [{"role": "user", "content": content}],
             "max_tokens": max(low, min(high, tokens)),
         }
         out.append({"custom_id": f"t{tenant}-{i}", "method": "POST", "url": "/v1/chat/completions", "body": body})
     return out
 
 
-def enqueue(requests: int, *, low: int, high: int, seed: int) -> dict[str, int]:
+def enqueue(requests: int, *, low: int, high: int, seed: int, prompt_tokens: int) -> dict[str, int]:
     """Four tenants' batches, uploaded and ingested as production does; {batch_id: lines}."""
     per = requests // TENANTS
     batches = {}
     for tenant in range(TENANTS):
-        work = lines(per, low=low, high=high, seed=seed, tenant=tenant)
+        work = lines(per, low=low, high=high, seed=seed, tenant=tenant, prompt_tokens=prompt_tokens)
         batches[submit(work, tenant=f"tenant-{tenant}", model=MODEL)] = per
     return batches
 
@@ -128,14 +136,14 @@ def check_outputs(batches: dict[str, int]) -> bool:
     return ok
 
 
-def run(requests: int, *, low: int, high: int, seed: int, profile: bool) -> dict[str, Any]:
+def run(requests: int, *, low: int, high: int, seed: int, profile: bool, prompt_tokens: int = 0) -> dict[str, Any]:
     """Enqueue, feed the engine until the queue is drained and every output file is built; measure."""
     from storage.settings import get_settings
     from worker.engine.factory import load_engine
     from worker.engine.timed_fake import TimedFakeEngine
     from worker.feed.runner import Runner
 
-    batches = enqueue(requests, low=low, high=high, seed=seed)
+    batches = enqueue(requests, low=low, high=high, seed=seed, prompt_tokens=prompt_tokens)
     settings = get_settings()
     engine = load_engine(settings, MODEL)
     assert isinstance(engine, TimedFakeEngine)
@@ -161,6 +169,7 @@ def run(requests: int, *, low: int, high: int, seed: int, profile: bool) -> dict
     runner.close_io()
     process_cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
     figures = measure(engine, started=started, ended=ended)
+    figures.update(clocks(engine))
     figures.update(
         requests=requests,
         wall_seconds=round(ended - started, 2),
@@ -190,13 +199,14 @@ def measure(engine: Any, *, started: float, ended: float) -> dict[str, Any]:
     if len(window) > 1:
         span = min(until, window[-1].ended) - window[0].started
         busy_share = sum(min(s.ended, until) - s.started for s in window) / span
-    tokens = sum(s.batch for s in steps)
+    tokens = sum(s.tokens for s in steps)
     ideal = sum(s.roofline_seconds for s in steps)
     engine_span = steps[-1].ended - steps[0].started
     return {
         "steps": len(steps),
         "output_tokens": tokens,
-        "mean_batch": round(tokens / len(steps), 1),
+        "prompt_tokens_prefilled": sum(s.prefill_tokens for s in steps),
+        "mean_batch": round(sum(s.batch for s in steps) / len(steps), 1),
         "slot_occupancy_while_waiting": _round(
             sum(s.batch for s in steps if s.waiting) / (engine.max_num_seqs * len(waited)) if waited else None, 4
         ),
@@ -229,24 +239,66 @@ def busy_over_time(steps: list[Any], bin_seconds: float = 0.5) -> list[tuple[flo
     ]
 
 
-def engine_limit(requests: int, *, low: int, high: int, seed: int) -> tuple[float, float]:
-    """The same engine fed from memory, no database: (requests/s, the limit a runner can reach; its own
-    roofline ratio, how closely the fake keeps the roofline's time on this machine)."""
-    from storage.settings import get_settings
+def clocks(engine: Any) -> dict[str, Any]:
+    """TTFT (from the engine's `add`, slot queueing included) and TPOT per request, p50 and p99, in ms."""
+    timings = list(engine.requests)
+    ttft = sorted(t.ttft for t in timings)
+    tpot = sorted(x for t in timings if (x := t.tpot) is not None)
+    return {
+        "ttft_ms_p50": _quantile_ms(ttft, 0.5),
+        "ttft_ms_p99": _quantile_ms(ttft, 0.99),
+        "tpot_ms_p50": _quantile_ms(tpot, 0.5),
+        "tpot_ms_p99": _quantile_ms(tpot, 0.99),
+        "cdf": {"ttft_ms": _cdf(ttft), "tpot_ms": _cdf(tpot)},
+    }
+
+
+def _quantile_ms(values: list[float], q: float) -> float | None:
+    return round(values[min(len(values) - 1, int(q * len(values)))] * 1e3, 2) if values else None
+
+
+def _cdf(values: list[float], points: int = 200) -> list[float]:
+    """`points` evenly spaced quantiles (ms) of sorted `values`: the plot's series."""
+    if not values:
+        return []
+    return [round(values[min(len(values) - 1, int(i * len(values) / points))] * 1e3, 3) for i in range(points + 1)]
+
+
+def short_work(requests: int, seed: int) -> list[Any]:
+    """The short workload's lines as engine requests (the same ones the runner's run will queue)."""
     from worker.engine import EngineRequest
+
+    work = [
+        line
+        for t in range(TENANTS)
+        for line in lines(requests // TENANTS, low=1, high=10, seed=seed, tenant=t, prompt_tokens=SHORT_PROMPT_TOKENS)
+    ]
+    return [EngineRequest(f"m{i}", line["url"], line["body"]) for i, line in enumerate(work)]
+
+
+def engine_limit(requests: int, *, seed: int, timed: bool) -> dict[str, float]:
+    """The same engine with every request added at once, no database. `timed=False`: its steps summed from
+    the formula without sleeping, the honest limit (requests/s); `timed=True`: it sleeps them out, which
+    says how closely the fake keeps the formula's time on this machine."""
+    from storage.settings import get_settings
     from worker.engine.factory import load_engine
 
     engine = load_engine(get_settings(), MODEL)
-    work = [
-        line for t in range(TENANTS) for line in lines(requests // TENANTS, low=low, high=high, seed=seed, tenant=t)
-    ]
-    for i, line in enumerate(work):
-        engine.add(EngineRequest(f"m{i}", line["url"], line["body"]))
+    engine.timed = timed
+    work = short_work(requests, seed)
+    for request in work:
+        engine.add(request)
     started = time.perf_counter()
     while engine.has_unfinished():
         engine.step()
-    seconds = time.perf_counter() - started
-    return len(work) / seconds, sum(s.roofline_seconds for s in engine.timeline) / seconds
+    seconds = time.perf_counter() - started if timed else engine.clock
+    formula = sum(s.roofline_seconds for s in engine.timeline)
+    return {
+        "requests_per_s": round(len(work) / seconds, 2),
+        "ratio_vs_formula": round(formula / seconds, 4),
+        "prompt_tokens_per_s": round(sum(s.prefill_tokens for s in engine.timeline) / seconds),
+        **{k: v for k, v in clocks(engine).items() if k != "cdf"},
+    }
 
 
 def top_functions(profiler: Any, limit: int = 15) -> list[str]:
@@ -289,34 +341,46 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smaller runs: under 2 minutes in all")
     parser.add_argument("--requests", type=int, default=5000, help="long-output requests (10..1,000 tokens)")
-    parser.add_argument("--short-requests", type=int, default=20000, help="short-output requests (1..10 tokens)")
-    parser.add_argument("--modes", default="inline,thread", help="runner I/O modes, the baseline first")
+    parser.add_argument("--short-requests", type=int, default=6000, help="500-token prompts, 1..10 output tokens")
+    parser.add_argument("--modes", default="thread", help="runner I/O modes (thread, inline), the baseline first")
     parser.add_argument("--seed", type=int, default=15)
     parser.add_argument("--profile", action="store_true", help="cProfile the runs and print the top functions")
     args = parser.parse_args()
     if args.quick:
-        args.requests, args.short_requests = 1200, 6000
+        args.requests, args.short_requests = 1200, 2000
     OUT.mkdir(exist_ok=True)
     modes = [m for m in args.modes.split(",") if m]
     os.environ["BACKFILL_DATA_DIR"] = tempfile.mkdtemp(prefix="gpu-timed-", dir=OUT)
     os.environ["BACKFILL_MODELS"] = json.dumps({MODEL: {"path": "fake:gpu-timed", "max_num_seqs": 384}})
-    limit, precision = engine_limit(args.short_requests, low=1, high=10, seed=args.seed)
+    short_seed = args.seed + 1
+    limit = engine_limit(args.short_requests, seed=short_seed, timed=False)
+    alone = engine_limit(args.short_requests, seed=short_seed, timed=True)
+    print("== engine limit (formula, ideal feed):", json.dumps(limit), flush=True)
+    print("== engine alone (sleeping, fed from memory):", json.dumps(alone), flush=True)
     result: dict[str, Any] = {
-        "engine_limit_short_requests_per_s": round(limit, 1),
-        "engine_alone_ratio_vs_roofline": round(precision, 4),
+        "engine_limit_short_requests_per_s": limit["requests_per_s"],
+        "engine_limit_short": limit,
+        "engine_alone_short": alone,
+        "engine_alone_ratio_vs_roofline": alone["ratio_vs_formula"],
+        "short_prompt_tokens": SHORT_PROMPT_TOKENS,
         "modes": {},
     }
     for mode in modes:
         prepare(io_thread=mode == "thread")
         long = run(args.requests, low=10, high=1000, seed=args.seed, profile=args.profile)
-        short = run(args.short_requests, low=1, high=10, seed=args.seed + 1, profile=args.profile)
-        short["requests_ratio_vs_engine_limit"] = round(short["requests_per_s"] / limit, 4)
+        short = run(
+            args.short_requests,
+            low=1,
+            high=10,
+            seed=short_seed,
+            profile=args.profile,
+            prompt_tokens=SHORT_PROMPT_TOKENS,
+        )
+        short["requests_ratio_vs_engine_limit"] = round(short["requests_per_s"] / limit["requests_per_s"], 4)
         result["modes"][mode] = {"long": long, "short": short}
-        summary = {k: v for k, v in long.items() if k not in ("samples", "profile_top")}
-        print(f"== {mode} long:", json.dumps(summary), flush=True)
-        summary = {k: v for k, v in short.items() if k not in ("samples", "profile_top")}
-        print(f"== {mode} short:", json.dumps(summary), flush=True)
-        for part in (long, short):
+        for name, part in (("long", long), ("short", short)):
+            summary = {k: v for k, v in part.items() if k not in ("samples", "profile_top", "cdf")}
+            print(f"== {mode} {name}:", json.dumps(summary), flush=True)
             for line in part.get("profile_top", []):
                 print("   ", line)
     final = result["modes"][modes[-1]]
@@ -328,12 +392,39 @@ def main() -> int:
         runner_cpu_seconds_per_1000=final["long"]["runner_cpu_seconds_per_1000"],
         short_requests_per_s=final["short"]["requests_per_s"],
         short_requests_ratio_vs_engine_limit=final["short"]["requests_ratio_vs_engine_limit"],
+        clocks={part: {k: v for k, v in final[part].items() if k.startswith(("ttft_", "tpot_"))} for part in final},
         all_outputs_ok=all(p["output_files_ok"] for m in result["modes"].values() for p in m.values()),
     )
     print(json.dumps({k: v for k, v in result.items() if k != "modes"}, indent=2))
     (OUT / "gpu-timed.json").write_text(json.dumps({"result": result}))
     plot({m: result["modes"][m]["long"]["samples"] for m in modes}, plot_dir() / "gpu-timed-busy.png")
+    plot_clocks(final, plot_dir() / "gpu-timed-clocks.png")
     return 0
+
+
+def plot_clocks(final: dict[str, Any], path: Path) -> None:
+    """TTFT and TPOT CDFs of both workloads as the timed engine measured them: docs/gpu-timed-clocks.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+    for ax, clock in zip(axes, ("ttft_ms", "tpot_ms"), strict=True):
+        for part, label in (("long", "long outputs, ~7-token prompts"), ("short", "1-10 tokens, 500-token prompts")):
+            values = final[part]["cdf"][clock]
+            if values:
+                ax.plot(values, [i / (len(values) - 1) for i in range(len(values))], label=label, linewidth=1.2)
+        ax.set_xscale("log")
+        ax.set_xlabel(f"{clock.split('_')[0].upper()} (ms, log scale)")
+        ax.set_ylabel("share of requests")
+        ax.grid(True, which="both", linewidth=0.3)
+    axes[0].set_title("time to first token (slot queueing included)", fontsize=9)
+    axes[1].set_title("time per output token after the first", fontsize=9)
+    axes[1].legend(fontsize=7, loc="lower right")
+    fig.suptitle("GPU-timed engine (70B FP8 on 8x H100, chunked prefill, 16,384 tokens/step) fed by the runner")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":

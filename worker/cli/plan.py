@@ -1,8 +1,10 @@
-"""`backfill plan`: the roofline table for a model on a node, from a few numbers or a config.json."""
+"""`backfill plan`: the roofline table for a model on a node, from a few numbers or a config.json, with the
+prefill clock and the cost of a job (by default one whose prompts dominate: 2,000 tokens in, 10 out)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
@@ -16,10 +18,12 @@ from storage.planning.roofline import (
     KV_DTYPE_BYTES,
     WEIGHT_DTYPE_BYTES,
     Hardware,
+    Job,
     ModelShape,
     Plan,
     plan,
 )
+from storage.planning.step_time import DEFAULT_MAX_NUM_BATCHED_TOKENS, JobEstimate
 
 DEFAULT_HARDWARE = "8xH100-SXM"
 _WIDTHS = (6, 8, 11, 11, 9, 10, 5)
@@ -33,8 +37,9 @@ def register(subparsers: Any) -> None:
     """Add the `plan` subcommand to the CLI's subparsers."""
     parser = subparsers.add_parser(
         "plan",
-        help="roofline cost per token and latency by batch size",
-        description="Decode-step roofline: TPOT, tokens/s and $ per 1M tokens at each batch size.",
+        help="roofline cost per token and latency by batch size, prefill and a job's cost",
+        description="Decode-step roofline: TPOT, tokens/s and $ per 1M tokens at each batch size; the "
+        "prefill rate (compute-bound); and a job of identical requests on a fully fed engine (both clocks, $).",
     )
     model = parser.add_argument_group("model (either --config-json or both numbers)")
     model.add_argument("--config-json", type=Path, help="a HuggingFace config.json to estimate from")
@@ -48,6 +53,18 @@ def register(subparsers: Any) -> None:
     hardware.add_argument("--hbm-gb", type=float, help="HBM per GPU, GB (1e9 bytes)")
     hardware.add_argument("--hbm-tbps", type=float, help="HBM bandwidth per GPU, TB/s")
     hardware.add_argument("--gpu-hour-usd", help="rental price per GPU-hour, USD")
+    hardware.add_argument("--efficiency", type=float, help="share of the dense FLOP/s a prefill reaches (0.5)")
+    job = parser.add_argument_group("job (costed on a fully fed engine with chunked prefill)")
+    job.add_argument("--requests", type=int, default=10_000, help="requests in the job (default 10,000)")
+    job.add_argument("--prompt-tokens", type=int, default=2000, help="prompt tokens per request (default 2,000)")
+    job.add_argument("--output-tokens", type=int, default=10, help="output tokens per request (default 10)")
+    job.add_argument("--max-num-seqs", type=int, help="engine slots (default: the most that fit, at most 1,024)")
+    job.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        help=f"tokens per step (default {DEFAULT_MAX_NUM_BATCHED_TOKENS:,}, vLLM's on H100)",
+    )
     parser.add_argument("--context", type=int, default=4096, help="tokens per sequence (default 4096)")
     parser.add_argument("--batch-sizes", help="comma-separated, e.g. 1,8,32 (default: powers of 2, knee, max)")
     parser.add_argument("--format", choices=["table", "json"], default="table")
@@ -57,7 +74,9 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Print the plan; 2 with a one-line error on bad input."""
     try:
-        result = plan(_model(args), _hardware(args), _positive("--context", args.context), _batch_sizes(args))
+        result = plan(
+            _model(args), _hardware(args), _positive("--context", args.context), _batch_sizes(args), job=_job(args)
+        )
     except ValueError as error:  # PlanInputError and the planner's own checks
         print(f"backfill plan: error: {error}", file=sys.stderr)
         return 2
@@ -109,11 +128,24 @@ def _hardware(args: argparse.Namespace) -> Hardware:
     base = HARDWARE_PRESETS[name]
     hbm_gb = _positive("--hbm-gb", args.hbm_gb)
     hbm_tbps = _positive("--hbm-tbps", args.hbm_tbps)
-    return Hardware(
+    efficiency = _positive("--efficiency", args.efficiency)
+    return dataclasses.replace(
+        base,
         gpus=_positive("--gpus", args.gpus) or base.gpus,
         hbm_bytes_per_gpu=hbm_gb * GB if hbm_gb else base.hbm_bytes_per_gpu,
         hbm_bandwidth_bytes_per_s_per_gpu=hbm_tbps * 1e12 if hbm_tbps else base.hbm_bandwidth_bytes_per_s_per_gpu,
         usd_per_gpu_hour=_usd(args.gpu_hour_usd) if args.gpu_hour_usd is not None else base.usd_per_gpu_hour,
+        compute_efficiency=efficiency or base.compute_efficiency,
+    )
+
+
+def _job(args: argparse.Namespace) -> Job:
+    return Job(
+        requests=_positive("--requests", args.requests),
+        prompt_tokens=_positive("--prompt-tokens", args.prompt_tokens),
+        output_tokens=_positive("--output-tokens", args.output_tokens),
+        max_num_seqs=_positive("--max-num-seqs", args.max_num_seqs),
+        max_num_batched_tokens=_positive("--max-num-batched-tokens", args.max_num_batched_tokens),
     )
 
 
@@ -175,5 +207,37 @@ def render_table(result: Plan) -> str:
         "",
         f"knee batch size: {result.knee_batch_size} (KV reads equal weight reads; past it, batching buys latency)",
         f"max batch size:  {result.max_batch_size} ({limit})",
+        "",
+        (
+            f"prefill (compute-bound): 2 x {model.parameter_count / 1e9:,.1f} GFLOP per prompt token at "
+            f"{hw.gpus} x {hw.flops_per_s(model.weight_dtype) / hw.compute_efficiency / hw.gpus / 1e12:,.0f} "
+            f"TFLOPS ({'FP8' if model.weight_dtype == 'fp8' else '16-bit'}, dense) x "
+            f"{hw.compute_efficiency:g} efficiency = {result.prefill_tokens_per_s:,.0f} prompt tokens/s, "
+            f"${result.usd_per_mtok_prefill.quantize(Decimal('0.001'), ROUND_HALF_UP)} per 1M prompt tokens"
+        ),
     ]
+    if result.job is not None:
+        lines += ["", *render_job(result.job)]
     return "\n".join(lines)
+
+
+def render_job(job: JobEstimate) -> list[str]:
+    """The job's steady state: both clocks, its rates, how long it takes and what it costs."""
+    usd = job.usd.quantize(Decimal("0.01"), ROUND_HALF_UP)
+    per_mtok = job.usd_per_mtok.quantize(Decimal("0.001"), ROUND_HALF_UP)
+    return [
+        (
+            f"job: {job.requests:,} requests x {job.prompt_tokens:,} prompt + {job.output_tokens:,} output tokens "
+            f"(max_num_seqs {job.max_num_seqs:,}, {job.max_num_batched_tokens:,} tokens/step)"
+        ),
+        (
+            f"  each step: {job.load.decode_seqs:,.0f} decodes + {job.load.prefill_tokens:,.0f} prompt tokens, "
+            f"{job.bound}-bound, limited by the {job.limited_by}"
+        ),
+        f"  TTFT {job.ttft_seconds * 1e3:,.1f} ms (from its first chunk)  TPOT {job.step_seconds * 1e3:,.1f} ms",
+        (
+            f"  {job.requests_per_s:,.1f} requests/s, {job.prompt_tokens_per_s:,.0f} prompt + "
+            f"{job.output_tokens_per_s:,.0f} output tokens/s"
+        ),
+        f"  {job.seconds:,.0f} s on one node, ${usd} (${per_mtok} per 1M tokens in + out)",
+    ]

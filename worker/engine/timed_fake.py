@@ -138,10 +138,12 @@ class TimedFakeEngine(FakeEngine):
         prefill = sum(chunks.values())
         roofline = self.step_time(len(decoding), prefill, context)
         ready = decoding + [s for s in self._running if s.request_id in chunks and self._prompt_done(s)]
+        # Tokens are stamped at the step's formula end and results built inside its time, as a GPU step
+        # would leave the CPU free to do while the kernels run.
+        finished = self._emit(ready, started + roofline)
         self.step_cpu_seconds += time.thread_time() - cpu
         self._wait_until(started + roofline)
         ended = self._now()
-        finished = self._emit(ready, ended)
         self.timeline.append(
             StepRecord(started, ended, len(decoding) + len(chunks), waiting, roofline, prefill, len(ready))
         )

@@ -139,3 +139,29 @@ def test_the_largest_node_the_bounds_allow_is_planned_in_closed_form(capsys: pyt
     assert code == 0
     plan = json.loads(out)
     assert plan["max_batch_size"] == 4096 * 80 * 10**9 - 10**6
+
+
+def test_the_plan_shows_the_prefill_clock_and_a_prompt_heavy_jobs_cost(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli([*WORKED_EXAMPLE, "--batch-sizes", "384"], capsys)
+    assert code == 0
+    assert "x 0.5 efficiency = 56,062 prompt tokens/s" in out
+    assert "job: 10,000 requests x 2,000 prompt + 10 output tokens" in out
+    assert "compute-bound, limited by the token budget" in out
+    assert "TTFT 292.2 ms" in out and "TPOT 292.2 ms" in out
+    code, out, _ = run_cli([*WORKED_EXAMPLE, "--batch-sizes", "384", "--format", "json"], capsys)
+    result = json.loads(out)
+    assert result["prefill"]["prompt_tokens_per_s"] == pytest.approx(56_062, abs=1)
+    job = result["job"]
+    assert (job["prompt_tokens"], job["output_tokens"], job["bound"]) == (2000, 10, "compute")
+    assert Decimal("3.1") < Decimal(job["usd"]) < Decimal("3.3")
+
+
+def test_job_and_efficiency_flags_change_the_estimate(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [*WORKED_EXAMPLE, "--batch-sizes", "384", "--format", "json", "--efficiency", "0.25"]
+    argv += ["--prompt-tokens", "8", "--output-tokens", "4000", "--max-num-seqs", "384"]
+    code, out, _ = run_cli(argv, capsys)
+    result = json.loads(out)
+    assert code == 0 and result["prefill"]["prompt_tokens_per_s"] == pytest.approx(28_031, abs=1)
+    assert (result["job"]["bound"], result["job"]["limited_by"]) == ("memory", "slots")
+    code, out, err = run_cli([*WORKED_EXAMPLE, "--prompt-tokens", "0"], capsys)
+    assert code == 2 and "--prompt-tokens" in err
