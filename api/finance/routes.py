@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from decimal import Decimal
 from importlib import resources
 from typing import Annotated, Any
@@ -24,7 +25,6 @@ from storage.planning.roofline import (
     GB,
     HARDWARE_PRESETS,
     LLAMA_70B_FP8,
-    Hardware,
     ModelShape,
     plan,
 )
@@ -70,16 +70,16 @@ def planner(
     context: Annotated[int, _query("context")] = EXAMPLE_CONTEXT,
     batch_sizes: Annotated[str | None, Query(max_length=1024, description="Up to 64 comma-separated sizes.")] = None,
 ) -> dict[str, Any]:
-    """The roofline: cost per 1M tokens and TPOT by batch size. Defaults to the worked example (Llama 3.1
-    70B FP8, 4,096-token context) on a node of this deployment's GPU count and price per GPU-hour."""
+    """The roofline: cost per 1M tokens and TPOT by batch size, and the prefill rate (compute-bound). Defaults
+    to the worked example (Llama 3.1 70B FP8, 4,096-token context) on a node of this deployment's GPU count and
+    price per GPU-hour."""
     if hardware not in HARDWARE_PRESETS:
         offered = ", ".join(HARDWARE_PRESETS)
         raise InvalidRequest(f"Unknown hardware {clip(hardware)}: use one of {offered}.", param="hardware")
     preset = HARDWARE_PRESETS[hardware]
-    node = Hardware(
+    node = dataclasses.replace(
+        preset,
         gpus=gpus or min(settings.gpu_count, int(BOUNDS["gpus"].high)),
-        hbm_bytes_per_gpu=preset.hbm_bytes_per_gpu,
-        hbm_bandwidth_bytes_per_s_per_gpu=preset.hbm_bandwidth_bytes_per_s_per_gpu,
         usd_per_gpu_hour=gpu_hour_usd if gpu_hour_usd is not None else settings.gpu_hour_usd,
     )
     shape = ModelShape(weight_bytes=weights_gb * GB, kv_bytes_per_token=kv_bytes_per_token)

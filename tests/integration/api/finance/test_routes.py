@@ -199,6 +199,7 @@ def test_planner_defaults_to_the_worked_example_on_this_node(server: LiveServer)
     assert plan["knee_batch_size"] == 53 and plan["hardware"]["usd_per_hour"] == "31.92"
     one, many = (Decimal(r["usd_per_mtok"]) for r in plan["rows"])
     assert one.quantize(Decimal("0.01")) == Decimal("23.80") and Decimal("0.49") < many < Decimal("0.52")
+    assert plan["prefill"]["prompt_tokens_per_s"] == pytest.approx(56_062, abs=1)  # the other clock
     assert get(server, key, "/v1/planner", batch_sizes="0").json()["error"]["param"] == "batch_sizes"
 
 
