@@ -22,6 +22,7 @@ Usage: .venv/bin/python bench/gpu_timed.py [--quick] [--requests 5000] [--short-
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -32,6 +33,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,7 @@ MODEL = "llama-70b-timed"
 TENANTS = 4
 BUSY_GOAL, TOKENS_GOAL, SHORT_GOAL = 0.98, 0.97, 0.95
 SHORT_PROMPT_TOKENS = 500
+ENGINE_NICE = int(os.environ.get("BACKFILL_BENCH_ENGINE_NICE", "-10"))  # 0: the engine thread as any other
 
 
 def prepare(*, io_thread: bool) -> None:
@@ -136,6 +139,28 @@ def check_outputs(batches: dict[str, int]) -> bool:
     return ok
 
 
+@contextlib.contextmanager
+def engine_thread_priority(nice: int) -> Iterator[None]:
+    """Run the thread that steps the fake at `nice` (Linux: per thread; needs root for < 0), then restore it.
+
+    The fake sleeps out each step and must wake on time; on this 2-core machine, shared with other work
+    (load averages of 15-20 seen), the OS wakes it 5-15 ms late per step, which no GPU would be. Threads
+    started earlier keep their own priority: the runner's I/O threads, the finalizer and Postgres compete
+    as before, and the GIL is contended as before. Without the privilege this does nothing.
+    """
+    thread = threading.get_native_id()
+    before = os.getpriority(os.PRIO_PROCESS, thread)
+    try:
+        os.setpriority(os.PRIO_PROCESS, thread, nice)
+    except OSError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        os.setpriority(os.PRIO_PROCESS, thread, before)
+
+
 def run(requests: int, *, low: int, high: int, seed: int, profile: bool, prompt_tokens: int = 0) -> dict[str, Any]:
     """Enqueue, feed the engine until the queue is drained and every output file is built; measure."""
     from storage.settings import get_settings
@@ -158,8 +183,9 @@ def run(requests: int, *, low: int, high: int, seed: int, profile: bool, prompt_
         profiler.enable()
     cpu_before = resource.getrusage(resource.RUSAGE_SELF)
     started = time.perf_counter()
-    while runner.run_for(30.0):
-        pass
+    with engine_thread_priority(ENGINE_NICE):  # after the runner's and finalizer's threads started
+        while runner.run_for(30.0):
+            pass
     ended = time.perf_counter()
     cpu_after = resource.getrusage(resource.RUSAGE_SELF)
     if profiler is not None:
@@ -289,8 +315,9 @@ def engine_limit(requests: int, *, seed: int, timed: bool) -> dict[str, float]:
     for request in work:
         engine.add(request)
     started = time.perf_counter()
-    while engine.has_unfinished():
-        engine.step()
+    with engine_thread_priority(ENGINE_NICE):
+        while engine.has_unfinished():
+            engine.step()
     seconds = time.perf_counter() - started if timed else engine.clock
     formula = sum(s.roofline_seconds for s in engine.timeline)
     return {
@@ -298,6 +325,18 @@ def engine_limit(requests: int, *, seed: int, timed: bool) -> dict[str, float]:
         "ratio_vs_formula": round(formula / seconds, 4),
         "prompt_tokens_per_s": round(sum(s.prefill_tokens for s in engine.timeline) / seconds),
         **{k: v for k, v in clocks(engine).items() if k != "cdf"},
+    }
+
+
+def planner_figures() -> dict[str, Any]:
+    """The formula's prefill rate for the engine's target (70B FP8 on 8x H100) and the efficiency behind it."""
+    from storage.planning.node import HARDWARE_PRESETS, LLAMA_70B_FP8
+    from storage.planning.step_time import prefill_tokens_per_s
+
+    hardware = HARDWARE_PRESETS["8xH100-SXM"]
+    return {
+        "prefill_tokens_per_s": round(prefill_tokens_per_s(LLAMA_70B_FP8, hardware)),
+        "compute_efficiency": hardware.compute_efficiency,
     }
 
 
@@ -363,6 +402,8 @@ def main() -> int:
         "engine_alone_short": alone,
         "engine_alone_ratio_vs_roofline": alone["ratio_vs_formula"],
         "short_prompt_tokens": SHORT_PROMPT_TOKENS,
+        "engine_thread_nice": ENGINE_NICE,
+        "planner": planner_figures(),
         "modes": {},
     }
     for mode in modes:
