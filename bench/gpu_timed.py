@@ -183,8 +183,10 @@ def run(requests: int, *, low: int, high: int, seed: int, profile: bool, prompt_
         profiler.enable()
     cpu_before = resource.getrusage(resource.RUSAGE_SELF)
     started = time.perf_counter()
+    # Slices as long as production's `batch.run` task (BACKFILL_RUN_TASK_SECONDS, 300 s): each slice ends
+    # by draining the I/O threads, a pause a shorter slice would repeat more often than production does.
     with engine_thread_priority(ENGINE_NICE):  # after the runner's and finalizer's threads started
-        while runner.run_for(30.0):
+        while runner.run_for(float(settings.run_task_seconds)):
             pass
     ended = time.perf_counter()
     cpu_after = resource.getrusage(resource.RUSAGE_SELF)
