@@ -135,14 +135,17 @@ class JobEstimate:
 
     @property
     def requests_per_s(self) -> float:
+        """Requests finished per second in the steady state."""
         return self.requests_per_step / self.step_seconds
 
     @property
     def prompt_tokens_per_s(self) -> float:
+        """Prompt tokens prefilled per second."""
         return self.requests_per_s * self.prompt_tokens
 
     @property
     def output_tokens_per_s(self) -> float:
+        """Output tokens per second."""
         return self.requests_per_s * self.output_tokens
 
     @property
