@@ -78,6 +78,8 @@ def test_the_registry_selects_it_by_path_with_the_entry_hardware_and_batch() -> 
     assert engine.step_time(32) == pytest.approx(row(LLAMA_70B_FP8, HARDWARE_PRESETS["8xH200"], 2048, 32).tpot_ms / 1e3)
     custom = from_spec("m", ModelSpec(path=PATH, extra={"weights_gb": 8.0, "kv_bytes_per_token": 131072}))
     assert custom.shape == ModelShape(weight_bytes=8e9, kv_bytes_per_token=131072)
+    assert custom.max_num_batched_tokens == 16384  # vLLM's default on an H100
+    assert from_spec("m", ModelSpec(path=PATH, max_num_batched_tokens=2048)).max_num_batched_tokens == 2048
     with pytest.raises(ValueError, match="hardware must be one of"):
         from_spec("m", ModelSpec(path=PATH, hardware="1xRTX"))
 
