@@ -30,6 +30,31 @@ def hand_back_batch(session: Session, *, batch_id: str) -> int:
     return int(result.rowcount or 0)  # type: ignore[attr-defined]
 
 
+def hand_back_paused(session: Session, *, worker_id: str, request_ids: list[str]) -> set[str]:
+    """Re-queue, unrecorded, those of this worker's running rows whose batch is paused; return their ids.
+
+    A claim that read the batch before a pause committed can lease rows just after the pause's hand-back;
+    their results must not land while the batch is paused. The caller holds the batches' locks (as `record`
+    does), so a pause cannot commit between this and the store."""
+    if not request_ids:
+        return set()
+    result = session.scalars(
+        update(BatchRequest)
+        .where(
+            BatchRequest.id.in_(request_ids),
+            BatchRequest.status == lifecycle.REQ_RUNNING,
+            BatchRequest.lease_owner == worker_id,
+            ~not_paused(),
+        )
+        .values(
+            status=lifecycle.REQ_QUEUED, lease_owner=None, lease_expires_at=None, attempts=BatchRequest.attempts - 1
+        )
+        .returning(BatchRequest.id)
+        .execution_options(synchronize_session=False)
+    )
+    return set(result)
+
+
 def not_paused() -> ColumnElement[bool]:
     """A filter on `batch_requests`: the row's batch is not paused (a worker must not take it back)."""
     paused = select(Batch.id).where(Batch.id == BatchRequest.batch_id, Batch.paused_at.is_not(None))

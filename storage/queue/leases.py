@@ -21,7 +21,7 @@ from storage.clock import now_f
 from storage.finance.budgets import stop_over_budget
 from storage.models import BatchRequest
 from storage.queue.enqueue import ids_match, lock_batches_of
-from storage.queue.handback import not_paused
+from storage.queue.handback import hand_back_paused, not_paused
 from storage.settings import get_settings
 
 
@@ -80,8 +80,9 @@ def record(session: Session, *, worker_id: str, run_id: str, outcomes: list[Outc
     """Store finished requests this worker still holds; return {batch_id: results stored}.
 
     A result for a row that was cancelled, expired or re-leased meanwhile is dropped, so each request
-    ends in exactly one line however often it ran. The batches are locked first (see `lock_batches_of`),
-    then one UPDATE stores every result the lease check lets through and reports which rows took it.
+    ends in exactly one line however often it ran; one for a row of a paused batch is dropped and the row
+    handed back (`hand_back_paused`): a paused batch makes no progress. The batches are locked first (see
+    `lock_batches_of`), then one UPDATE stores every result the lease check lets through and reports which rows took it.
     A batch whose spend cap is now reached has its queued requests ended (`stop_over_budget`); those
     batches (their tenant's others too) are in the answer, so a caller finalizes any with nothing open.
     """
@@ -89,6 +90,10 @@ def record(session: Session, *, worker_id: str, run_id: str, outcomes: list[Outc
         return {}
     ids = [o.request_id for o in outcomes]
     lock_batches_of(session, request_ids=ids)
+    if paused := hand_back_paused(session, worker_id=worker_id, request_ids=ids):
+        outcomes = [o for o in outcomes if o.request_id not in paused]
+        if not outcomes:
+            return {}
     if session.get_bind().dialect.name == "postgresql":
         stored = _store_json(session, worker_id=worker_id, run_id=run_id, outcomes=outcomes)
     else:

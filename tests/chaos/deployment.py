@@ -19,6 +19,7 @@ import httpx
 
 from tests.chaos.procs import Child, free_port
 from tests.chaos.services import AWS_ENV, Cluster
+from tests.chaos.workload import PRICE_BOOK
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "chaos-model"
@@ -67,6 +68,10 @@ def backfill_env(
         "BACKFILL_RUN_TASK_SECONDS": str(timing.run_task_seconds),
         "BACKFILL_BROKER_VISIBILITY_TIMEOUT_SECONDS": "60",
         "BACKFILL_ADMISSION_POLICY": "off",
+        # Batch control (issue 20): readable spend figures (an output token bills $1, input is free) and room
+        # for the workload's priority changes.
+        "BACKFILL_PRICE_BOOK": json.dumps(PRICE_BOOK),
+        "BACKFILL_TENANT_MAX_PRIORITY": "50",
         **AWS_ENV,
     }
 
@@ -120,11 +125,15 @@ def cli(*args: str, env: dict[str, str], timeout: float = 60) -> str:
     return result.stdout
 
 
-def create_keys(tenants: list[str], *, env: dict[str, str]) -> dict[str, str]:
-    """One API key per tenant through `backfill keys create` (run side by side; the key is the last line)."""
+def create_keys(tenants: list[str], *, env: dict[str, str], admin: str | None = None) -> dict[str, str]:
+    """One API key per tenant through `backfill keys create` (run side by side; the key is the last line);
+    `admin`: also an admin key, for that tenant name."""
+    commands = {tenant: ["--tenant", tenant] for tenant in tenants}
+    if admin is not None:
+        commands[admin] = ["--tenant", admin, "--admin"]
     procs = {
         tenant: subprocess.Popen(
-            [sys.executable, "-m", "worker.cli", "keys", "create", "--tenant", tenant],
+            [sys.executable, "-m", "worker.cli", "keys", "create", *args],
             env=process_env(env),
             cwd=ROOT,
             stdout=subprocess.PIPE,
@@ -132,7 +141,7 @@ def create_keys(tenants: list[str], *, env: dict[str, str]) -> dict[str, str]:
             text=True,
             start_new_session=True,
         )
-        for tenant in tenants
+        for tenant, args in commands.items()
     }
     keys = {}
     for tenant, proc in procs.items():

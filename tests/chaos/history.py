@@ -13,12 +13,25 @@ the bucket holds, and what the harness did to the system (the fault log). `check
 * orphan: an object in the bucket that no file row owns;
 * other: request_counts or the cost block's tokens disagreeing with the files, malformed lines, a
   file row without its object, an accepted batch that failed or expired, a batch never downloaded.
+
+Batch control (issue 20) adds three rules over the control calls the workload made (`controls`) and the
+request rows the database held at the end (`rows`):
+
+* rerun: a retry holds a custom_id that succeeded in its origin, or a custom_id has an output line (was
+  billed) in more than one batch of a retry tree;
+* paused_progress: a request of a paused batch was recorded as run (a worker's result: `run_id` set) after
+  the pause was answered and before the resume was sent;
+* overrun: a capped batch (`max_cost_usd`) or a budgeted tenant billed more than its cap plus the stated
+  in-flight bound (docs/decisions/0018: per GPU worker 2 x max_num_seqs x inflight_per_seq requests, each at
+  most the dearest request the batch or tenant ran).
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from decimal import Decimal
 from typing import Any
 
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
@@ -26,6 +39,10 @@ TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
 # it). The reaper gives up on a request interrupted MAX_ATTEMPTS times (worker/jobs/reaper.py) with `engine_error`.
 INTERRUPTING_FAULTS = frozenset({"kill_gpu", "kill_one_gpu", "pg_stop"})
 MAX_ATTEMPTS = 3
+# What a retry re-runs by default (storage/batches/retries.py): these codes, and server failures (5xx, no response).
+RETRYABLE_CODES = frozenset({"batch_expired", "batch_cancelled", "budget_exceeded"})
+BUDGET_CODE = "budget_exceeded"
+KINDS = ("lost", "duplicated", "unexplained", "stuck", "orphan", "other", "rerun", "paused_progress", "overrun")
 
 
 @dataclass(frozen=True)
@@ -63,6 +80,37 @@ class BatchRecord:
     downloaded: bool = False
     unknown_to_client: bool = False  # created by a retried call whose first answer a fault lost
     problems: list[str] = field(default_factory=list)
+    retry_of: str | None = None  # the batch this one retries
+    # The custom_ids the client expects a retry to hold (its origin's retryable error lines); None: unknown
+    # (a retry whose answer a fault lost), then the retry's own rows.
+    retry_expected: list[str] | None = None
+    max_cost_usd: str | None = None  # the spend cap it was created with
+
+
+@dataclass(frozen=True)
+class ControlEvent:
+    """A control call the workload made, when it was sent and when its (final) answer came."""
+
+    kind: str  # pause, resume, priority, retry, budget
+    tenant: str
+    batch_id: str | None
+    sent_at: float
+    acked_at: float | None  # None: no answer (it gave up), or it was refused (see outcome)
+    outcome: str = "ok"  # ok, or why nothing happened: conflict (the batch had ended), nothing_to_retry, ...
+    value: str | None = None  # the priority, the budget in USD, the retry's batch id
+    spent_usd: str | None = None  # budget: the tenant's month spend when the budget was set
+
+
+@dataclass(frozen=True)
+class RowRecord:
+    """One request row as the database held it at the end of the run."""
+
+    custom_id: str
+    status: str
+    finished_at: float | None
+    run_id: str | None  # set only when a worker recorded the request's result
+    error_code: str | None = None
+    completion_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -98,6 +146,11 @@ class History:
     objects: list[str] = field(default_factory=list)  # every key in the bucket at the end
     file_keys: dict[str, str] = field(default_factory=dict)  # blob_key -> file id, for every live file row
     client_events: list[ClientEvent] = field(default_factory=list)
+    controls: list[ControlEvent] = field(default_factory=list)
+    rows: dict[str, list[RowRecord]] = field(default_factory=dict)  # batch_id -> its rows at the end
+    usd_per_output_token: str = "1"  # billed (after the 24h discount); input tokens are free in the chaos book
+    gpu_workers: int = 1
+    inflight_bound_per_worker: int = 32  # 2 x max_num_seqs (8) x inflight_per_seq (2)
 
     @property
     def faults_over_at(self) -> float:
@@ -132,7 +185,7 @@ class Verdict:
         return not self.findings
 
     def summary(self) -> dict[str, int]:
-        return {kind: self.total(kind) for kind in ("lost", "duplicated", "unexplained", "stuck", "orphan", "other")}
+        return {kind: self.total(kind) for kind in KINDS}
 
     def unexplained_codes(self) -> Counter[str]:
         return Counter(
@@ -156,6 +209,10 @@ def explanation(code: str | None, *, line: InputLine, record: BatchRecord, histo
         return "cancelled by its client"
     if code == "engine_error" and history.interrupting_faults() >= MAX_ATTEMPTS:
         return f"{history.interrupting_faults()} interrupting faults"
+    if code == BUDGET_CODE and record.max_cost_usd is not None:
+        return "its spend cap"
+    if code == BUDGET_CODE and any(c.kind == "budget" and c.tenant == record.tenant for c in history.controls):
+        return "its tenant's budget"
     return None
 
 
@@ -183,13 +240,28 @@ def check(history: History, *, stuck_bound_seconds: float = 60.0) -> Verdict:
         if not record.downloaded:
             verdict.findings.append(Finding("other", record.batch_id, "terminal but its files were never read"))
             continue
-        _check_lines(verdict, record, source, history)
-        _check_counts(verdict, record, source)
+        planned = _planned(record, source, history)
+        _check_lines(verdict, record, planned, history)
+        _check_counts(verdict, record, planned)
         _check_cost(verdict, record)
         for problem in record.problems:
             verdict.findings.append(Finding("other", record.batch_id, problem))
     _check_objects(verdict, history)
+    _check_retries(verdict, history)
+    _check_pauses(verdict, history)
+    _check_overrun(verdict, history)
     return verdict
+
+
+def _planned(record: BatchRecord, source: InputFile, history: History) -> dict[str, InputLine]:
+    """The lines the batch owes: its input file's, or for a retry the failed lines of its origin it re-runs."""
+    lines = {line.custom_id: line for line in source.lines}
+    if record.retry_of is None:
+        return lines
+    wanted = record.retry_expected
+    if wanted is None:
+        wanted = [row.custom_id for row in history.rows.get(record.batch_id, [])]
+    return {cid: lines.get(cid, InputLine(cid)) for cid in wanted}
 
 
 def _check_stuck(verdict: Verdict, record: BatchRecord, history: History, bound: float) -> None:
@@ -201,12 +273,11 @@ def _check_stuck(verdict: Verdict, record: BatchRecord, history: History, bound:
         verdict.findings.append(Finding("stuck", record.batch_id, f"{record.status} {late:.0f} s after the faults"))
 
 
-def _check_lines(verdict: Verdict, record: BatchRecord, source: InputFile, history: History) -> None:
+def _check_lines(verdict: Verdict, record: BatchRecord, planned: dict[str, InputLine], history: History) -> None:
     if record.status in ("failed", "expired"):
         verdict.findings.append(
             Finding("other", record.batch_id, f"an accepted batch of valid lines ended {record.status}")
         )
-    planned = {line.custom_id: line for line in source.lines}
     if record.cancel_requested and record.status == "cancelled" and not record.request_counts.get("total"):
         planned = {}  # cancelled while still validating: no request was enqueued, so none has a line
     seen = Counter(str(line.get("custom_id")) for line in record.output_lines + record.error_lines)
@@ -249,9 +320,9 @@ def _is_chat_completion(line: dict[str, Any]) -> bool:
     return True
 
 
-def _check_counts(verdict: Verdict, record: BatchRecord, source: InputFile) -> None:
+def _check_counts(verdict: Verdict, record: BatchRecord, planned: dict[str, InputLine]) -> None:
     counts = record.request_counts
-    enqueued = 0 if record.cancel_requested and not counts.get("total") else len(source.lines)
+    enqueued = 0 if record.cancel_requested and not counts.get("total") else len(planned)
     want = {"total": enqueued, "completed": len(record.output_lines), "failed": len(record.error_lines)}
     got = {name: counts.get(name) for name in want}
     if got != want:
@@ -278,3 +349,104 @@ def _check_objects(verdict: Verdict, history: History) -> None:
         verdict.findings.append(Finding("orphan", None, f"object {key} belongs to no file row"))
     for key in sorted(set(history.file_keys) - stored):
         verdict.findings.append(Finding("other", None, f"file {history.file_keys[key]} has no object {key}"))
+
+
+def _check_retries(verdict: Verdict, history: History) -> None:
+    """A success is never re-run by a retry, and nothing is billed (has an output line) in two batches of a tree."""
+    for record in history.batches.values():
+        origin = history.batches.get(record.retry_of or "")
+        if origin is None:
+            continue
+        succeeded = {str(line.get("custom_id")) for line in origin.output_lines}
+        succeeded |= {row.custom_id for row in history.rows.get(origin.batch_id, []) if row.status == "completed"}
+        held = {str(line.get("custom_id")) for line in record.output_lines + record.error_lines}
+        held |= {row.custom_id for row in history.rows.get(record.batch_id, [])}
+        again = sorted(held & succeeded)
+        if again:
+            detail = f"retry of {origin.batch_id} re-runs {again[:5]}, which succeeded there"
+            verdict.findings.append(Finding("rerun", record.batch_id, detail, len(again)))
+    for root, members in _retry_trees(history).items():
+        if len(members) < 2:
+            continue
+        billed = Counter(str(line.get("custom_id")) for member in members for line in member.output_lines)
+        twice = sorted(cid for cid, times in billed.items() if times > 1)
+        if twice:
+            detail = f"{twice[:5]} succeeded (and were billed) in more than one batch of the retries of {root}"
+            verdict.findings.append(Finding("rerun", root, detail, len(twice)))
+
+
+def _retry_trees(history: History) -> dict[str, list[BatchRecord]]:
+    trees: dict[str, list[BatchRecord]] = {}
+    for record in history.batches.values():
+        root = record
+        while root.retry_of is not None and root.retry_of in history.batches:
+            root = history.batches[root.retry_of]
+        trees.setdefault(root.batch_id, []).append(record)
+    return trees
+
+
+def paused_spans(history: History, batch_id: str) -> list[tuple[float, float]]:
+    """(pause answered, resume sent) for each pause of the batch that took effect; a pause never resumed lasts
+    to the end. A span starts at the answer (the pause has committed) and ends when the resume is sent (it
+    has not committed yet), so a result recorded inside it really was recorded while the batch was paused."""
+    spans: list[tuple[float, float]] = []
+    start: float | None = None
+    for event in sorted((c for c in history.controls if c.batch_id == batch_id), key=lambda c: c.sent_at):
+        if event.kind == "pause" and event.outcome == "ok" and event.acked_at is not None and start is None:
+            start = event.acked_at
+        elif event.kind == "resume" and start is not None:
+            if event.sent_at > start:
+                spans.append((start, event.sent_at))
+            start = None
+    if start is not None:
+        spans.append((start, math.inf))
+    return spans
+
+
+def _check_pauses(verdict: Verdict, history: History) -> None:
+    """No worker records a result for a paused batch between its pause and its resume."""
+    for batch_id in sorted({c.batch_id for c in history.controls if c.kind == "pause" and c.batch_id}):
+        spans = paused_spans(history, batch_id)
+        ran = [
+            row
+            for row in history.rows.get(batch_id, [])
+            if row.run_id is not None
+            and row.finished_at is not None
+            and any(start < row.finished_at < end for start, end in spans)
+        ]
+        if ran:
+            first = min(ran, key=lambda row: row.finished_at or 0)
+            detail = f"{len(ran)} results recorded while paused, e.g. {first.custom_id} at {first.finished_at:.2f}"
+            verdict.findings.append(Finding("paused_progress", batch_id, detail, len(ran)))
+
+
+def _billed_tokens(records: list[BatchRecord]) -> tuple[int, int]:
+    """(output tokens billed, the most one request billed) over the batches' output lines."""
+    tokens = [
+        int((((line.get("response") or {}).get("body") or {}).get("usage") or {}).get("completion_tokens", 0))
+        for record in records
+        for line in record.output_lines
+    ]
+    return sum(tokens), max(tokens, default=0)
+
+
+def _check_overrun(verdict: Verdict, history: History) -> None:
+    """A capped batch, or a budgeted tenant, bills at most its cap plus the in-flight bound."""
+    price = Decimal(history.usd_per_output_token)
+    in_flight = history.gpu_workers * history.inflight_bound_per_worker
+    for record in history.batches.values():
+        if record.max_cost_usd is None or record.status not in TERMINAL:
+            continue
+        total, dearest = _billed_tokens([record])
+        cap, bound = Decimal(record.max_cost_usd), in_flight * dearest * price
+        if total * price > cap + bound:
+            detail = f"billed ${total * price} past its cap ${cap} + the in-flight bound ${bound}"
+            verdict.findings.append(Finding("overrun", record.batch_id, detail))
+    for tenant in sorted({c.tenant for c in history.controls if c.kind == "budget" and c.outcome == "ok"}):
+        last = [c for c in history.controls if c.kind == "budget" and c.outcome == "ok" and c.tenant == tenant][-1]
+        limit = max(Decimal(last.value or 0), Decimal(last.spent_usd or 0))
+        total, dearest = _billed_tokens([r for r in history.batches.values() if r.tenant == tenant])
+        bound = in_flight * dearest * price
+        if total * price > limit + bound:
+            detail = f"tenant {tenant} billed ${total * price} past its budget ${limit} + the in-flight bound ${bound}"
+            verdict.findings.append(Finding("overrun", None, detail))

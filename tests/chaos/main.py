@@ -20,11 +20,13 @@ from typing import NoReturn
 
 from tests.chaos.deployment import ROOT, EngineKind
 from tests.chaos.faults import KINDS, scenario_for
+from tests.chaos.history import KINDS as OUTCOMES
 from tests.chaos.procs import kill_all
 from tests.chaos.run import RunOptions, RunReport, prepare_template, run_seed
 from tests.chaos.services import Cluster
 
-COLUMNS = ("lost", "duplicated", "unexplained", "stuck", "orphan", "other")
+COLUMNS = OUTCOMES
+CONTROLS = ("pause", "resume", "priority", "retry", "budget", "cap_stops", "budget_stops")
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -39,18 +41,23 @@ def parse_seeds(text: str) -> list[int]:
 def table(reports: list[RunReport]) -> str:
     """One row per run, one column per outcome, and a total row."""
     head = f"{'seed':>4} {'engine':6} {'scenario':17} " + " ".join(f"{c[:6]:>6}" for c in COLUMNS)
-    head += f" {'reqs':>5} {'retry':>5} {'secs':>5}  faults"
+    head += (
+        f" {'reqs':>5} {'retry':>5} {'secs':>5}  controls (pause/resume/prio/retry/budget/capstop/budgetstop) faults"
+    )
     rows = [head]
     for r in reports:
         cells = " ".join(f"{r.summary[c]:>6}" for c in COLUMNS)
         rows.append(
             f"{r.seed:>4} {r.engine:6} {r.scenario:17} {cells} {r.requests:>5} {r.client_retries:>5} "
-            f"{r.seconds:>5.0f}  {r.faults}"
+            f"{r.seconds:>5.0f}  {'/'.join(str(r.controls.get(c, 0)) for c in CONTROLS):>18} {r.faults}"
         )
     totals = " ".join(f"{sum(r.summary[c] for r in reports):>6}" for c in COLUMNS)
     requests = sum(r.requests for r in reports)
     failed = sum(1 for r in reports if not r.ok)
-    rows.append(f"{'all':>4} {'':6} {f'{len(reports)} runs, {failed} bad':17} {totals} {requests:>5}")
+    controls = "/".join(str(sum(r.controls.get(c, 0) for r in reports)) for c in CONTROLS)
+    rows.append(
+        f"{'all':>4} {'':6} {f'{len(reports)} runs, {failed} bad':17} {totals} {requests:>5} {'':>11} {controls}"
+    )
     return "\n".join(rows)
 
 
@@ -64,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default="0-49", help="fake-engine runs, e.g. 0-49 (default) or 3,7")
     parser.add_argument("--vllm-seeds", default="", help="runs on the real vLLM demo model, e.g. 1,2,9")
     parser.add_argument("--kinds", default="", help=f"force these scenario kinds in turn (of {', '.join(KINDS)})")
-    parser.add_argument("--size", default="default", choices=("small", "default"))
+    parser.add_argument("--size", default="default", choices=("small", "default", "no-control"))
     parser.add_argument("--vllm-size", default="small", choices=("small", "default"))
     parser.add_argument("--stuck-bound", type=float, default=None, help="seconds after the faults (60 fake, 180 vllm)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "chaos")
@@ -96,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         "started": stamp,
         "runs": [asdict(report) for report in reports],
         "totals": {c: sum(r.summary[c] for r in reports) for c in COLUMNS},
+        "controls": {c: sum(r.controls.get(c, 0) for r in reports) for c in (*CONTROLS, "refused")},
         "bad_runs": [r.seed for r in reports if not r.ok],
     }
     args.out.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,7 @@ import random
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -21,22 +22,29 @@ import openai
 import redis
 import sqlalchemy as sa
 
-from storage.models import Batch, File
+from storage.models import Batch, BatchRequest, File
+from tests.chaos.control import run_tenant
 from tests.chaos.deployment import MODEL, Deployment, EngineKind, Timing, backfill_env, cli, create_keys, vllm_env
 from tests.chaos.faults import Injector, Probe, Scenario, scenario_for
-from tests.chaos.history import History, Verdict, check
+from tests.chaos.history import BUDGET_CODE, ControlEvent, History, RowRecord, Verdict, check, error_code
 from tests.chaos.services import Cluster
 from tests.chaos.workload import (
     SIZES,
+    USD_PER_OUTPUT_TOKEN,
+    BudgetPlan,
     GaveUp,
     PlannedBatch,
     TenantClient,
     collect_unknown,
+    plan_budget,
     plan_workload,
-    run_tenant,
 )
 
 TEMPLATE_DB = "chaos_template"
+ADMIN = "chaos-admin"  # the admin key's tenant: it sets the other tenants' budgets
+# The stated overrun bound of a spend cap (docs/decisions/0018): per GPU worker 2 x max_num_seqs x inflight_per_seq
+# requests (the chaos engine's 8 sequences, the default 2 per sequence).
+INFLIGHT_BOUND_PER_WORKER = 2 * 8 * 2
 
 
 @dataclass(frozen=True)
@@ -70,6 +78,7 @@ class RunReport:
     client_retries: int
     requests: int
     run_dir: str
+    controls: dict[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -94,6 +103,23 @@ class Stage:
     probe: Probe
     database: str
     bucket: str
+
+    def rows(self) -> dict[str, list[RowRecord]]:
+        """Every request row at the end of the run, by batch (for the control rules: when results landed)."""
+        query = sa.select(
+            BatchRequest.batch_id,
+            BatchRequest.custom_id,
+            BatchRequest.status,
+            BatchRequest.finished_at,
+            BatchRequest.run_id,
+            BatchRequest.error_code,
+            BatchRequest.completion_tokens,
+        )
+        found: dict[str, list[RowRecord]] = {}
+        with self.probe.engine.connect() as conn:
+            for batch_id, *row in conn.execute(query):
+                found.setdefault(batch_id, []).append(RowRecord(*row))
+        return found
 
     def client(self, tenant: str, *, timeout: float = 15) -> openai.OpenAI:
         """The official SDK for one tenant, with no retries of its own."""
@@ -148,7 +174,7 @@ def staged(
     deployment = Deployment(env, run_dir / "logs", gpu_workers=gpu_workers)
     probe = Probe(env["BACKFILL_DATABASE_URL"], planned_requests=planned_requests)
     try:
-        keys = create_keys(tenants, env=env)
+        keys = create_keys(tenants, env=env, admin=ADMIN)
         deployment.start()
         yield Stage(cluster, env, deployment, keys, probe, database, bucket)
     finally:
@@ -171,7 +197,15 @@ def run_seed(
     run_dir = out / f"seed-{seed:04d}-{scenario.name}-{options.engine}"
     run_dir.mkdir(parents=True, exist_ok=True)
     plan = plan_workload(random.Random(f"workload/{seed}"), model=MODEL, size=SIZES[options.size])
-    history = History(seed=seed, scenario=scenario.name, started_at=time.time())
+    budget = plan_budget(random.Random(f"budget/{seed}"), size=SIZES[options.size])
+    history = History(
+        seed=seed,
+        scenario=scenario.name,
+        started_at=time.time(),
+        usd_per_output_token=USD_PER_OUTPUT_TOKEN,
+        gpu_workers=scenario.gpu_workers,
+        inflight_bound_per_worker=INFLIGHT_BOUND_PER_WORKER,
+    )
     with staged(
         cluster,
         run_dir=run_dir,
@@ -186,7 +220,7 @@ def run_seed(
         history.started_at = time.time()
         injector = Injector(scenario, stage.deployment, cluster, stage.probe, started_at=history.started_at)
         try:
-            clients = _drive(history, plan, stage, injector, options)
+            clients = _drive(history, plan, stage, injector, options, budget)
         finally:
             history.faults = injector.log
         for client in clients.values():
@@ -195,6 +229,7 @@ def run_seed(
             except GaveUp:
                 pass
             history.client_events += client.events
+        history.rows = stage.rows()
         history.objects = cluster.s3.keys(stage.bucket)
         history.file_keys = stage.file_keys()
     verdict = check(history, stuck_bound_seconds=options.stuck_bound)
@@ -205,13 +240,24 @@ def run_seed(
 
 
 def _drive(
-    history: History, plan: list[PlannedBatch], stage: Stage, injector: Injector, options: RunOptions
+    history: History,
+    plan: list[PlannedBatch],
+    stage: Stage,
+    injector: Injector,
+    options: RunOptions,
+    budget: BudgetPlan | None,
 ) -> dict[str, TenantClient]:
     """Run the tenants in threads while the main thread injects faults; stop them once the run is over."""
     stop = threading.Event()
     lock = threading.Lock()
     give_up_at = history.started_at + options.max_seconds
     clients = {tenant: TenantClient(tenant, stage.client(tenant), stop) for tenant in stage.keys}
+    admin = clients.pop(ADMIN)
+
+    def log(event: ControlEvent) -> None:
+        with lock:
+            history.controls.append(event)
+
     threads = [
         threading.Thread(
             target=run_tenant,
@@ -222,6 +268,9 @@ def _drive(
                 "inputs": history.inputs,
                 "records": history.batches,
                 "lock": lock,
+                "log": log,
+                "budget": budget if budget is not None and budget.tenant == tenant else None,
+                "admin": admin,
             },
             name=f"chaos-{tenant}",
             daemon=True,
@@ -243,7 +292,7 @@ def _drive(
     if not stage.deployment.children["api"].alive():
         stage.deployment.restart("api")
     stage.deployment.wait_healthy(timeout=30)
-    return clients
+    return {**clients, ADMIN: admin}
 
 
 def _report(
@@ -267,4 +316,32 @@ def _report(
         client_retries=len(history.client_events),
         requests=sum(len(f.lines) for f in history.inputs.values()),
         run_dir=str(run_dir),
+        controls=control_counts(history),
     )
+
+
+def control_counts(history: History) -> dict[str, int]:
+    """How much control the run exercised: calls that took effect, and the batches a cap or budget stopped."""
+    done = Counter(event.kind for event in history.controls if event.outcome == "ok")
+    refused = Counter(event.kind for event in history.controls if event.outcome != "ok")
+    stopped = [
+        record
+        for record in history.batches.values()
+        if any(error_code(line) == BUDGET_CODE for line in record.error_lines)
+    ]
+    return {
+        "pause": done["pause"],
+        "resume": done["resume"],
+        "priority": done["priority"],
+        "retry": done["retry"],
+        "budget": done["budget"],
+        "refused": sum(refused.values()),
+        "cap_stops": sum(1 for record in stopped if record.max_cost_usd is not None),
+        "budget_stops": sum(1 for record in stopped if record.max_cost_usd is None),
+        "paused_results_checked": sum(
+            1
+            for batch_id in {e.batch_id for e in history.controls if e.kind == "pause" and e.batch_id}
+            for row in history.rows.get(batch_id, [])
+            if row.run_id is not None
+        ),
+    }

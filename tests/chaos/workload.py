@@ -8,18 +8,17 @@ code it must end with, so error lines are exercised and checked.
 
 from __future__ import annotations
 
-import io
 import json
 import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import openai
 
-from tests.chaos.history import BatchRecord, ClientEvent, InputFile, InputLine
+from tests.chaos.history import BatchRecord, ClientEvent, InputLine
 
 T = TypeVar("T")
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
@@ -39,6 +38,25 @@ _FAILING_BODIES: list[tuple[str, Callable[[dict[str, Any]], dict[str, Any]]]] = 
 
 
 @dataclass(frozen=True)
+class BatchControls:
+    """The control calls the tenant makes on one batch (issue 20), each at a seeded moment after its create."""
+
+    pauses: tuple[tuple[float, float], ...] = ()  # (pause at, resume at), seconds after create
+    priority: tuple[float, int] | None = None  # (at, new priority)
+    max_cost_usd: str | None = None  # a spend cap on create
+    retry: bool = False  # once ended, retry its retryable error lines (and a retry's, once more)
+
+
+@dataclass(frozen=True)
+class BudgetPlan:
+    """A tenant budget an admin sets during the run: the tenant's spend so far plus `margin_usd`."""
+
+    tenant: str
+    after_seconds: float  # after the tenant's last create
+    margin_usd: int
+
+
+@dataclass(frozen=True)
 class PlannedBatch:
     """One batch a tenant will submit: its lines, when, and whether the tenant cancels it."""
 
@@ -48,6 +66,7 @@ class PlannedBatch:
     bodies: tuple[dict[str, Any], ...]
     submit_after_seconds: float
     cancel_after_seconds: float | None = None
+    controls: BatchControls = field(default_factory=lambda: BatchControls())
 
     def jsonl(self) -> bytes:
         return b"".join(
@@ -70,12 +89,48 @@ class WorkloadSize:
     failing_share: float = 0.08
     submit_spread_seconds: float = 6.0
     cancel_probability: float = 0.25
+    control: bool = True  # pauses, priority changes, spend caps, retries, a tenant budget (issue 20)
+    pause_probability: float = 0.5
+    priority_probability: float = 0.4
+    cap_probability: float = 0.3
+    retry_probability: float = 0.8
+    budget_probability: float = 0.4
 
 
 SIZES = {
     "small": WorkloadSize(tenants=2, lines_per_batch=(20, 40), submit_spread_seconds=3.0),
     "default": WorkloadSize(),
+    "no-control": WorkloadSize(control=False),
 }
+# The chaos price book: input free, $2 per output token at list, so $1 billed at 24h's discount (0.5).
+PRICE_BOOK = {
+    "prices": [
+        {"model": "*", "effective_from": "2020-01-01", "input_usd_per_mtok": "0", "output_usd_per_mtok": "2000000"}
+    ]
+}
+USD_PER_OUTPUT_TOKEN = "1"
+
+
+def plan_controls(rng: random.Random, *, size: WorkloadSize, max_tokens: list[int]) -> BatchControls:
+    """One batch's control calls (drawn after its lines, so the lines of a seed stay what they were)."""
+    pauses: list[tuple[float, float]] = []
+    at = rng.uniform(0.3, 3.0)
+    while rng.random() < size.pause_probability and len(pauses) < 2:
+        resume = at + rng.uniform(0.3, 2.5)
+        pauses.append((at, resume))
+        at = resume + rng.uniform(0.5, 2.0)
+    priority = (rng.uniform(0.2, 4.0), rng.randint(-100, 50)) if rng.random() < size.priority_probability else None
+    cap = None
+    if rng.random() < size.cap_probability:
+        cap = str(int(sum(max_tokens) * rng.uniform(0.2, 0.7) * int(USD_PER_OUTPUT_TOKEN)))
+    return BatchControls(tuple(pauses), priority, cap, rng.random() < size.retry_probability)
+
+
+def plan_budget(rng: random.Random, *, size: WorkloadSize) -> BudgetPlan | None:
+    """At most one tenant budget per run."""
+    if not size.control or rng.random() >= size.budget_probability:
+        return None
+    return BudgetPlan(f"tenant-{rng.randrange(size.tenants)}", rng.uniform(0.0, 3.0), rng.randint(20, 150))
 
 
 def plan_workload(rng: random.Random, *, model: str, size: WorkloadSize) -> list[PlannedBatch]:
@@ -112,6 +167,12 @@ def plan_workload(rng: random.Random, *, model: str, size: WorkloadSize) -> list
                     cancel_after_seconds=cancel,
                 )
             )
+    if size.control:  # drawn from their own stream: the lines, moments and cancels of a seed stay as they were
+        controls = random.Random(f"controls/{rng.random()}")
+        planned = [
+            replace(p, controls=plan_controls(controls, size=size, max_tokens=[b["max_tokens"] for b in p.bodies]))
+            for p in planned
+        ]
     return planned
 
 
@@ -141,82 +202,6 @@ class TenantClient:
                 raise GaveUp(what)
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
-
-
-def run_tenant(
-    tenant: TenantClient,
-    batches: list[PlannedBatch],
-    *,
-    started_at: float,
-    give_up_at: float,
-    inputs: dict[str, InputFile],
-    records: dict[str, BatchRecord],
-    lock: threading.Lock,
-) -> None:
-    """Submit the tenant's batches on schedule, then poll each to the end and download its files."""
-    created: list[tuple[PlannedBatch, str, float]] = []
-    for planned in sorted(batches, key=lambda p: p.submit_after_seconds):
-        _sleep_until(started_at + planned.submit_after_seconds, tenant.stop)
-        data = planned.jsonl()
-        try:
-            source = tenant.call(
-                "files.create",
-                lambda data=data, name=planned.name: tenant.client.files.create(
-                    file=(f"{name}.jsonl", io.BytesIO(data)), purpose="batch"
-                ),
-                give_up_at=give_up_at,
-            )
-            with lock:
-                inputs[source.id] = InputFile(source.id, tenant.tenant, planned.lines)
-            batch = tenant.call(
-                "batches.create",
-                lambda file_id=source.id: tenant.client.batches.create(
-                    input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
-                ),
-                give_up_at=give_up_at,
-            )
-        except GaveUp:
-            return
-        created.append((planned, batch.id, time.time()))
-        with lock:
-            records[batch.id] = BatchRecord(
-                batch_id=batch.id, tenant=tenant.tenant, input_file_id=source.id, created_at=time.time()
-            )
-    for planned, batch_id, created_at in created:
-        try:
-            follow_batch(tenant, planned, batch_id, created_at=created_at, give_up_at=give_up_at, records=records)
-        except GaveUp:
-            continue
-
-
-def follow_batch(
-    tenant: TenantClient,
-    planned: PlannedBatch,
-    batch_id: str,
-    *,
-    created_at: float,
-    give_up_at: float,
-    records: dict[str, BatchRecord],
-) -> None:
-    """Poll one batch until it is terminal (cancelling it on schedule), then download its files."""
-    record = records[batch_id]
-    cancel_at = None if planned.cancel_after_seconds is None else created_at + planned.cancel_after_seconds
-    while True:
-        if cancel_at is not None and not record.cancel_requested and time.time() >= cancel_at:
-            record.cancel_requested = True
-            try:
-                tenant.call("batches.cancel", lambda: tenant.client.batches.cancel(batch_id), give_up_at=give_up_at)
-            except openai.ConflictError:
-                pass  # already finished: nothing to cancel
-        batch = tenant.call("batches.retrieve", lambda: tenant.client.batches.retrieve(batch_id), give_up_at=give_up_at)
-        record.status = batch.status
-        if batch.status in TERMINAL:
-            record.terminal_at = time.time()
-            break
-        if tenant.stop.is_set():
-            raise GaveUp("poll")
-        time.sleep(POLL_SECONDS)
-    download(tenant, record, batch.to_dict(), give_up_at=give_up_at)
 
 
 def download(tenant: TenantClient, record: BatchRecord, batch: dict[str, Any], *, give_up_at: float) -> None:
@@ -253,6 +238,8 @@ def collect_unknown(tenant: TenantClient, *, records: dict[str, BatchRecord], gi
             input_file_id=batch.input_file_id,
             created_at=float(batch.created_at),
             unknown_to_client=True,
+            retry_of=batch.to_dict().get("retry_of"),
+            max_cost_usd=batch.to_dict().get("max_cost_usd"),
         )
         records[batch.id] = record
         if batch.status in TERMINAL:
@@ -260,7 +247,3 @@ def collect_unknown(tenant: TenantClient, *, records: dict[str, BatchRecord], gi
             download(tenant, record, batch.to_dict(), give_up_at=give_up_at)
         else:
             record.status = batch.status
-
-
-def _sleep_until(moment: float, stop: threading.Event) -> None:
-    stop.wait(max(0.0, moment - time.time()))

@@ -146,3 +146,41 @@ def test_the_reaper_never_expires_a_background_batch(backend: Backend) -> None:
     with transaction() as session:
         assert session.get_one(Batch, background).expires_at == BACKGROUND_DEADLINE
         assert background not in expire_overdue(session)
+
+
+def test_a_claim_that_raced_the_pause_records_nothing_while_paused(backend: Backend) -> None:
+    """Found by the chaos suite: a claim whose pick read the batch before the pause committed leased its rows
+    after the pause's hand-back, so their results landed while the batch was paused. They are handed back."""
+    from storage.db import get_sessionmaker
+    from storage.queue.leases import Outcome, record
+
+    if backend.name != "postgres":
+        pytest.skip("needs two concurrent writers")
+    batch_id, _ = submit_job([chat(i) for i in range(4)], tenant="a", deadline=now() + 20 * HOUR)
+    racing = get_sessionmaker()()
+    try:  # the claim has picked and leased its rows but not committed when the pause commits
+        leased = claim(
+            racing,
+            settings=get_settings(),
+            model="fake-model",
+            worker_id="w",
+            limit=2,
+            lease_seconds=60,
+            order=ClaimOrder(),
+        )
+        with transaction() as session:
+            pause_batch(session, tenant_id=tenant_of(batch_id), batch_id=batch_id)
+        racing.commit()
+    finally:
+        racing.close()
+    outcomes = [Outcome(c.id, 200, {"ok": True}, 3, 5, 0.1) for c in leased]
+    with transaction() as session:
+        stored = record(session, worker_id="w", run_id="run_1", outcomes=outcomes)
+
+    assert len(leased) == 2 and not stored.get(batch_id)  # nothing recorded for the paused batch
+    assert queued_of(batch_id) == 4  # handed back, to run once it is resumed
+    with transaction() as session:
+        attempts = session.scalars(select(BatchRequest.attempts).where(BatchRequest.batch_id == batch_id)).all()
+        assert set(attempts) == {0}  # a pause is not a failure
+        resume_batch(session, tenant_id=tenant_of(batch_id), batch_id=batch_id)
+    assert len(claim_some(8)) == 4
