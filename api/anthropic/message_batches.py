@@ -101,12 +101,14 @@ def list_all(
     after_id: Cursor = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 20,
 ) -> MessageBatchList:
-    """The caller's Message Batches, newest first; page with `after_id` (older) or `before_id` (newer)."""
+    """The caller's Message Batches, newest first; page with `after_id` (older) or `before_id` (newer). Each
+    carries (Backfill extensions) `retry_of` and `retries` as the single-object route does."""
     rows, has_more = list_message_batches(
         session, tenant_id=caller.tenant_id, before_id=before_id, after_id=after_id, limit=limit
     )
     base = str(request.base_url)
-    page = [MessageBatch.of(row, request_counts(row), base_url=base) for row in rows]
+    retries = retry_ids_of(session, batch_ids=[row.id for row in rows])
+    page = [MessageBatch.of(row, request_counts(row), base_url=base, retries=retries[row.id]) for row in rows]
     return MessageBatchList(
         data=page,
         **cursor_fields(page, has_more=has_more),

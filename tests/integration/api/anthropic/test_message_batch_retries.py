@@ -40,3 +40,6 @@ def test_an_expired_message_batch_retried_runs_only_its_expired_requests(api: Li
     assert (done.request_counts.succeeded, counted(done)) == (3, 3)  # "done" did not run again
     assert set(results(client, again.id)) == {f"late{i}" for i in range(3)}
     assert client.messages.batches.retrieve(batch.id).model_extra["retries"] == [again.id]  # type: ignore[index]
+    listed = {item.id: item.model_extra for item in client.messages.batches.list()}  # the list carries them too
+    assert listed[batch.id] and listed[batch.id]["retries"] == [again.id]
+    assert listed[again.id] and (listed[again.id]["retries"], listed[again.id]["retry_of"]) == ([], batch.id)
