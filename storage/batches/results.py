@@ -50,8 +50,8 @@ def results_so_far(
 ) -> ResultLines:
     """The batch's result lines recorded after the cursor (all of them without one), streamed in pages."""
     start = parse_cursor(after)
-    batch = get_batch(session, tenant_id=tenant_id, batch_id=batch_id, lock=True)
-    upto = number_results(session, batch_id=batch.id)
+    batch = get_batch(session, tenant_id=tenant_id, batch_id=batch_id)  # its status before the numbering:
+    upto = number_results(batch_id=batch.id)  # ended then, every line is numbered now (in short transactions)
     render = message_result_line if ANTHROPIC.owns(batch.protocol) else result_line
 
     pages = numbered_pages(batch_id=batch.id, after=start, upto=upto, page_rows=page_rows)

@@ -2,7 +2,7 @@
 
 A running batch's requests finish in any order, so a line-number cursor would skip a line that finishes
 after a later one was read. Instead a reader numbers the finished requests no reader numbered yet
-(`result_seq`), above every number given so far; readers of one batch take turns under its row lock. A
+(`result_seq`), above every number given so far, in chunks that each take the batch's row lock briefly. A
 request that commits after a read is numbered by a later read, above that read's cursor, so
 `after=<number>` never skips nor repeats a line, whatever order results are recorded in.
 Pages are short keyset reads, each in its own transaction: memory stays bounded however big the batch.
@@ -18,32 +18,53 @@ from sqlalchemy.orm import Session
 
 from storage.batches import lifecycle
 from storage.db import transaction
-from storage.models import BatchRequest
+from storage.models import Batch, BatchRequest
 from storage.queue.leases import ResultRow
 
 PAGE_ROWS = 1000
 _TERMINAL = tuple(sorted(lifecycle.REQ_TERMINAL))
 
+NUMBER_CHUNK_ROWS = 500
+_STATUSES = ", ".join(f"'{status}'" for status in _TERMINAL)
+# The next chunk of finished, unnumbered rows in line order after `after_line`, numbered above `base`; the
+# statement returns the chunk's lines (the next chunk starts after the last).
 _NUMBER = text(
     f"""
     UPDATE batch_requests SET result_seq = :base + s.n
     FROM (
-        SELECT id, row_number() OVER (ORDER BY line) AS n FROM batch_requests
-        WHERE batch_id = :batch_id AND result_seq IS NULL
-            AND status IN ({", ".join(f"'{status}'" for status in _TERMINAL)})
+        SELECT id, row_number() OVER (ORDER BY line) AS n FROM (
+            SELECT id, line FROM batch_requests
+            WHERE batch_id = :batch_id AND line > :after_line AND result_seq IS NULL AND status IN ({_STATUSES})
+            ORDER BY line LIMIT :rows
+        ) AS chunk
     ) AS s
     WHERE batch_requests.id = s.id
+    RETURNING batch_requests.line
     """
 )
 
 
-def number_results(session: Session, *, batch_id: str) -> int:
-    """Number the batch's finished requests no reader numbered yet; return the highest number. The caller
-    holds the batch's lock (`get_batch(lock=True)`), so two readers never hand out the same numbers."""
-    base = session.scalar(select(func.max(BatchRequest.result_seq)).where(BatchRequest.batch_id == batch_id)) or 0
-    session.execute(_NUMBER, {"base": base, "batch_id": batch_id})
-    top = session.scalar(select(func.max(BatchRequest.result_seq)).where(BatchRequest.batch_id == batch_id))
-    return int(top or 0)
+def number_results(*, batch_id: str, chunk_rows: int = NUMBER_CHUNK_ROWS) -> int:
+    """Number the batch's finished requests no reader numbered yet; return the highest number given so far.
+
+    Chunk by chunk in line order, each in its own short transaction under the batch's row lock (which a
+    worker recording results also takes), so the lock is never held for long however many rows wait: two
+    numberings of one batch interleave chunk by chunk and never hand out a number twice (each chunk numbers
+    above the highest number at that moment). A row that finishes, in a line already passed, while this runs
+    is numbered by the next read, above this read's cursor."""
+    after_line = -1
+    while True:
+        with transaction() as session:
+            session.execute(select(Batch.id).where(Batch.id == batch_id).with_for_update()).all()
+            params = {"batch_id": batch_id, "after_line": after_line, "rows": chunk_rows}
+            lines = list(session.scalars(_NUMBER, {**params, "base": _top(session, batch_id=batch_id)}))
+            if len(lines) < chunk_rows:
+                return _top(session, batch_id=batch_id)
+        after_line = max(lines)
+
+
+def _top(session: Session, *, batch_id: str) -> int:
+    return int(session.scalar(select(func.max(BatchRequest.result_seq)).where(BatchRequest.batch_id == batch_id)) or 0)
 
 
 def _columns() -> tuple[object, ...]:
