@@ -3,9 +3,10 @@
 `make chaos` runs many seeds (tests/chaos/main.py); this file runs the seeds of BACKFILL_CHAOS_SEEDS on
 the BACKFILL_CHAOS_SIZE workload. The default seeds kill -9 every process kind and take S3 down during
 upload and during finalize (1: GPU worker; 4: S3 at finalize + beat; 19: S3 at upload; 27: API + io
-worker), 20-45 s each on 2 cores. The kinds that still break (a Postgres stop: issue 14 item 10; Redis
-down: item 12) have strict-xfail reproducers instead (tests/chaos/test_killed_worker_and_lost_broker.py,
-tests/integration/worker/feed/test_lease_handover.py): a chaos seed that fails only sometimes cannot be one.
+worker), 20-45 s each on 2 cores. The small workload also pauses and resumes, re-prioritises, caps, budgets
+and retries batches at seeded moments (tests/chaos/control.py): each of these seeds exercises some of them.
+The kinds that once broke (a Postgres stop: issue 14 item 10; Redis down: item 12) have focused reproducers
+(tests/chaos/test_killed_worker_and_lost_broker.py, tests/integration/worker/feed/test_lease_handover.py).
 """
 
 from __future__ import annotations
@@ -33,4 +34,5 @@ def test_a_seeded_fault_run_loses_duplicates_and_leaves_nothing_unexplained(
     report, history = run_seed(chaos_cluster, seed, out=tmp_path, options=RunOptions(size=CI_SIZE))
     assert history.batches, "the workload submitted nothing"
     assert len(history.faults) == len(scenario_for(seed).faults), f"not every fault fired: {history.faults}"
+    assert sum(report.controls.values()), f"no control call took effect: {report.controls}"
     assert report.ok, f"{table([report])}\n" + "\n".join(str(f) for f in report.findings) + f"\nlogs: {report.run_dir}"
