@@ -244,6 +244,10 @@ def collect_unknown(tenant: TenantClient, *, records: dict[str, BatchRecord], gi
         records[batch.id] = record
         if batch.status in TERMINAL:
             record.terminal_at = time.time()
-            download(tenant, record, batch.to_dict(), give_up_at=give_up_at)
+            # The list's objects carry no cost block: read the batch itself, as a client following it would.
+            whole = tenant.call(
+                "batches.retrieve", lambda: tenant.client.batches.retrieve(record.batch_id), give_up_at=give_up_at
+            )
+            download(tenant, record, whole.to_dict(), give_up_at=give_up_at)
         else:
             record.status = batch.status
