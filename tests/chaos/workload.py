@@ -246,7 +246,9 @@ def collect_unknown(tenant: TenantClient, *, records: dict[str, BatchRecord], gi
             record.terminal_at = time.time()
             # The list's objects carry no cost block: read the batch itself, as a client following it would.
             whole = tenant.call(
-                "batches.retrieve", lambda: tenant.client.batches.retrieve(record.batch_id), give_up_at=give_up_at
+                "batches.retrieve",
+                lambda batch_id=batch.id: tenant.client.batches.retrieve(batch_id),
+                give_up_at=give_up_at,
             )
             download(tenant, record, whole.to_dict(), give_up_at=give_up_at)
         else:
