@@ -6,10 +6,11 @@ from fastapi import APIRouter, Request
 
 from api.anthropic.deps import Caller
 from api.anthropic.schemas import MessageBatch
-from api.deps import DbSession
+from api.deps import Config, DbSession
 from api.openai.schemas import BatchRetry
 from storage.batches.message_batches import request_counts
 from storage.batches.retries import retry_batch
+from storage.finance.budgets import check_month_not_spent
 from storage.protocols import ANTHROPIC
 from storage.queue.batch_rows import queued_models
 from storage.wakeups import wake_after_commit
@@ -19,13 +20,19 @@ router = APIRouter(prefix="/v1/messages/batches", tags=["message batches"])
 
 @router.post("/{message_batch_id}/retry", response_model=MessageBatch)
 def retry(
-    message_batch_id: str, request: Request, session: DbSession, caller: Caller, body: BatchRetry | None = None
+    message_batch_id: str,
+    request: Request,
+    session: DbSession,
+    caller: Caller,
+    settings: Config,
+    body: BatchRetry | None = None,
 ) -> MessageBatch:
     """Backfill extension: a new Message Batch re-running only the requests of this ended batch (and its
     retries) whose latest result is `expired`, `canceled` or a server error (`errored` client errors only
     when their code is named in `codes`). Succeeded requests are never run or billed again. 409 while the
     batch or one of its retries is still processing."""
     codes = body.codes if body is not None else []
+    check_month_not_spent(session, settings, tenant_id=caller.tenant_id, what="a retry")
     batch = retry_batch(session, tenant_id=caller.tenant_id, batch_id=message_batch_id, protocol=ANTHROPIC, codes=codes)
     for model in queued_models(session, batch_id=batch.id):
         wake_after_commit(session, "batch.run", model=model)

@@ -7,12 +7,13 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 
-from api.deps import Caller, DbSession
+from api.deps import Caller, Config, DbSession
 from api.errors import error_responses
 from api.openai.schemas import BatchObject, BatchRetry
 from storage.batches.results import merged_results, results_so_far
 from storage.batches.retries import retry_batch
 from storage.errors import InvalidRequest
+from storage.finance.budgets import check_month_not_spent
 from storage.protocols import OPENAI
 from storage.queue.batch_rows import queued_models
 from storage.queue.usage import batch_usages
@@ -30,12 +31,15 @@ _RESULTS_DOC = {
 
 
 @router.post("/{batch_id}/retry", response_model=BatchObject, responses=error_responses(409))
-def retry(batch_id: str, session: DbSession, caller: Caller, body: BatchRetry | None = None) -> BatchObject:
+def retry(
+    batch_id: str, session: DbSession, caller: Caller, settings: Config, body: BatchRetry | None = None
+) -> BatchObject:
     """Backfill extension: a new batch re-running only the requests of this ended batch (and its retries)
     whose latest attempt is an error line of a retryable kind (batch_expired, batch_cancelled,
     budget_exceeded, server errors; client errors only when named in `codes`). Successes are never run or
     billed again. 409 while the batch or one of its retries still runs; 400 `nothing_to_retry`."""
     codes = body.codes if body is not None else []
+    check_month_not_spent(session, settings, tenant_id=caller.tenant_id, what="a retry")
     batch = retry_batch(session, tenant_id=caller.tenant_id, batch_id=batch_id, protocol=OPENAI, codes=codes)
     for model in queued_models(session, batch_id=batch.id):
         wake_after_commit(session, "batch.run", model=model)

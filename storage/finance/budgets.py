@@ -272,6 +272,19 @@ def _stop(session: Session, batch: Batch, reason: str) -> int:
     return count
 
 
+def check_month_not_spent(session: Session, settings: Settings, *, tenant_id: str, what: str) -> None:
+    """Refuse (BudgetExceeded) new work of a tenant whose monthly budget is spent (a retry: it is not estimated,
+    and without this every retry of a stopped batch would run one more in-flight window past the budget)."""
+    budget = tenant_budget(session, settings, tenant_id=tenant_id)
+    if budget.budget_usd is None or budget.remaining_usd:
+        return
+    raise BudgetExceeded(
+        f"This tenant's monthly budget of ${usd_text(budget.budget_usd)} is spent "
+        f"(${usd_text(budget.spent_usd)} this month): {what} would run past it. Ask an admin for a larger budget.",
+        param=None,
+    )
+
+
 def check_file_within_budget(
     session: Session,
     blobs: BlobStore,

@@ -151,6 +151,26 @@ def test_a_running_batch_stops_when_its_tenant_spends_the_month(api: LiveServer)
     assert spared.request_counts.completed == 3
 
 
+def test_a_retry_is_refused_once_the_month_is_spent_and_accepted_when_the_budget_grows(api: LiveServer) -> None:
+    """Without this check every retry of a stopped batch ran one more in-flight window past the budget."""
+    key, admin = make_key("acme"), make_key("ops", admin=True)
+    client = api.client(key)
+    batch = _create(client, _job(64))
+    _set_budget(api, admin, "acme", "1000")
+    done = wait_for(client, batch.id)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.post(f"/batches/{done.id}/retry", body={}, cast_to=openai.types.Batch)
+    error = refused.value.body
+    assert isinstance(error, dict) and error["code"] == "budget_exceeded"
+    assert "monthly budget of $1000.000000" in error["message"]
+    assert client.batches.retrieve(done.id).retries == []  # type: ignore[attr-defined]
+
+    _set_budget(api, admin, "acme", "100000")  # room again: the retry runs only the budget_exceeded lines
+    retry = client.post(f"/batches/{done.id}/retry", body={}, cast_to=openai.types.Batch)
+    assert retry.request_counts is not None and retry.request_counts.total == done.request_counts.failed
+    assert wait_for(client, retry.id).request_counts.completed == done.request_counts.failed
+
+
 def test_an_operator_sets_and_reads_a_monthly_budget_with_the_cli(
     api: LiveServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
