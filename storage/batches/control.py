@@ -52,7 +52,7 @@ def pause_batch(session: Session, *, tenant_id: str, batch_id: str, protocol: Pr
     batch = _controllable(session, tenant_id=tenant_id, batch_id=batch_id, protocol=protocol, verb="pause")
     if batch.paused_at is None:
         batch.paused_at = now()
-        session.flush()  # the claim and `relet` read `paused_at` from the table
+        session.flush()  # the claim and `take_back` read `paused_at` from the table
         hand_back_batch(session, batch_id=batch.id)
     return batch
 

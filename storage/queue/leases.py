@@ -58,7 +58,7 @@ def renew(session: Session, *, worker_id: str, request_ids: list[str], lease_sec
     return set(request_ids) - set(held)
 
 
-def relet(session: Session, *, worker_id: str, request_ids: list[str], lease_seconds: int) -> set[str]:
+def take_back(session: Session, *, worker_id: str, request_ids: list[str], lease_seconds: int) -> set[str]:
     """Lease back rows this worker still runs that the reaper re-queued meanwhile; return the ids retaken.
 
     The worker never stopped working on them, so this is the same try: `attempts` is left as it was. Rows of a

@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session
 from storage.db import transaction
 from storage.queue.backlog import done_batches
 from storage.queue.claim import ClaimedRequest, claim
-from storage.queue.leases import Outcome, record, relet, renew
+from storage.queue.leases import Outcome, record, renew, take_back
 from storage.settings import Settings
 from worker.engine import EngineResult
 
@@ -235,7 +235,7 @@ class QueueIO:
         with transaction() as session:
             lost = renew(session, worker_id=self.worker_id, request_ids=held, lease_seconds=self.lease_seconds)
             if lost:  # re-queued under us while we still run them: ours again, the same try (docs/workers.md)
-                lost -= relet(
+                lost -= take_back(
                     session, worker_id=self.worker_id, request_ids=sorted(lost), lease_seconds=self.lease_seconds
                 )
         with self._lock:

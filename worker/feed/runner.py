@@ -28,7 +28,7 @@ from storage.finance.engine_runs import RunCounters, save_run
 from storage.ids import new_id
 from storage.queue.backlog import done_batches, has_queued
 from storage.queue.claim import ClaimedRequest, claim
-from storage.queue.leases import Outcome, record, release, relet, renew
+from storage.queue.leases import Outcome, record, release, renew, take_back
 from storage.settings import Settings
 from worker.engine import Engine, EngineRequest, EngineResult
 from worker.feed.probe import RunnerProbe
@@ -332,7 +332,7 @@ class Runner:
         with transaction() as session:
             lost = renew(session, worker_id=self.worker_id, request_ids=held, lease_seconds=lease)
             if lost:
-                lost -= relet(session, worker_id=self.worker_id, request_ids=sorted(lost), lease_seconds=lease)
+                lost -= take_back(session, worker_id=self.worker_id, request_ids=sorted(lost), lease_seconds=lease)
         self._drop_lost(lost)
 
     def _drop_lost(self, lost: set[str]) -> None:

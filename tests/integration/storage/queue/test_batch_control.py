@@ -16,7 +16,7 @@ from storage.errors import BatchNotControllable, PriorityNotAllowed
 from storage.models import Batch, BatchRequest
 from storage.queue.claim import ClaimedRequest, claim
 from storage.queue.claim_order import ClaimOrder
-from storage.queue.leases import relet, renew
+from storage.queue.leases import renew, take_back
 from storage.queue.reaping import expire_overdue
 from storage.settings import Settings, get_settings
 from tests.conftest import Backend
@@ -101,7 +101,7 @@ def test_a_paused_batch_is_handed_back_gets_no_claims_and_resumes(backend: Backe
         pause_batch(session, tenant_id=tenant_of(paused), batch_id=paused)  # idempotent
     with transaction() as session:  # the worker's next renewal: lost, and not taken back
         lost = renew(session, worker_id="w1", request_ids=running, lease_seconds=60)
-        retaken = relet(session, worker_id="w1", request_ids=sorted(lost), lease_seconds=60)
+        retaken = take_back(session, worker_id="w1", request_ids=sorted(lost), lease_seconds=60)
     after = claim_some(16, worker="w2")
 
     assert set(lost) == set(running) and not retaken  # the engine drops them at its next renewal
