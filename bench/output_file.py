@@ -24,7 +24,7 @@ def main() -> int:
     from storage.db import get_engine, transaction
     from storage.files.blobs import get_blob_store
     from storage.files.files import tenant_folder
-    from storage.lines.reader import result_line
+    from storage.lines.openai import result_line
     from worker.jobs.finalize import _SUCCESS, _write
 
     batch_id = sys.argv[1]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from storage.lines import anthropic as anthropic_lines
-from storage.lines import reader as openai_lines
+from storage.lines import openai as openai_lines
 
 if TYPE_CHECKING:
     from storage.files.blobs.layout import BatchObject

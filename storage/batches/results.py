@@ -19,7 +19,7 @@ from storage.batches.batches import get_batch
 from storage.batches.retries import retry_family, retry_tree
 from storage.errors import InvalidRequest
 from storage.lines.anthropic import result_line as message_result_line
-from storage.lines.reader import result_line
+from storage.lines.openai import result_line
 from storage.protocols import ANTHROPIC
 from storage.queue.result_pages import PAGE_ROWS, merged_pages, number_results, numbered_pages
 

@@ -1,10 +1,10 @@
-"""The batch line formats, the one JSONL reader and the one line checker.
+"""The one JSONL reader and the one line checker.
 
-Input: one `BatchRequestLine` per line (OpenAI's batch format). Output and error files: one
-`BatchResultLine` per request. `iter_lines` is the only way a JSONL stream is split into lines (bounded:
-an over-long line is reported, never buffered whole); `LineChecker` is the only judge of a line, used by
-ingest and by the estimate alike. Per-line problems are data (`LineError`), never exceptions: validation
-reports every bad line with its number.
+`iter_lines` is the only way a JSONL stream is split into lines (bounded: an over-long line is reported, never
+buffered whole); `LineChecker` is the only judge of a line, used by ingest and by the estimate alike. The lines
+it checks are the queue's input format, OpenAI's batch line (storage/lines/openai.py), which an Anthropic create
+body is also written as (storage/lines/anthropic.py). Per-line problems are data (`LineError`), never
+exceptions: validation reports every bad line with its number.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from __future__ import annotations
 import codecs
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field
+
+from storage.lines.openai import CUSTOM_ID_MAX_CHARS
 
 BOM = "\ufeff"
-CUSTOM_ID_MAX_CHARS = 512
 # A line nests at most this deep (the line's own object is level 1). orjson reads 1024 levels but writes
 # only 254, and the queue stores bodies through orjson: anything deeper would fail at ingest, not here.
 LINE_MAX_DEPTH = 64
@@ -26,61 +26,6 @@ LINE_MAX_DEPTH = 64
 INT_MIN, INT_MAX = -(2**63), 2**63 - 1
 ECHO_MAX_CHARS = 200  # how much of an offending value an error message repeats
 PROBLEMS_MAX = 100  # line problems a batch keeps (`errors.data`); one more entry counts the rest
-
-
-class BatchRequestLine(BaseModel):
-    """One input line: `{"custom_id", "method": "POST", "url", "body": {"model", ...}}`.
-
-    `LineChecker` enforces exactly these rules on the ingest path (fast, with a precise code per problem);
-    this model is their declaration, and a property test keeps the two in agreement.
-    """
-
-    model_config = ConfigDict(extra="ignore")
-
-    custom_id: str = Field(min_length=1, max_length=CUSTOM_ID_MAX_CHARS)
-    method: Literal["POST"]
-    url: str
-    body: dict[str, Any]
-
-
-class ResultResponse(BaseModel):
-    """The response part of a result line: the HTTP status and body the endpoint answered."""
-
-    status_code: int
-    request_id: str
-    body: dict[str, Any] | None
-
-
-class ResultError(BaseModel):
-    """The error part of a result line, for requests that never got a response (expired, cancelled, ...)."""
-
-    code: str | None
-    message: str | None
-
-
-class BatchResultLine(BaseModel):
-    """One line of an output or error file, as OpenAI writes them."""
-
-    id: str
-    custom_id: str
-    response: ResultResponse | None
-    error: ResultError | None
-
-
-def result_line(
-    request_id: str,
-    custom_id: str,
-    status_code: int | None,
-    body: dict[str, Any] | None,
-    error_code: str | None,
-    error_message: str | None,
-) -> dict[str, Any]:
-    """A `BatchResultLine` as a plain dict (built directly: output files are written at ~40,000 lines/s)."""
-    response = None
-    if status_code is not None:
-        response = {"status_code": status_code, "request_id": request_id, "body": body}
-    error = {"code": error_code, "message": error_message} if error_code else None
-    return {"id": request_id, "custom_id": custom_id, "response": response, "error": error}
 
 
 @dataclass(frozen=True)

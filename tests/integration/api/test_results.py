@@ -12,7 +12,7 @@ import pytest
 
 from storage.db import transaction
 from storage.files.blobs import get_blob_store
-from storage.lines.reader import BatchResultLine
+from storage.lines.openai import BatchResultLine
 from storage.models import Batch, File
 from tests.conftest import Backend, LiveServer, make_key
 from tests.integration.api.conftest import FAKE_MODELS

@@ -18,7 +18,7 @@ import httpx
 import pytest
 from botocore.exceptions import ClientError
 
-from storage.lines.reader import BatchResultLine
+from storage.lines.openai import BatchResultLine
 from tests.conftest import Backend, configure, make_key, start_server
 from tests.integration.api.conftest import FAKE_MODELS
 from tests.integration.api.helpers import chat_line, to_jsonl, upload, wait_for

@@ -16,7 +16,8 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from storage.db import make_engine
-from storage.lines.reader import BatchRequestLine, LineChecker, LineError, ParsedLine, iter_lines
+from storage.lines.openai import BatchRequestLine
+from storage.lines.reader import LineChecker, LineError, ParsedLine, iter_lines
 from storage.models import Base, Batch, BatchRequest, Tenant
 from storage.queue.enqueue import insert_rows, new_row
 
