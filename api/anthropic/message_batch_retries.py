@@ -8,7 +8,6 @@ from api.anthropic.deps import Caller
 from api.anthropic.schemas import MessageBatch
 from api.deps import Config, DbSession
 from api.openai.schemas import BatchRetry
-from storage.batches.message_batches import request_counts
 from storage.batches.retries import retry_batch
 from storage.finance.budgets import check_month_not_spent
 from storage.protocols import ANTHROPIC
@@ -36,4 +35,4 @@ def retry(
     batch = retry_batch(session, tenant_id=caller.tenant_id, batch_id=message_batch_id, protocol=ANTHROPIC, codes=codes)
     for model in queued_models(session, batch_id=batch.id):
         wake_after_commit(session, "batch.run", model=model)
-    return MessageBatch.of(batch, request_counts(batch), base_url=str(request.base_url), retries=[])
+    return MessageBatch.of(batch, base_url=str(request.base_url), retries=[])

@@ -1,7 +1,8 @@
 """Anthropic's Message Batches API: create, retrieve, list, cancel, delete, results.
 
 The same queue, leases, engines, finalize, reaper and cost accounting as OpenAI batches; only the shapes
-differ (storage/batches/message_batches.py). The create body is streamed, never held whole.
+differ (storage/batches/message_batches.py; how a row reads as a `MessageBatch`: api/anthropic/status.py). The
+create body is streamed, never held whole.
 """
 
 from __future__ import annotations
@@ -15,16 +16,16 @@ from fastapi.responses import StreamingResponse
 
 from api.anthropic.deps import Caller
 from api.anthropic.schemas import DeletedMessageBatch, MessageBatch, MessageBatchList, MessageBatchPriority
+from api.anthropic.status import require_ended_for_delete, require_ended_for_results, require_in_progress
 from api.deps import Blobs, Config, Cursor, DbSession
 from api.paging import cursor_fields
+from storage.batches.batches import cancel_batch
 from storage.batches.control import pause_batch, resume_batch, set_priority
 from storage.batches.message_batches import (
-    cancel_message_batch,
     create_message_batch,
     delete_message_batch,
     get_message_batch,
     list_message_batches,
-    request_counts,
     results_stream,
 )
 from storage.batches.retries import retry_ids_of
@@ -108,7 +109,7 @@ def list_all(
     )
     base = str(request.base_url)
     retries = retry_ids_of(session, batch_ids=[row.id for row in rows])
-    page = [MessageBatch.of(row, request_counts(row), base_url=base, retries=retries[row.id]) for row in rows]
+    page = [MessageBatch.of(row, base_url=base, retries=retries[row.id]) for row in rows]
     return MessageBatchList(
         data=page,
         **cursor_fields(page, has_more=has_more),
@@ -118,7 +119,8 @@ def list_all(
 @router.post("/{message_batch_id}/cancel", response_model=MessageBatch)
 def cancel(message_batch_id: str, request: Request, session: DbSession, caller: Caller) -> MessageBatch:
     """Cancel a Message Batch: queued requests end as `canceled` at once, running ones within seconds."""
-    batch = cancel_message_batch(session, tenant_id=caller.tenant_id, batch_id=message_batch_id)
+    require_in_progress(get_message_batch(session, tenant_id=caller.tenant_id, batch_id=message_batch_id))
+    batch = cancel_batch(session, tenant_id=caller.tenant_id, batch_id=message_batch_id, protocol=ANTHROPIC)
     wake_after_commit(session, "batch.finalize", batch_id=batch.id)
     return _render(session, request, batch)
 
@@ -163,7 +165,9 @@ def prioritise(
 def delete(message_batch_id: str, session: DbSession, caller: Caller, blobs: Blobs) -> DeletedMessageBatch:
     """Delete an ended Message Batch and its results (cancel a running one first). Its usage and cost stay
     in the finance reports."""
-    keys = delete_message_batch(session, tenant_id=caller.tenant_id, batch_id=message_batch_id)
+    batch = get_message_batch(session, tenant_id=caller.tenant_id, batch_id=message_batch_id, lock=True)
+    require_ended_for_delete(batch)
+    keys = delete_message_batch(session, batch=batch)
     for key in keys:  # as a file delete does: the rows are flushed, the objects go now
         blobs.delete(key)
     return DeletedMessageBatch(id=message_batch_id)
@@ -174,12 +178,13 @@ def results(
     message_batch_id: str, session: DbSession, caller: Caller, blobs: Blobs, settings: Config
 ) -> StreamingResponse:
     """The ended batch's results as JSONL, one `{custom_id, result}` per request, streamed."""
-    stream = results_stream(session, blobs, settings, tenant_id=caller.tenant_id, batch_id=message_batch_id)
+    batch = get_message_batch(session, tenant_id=caller.tenant_id, batch_id=message_batch_id)
+    require_ended_for_results(batch)
+    stream = results_stream(session, blobs, settings, batch=batch)
     return StreamingResponse(stream, media_type="application/x-jsonl")
 
 
 def _render(session: DbSession, request: Request, batch: Batch, *, settings: Settings | None = None) -> MessageBatch:
-    counts = request_counts(batch)
     extras = {}
     if settings is not None:
         goodput = batch_goodput(session, batch_id=batch.id)
@@ -188,7 +193,7 @@ def _render(session: DbSession, request: Request, batch: Batch, *, settings: Set
             "goodput": None if goodput is None else goodput.to_json(object_name="batch.goodput"),
         }
     retries = retry_ids_of(session, batch_ids=[batch.id])[batch.id]
-    return MessageBatch.of(batch, counts, base_url=str(request.base_url), retries=retries, **extras)
+    return MessageBatch.of(batch, base_url=str(request.base_url), retries=retries, **extras)
 
 
 def _body(request: Request) -> Iterator[bytes]:

@@ -1,4 +1,5 @@
-"""Anthropic's Message Batch shapes, as its SDK types them (`anthropic.types.messages`)."""
+"""Anthropic's Message Batch shapes, as its SDK types them (`anthropic.types.messages`); `MessageBatch.of` renders
+a batch row through the status view (api/anthropic/status.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from api.anthropic.status import ended_at, processing_status, request_counts
 from storage.batches.batches import batch_errors
-from storage.batches.message_batches import RequestCounts, ended_at, processing_status
 from storage.models import Batch
 
 
@@ -60,19 +61,19 @@ class MessageBatch(BaseModel):
     def of(
         cls,
         row: Batch,
-        counts: RequestCounts,
         *,
         base_url: str,
         cost: dict[str, Any] | None = None,
         goodput: dict[str, Any] | None = None,
         retries: list[str] | None = None,
     ) -> MessageBatch:
+        """The batch row as Anthropic's `MessageBatch`, with its live request counts."""
         status = processing_status(row)
         results = f"{base_url.rstrip('/')}/v1/messages/batches/{row.id}/results" if status == "ended" else None
         return cls(
             id=row.id,
             processing_status=status,
-            request_counts=MessageBatchRequestCounts(**vars(counts)),
+            request_counts=MessageBatchRequestCounts(**vars(request_counts(row))),
             created_at=rfc3339(row.created_at) or "",
             expires_at=rfc3339(row.expires_at) or "",
             ended_at=rfc3339(ended_at(row)),

@@ -103,7 +103,7 @@ def list_batches(session: Session, *, tenant_id: str, after: str | None, limit: 
     query = select(Batch).where(Batch.tenant_id == tenant_id, Batch.protocol == OPENAI.name)
     found = session.get(Batch, after) if after else None
     anchor = (found.created_at, found.id) if found is not None and found.tenant_id == tenant_id else None
-    return keyset_page(session, query, created=Batch.created_at, ident=Batch.id, anchor=anchor, limit=limit)
+    return keyset_page(session, query, key=(Batch.created_at, Batch.id), anchor=anchor, limit=limit)
 
 
 def search_batches(
@@ -119,15 +119,9 @@ def search_batches(
         statement = statement.where(
             Batch.id.ilike(pattern, escape="\\") | cast(Batch.metadata_, String).ilike(pattern, escape="\\")
         )
-    if after:
-        anchor = session.get(Batch, after)
-        if anchor is not None and anchor.tenant_id == tenant_id:
-            statement = statement.where(
-                (Batch.created_at < anchor.created_at)
-                | ((Batch.created_at == anchor.created_at) & (Batch.id < anchor.id))
-            )
-    statement = statement.order_by(Batch.created_at.desc(), Batch.id.desc()).limit(limit + 1)
-    return list(session.scalars(statement))
+    found = session.get(Batch, after) if after else None
+    anchor = (found.created_at, found.id) if found is not None and found.tenant_id == tenant_id else None
+    return keyset_page(session, statement, key=(Batch.created_at, Batch.id), anchor=anchor, limit=limit)
 
 
 def batches_validating(session: Session) -> list[str]:

@@ -2,24 +2,21 @@
 
 Everything that watches batches (ingest, the queue, leases, finalize, the reaper, cost accounting, goodput,
 finance reports) treats them like OpenAI batches; this module only adds what Anthropic's API says
-differently: the create body streamed into an internal input file, statuses seen as `processing_status`,
-counts by result type, one results file, deletion once ended, and archival after the retention.
-
-Status mapping: validating, in_progress, finalizing -> in_progress; cancelling -> canceling; completed,
-failed, expired, cancelled -> ended.
+differently: the create body streamed into an internal input file, newest-first paging both ways, one results
+file, deletion once ended, and archival after the retention. How a row reads as Anthropic's `MessageBatch`
+(`processing_status`, `request_counts`) is the API's view of it: api/anthropic/status.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from storage.batches import lifecycle
-from storage.batches.batches import cancel_batch, create_batch, get_batch
+from storage.batches.batches import create_batch, get_batch
 from storage.batches.control import check_priority
 from storage.clock import now
 from storage.errors import InvalidRequest, NotFound
@@ -31,6 +28,7 @@ from storage.ids import new_id
 from storage.lines.anthropic import RequestsReader, unqueued_results
 from storage.lines.reader import clip
 from storage.models import Batch, File
+from storage.paging import keyset_page
 from storage.protocols import ANTHROPIC, MESSAGES_URL
 from storage.queue.batch_rows import scrub_content
 from storage.settings import Settings
@@ -40,13 +38,7 @@ RESULTS_PURPOSE = "message_batch_results"
 WINDOW = "24h"  # Anthropic's only processing window
 ARCHIVE_PER_PASS = 100
 
-_PROCESSING = {
-    lifecycle.VALIDATING: "in_progress",
-    lifecycle.IN_PROGRESS: "in_progress",
-    lifecycle.FINALIZING: "in_progress",
-    lifecycle.CANCELLING: "canceling",
-}
-# What an ended batch's requests became when it ended before any was queued.
+# What an ended batch's requests became when it ended before any was queued (Anthropic result types).
 _UNQUEUED_OUTCOME = {lifecycle.CANCELLED: "canceled", lifecycle.EXPIRED: "expired", lifecycle.FAILED: "errored"}
 
 
@@ -150,77 +142,28 @@ def list_message_batches(
         Batch.tenant_id == tenant_id, Batch.protocol == ANTHROPIC.name, Batch.deleted_at.is_(None)
     )
     cursor = before_id or after_id
+    anchor = None
     if cursor:
-        anchor = session.get(Batch, cursor)  # a deleted batch still marks its place
-        if anchor is None or anchor.tenant_id != tenant_id or not ANTHROPIC.owns(anchor.protocol):
+        found = session.get(Batch, cursor)  # a deleted batch still marks its place
+        if found is None or found.tenant_id != tenant_id or not ANTHROPIC.owns(found.protocol):
             param = "before_id" if before_id else "after_id"
             raise InvalidRequest(f"No message batch found with id {clip(cursor, 64)}.", param=param)
-        at, ident = anchor.created_at, anchor.id
-        if before_id:
-            newer = or_(Batch.created_at > at, (Batch.created_at == at) & (Batch.id > ident))
-            rows = list(session.scalars(query.where(newer).order_by(Batch.created_at, Batch.id).limit(limit + 1)))
-            return list(reversed(rows[:limit])), len(rows) > limit
-        query = query.where(or_(Batch.created_at < at, (Batch.created_at == at) & (Batch.id < ident)))
-    rows = list(session.scalars(query.order_by(Batch.created_at.desc(), Batch.id.desc()).limit(limit + 1)))
-    return rows[:limit], len(rows) > limit
+        anchor = (found.created_at, found.id)
+    key = (Batch.created_at, Batch.id)
+    rows = keyset_page(session, query, key=key, anchor=anchor, limit=limit, before=bool(before_id))
+    page = rows[:limit]
+    return (list(reversed(page)) if before_id else page), len(rows) > limit
 
 
-def processing_status(batch: Batch) -> str:
-    """Anthropic's `processing_status`: in_progress, canceling or ended."""
-    return _PROCESSING.get(batch.status, "ended")
+def unqueued_outcome(batch: Batch) -> str | None:
+    """The result type (canceled, expired, errored) of an ended batch's requests that were never queued; None
+    while it runs."""
+    return _UNQUEUED_OUTCOME.get(batch.status)
 
 
-def ended_at(batch: Batch) -> int | None:
-    """When processing ended (completed, cancelled, expired or failed), if it has."""
-    return batch.completed_at or batch.cancelled_at or batch.expired_at or batch.failed_at
-
-
-@dataclass(frozen=True)
-class RequestCounts:
-    """Anthropic's `request_counts`; they always add up to the batch's requests."""
-
-    processing: int = 0
-    succeeded: int = 0
-    errored: int = 0
-    canceled: int = 0
-    expired: int = 0
-
-
-def request_counts(batch: Batch) -> RequestCounts:
-    """Live counts from the batch row's counters (no request is read, so a list page costs one query)."""
-    completed, failed = batch.request_completed, batch.request_failed
-    canceled, expired = batch.request_cancelled, batch.request_expired
-    processing = max(0, batch.request_total - completed - failed)
-    outcome = _UNQUEUED_OUTCOME.get(batch.status)
-    if outcome is not None and processing:  # ended before these were queued (cancelled, expired, refused)
-        canceled += processing if outcome == "canceled" else 0
-        expired += processing if outcome == "expired" else 0
-        failed += processing
-        processing = 0
-    return RequestCounts(
-        processing=processing,
-        succeeded=completed,
-        errored=failed - canceled - expired,
-        canceled=canceled,
-        expired=expired,
-    )
-
-
-def cancel_message_batch(session: Session, *, tenant_id: str, batch_id: str) -> Batch:
-    """Start cancelling: queued requests end as `canceled` at once, running ones within seconds."""
-    batch = get_message_batch(session, tenant_id=tenant_id, batch_id=batch_id)
-    if processing_status(batch) != "in_progress":
-        raise InvalidRequest(f"Message Batch {batch.id} is {processing_status(batch)} and cannot be canceled.")
-    return cancel_batch(session, tenant_id=tenant_id, batch_id=batch_id, protocol=ANTHROPIC)
-
-
-def results_stream(
-    session: Session, blobs: BlobStore, settings: Settings, *, tenant_id: str, batch_id: str
-) -> Iterator[bytes]:
+def results_stream(session: Session, blobs: BlobStore, settings: Settings, *, batch: Batch) -> Iterator[bytes]:
     """The ended batch's results JSONL, streamed from object storage (read no database while streaming)."""
-    batch = get_message_batch(session, tenant_id=tenant_id, batch_id=batch_id)
-    if processing_status(batch) != "ended":
-        raise NotEnded(f"Message Batch {batch.id} has not ended yet: results are available once it has.")
+    _require_ended(batch)
     if batch.archived_at is not None:
         raise ResultsArchived(
             f"The results of Message Batch {batch.id} were archived and are no longer available "
@@ -236,19 +179,16 @@ def results_stream(
     refusal = batch.errors[0] if batch.errors else None
     return unqueued_results(
         blobs.open_stream(source.blob_key, chunk_bytes=chunk),
-        outcome=_UNQUEUED_OUTCOME.get(batch.status, "errored"),
+        outcome=unqueued_outcome(batch) or "errored",
         refusal=refusal,
         max_line_bytes=settings.line_max_bytes,
     )
 
 
-def delete_message_batch(session: Session, *, tenant_id: str, batch_id: str) -> list[str]:
-    """Delete an ended batch: hide it, scrub its content, mark its files deleted; return the object keys to
-    remove once this commits. Its usage and cost stay in the finance reports."""
-    batch = get_message_batch(session, tenant_id=tenant_id, batch_id=batch_id, lock=True)
-    if processing_status(batch) != "ended":
-        status = processing_status(batch)
-        raise NotEnded(f"Message Batch {batch.id} is {status}: only ended batches can be deleted (cancel it first).")
+def delete_message_batch(session: Session, *, batch: Batch) -> list[str]:
+    """Delete an ended batch (fetched with `lock=True`): hide it, scrub its content, mark its files deleted;
+    return the object keys to remove once this commits. Its usage and cost stay in the finance reports."""
+    _require_ended(batch)
     batch.deleted_at = now()
     manifest, batch.manifest_key = batch.manifest_key, None  # it names the objects going now: it goes too
     return _drop_content(session, batch) + ([manifest] if manifest else [])
@@ -280,6 +220,12 @@ def archive_due(session: Session, *, retention_seconds: int, limit: int = ARCHIV
         batch.archived_at = now()
         keys += _drop_content(session, batch)
     return keys
+
+
+def _require_ended(batch: Batch) -> None:
+    """Results and deletion need an ended batch (the API says so first, in Anthropic's words)."""
+    if batch.status not in lifecycle.TERMINAL:
+        raise NotEnded(f"Message Batch {batch.id} has not ended yet.")
 
 
 def _drop_content(session: Session, batch: Batch) -> list[str]:

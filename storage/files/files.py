@@ -147,9 +147,8 @@ def list_files(
     query = query.where(wanted)
     found = session.get(File, after) if after else None
     anchor = (found.created_at, found.id) if found is not None and found.tenant_id == tenant_id else None
-    return keyset_page(
-        session, query, created=File.created_at, ident=File.id, anchor=anchor, limit=limit, descending=order != "asc"
-    )
+    key = (File.created_at, File.id)
+    return keyset_page(session, query, key=key, anchor=anchor, limit=limit, descending=order != "asc")
 
 
 def delete_file(session: Session, blobs: BlobStore, *, tenant_id: str, file_id: str) -> File:

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from storage.clock import now
 from storage.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint, WebhookEvent
+from storage.paging import keyset
 from storage.webhooks.endpoints import get_endpoint, signing_secrets
 from storage.webhooks.events import DELIVERED, FAILED, PENDING
 
@@ -141,9 +142,8 @@ def list_deliveries(
         .join(WebhookEvent, WebhookEvent.id == WebhookDelivery.event_id)
         .where(WebhookDelivery.endpoint_id == endpoint_id, WebhookDelivery.tenant_id == tenant_id)
     )
-    if after:
-        query = query.where(WebhookDelivery.id < after)
-    rows = session.execute(query.order_by(WebhookDelivery.id.desc()).limit(limit + 1)).all()
+    anchor = (after,) if after else None
+    rows = session.execute(keyset(query, key=(WebhookDelivery.id,), anchor=anchor, limit=limit)).all()
     ids = [delivery.id for delivery, _ in rows]
     attempts: dict[str, list[WebhookAttempt]] = {delivery_id: [] for delivery_id in ids}
     if ids:

@@ -11,6 +11,7 @@ from storage.clock import now
 from storage.errors import InvalidRequest, WebhookEndpointNotFound
 from storage.ids import new_id
 from storage.models import WebhookEndpoint
+from storage.paging import keyset_page
 from storage.webhooks.signing import new_secret
 from storage.webhooks.targets import TargetPolicy, resolve_target
 
@@ -90,9 +91,8 @@ def get_endpoint(session: Session, *, tenant_id: str, endpoint_id: str, lock: bo
 def list_endpoints(session: Session, *, tenant_id: str, after: str | None, limit: int) -> list[WebhookEndpoint]:
     """The tenant's endpoints newest first (ids are time-ordered), `limit + 1` rows to tell if more exist."""
     query = select(WebhookEndpoint).where(WebhookEndpoint.tenant_id == tenant_id)
-    if after:
-        query = query.where(WebhookEndpoint.id < after)
-    return list(session.scalars(query.order_by(WebhookEndpoint.id.desc()).limit(limit + 1)))
+    anchor = (after,) if after else None
+    return keyset_page(session, query, key=(WebhookEndpoint.id,), anchor=anchor, limit=limit)
 
 
 def update_endpoint(

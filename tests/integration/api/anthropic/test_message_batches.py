@@ -388,7 +388,7 @@ def test_a_batch_cancelled_while_its_ingest_is_queueing_ends_every_request_once(
     ingest had queued every row; each request must end once, canceled, and the counts match the results."""
     import threading
 
-    import storage.batches.message_batches as message_batches
+    import api.anthropic.message_batches as message_batches
     import worker.jobs.ingest as ingest_module
     from tests.conftest import start_server
     from worker.process import service
