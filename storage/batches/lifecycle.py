@@ -3,11 +3,14 @@ state, writes the webhook event into the outbox in the same transaction."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+from sqlalchemy import ColumnElement
 from sqlalchemy.orm import object_session
 
 from storage.clock import now
 from storage.errors import BatchNotCancellable, IllegalTransition
-from storage.models import Batch
+from storage.models import Batch, BatchRequest
 from storage.webhooks.events import record_batch_event
 
 VALIDATING = "validating"
@@ -70,7 +73,8 @@ def transition(batch: Batch, target: str) -> None:
         record_batch_event(session, tenant_id=batch.tenant_id, batch_id=batch.id, status=target, at=stamp)
 
 
-# Request (queue row) statuses.
+# Request (queue row) statuses. A row is born queued (ingest, retries); every statement of storage/queue/ that
+# changes a row's status names its move through `rows_moving`, which checks it against this table.
 REQ_QUEUED = "queued"
 REQ_RUNNING = "running"
 REQ_COMPLETED = "completed"
@@ -79,3 +83,36 @@ REQ_EXPIRED = "expired"
 REQ_CANCELLED = "cancelled"
 REQ_TERMINAL = frozenset({REQ_COMPLETED, REQ_FAILED, REQ_EXPIRED, REQ_CANCELLED})
 REQ_OPEN = frozenset({REQ_QUEUED, REQ_RUNNING})
+REQ_INITIAL = REQ_QUEUED
+
+# Queued rows are claimed (running) or ended unrun (cancel, expiry, a spend cap, an unserved model). Running rows
+# end with their result or are ended (cancel, expiry, out of tries), or go back to the queue unended (an expired
+# lease, a model switch, a pause). An ended row never moves again: a retry is a new row.
+REQ_ALLOWED: dict[str, frozenset[str]] = {
+    REQ_QUEUED: frozenset({REQ_RUNNING, REQ_FAILED, REQ_EXPIRED, REQ_CANCELLED}),
+    REQ_RUNNING: frozenset({REQ_QUEUED, REQ_COMPLETED, REQ_FAILED, REQ_EXPIRED, REQ_CANCELLED}),
+    REQ_COMPLETED: frozenset(),
+    REQ_FAILED: frozenset(),
+    REQ_EXPIRED: frozenset(),
+    REQ_CANCELLED: frozenset(),
+}
+
+
+def request_move(*sources: str, to: str | Iterable[str]) -> tuple[str, ...]:
+    """`sources`, once every move from them to `to` (one status or several) is in REQ_ALLOWED; else
+    IllegalTransition (a statement that would break the table is a bug, caught before it runs)."""
+    targets = (to,) if isinstance(to, str) else tuple(to)
+    for source in sources:
+        for target in targets:
+            if target not in REQ_ALLOWED.get(source, frozenset()):
+                raise IllegalTransition(f"A request row cannot move from status '{source}' to '{target}'.")
+    if not sources:
+        raise IllegalTransition(f"A move to {targets} names no status to move from.")
+    return sources
+
+
+def rows_moving(*sources: str, to: str) -> ColumnElement[bool]:
+    """The filter on `batch_requests` of a statement that moves rows in `sources` to `to` (checked by
+    `request_move`)."""
+    request_move(*sources, to=to)
+    return BatchRequest.status == sources[0] if len(sources) == 1 else BatchRequest.status.in_(sources)

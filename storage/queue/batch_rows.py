@@ -39,7 +39,11 @@ def fail_unserved(session: Session, *, batch_id: str, served: Collection[str]) -
     for model in missing:
         result = session.execute(
             update(BatchRequest)
-            .where(*queued, BatchRequest.model == model)
+            .where(
+                BatchRequest.batch_id == batch_id,
+                lifecycle.rows_moving(lifecycle.REQ_QUEUED, to=lifecycle.REQ_FAILED),
+                BatchRequest.model == model,
+            )
             .values(
                 status=lifecycle.REQ_FAILED,
                 response_status=404,
@@ -80,7 +84,7 @@ def close_open_requests(
     """End the batch's requests in `statuses` as error lines with `code`; return how many."""
     result = session.execute(
         update(BatchRequest)
-        .where(BatchRequest.batch_id == batch.id, BatchRequest.status.in_(statuses))
+        .where(BatchRequest.batch_id == batch.id, lifecycle.rows_moving(*statuses, to=status))
         .values(
             status=status,
             error_code=code,

@@ -83,7 +83,7 @@ def _lease(
     rows = session.execute(
         update(BatchRequest)
         # Still queued: SQLite's pick locks nothing, so a cancel or expiry may have ended a row since.
-        .where(ids_match(session, ids), BatchRequest.status == lifecycle.REQ_QUEUED)
+        .where(ids_match(session, ids), lifecycle.rows_moving(lifecycle.REQ_QUEUED, to=lifecycle.REQ_RUNNING))
         .values(
             status=lifecycle.REQ_RUNNING,
             lease_owner=worker_id,

@@ -164,7 +164,7 @@ def new_row(batch: Batch, line: ParsedLine, *, line_bytes: int) -> dict[str, Any
         "model": line.model,
         "url": line.url,
         "body": line.body,
-        "status": lifecycle.REQ_QUEUED,
+        "status": lifecycle.REQ_INITIAL,
         "deadline": batch.expires_at,
         "prefix_key": "",  # set by SharedPrefixes
         "est_input_tokens": input_tokens,

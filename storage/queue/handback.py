@@ -18,7 +18,7 @@ def hand_back_batch(session: Session, *, batch_id: str) -> int:
     """Re-queue the batch's running requests without using up an attempt; return how many."""
     result = session.execute(
         update(BatchRequest)
-        .where(BatchRequest.batch_id == batch_id, BatchRequest.status == lifecycle.REQ_RUNNING)
+        .where(BatchRequest.batch_id == batch_id, lifecycle.rows_moving(lifecycle.REQ_RUNNING, to=lifecycle.REQ_QUEUED))
         .values(
             status=lifecycle.REQ_QUEUED,
             lease_owner=None,

@@ -68,7 +68,11 @@ def take_back(session: Session, *, worker_id: str, request_ids: list[str], lease
         return set()
     retaken = session.scalars(
         update(BatchRequest)
-        .where(ids_match(session, request_ids), BatchRequest.status == lifecycle.REQ_QUEUED, not_paused())
+        .where(
+            ids_match(session, request_ids),
+            lifecycle.rows_moving(lifecycle.REQ_QUEUED, to=lifecycle.REQ_RUNNING),
+            not_paused(),
+        )
         .values(status=lifecycle.REQ_RUNNING, lease_owner=worker_id, lease_expires_at=now_f() + lease_seconds)
         .returning(BatchRequest.id)
         .execution_options(synchronize_session=False)
@@ -107,6 +111,11 @@ def record(session: Session, *, worker_id: str, run_id: str, outcomes: list[Outc
     return {batch_id: stored_counts.get(batch_id, 0) + stopped.get(batch_id, 0) for batch_id in stored_counts | stopped}
 
 
+# A result moves a running row to completed or failed, checked against the table once, here: both statements
+# below pick their rows by this status and set each row's own end status.
+(_RESULT_FROM,) = lifecycle.request_move(lifecycle.REQ_RUNNING, to=(lifecycle.REQ_COMPLETED, lifecycle.REQ_FAILED))
+
+
 def _final_status(outcome: Outcome) -> str:
     return lifecycle.REQ_COMPLETED if 200 <= outcome.status_code < 300 else lifecycle.REQ_FAILED
 
@@ -127,7 +136,7 @@ _STORE_JSON = text(
             prompt int, completion int, cached int, seconds float8
         )) WITH ORDINALITY AS v(id, status, code, error_code, error_message, prompt, completion, cached, seconds, n),
         json_array_elements(CAST(:bodies AS json)) WITH ORDINALITY AS b(body, n)
-    WHERE b.n = v.n AND r.id = v.id AND r.status = :running AND r.lease_owner = :worker_id
+    WHERE b.n = v.n AND r.id = v.id AND r.status = :from_status AND r.lease_owner = :worker_id
     RETURNING r.batch_id, r.status
     """
 )
@@ -153,7 +162,7 @@ def _store_json(session: Session, *, worker_id: str, run_id: str, outcomes: list
         "bodies": (b"[" + b",".join(orjson.dumps(o.body) for o in outcomes) + b"]").decode(),
         "run_id": run_id,
         "finished": now_f(),
-        "running": lifecycle.REQ_RUNNING,
+        "from_status": _RESULT_FROM,
         "worker_id": worker_id,
     }
     return list(session.execute(_STORE_JSON, params).all())
@@ -167,7 +176,7 @@ def _store_executemany(session: Session, *, worker_id: str, run_id: str, outcome
         table.update()
         .where(
             table.c.id == bindparam("b_id"),
-            table.c.status == lifecycle.REQ_RUNNING,
+            table.c.status == _RESULT_FROM,
             table.c.lease_owner == worker_id,
         )
         .values(
@@ -223,7 +232,7 @@ def release(session: Session, *, worker_id: str, request_ids: list[str]) -> int:
         update(BatchRequest)
         .where(
             BatchRequest.id.in_(request_ids),
-            BatchRequest.status == lifecycle.REQ_RUNNING,
+            lifecycle.rows_moving(lifecycle.REQ_RUNNING, to=lifecycle.REQ_QUEUED),
             BatchRequest.lease_owner == worker_id,
         )
         .values(

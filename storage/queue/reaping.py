@@ -29,7 +29,7 @@ def release_expired_leases(session: Session, *, max_attempts: int, stale_seconds
     With `stale_seconds`, rows of a worker whose heartbeat is fresher than that are a handover: re-queued
     with their attempt given back, never failed.
     """
-    expired = (BatchRequest.status == lifecycle.REQ_RUNNING, BatchRequest.lease_expires_at < now_f())
+    expired = (BatchRequest.lease_expires_at < now_f(),)  # of running rows: the statements below pick those
     handed_over = 0
     if stale_seconds is not None:
         live = BatchRequest.lease_owner.in_(live_worker_ids(stale_seconds=stale_seconds))
@@ -41,19 +41,20 @@ def release_worker_leases(session: Session, *, worker_ids: Collection[str], max_
     """Release every lease of these workers (gone: stale or replaced) now, not at expiry; return how many."""
     if not worker_ids:
         return 0
-    owned = (BatchRequest.status == lifecycle.REQ_RUNNING, BatchRequest.lease_owner.in_(list(worker_ids)))
+    owned = (BatchRequest.lease_owner.in_(list(worker_ids)),)
     return _requeue_or_fail(session, owned, max_attempts=max_attempts)
 
 
 def _requeue_or_fail(session: Session, where: tuple[ColumnElement[bool], ...], *, max_attempts: int) -> int:
-    """Fail the matching rows that used up their tries (engine_error lines); re-queue the rest."""
-    doomed = list(session.scalars(select(BatchRequest.id).where(*where, BatchRequest.attempts >= max_attempts)))
+    """Fail the matching running rows that used up their tries (engine_error lines); re-queue the rest."""
+    give_up_on = (lifecycle.rows_moving(lifecycle.REQ_RUNNING, to=lifecycle.REQ_FAILED), *where)
+    doomed = list(session.scalars(select(BatchRequest.id).where(*give_up_on, BatchRequest.attempts >= max_attempts)))
     if doomed:
         lock_batches_of(session, request_ids=doomed)
     give_up = (
         session.execute(
             update(BatchRequest)
-            .where(*where, BatchRequest.attempts >= max_attempts)
+            .where(*give_up_on, BatchRequest.attempts >= max_attempts)
             .values(
                 status=lifecycle.REQ_FAILED,
                 response_status=500,
@@ -75,11 +76,13 @@ def _requeue_or_fail(session: Session, where: tuple[ColumnElement[bool], ...], *
 
 
 def _requeue(session: Session, where: tuple[ColumnElement[bool], ...], *, attempts: Any = None) -> int:
+    """Put the matching running rows back in the queue (with `attempts`, their count set to that)."""
+    running = lifecycle.rows_moving(lifecycle.REQ_RUNNING, to=lifecycle.REQ_QUEUED)
     values: dict[str, Any] = {"status": lifecycle.REQ_QUEUED, "lease_owner": None, "lease_expires_at": None}
     if attempts is not None:
         values["attempts"] = attempts
     requeued = session.execute(
-        update(BatchRequest).where(*where).values(**values).execution_options(synchronize_session=False)
+        update(BatchRequest).where(running, *where).values(**values).execution_options(synchronize_session=False)
     )
     return int(requeued.rowcount or 0)  # type: ignore[attr-defined]
 

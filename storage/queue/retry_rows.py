@@ -42,7 +42,7 @@ def requeue_copies(session: Session, *, batch: Batch, request_ids: list[str]) ->
             "model": model,
             "url": url,
             "body": body,
-            "status": lifecycle.REQ_QUEUED,
+            "status": lifecycle.REQ_INITIAL,
             "deadline": batch.expires_at,
             "prefix_key": prefix_key,
             "est_input_tokens": est_input,

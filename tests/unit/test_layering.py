@@ -191,6 +191,115 @@ def test_the_worker_changes_batches_only_through_storage() -> None:
     assert batch_attribute_writes(ast.parse("batch.output_file_id = file_id\n"))
 
 
+# -- request-row statuses: spelled in the lifecycle table, every move checked against it ----------------------
+
+# The request-only statuses; the others ("completed", "failed", ...) are batch statuses too, spelled beside them.
+REQUEST_ONLY_STATUSES = {"queued", "running"}
+LIFECYCLE = "storage/batches/lifecycle.py"
+
+
+def request_status_spellings(tree: ast.Module) -> list[str]:
+    """Request-row statuses spelled as strings, alone or quoted inside SQL text, instead of read from the table."""
+    quoted = re.compile(r"'(" + "|".join(sorted(REQUEST_ONLY_STATUSES)) + r")'")
+    return [
+        f"line {node.lineno}: {node.value[:40]!r}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and (node.value in REQUEST_ONLY_STATUSES or quoted.search(node.value))
+    ]
+
+
+def test_request_statuses_are_spelled_only_in_the_lifecycle_table() -> None:
+    bad = {
+        path: found
+        for package in ("api", "storage", "worker")
+        for path, tree in sources(package)
+        if path != LIFECYCLE and (found := request_status_spellings(tree))
+    }
+    assert bad == {}
+    assert request_status_spellings(ast.parse("q = update(BatchRequest).where(BatchRequest.status == 'running')\n"))
+    assert request_status_spellings(ast.parse("Q = \"UPDATE batch_requests SET status = 'queued'\"\n"))
+
+
+def _checked_names(tree: ast.Module) -> set[str]:
+    """Module-level names bound to a `request_move(...)` result (statuses checked once, at import)."""
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and "request_move" in ast.unparse(node.value):
+            for target in node.targets:
+                names |= {
+                    n.id
+                    for n in (target.elts if isinstance(target, ast.Tuple) else [target])
+                    if isinstance(n, ast.Name)
+                }
+    return names
+
+
+def unchecked_status_writes(tree: ast.Module) -> list[str]:
+    """Functions that set `status` on `batch_requests` rows without picking them through the table
+    (`lifecycle.rows_moving`, or statuses a module checked with `lifecycle.request_move`)."""
+    checked = _checked_names(tree)
+    found = []
+    for function in ast.walk(tree):
+        if not isinstance(function, ast.FunctionDef):
+            continue
+        calls = [node for node in ast.walk(function) if isinstance(node, ast.Call)]
+        writes_queue = any(
+            isinstance(call.func, ast.Name)
+            and call.func.id == "update"
+            and ast.unparse(call.args[:1]) == "BatchRequest"
+            for call in calls
+        ) or "BatchRequest.__table__" in ast.unparse(function)
+        sets_status = any(
+            isinstance(call.func, ast.Attribute)
+            and call.func.attr == "values"
+            and any(keyword.arg in {"status", None} for keyword in call.keywords)
+            for call in calls
+        )
+        through_table = any("rows_moving" in ast.unparse(call.func) for call in calls) or any(
+            isinstance(node, ast.Name) and node.id in checked for node in ast.walk(function)
+        )
+        if writes_queue and sets_status and not through_table:
+            found.append(f"line {function.lineno}: {function.name}")
+    return found
+
+
+def test_every_request_status_change_goes_through_the_table() -> None:
+    bad = {path: found for path, tree in sources("storage") if (found := unchecked_status_writes(tree))}
+    assert bad == {}
+    snippet = "def f(s):\n    s.execute(update(BatchRequest).where(BatchRequest.id == 1).values(status=REQ_QUEUED))\n"
+    assert unchecked_status_writes(ast.parse(snippet))
+
+
+def test_every_request_status_the_queue_writes_is_in_the_table() -> None:
+    """Statuses set (`.values(status=...)`), inserted (`"status": ...`) or moved between (`rows_moving`,
+    `request_move` with literal statuses) are rows of the table, and the literal moves are allowed by it."""
+    from storage.batches import lifecycle
+
+    written, moves = set(), []
+    for _path, tree in sources("storage/queue"):
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "values":
+                written |= {ast.unparse(k.value) for k in node.keywords if k.arg == "status"}
+            elif isinstance(node, ast.Dict):
+                written |= {
+                    ast.unparse(v)
+                    for k, v in zip(node.keys, node.values, strict=True)
+                    if isinstance(k, ast.Constant) and k.value == "status"
+                }
+            if isinstance(node, ast.Call) and ast.unparse(node.func).endswith(("rows_moving", "request_move")):
+                moves.append(node)
+    constants = {name for name in written if name.startswith("lifecycle.")}
+    assert constants and {getattr(lifecycle, name.split(".")[1]) for name in constants} <= set(lifecycle.REQ_ALLOWED)
+    literal = [call for call in moves if all(ast.unparse(arg).startswith("lifecycle.REQ_") for arg in call.args)]
+    assert len(literal) >= 6  # the claim, take_back, release, hand-back, the reaper's two, results, unserved
+    for call in literal:
+        sources_ = [getattr(lifecycle, ast.unparse(arg).split(".")[1]) for arg in call.args]
+        target = eval(ast.unparse(call.keywords[0].value), {"lifecycle": lifecycle})  # our own source's expression
+        lifecycle.request_move(*sources_, to=target)  # raises on a move the table forbids
+
+
 # -- imports ---------------------------------------------------------------------------------------
 
 

@@ -37,3 +37,33 @@ def test_terminal_states_are_final() -> None:
             assert not lifecycle.can_transition(status, target)
     with pytest.raises(IllegalTransition):
         lifecycle.transition(batch(lifecycle.COMPLETED), lifecycle.IN_PROGRESS)
+
+
+# -- request (queue row) statuses ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ended", sorted(lifecycle.REQ_TERMINAL))
+def test_an_ended_request_row_never_moves_again(ended: str) -> None:
+    for target in lifecycle.REQ_ALLOWED:
+        with pytest.raises(IllegalTransition, match=f"from status '{ended}'"):
+            lifecycle.rows_moving(ended, to=target)
+
+
+def test_a_queued_row_cannot_end_completed_without_running() -> None:
+    with pytest.raises(IllegalTransition, match="from status 'queued' to 'completed'"):
+        lifecycle.request_move(lifecycle.REQ_QUEUED, to=(lifecycle.REQ_RUNNING, lifecycle.REQ_COMPLETED))
+
+
+def test_the_moves_the_queue_makes_are_allowed() -> None:
+    open_ = sorted(lifecycle.REQ_OPEN)
+    for target in (lifecycle.REQ_CANCELLED, lifecycle.REQ_EXPIRED, lifecycle.REQ_FAILED):
+        assert "IN" in str(lifecycle.rows_moving(*open_, to=target)).upper()  # cancel, expiry: queued and running
+    assert "=" in str(lifecycle.rows_moving(lifecycle.REQ_QUEUED, to=lifecycle.REQ_RUNNING))  # the claim
+    assert lifecycle.request_move(lifecycle.REQ_RUNNING, to=lifecycle.REQ_QUEUED) == (lifecycle.REQ_RUNNING,)
+
+
+def test_every_request_status_has_a_row_in_the_table() -> None:
+    statuses = {value for name, value in vars(lifecycle).items() if name.startswith("REQ_") and isinstance(value, str)}
+    assert statuses == set(lifecycle.REQ_ALLOWED)
+    assert set(lifecycle.REQ_ALLOWED) == lifecycle.REQ_TERMINAL | lifecycle.REQ_OPEN
+    assert all(lifecycle.REQ_ALLOWED[status] for status in lifecycle.REQ_OPEN)
