@@ -1,5 +1,9 @@
 """Every batch status change goes through `transition`: it checks the move, stamps `*_at` and, for an end
-state, writes the webhook event into the outbox in the same transaction."""
+state, writes the webhook event into the outbox in the same transaction.
+
+Request (queue) rows have their own table of allowed moves, `REQ_ALLOWED`: the queue moves them many at a time
+in one statement, so each statement names its move through `rows_moving`, which checks it against the table.
+"""
 
 from __future__ import annotations
 
