@@ -272,34 +272,6 @@ def test_every_request_status_change_goes_through_the_table() -> None:
     assert unchecked_status_writes(ast.parse(snippet))
 
 
-def test_every_request_status_the_queue_writes_is_in_the_table() -> None:
-    """Statuses set (`.values(status=...)`), inserted (`"status": ...`) or moved between (`rows_moving`,
-    `request_move` with literal statuses) are rows of the table, and the literal moves are allowed by it."""
-    from storage.batches import lifecycle
-
-    written, moves = set(), []
-    for _path, tree in sources("storage/queue"):
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "values":
-                written |= {ast.unparse(k.value) for k in node.keywords if k.arg == "status"}
-            elif isinstance(node, ast.Dict):
-                written |= {
-                    ast.unparse(v)
-                    for k, v in zip(node.keys, node.values, strict=True)
-                    if isinstance(k, ast.Constant) and k.value == "status"
-                }
-            if isinstance(node, ast.Call) and ast.unparse(node.func).endswith(("rows_moving", "request_move")):
-                moves.append(node)
-    constants = {name for name in written if name.startswith("lifecycle.")}
-    assert constants and {getattr(lifecycle, name.split(".")[1]) for name in constants} <= set(lifecycle.REQ_ALLOWED)
-    literal = [call for call in moves if all(ast.unparse(arg).startswith("lifecycle.REQ_") for arg in call.args)]
-    assert len(literal) >= 6  # the claim, take_back, release, hand-back, the reaper's two, results, unserved
-    for call in literal:
-        sources_ = [getattr(lifecycle, ast.unparse(arg).split(".")[1]) for arg in call.args]
-        target = eval(ast.unparse(call.keywords[0].value), {"lifecycle": lifecycle})  # our own source's expression
-        lifecycle.request_move(*sources_, to=target)  # raises on a move the table forbids
-
-
 # -- imports ---------------------------------------------------------------------------------------
 
 
