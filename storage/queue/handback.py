@@ -42,7 +42,7 @@ def hand_back_paused(session: Session, *, worker_id: str, request_ids: list[str]
         update(BatchRequest)
         .where(
             BatchRequest.id.in_(request_ids),
-            BatchRequest.status == lifecycle.REQ_RUNNING,
+            lifecycle.rows_moving(lifecycle.REQ_RUNNING, to=lifecycle.REQ_QUEUED),
             BatchRequest.lease_owner == worker_id,
             ~not_paused(),
         )
