@@ -71,10 +71,9 @@ def _save(session: Session, checkpoints: Mapping[str, Sequence[int]], guard: Any
         .values(checkpoint=bindparam("c_blob"), checkpoint_tokens=bindparam("c_count"))
     )
     session.connection().execute(statement, rows)
-    ids = [row["c_id"] for row in rows]
-    counts = {row["c_id"]: row["c_count"] for row in rows}
+    counts = {rid: len(ids) for rid, ids in checkpoints.items() if ids}
     stored = session.execute(
-        select(BatchRequest.id, BatchRequest.checkpoint_tokens).where(ids_match(session, ids), guard)
+        select(BatchRequest.id, BatchRequest.checkpoint_tokens).where(ids_match(session, list(counts)), guard)
     ).all()
     return {rid for rid, count in stored if counts[rid] == count}
 
