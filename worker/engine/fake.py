@@ -41,6 +41,7 @@ class _Sequence:
     token_ids: list[int] = field(default_factory=list)  # the first choice's, one per decoded token
     exact: bool = False  # resumable from its token ids (wire/resume.py)
     start: int = -1  # where its first choice starts in the word list (computed at its first token)
+    resumed: int = 0  # tokens it continued from (a checkpoint): prompt to the engine, output to the user
 
     def decode_one(self) -> None:
         """One more token: the fake's next id depends only on the request and the position."""
@@ -87,7 +88,7 @@ class FakeEngine:
             sequence = self._sequence(request.request_id, request.url, body)
             if request.resume_token_ids and sequence.exact:  # continue where the checkpoint left off
                 resumed = list(request.resume_token_ids)[: sequence.tokens_to_decode - 1]
-                sequence.token_ids, sequence.decoded = resumed, len(resumed)
+                sequence.token_ids, sequence.decoded, sequence.resumed = resumed, len(resumed), len(resumed)
             self._waiting.append(sequence)
             self._live.add(request.request_id)
         except BodyError as error:
