@@ -105,8 +105,8 @@ class Settings(BaseSettings):
     # ids with its row; besides, every `checkpoint_interval_seconds` (with a lease renewal) a request that has
     # generated `checkpoint_every_tokens` more since its last checkpoint is stored too (0: only at hand-backs).
     # A kill -9 loses at most those two bounds' worth of a request's tokens; smaller values write more.
-    checkpoint_every_tokens: int = Field(default=256, ge=0)
-    checkpoint_interval_seconds: float = Field(default=10.0, gt=0)
+    checkpoint_every_tokens: int = Field(default=1024, ge=0)
+    checkpoint_interval_seconds: float = Field(default=60.0, gt=0)
 
     # Worker and queue.
     lease_seconds: int = Field(default=120, ge=5)
