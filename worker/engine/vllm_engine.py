@@ -29,6 +29,7 @@ from worker.engine.vllm_resume import (
     new_resume,
     resumed_params,
     stitch,
+    stream_decoder,
 )
 from worker.engine.wire import parse_body
 from worker.engine.wire.anthropic import MessagesBody
@@ -390,7 +391,7 @@ class VllmEngine:
             )
         completions: list[Any] = sorted(outputs[0].outputs, key=lambda c: c.index)
         if flight.resume is not None:
-            completions = [stitch(flight.resume, c, self._decode) for c in completions]
+            completions = [stitch(flight.resume, c) for c in completions]
         if any(c.finish_reason not in ("stop", "length") for c in completions):
             reasons = sorted({str(c.finish_reason) for c in completions})
             return server_error(flight.request_id, f"the engine ended the request early ({', '.join(reasons)})")
@@ -432,11 +433,9 @@ class VllmEngine:
         original = list(prompt["prompt_token_ids"])
         continued = {key: value for key, value in prompt.items() if key != "prompt"}
         continued["prompt_token_ids"] = original + earlier
-        resume = new_resume(earlier, prompt_tokens=len(original), params=params, decode=self._decode)
+        decode = stream_decoder(self._tokenizer, original)
+        resume = new_resume(earlier, prompt_tokens=len(original), params=params, decode=decode)
         return [(engine_id, continued, resumed_params(params, len(earlier)))], resume
-
-    def _decode(self, token_ids: list[int]) -> str:
-        return str(self._tokenizer.decode(token_ids, skip_special_tokens=True))
 
     def _generated(self, engine_id: str) -> list[int]:
         """The token ids vLLM's output processor holds for this request (its detokenizer keeps them all)."""
@@ -453,7 +452,7 @@ class VllmEngine:
         for flight in [f for f in self._inflight.values() if f.resume is not None and f.resume.window_open]:
             assert flight.resume is not None
             new_ids = self._generated(flight.engine_ids[0])
-            if boundary_stop(flight.resume, new_ids, self._decode):
+            if boundary_stop(flight.resume, new_ids):
                 self.abort([flight.request_id])
                 flight.done[flight.engine_ids[0]] = EndedHere(new_ids)
                 results.append(self._finish(flight, now))

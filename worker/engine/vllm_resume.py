@@ -29,6 +29,7 @@ class Resume:
     stops: list[str]
     include_stop: bool
     window_open: bool  # a stop string could still begin in the earlier text: check after every step
+    decode: Decode  # generated ids -> text, as vLLM's detokenizer would produce it after the original prompt
 
 
 @dataclass
@@ -41,6 +42,29 @@ class Stitched:
     finish_reason: str | None
     stop_reason: int | str | None
     logprobs: None = None
+
+
+def stream_decoder(tokenizer: Any, prompt_ids: list[int]) -> Decode:
+    """Decode generated ids exactly as vLLM's fast incremental detokenizer does after `prompt_ids`.
+
+    A token-by-token `DecodeStream` primed with the prompt: byte-fallback tokens that do not yet form a
+    character yield nothing (a plain `decode` would give U+FFFD for them), and the first token's leading
+    space depends on the prompt. Other tokenizers fall back to `decode` of the ids.
+    """
+    backend = getattr(tokenizer, "_tokenizer", None)
+    try:
+        from tokenizers import Tokenizer
+        from tokenizers.decoders import DecodeStream
+    except ImportError:  # pragma: no cover - vLLM depends on tokenizers
+        backend = None
+    if backend is None or not isinstance(backend, Tokenizer):
+        return lambda ids: str(tokenizer.decode(ids, skip_special_tokens=True))
+
+    def decode(ids: list[int]) -> str:
+        stream = DecodeStream(ids=list(prompt_ids), skip_special_tokens=True)
+        return "".join(stream.step(backend, token) or "" for token in ids)
+
+    return decode
 
 
 def exact_params(params: Any) -> bool:
@@ -67,7 +91,7 @@ def resumed_params(params: Any, done: int) -> Any:
 
 
 def new_resume(token_ids: list[int], *, prompt_tokens: int, params: Any, decode: Decode) -> Resume:
-    """The state kept for a resumed request (its earlier text decoded once)."""
+    """The state kept for a resumed request (its earlier text decoded once); `decode` as in `Resume`."""
     stops = list(params.stop or [])
     old_text = decode(token_ids) if stops else ""
     return Resume(
@@ -77,6 +101,7 @@ def new_resume(token_ids: list[int], *, prompt_tokens: int, params: Any, decode:
         stops=stops,
         include_stop=bool(params.include_stop_str_in_output),
         window_open=bool(stops and old_text),
+        decode=decode,
     )
 
 
@@ -95,14 +120,14 @@ def _cut(resume: Resume, text: str, match: tuple[int, str]) -> str:
     return text[: at + len(stop)] if resume.include_stop else text[:at]
 
 
-def boundary_stop(resume: Resume, new_ids: list[int], decode: Decode) -> bool:
+def boundary_stop(resume: Resume, new_ids: list[int]) -> bool:
     """After a step: True if a stop string that begins in the earlier text just completed (the request ends).
 
     Closes the window once the new text is long enough that no match can begin in the earlier part.
     """
     if not new_ids:
         return False
-    text = decode(resume.token_ids + new_ids)
+    text = resume.decode(resume.token_ids + new_ids)
     match = _spanning_match(resume, text)
     if match is not None and match[0] < len(resume.old_text):
         return True
@@ -126,10 +151,10 @@ class EndedHere:
         return [Stitched(0, "", self.new_ids, None, None)]
 
 
-def stitch(resume: Resume, completion: Any, decode: Decode) -> Stitched:
+def stitch(resume: Resume, completion: Any) -> Stitched:
     """vLLM's output for the rest of the generation joined to the earlier part, as one generation."""
     ids = resume.token_ids + list(completion.token_ids)
-    text = decode(ids)
+    text = resume.decode(ids)
     finish, reason = completion.finish_reason, completion.stop_reason
     if resume.stops and (match := _spanning_match(resume, text)) is not None:
         text, finish, reason = _cut(resume, text, match), "stop", match[1]

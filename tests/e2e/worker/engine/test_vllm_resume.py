@@ -14,6 +14,8 @@ import pytest
 from storage.queue.checkpoints import pack_tokens, unpack_tokens
 from worker.engine import EngineRequest, EngineResult
 from worker.engine.vllm_engine import VllmEngine
+from worker.engine.vllm_resume import stream_decoder
+from worker.engine.wire.openai import ChatBody
 
 pytestmark = pytest.mark.vllm
 
@@ -82,7 +84,8 @@ def spanning_stop(engine: VllmEngine, prompt: str) -> tuple[str, int]:
     assert result.ok
     probe = EngineRequest("probe-ids", CHAT, request("x", prompt).body)
     ids = list(interrupted(engine, [probe], 40)["probe-ids"])
-    decode = engine._decode
+    rendered = engine._prepare("ids", ChatBody.model_validate(probe.body))[0][1]["prompt_token_ids"]
+    decode = stream_decoder(engine._tokenizer, rendered)  # the text vLLM would show for these ids
     for k in range(2, len(ids) - 1):
         old, full = decode(ids[:k]), decode(ids[: k + 1])
         stop = old[-2:] + full[len(old) : len(old) + 2]
