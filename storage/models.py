@@ -12,6 +12,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Text,
@@ -194,6 +195,10 @@ class BatchRequest(Base):
     finished_at: Mapped[float | None] = mapped_column(Float)
     # The order a results reader first saw this finished request in (storage/queue/result_pages.py).
     result_seq: Mapped[int | None] = mapped_column(BigInteger)
+    # Token ids generated before the row was handed back (packed int32, zlib; storage/queue/checkpoints.py)
+    # and how many: a claim resumes the generation from them instead of decoding them again.
+    checkpoint: Mapped[bytes | None] = mapped_column(LargeBinary)
+    checkpoint_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class EngineRun(Base):

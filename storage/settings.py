@@ -101,6 +101,12 @@ class Settings(BaseSettings):
     # A GPU worker told to stop (SIGTERM) lets in-flight work finish this long, then hands the rest back to
     # the queue (worker/process/shutdown.py): keep it well inside the pod's terminationGracePeriodSeconds.
     shutdown_drain_seconds: int = Field(default=10, ge=0)
+    # Generation checkpoints (docs/workers.md): every hand-back stores each in-flight request's generated token
+    # ids with its row; besides, every `checkpoint_interval_seconds` (with a lease renewal) a request that has
+    # generated `checkpoint_every_tokens` more since its last checkpoint is stored too (0: only at hand-backs).
+    # A kill -9 loses at most those two bounds' worth of a request's tokens; smaller values write more.
+    checkpoint_every_tokens: int = Field(default=1024, ge=0)
+    checkpoint_interval_seconds: float = Field(default=60.0, gt=0)
 
     # Worker and queue.
     lease_seconds: int = Field(default=120, ge=5)

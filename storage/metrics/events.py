@@ -61,6 +61,17 @@ RESULT_LATENCY = Histogram(
     buckets=LATENCY_BUCKETS,
 )
 
+DECODE_TOKENS_RESUMED = Counter(
+    "backfill_decode_tokens_resumed",
+    "Generated tokens a resumed request did not decode again, thanks to its checkpoint.",
+    ["model"],
+)
+DECODE_TOKENS_DISCARDED = Counter(
+    "backfill_decode_tokens_discarded",
+    "Generated tokens thrown away: handed back without a checkpoint, or a checkpoint the engine could not use.",
+    ["model"],
+)
+
 # -- queue leases ----------------------------------------------------------------------------------------
 CLAIMED = Counter("backfill_requests_claimed", "Requests leased to a worker.", ["model"])
 RECLAIMED = Counter("backfill_requests_reclaimed", "Leases of requests that had been leased before.", ["model"])
@@ -143,12 +154,21 @@ for _webhook in WEBHOOK_OUTCOMES:
 def prepare_models(models: Iterable[str]) -> None:
     """Create every per-model series at zero, so dashboards and alerts see a model before its first request."""
     for model in models:
-        for counter in (ENGINE_BUSY_SECONDS, ENGINE_STEPS, PROMPT_TOKENS, OUTPUT_TOKENS, CLAIMED, RECLAIMED):
+        counters = (ENGINE_BUSY_SECONDS, ENGINE_STEPS, PROMPT_TOKENS, OUTPUT_TOKENS, CLAIMED, RECLAIMED)
+        for counter in (*counters, DECODE_TOKENS_RESUMED, DECODE_TOKENS_DISCARDED):
             counter.labels(model)
         for outcome in ("completed", "failed"):
             ENGINE_RESULTS.labels(model, outcome)
         for kind in COST_KINDS:
             BATCH_COST_USD.labels(model, kind)
+
+
+def count_decode_tokens(model: str, *, resumed: int = 0, discarded: int = 0) -> None:
+    """Generated tokens a checkpoint saved from decoding again (`resumed`), or that were thrown away."""
+    if resumed:
+        DECODE_TOKENS_RESUMED.labels(model).inc(resumed)
+    if discarded:
+        DECODE_TOKENS_DISCARDED.labels(model).inc(discarded)
 
 
 def count_webhook_delivery(outcome: WebhookOutcome) -> None:

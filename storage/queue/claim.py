@@ -35,6 +35,7 @@ class ClaimedRequest:
     # more capacity (in shared mode, from online traffic) so they finish before their deadline.
     urgent: bool = False
     attempts: int = 1  # this lease included: more than 1 is a re-claim (a lease expired or was handed back)
+    checkpoint: bytes | None = None  # token ids generated before a hand-back (storage/queue/checkpoints.py)
 
 
 def claim(
@@ -98,13 +99,14 @@ def _lease(
             BatchRequest.body,
             BatchRequest.deadline,
             BatchRequest.attempts,
+            BatchRequest.checkpoint,
         )
         .execution_options(synchronize_session=False)
     ).all()
     order = {request_id: index for index, request_id in enumerate(ids)}
     claimed = [
-        ClaimedRequest(rid, batch_id, tenant_id, url, body, deadline, deadline <= urgent_before, attempts)
-        for rid, batch_id, tenant_id, url, body, deadline, attempts in rows
+        ClaimedRequest(rid, batch_id, tenant_id, url, body, deadline, deadline <= urgent_before, attempts, checkpoint)
+        for rid, batch_id, tenant_id, url, body, deadline, attempts, checkpoint in rows
     ]
     claimed.sort(key=lambda item: order[item.id])  # `ids` is already in claim order
     return claimed

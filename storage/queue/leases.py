@@ -7,7 +7,7 @@ that still holds the row's lease.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -20,6 +20,7 @@ from storage.batches.batches import add_counts_of
 from storage.clock import now_f
 from storage.finance.budgets import stop_over_budget
 from storage.models import BatchRequest
+from storage.queue.checkpoints import save_checkpoints
 from storage.queue.enqueue import ids_match, lock_batches_of
 from storage.queue.handback import hand_back_paused, not_paused
 from storage.settings import get_settings
@@ -130,7 +131,8 @@ _STORE_JSON = text(
         status = v.status, response_status = v.code, response_body = b.body,
         error_code = v.error_code, error_message = v.error_message, prompt_tokens = v.prompt,
         completion_tokens = v.completion, cached_tokens = v.cached, engine_seconds = v.seconds, run_id = :run_id,
-        lease_owner = NULL, lease_expires_at = NULL, finished_at = :finished
+        lease_owner = NULL, lease_expires_at = NULL, finished_at = :finished, checkpoint = NULL,
+        checkpoint_tokens = 0
     FROM ROWS FROM (json_to_recordset(CAST(:rows AS json)) AS (
             id text, status text, code int, error_code text, error_message text,
             prompt int, completion int, cached int, seconds float8
@@ -193,6 +195,8 @@ def _store_executemany(session: Session, *, worker_id: str, run_id: str, outcome
             lease_owner=None,
             lease_expires_at=None,
             finished_at=finished,
+            checkpoint=None,
+            checkpoint_tokens=0,
         )
     )
     session.connection().execute(
@@ -224,10 +228,22 @@ def _store_executemany(session: Session, *, worker_id: str, run_id: str, outcome
     )
 
 
-def release(session: Session, *, worker_id: str, request_ids: list[str]) -> int:
-    """Hand this worker's leased requests back to the queue unrun (a model switch); the attempt is not counted."""
+def release(
+    session: Session,
+    *,
+    worker_id: str,
+    request_ids: list[str],
+    checkpoints: Mapping[str, Sequence[int]] | None = None,
+) -> int:
+    """Hand this worker's leased requests back to the queue (a drain, a model switch); the attempt is not counted.
+
+    `checkpoints` (request id -> the token ids generated so far) are stored in the same transaction, so the
+    claim that takes a row next continues its generation from there (storage/queue/checkpoints.py).
+    """
     if not request_ids:
         return 0
+    if checkpoints:
+        save_checkpoints(session, worker_id=worker_id, checkpoints=checkpoints)
     released = session.execute(
         update(BatchRequest)
         .where(

@@ -7,6 +7,7 @@ in-process vLLM engine (`vllm_engine`), a vLLM server shared with online traffic
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -18,6 +19,17 @@ class EngineRequest:
     request_id: str
     url: str  # "/v1/chat/completions", "/v1/completions" or "/v1/embeddings"
     body: dict[str, Any]
+    # Token ids an earlier run generated before the row was handed back (its checkpoint): the engine continues
+    # from them when it can do so exactly, else it starts again from the prompt (docs/workers.md).
+    resume_token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What an in-flight request generated so far (a resumed request's earlier tokens included)."""
+
+    token_ids: list[int]
+    exact: bool  # resuming from these ids gives what running on would (False: a resume restarts it)
 
 
 @dataclass
@@ -60,6 +72,14 @@ class Engine(Protocol):
 
     def step(self) -> list[EngineResult]:
         """Run one engine iteration and return the requests that finished in it."""
+        ...
+
+    def progress(self, request_ids: Collection[str]) -> dict[str, Progress]:
+        """Generated token ids so far of these in-flight requests (those the engine can report; others absent).
+
+        Right after `add` of a request with `resume_token_ids`, its progress holds those ids if the engine
+        continues from them, and is empty if it restarts the request.
+        """
         ...
 
     def abort(self, request_ids: list[str]) -> None:

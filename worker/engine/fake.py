@@ -12,16 +12,17 @@ import hashlib
 import math
 import time
 from collections import deque
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass, field
 
 from storage.protocols import EMBEDDINGS_URL
-from worker.engine import EngineRequest, EngineResult, EngineStats
+from worker.engine import EngineRequest, EngineResult, EngineStats, Progress
 from worker.engine.wire import parse_body
 from worker.engine.wire.anthropic import MessagesBody, anthropic_message, anthropic_stop
 from worker.engine.wire.base import BodyError, server_error
 from worker.engine.wire.openai import Body, ChatBody, CompletionBody, EmbeddingBody
 from worker.engine.wire.openai_results import Choice, embedding_list, engine_body, generated_body, output_budget
+from worker.engine.wire.resume import restart_reason
 
 _WORDS = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit")
 EMBEDDING_DIMENSIONS = 8
@@ -37,6 +38,20 @@ class _Sequence:
     added_at: float
     decoded: int = 0
     cached_tokens: int = 0
+    token_ids: list[int] = field(default_factory=list)  # the first choice's, one per decoded token
+    exact: bool = False  # resumable from its token ids (wire/resume.py)
+    start: int = -1  # where its first choice starts in the word list (computed at its first token)
+    resumed: int = 0  # tokens it continued from (a checkpoint): prompt to the engine, output to the user
+
+    def decode_one(self) -> None:
+        """One more token: the fake's next id depends only on the request and the position."""
+        if isinstance(self.run, EmbeddingBody):
+            self.decoded += 1
+            return
+        if self.start < 0:
+            self.start = _start(self.request_id, 0)
+        self.token_ids.append((self.start + self.decoded) % len(_WORDS))
+        self.decoded += 1
 
 
 class FakeEngine:
@@ -70,7 +85,11 @@ class FakeEngine:
             if request.request_id in self._live:
                 raise BodyError(f"request {request.request_id!r} is already in flight", code="duplicate_request")
             body = parse_body(request.url, request.body)
-            self._waiting.append(self._sequence(request.request_id, request.url, body))
+            sequence = self._sequence(request.request_id, request.url, body)
+            if request.resume_token_ids and sequence.exact:  # continue where the checkpoint left off
+                resumed = list(request.resume_token_ids)[: sequence.tokens_to_decode - 1]
+                sequence.token_ids, sequence.decoded, sequence.resumed = resumed, len(resumed), len(resumed)
+            self._waiting.append(sequence)
             self._live.add(request.request_id)
         except BodyError as error:
             return error.to_result(request.request_id)
@@ -93,12 +112,21 @@ class FakeEngine:
         """One token for every running request; those that reach their length leave with a result."""
         finished: list[EngineResult] = []
         for sequence in list(self._running):
-            sequence.decoded += 1
+            sequence.decode_one()
             if sequence.decoded >= sequence.tokens_to_decode:
                 self._running.remove(sequence)
                 self._live.discard(sequence.request_id)
                 finished.append(self._result(sequence))
         return finished
+
+    def progress(self, request_ids: Collection[str]) -> dict[str, Progress]:
+        """The first choice's token ids so far of each request still waiting or running."""
+        wanted = set(request_ids)
+        return {
+            s.request_id: Progress(list(s.token_ids), s.exact)
+            for s in (*self._waiting, *self._running)
+            if s.request_id in wanted
+        }
 
     def abort(self, request_ids: list[str]) -> None:
         """Drop requests wherever they are; they produce no result."""
@@ -141,6 +169,7 @@ class FakeEngine:
                     param="messages",
                 )
             sequence = _Sequence(request_id, body, chat, prompt_tokens, min(body.max_tokens, room), time.monotonic())
+            sequence.exact = restart_reason(chat) is None
             sequence.cached_tokens = self._cached_prefix_tokens(chat.conversation()[:-1])
             return sequence
         run = engine_body(body)
@@ -155,6 +184,7 @@ class FakeEngine:
         if run.min_tokens > limit:
             raise BodyError("min_tokens must not exceed max_tokens", code="invalid_value", param="min_tokens")
         sequence = _Sequence(request_id, body, run, prompt_tokens, limit, time.monotonic())
+        sequence.exact = restart_reason(run) is None
         if isinstance(run, ChatBody):
             sequence.cached_tokens = self._cached_prefix_tokens(run.conversation()[:-1])
         return sequence
@@ -196,7 +226,7 @@ class FakeEngine:
         message = anthropic_message(
             message_id=hashlib.sha256(sequence.request_id.encode()).hexdigest()[:24],
             model=self.model_name,
-            text=_text(sequence.request_id, 0, count),
+            text=_words(sequence.token_ids),
             stop=stop,
             prompt_tokens=sequence.prompt_tokens,
             output_tokens=count,
@@ -214,7 +244,11 @@ class FakeEngine:
     def _completion(self, sequence: _Sequence, body: ChatBody | CompletionBody) -> EngineResult:
         count = sequence.tokens_to_decode
         choices = [
-            Choice(text=_text(sequence.request_id, index, count), finish_reason="length", token_count=count)
+            Choice(
+                text=_words(sequence.token_ids) if index == 0 else _text(sequence.request_id, index, count),
+                finish_reason="length",
+                token_count=count,
+            )
             for index in range(body.n)
         ]
         response_id = hashlib.sha256(sequence.request_id.encode()).hexdigest()[:24]
@@ -241,9 +275,18 @@ def _count_tokens(item: str | list[int]) -> int:
     return len(item) if isinstance(item, list) else max(1, len(item.split()))
 
 
+def _start(request_id: str, index: int) -> int:
+    return int(hashlib.sha256(f"{request_id}/{index}".encode()).hexdigest(), 16)
+
+
 def _text(request_id: str, index: int, count: int) -> str:
-    start = int(hashlib.sha256(f"{request_id}/{index}".encode()).hexdigest(), 16)
+    start = _start(request_id, index)
     return " ".join(_WORDS[(start + i) % len(_WORDS)] for i in range(count))
+
+
+def _words(token_ids: list[int]) -> str:
+    """The fake's detokenizer: one word per token id."""
+    return " ".join(_WORDS[token % len(_WORDS)] for token in token_ids)
 
 
 def _vector(item: str | list[int]) -> list[float]:

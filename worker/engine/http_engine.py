@@ -22,6 +22,7 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +30,7 @@ import httpx
 
 from storage.protocols import CHAT_URL
 from storage.registry import ModelSpec, SharedModeSpec
-from worker.engine import EngineRequest, EngineResult, EngineStats
+from worker.engine import EngineRequest, EngineResult, EngineStats, Progress
 from worker.engine.shared_budget import DispatchBudget, MetricsError, parse_load
 from worker.engine.wire import parse_body
 from worker.engine.wire.anthropic import MessagesBody, message_from_chat_completion
@@ -146,6 +147,10 @@ class HttpEngine:
                 break
         self._dispatch()
         return results
+
+    def progress(self, request_ids: Collection[str]) -> dict[str, Progress]:
+        """Nothing: a server's in-flight tokens are not visible from here, so hand-backs restart these requests."""
+        return {}
 
     def abort(self, request_ids: list[str]) -> None:
         """Forget requests and close their connections (vLLM then aborts the sequences); no result follows."""

@@ -177,7 +177,7 @@ class TimedFakeEngine(FakeEngine):
 
     @staticmethod
     def _prompt(sequence: _Sequence) -> int:
-        return max(1, sequence.prompt_tokens)
+        return max(1, sequence.prompt_tokens + sequence.resumed)  # a resumed request prefills its earlier tokens too
 
     def _prompt_done(self, sequence: _Sequence) -> bool:
         return self._prefilled.get(sequence.request_id, 0) >= self._prompt(sequence)
@@ -186,9 +186,9 @@ class TimedFakeEngine(FakeEngine):
         """One token for each sequence that decoded or finished its prompt; those at their length leave."""
         finished: list[EngineResult] = []
         for sequence in ready:
-            sequence.decoded += 1
+            sequence.decode_one()
             added, first = self._times.get(sequence.request_id, (now, 0.0))
-            if sequence.decoded == 1:
+            if sequence.decoded == sequence.resumed + 1:
                 self._times[sequence.request_id] = (added, now)
                 first = now
             if sequence.decoded >= sequence.tokens_to_decode:

@@ -13,18 +13,30 @@ import os
 import sys
 import time
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
 from storage.protocols import EMBEDDINGS_URL
 from storage.registry import ModelSpec
-from worker.engine import EngineRequest, EngineResult, EngineStats, error_result
+from worker.engine import EngineRequest, EngineResult, EngineStats, Progress, error_result
 from worker.engine.vllm_choices import choice_of, message_of
+from worker.engine.vllm_resume import (
+    EndedHere,
+    Resume,
+    boundary_stop,
+    exact_params,
+    new_resume,
+    resumed_params,
+    stitch,
+    stream_decoder,
+)
 from worker.engine.wire import parse_body
 from worker.engine.wire.anthropic import MessagesBody
 from worker.engine.wire.base import BodyError, server_error
 from worker.engine.wire.openai import Body, ChatBody, CompletionBody, EmbeddingBody
 from worker.engine.wire.openai_results import embedding_list, engine_body, generated_body, output_budget
+from worker.engine.wire.resume import restart_reason
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +73,8 @@ class _InFlight:
     started: float
     engine_ids: list[str]
     done: dict[str, Any] = field(default_factory=dict)
+    exact: bool = False  # resumable from its generated ids (vllm_resume.exact_params, wire/resume.py)
+    resume: Resume | None = None  # continued from a checkpoint: the earlier part, joined in at the end
 
 
 class VllmEngine:
@@ -117,6 +131,10 @@ class VllmEngine:
             self._check_endpoint(request.url)
             run = body.as_chat() if isinstance(body, MessagesBody) else engine_body(body)
             prepared = self._prepare(rid, body if isinstance(body, MessagesBody) else run)
+            exact = not isinstance(run, EmbeddingBody) and restart_reason(run) is None and exact_params(prepared[0][2])
+            resume = None
+            if exact and request.resume_token_ids:
+                prepared, resume = self._resumed(prepared[0], list(request.resume_token_ids))
         except BodyError as error:
             return error.to_result(rid)
         except (VLLMClientError, ValueError, TypeError, LookupError) as error:
@@ -124,7 +142,7 @@ class VllmEngine:
         except Exception as error:  # a template or tokenizer failure on this body alone
             logger.exception("rendering request %s failed", rid)
             return error_result(rid, 400, f"could not render the request: {error}", code="invalid_value")
-        return self._submit(rid, body, run, prepared)
+        return self._submit(rid, body, run, prepared, exact=exact, resume=resume)
 
     def step(self) -> list[EngineResult]:
         """Run one engine iteration; return the requests that finished in it."""
@@ -140,9 +158,21 @@ class VllmEngine:
             if len(flight.done) == len(flight.engine_ids):
                 del self._inflight[owner]
                 results.append(self._finish(flight, now))
+        results.extend(self._boundary_stops(now))
         if self._inflight and not self._engine.has_unfinished_requests():
             results.extend(self._drop_lost())
         return results
+
+    def progress(self, request_ids: Collection[str]) -> dict[str, Progress]:
+        """Token ids generated so far (a resumed request's earlier ones first), read off vLLM's output processor."""
+        answer: dict[str, Progress] = {}
+        for rid in request_ids:
+            flight = self._inflight.get(rid)
+            if flight is None or isinstance(flight.run, EmbeddingBody):
+                continue
+            earlier = flight.resume.token_ids if flight.resume is not None else []
+            answer[rid] = Progress(earlier + self._generated(flight.engine_ids[0]), flight.exact)
+        return answer
 
     def abort(self, request_ids: list[str]) -> None:
         """Forget requests and free their sequences in the engine at once; they yield no result."""
@@ -301,6 +331,9 @@ class VllmEngine:
         body: Body | MessagesBody,
         run: ChatBody | CompletionBody | EmbeddingBody,
         prepared: list[tuple[str, Any, Any]],
+        *,
+        exact: bool = False,
+        resume: Resume | None = None,
     ) -> EngineResult | None:
         from vllm.exceptions import VLLMClientError
 
@@ -316,7 +349,8 @@ class VllmEngine:
                 return _invalid(rid, error)
             logger.exception("engine refused request %s", rid)
             return server_error(rid, f"the engine could not accept the request: {error}")
-        self._inflight[rid] = _InFlight(rid, body, run, time.monotonic(), [engine_id for engine_id, _, _ in prepared])
+        engine_ids = [engine_id for engine_id, _, _ in prepared]
+        self._inflight[rid] = _InFlight(rid, body, run, time.monotonic(), engine_ids, exact=exact, resume=resume)
         self._owner.update((engine_id, rid) for engine_id, _, _ in prepared)
         return None
 
@@ -339,6 +373,9 @@ class VllmEngine:
         body, run = flight.body, flight.run
         prompt_tokens = sum(len(o.prompt_token_ids or ()) for o in outputs)
         cached_tokens = sum(getattr(o, "num_cached_tokens", None) or 0 for o in outputs)
+        if flight.resume is not None:  # the earlier tokens were prompt to vLLM; to the user they are output
+            prompt_tokens = flight.resume.prompt_tokens
+            cached_tokens = min(cached_tokens, prompt_tokens)
         self._prefix_queries += prompt_tokens
         self._prefix_hits += cached_tokens
         if isinstance(run, EmbeddingBody):
@@ -352,7 +389,9 @@ class VllmEngine:
             return EngineResult(
                 flight.request_id, 200, response, prompt_tokens=prompt_tokens, cached_tokens=cached_tokens
             )
-        completions = sorted(outputs[0].outputs, key=lambda c: c.index)
+        completions: list[Any] = sorted(outputs[0].outputs, key=lambda c: c.index)
+        if flight.resume is not None:
+            completions = [stitch(flight.resume, c) for c in completions]
         if any(c.finish_reason not in ("stop", "length") for c in completions):
             reasons = sorted({str(c.finish_reason) for c in completions})
             return server_error(flight.request_id, f"the engine ended the request early ({', '.join(reasons)})")
@@ -383,6 +422,41 @@ class VllmEngine:
             completion_tokens=completion_tokens,
             cached_tokens=cached_tokens,
         )
+
+    # -- resuming from a checkpoint (worker/engine/vllm_resume.py) ---------------------------------
+
+    def _resumed(self, prepared: tuple[str, Any, Any], earlier: list[int]) -> tuple[list[tuple[str, Any, Any]], Resume]:
+        """The prompt followed by the tokens generated before, as the prompt of the rest of the generation."""
+        engine_id, prompt, params = prepared
+        if params.max_tokens is not None:
+            earlier = earlier[: params.max_tokens - 1]  # at least one token is left to generate
+        original = list(prompt["prompt_token_ids"])
+        continued = {key: value for key, value in prompt.items() if key != "prompt"}
+        continued["prompt_token_ids"] = original + earlier
+        decode = stream_decoder(self._tokenizer, original)
+        resume = new_resume(earlier, prompt_tokens=len(original), params=params, decode=decode)
+        return [(engine_id, continued, resumed_params(params, len(earlier)))], resume
+
+    def _generated(self, engine_id: str) -> list[int]:
+        """The token ids vLLM's output processor holds for this request (its detokenizer keeps them all)."""
+        processor = self._engine.output_processor
+        for internal in processor.external_req_ids.get(engine_id, ()):
+            state = processor.request_states.get(internal)
+            if state is not None and state.detokenizer is not None:
+                return list(state.detokenizer.output_token_ids)
+        return []
+
+    def _boundary_stops(self, now: float) -> list[EngineResult]:
+        """Resumed requests whose stop string, begun before the hand-back, completed in this step."""
+        results: list[EngineResult] = []
+        for flight in [f for f in self._inflight.values() if f.resume is not None and f.resume.window_open]:
+            assert flight.resume is not None
+            new_ids = self._generated(flight.engine_ids[0])
+            if boundary_stop(flight.resume, new_ids):
+                self.abort([flight.request_id])
+                flight.done[flight.engine_ids[0]] = EndedHere(new_ids)
+                results.append(self._finish(flight, now))
+        return results
 
     def _drop_lost(self) -> list[EngineResult]:
         """The engine holds nothing yet requests are in flight: fail them rather than wait forever."""

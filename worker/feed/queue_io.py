@@ -29,7 +29,9 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from storage.db import transaction
+from storage.metrics.events import count_decode_tokens
 from storage.queue.backlog import done_batches
+from storage.queue.checkpoints import save_checkpoints, save_handed_back, still_open
 from storage.queue.claim import ClaimedRequest, claim
 from storage.queue.leases import Outcome, record, renew, take_back
 from storage.settings import Settings
@@ -47,6 +49,14 @@ class Claimed:
 
     rows: list[ClaimedRequest]
     asked: int
+
+
+@dataclass
+class _Checkpoints:
+    """Generated token ids to store: of rows still leased (periodic) or of rows a pause took back."""
+
+    token_ids: dict[str, list[int]]
+    handed_back: bool
 
 
 @dataclass
@@ -75,7 +85,7 @@ class QueueIO:
         self.model, self.worker_id, self.settings = model, worker_id, settings
         self.lease_seconds = settings.lease_seconds
         self.on_batch_done = on_batch_done
-        self._writes: queue.Queue[_Flush | list[str] | None] = queue.Queue(maxsize=MAX_PENDING)
+        self._writes: queue.Queue[_Flush | _Checkpoints | list[str] | None] = queue.Queue(maxsize=MAX_PENDING)
         self._claims: queue.Queue[tuple[int, frozenset[str]] | None] = queue.Queue(maxsize=1)
         self._lock = threading.Lock()
         self._uncommitted: dict[int, frozenset[str]] = {}  # id(flush) -> its request ids, until committed
@@ -117,6 +127,12 @@ class QueueIO:
         """Queue a renewal of these leases (and those of every result not yet committed)."""
         self._check_open()
         self._writes.put(list(request_ids))
+
+    def checkpoint(self, token_ids: dict[str, list[int]], *, handed_back: bool = False) -> None:
+        """Queue a checkpoint write; `handed_back`: of rows a pause took back (storage/queue/checkpoints.py)."""
+        self._check_open()
+        if token_ids:
+            self._writes.put(_Checkpoints(token_ids, handed_back))
 
     def request_claim(self, limit: int, *, held: frozenset[str] = frozenset()) -> None:
         """Ask the claimer for up to `limit` rows, unless a claim is already on its way; a row in `held` (still in
@@ -181,7 +197,7 @@ class QueueIO:
 
     def _write_loop(self) -> None:
         while (item := self._writes.get()) is not None:
-            items: list[_Flush | list[str] | None] = [item]
+            items: list[_Flush | _Checkpoints | list[str] | None] = [item]
             while isinstance(items[-1], _Flush) and len(items) < MAX_COALESCED:
                 try:  # flushes queued behind this one share its transaction (the database fell behind)
                     items.append(self._writes.get_nowait())
@@ -196,7 +212,7 @@ class QueueIO:
             for other in items[len(flushes) :]:  # at most one, at the end: a renewal or the stop mark
                 if other is None:
                     break
-                self._guarded(self._renew, other)
+                self._guarded(self._checkpoint if isinstance(other, _Checkpoints) else self._renew, other)
             for _ in items:
                 self._writes.task_done()
             if items[-1] is None:
@@ -240,6 +256,15 @@ class QueueIO:
                 )
         with self._lock:
             self._lost |= lost - waiting  # a result waiting for commit is not in flight: nothing to abort
+
+    def _checkpoint(self, item: _Checkpoints) -> None:
+        with transaction() as session:
+            if not item.handed_back:
+                save_checkpoints(session, worker_id=self.worker_id, checkpoints=item.token_ids)
+                return
+            stored = save_handed_back(session, checkpoints=item.token_ids)
+            rerun = still_open(session, request_ids=sorted(set(item.token_ids) - stored))  # claimed meanwhile
+        count_decode_tokens(self.model, discarded=sum(len(item.token_ids[rid]) for rid in rerun))
 
     def _claim_loop(self) -> None:
         while (asked := self._claims.get()) is not None:

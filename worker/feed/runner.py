@@ -26,11 +26,13 @@ from storage.clock import now_f
 from storage.db import transaction
 from storage.finance.engine_runs import RunCounters, save_run
 from storage.ids import new_id
+from storage.metrics.events import count_decode_tokens
 from storage.queue.backlog import done_batches, has_queued
+from storage.queue.checkpoints import unpack_tokens
 from storage.queue.claim import ClaimedRequest, claim
 from storage.queue.leases import Outcome, record, release, renew, take_back
 from storage.settings import Settings
-from worker.engine import Engine, EngineRequest, EngineResult
+from worker.engine import Engine, EngineRequest, EngineResult, Progress
 from worker.feed.probe import RunnerProbe
 from worker.feed.queue_io import QueueIO
 
@@ -83,6 +85,8 @@ class Runner:
         self._lock = threading.Lock()
         self._dirty = False
         self._queue_backlog = False
+        self._checkpointed: dict[str, int] = {}  # in-flight request -> tokens its stored checkpoint holds
+        self._last_checkpoint = time.monotonic()
         self.io = (  # database I/O on threads of its own, off the engine's (worker/feed/queue_io.py)
             QueueIO(
                 model=model,
@@ -152,16 +156,40 @@ class Runner:
                 self._step()
                 self._flush(force=False)
                 self._renew_if_due()
+            self._flush(force=True)  # results first; rows a pause took back store their tokens on their own
             left = sorted(self.inflight)
+            checkpoints = self._checkpoints(self.engine.progress(left))  # before the abort forgets them
             self.engine.abort(left)
             self.urgent.clear()
-            self._flush(force=True)
             left += self._take_unstarted()
-            with transaction() as session:
-                released = release(session, worker_id=self.worker_id, request_ids=left)
+            with transaction() as session:  # the tokens go back with the rows, in one transaction
+                released = release(session, worker_id=self.worker_id, request_ids=left, checkpoints=checkpoints)
+            if self.io is not None:
+                self.io.drain()
             self.inflight.clear()
+            self._checkpointed.clear()
             self._close_run()
             return released
+
+    def _checkpoints(self, progress: dict[str, Progress]) -> dict[str, list[int]]:
+        """The generated ids worth storing (exact resumes); tokens of requests that cannot resume are discarded."""
+        discarded = sum(len(p.token_ids) for p in progress.values() if not p.exact)
+        count_decode_tokens(self.model, discarded=discarded)
+        return {rid: p.token_ids for rid, p in progress.items() if p.exact and p.token_ids}
+
+    def _periodic_checkpoints(self) -> dict[str, list[int]]:
+        """Every `checkpoint_interval_seconds`: requests grown by `checkpoint_every_tokens` since their last one."""
+        every = self.settings.checkpoint_every_tokens
+        if not every or time.monotonic() - self._last_checkpoint < self.settings.checkpoint_interval_seconds:
+            return {}
+        self._last_checkpoint = time.monotonic()
+        due = {
+            rid: p.token_ids
+            for rid, p in self.engine.progress(self.inflight).items()
+            if p.exact and len(p.token_ids) - self._checkpointed.get(rid, 0) >= every
+        }
+        self._checkpointed.update((rid, len(ids)) for rid, ids in due.items())
+        return due
 
     def _close_run(self) -> None:
         """The engine went idle: the next work starts a new EngineRun (a stretch of busy time)."""
@@ -208,14 +236,24 @@ class Runner:
         for item in claimed:
             if item.id in held:
                 continue  # re-queued under us and claimed back: a re-lease of work already in the engine
-            rejected = self.engine.add(EngineRequest(request_id=item.id, url=item.url, body=item.body))
+            earlier = tuple(unpack_tokens(item.checkpoint)) if item.checkpoint else ()
+            request = EngineRequest(request_id=item.id, url=item.url, body=item.body, resume_token_ids=earlier)
+            rejected = self.engine.add(request)
             if rejected is not None:
                 self.pending.append(rejected)
             else:
                 self.inflight.add(item.id)
                 if item.urgent:
                     self.urgent.add(item.id)
+                if earlier:
+                    self._resumed(item.id, len(earlier))
         self._signal_urgency()
+
+    def _resumed(self, request_id: str, stored: int) -> None:
+        """Count what a claimed checkpoint saved: the engine continues from its tokens, or restarted the request."""
+        kept = len(self.engine.progress([request_id]).get(request_id, Progress([], False)).token_ids)
+        count_decode_tokens(self.model, resumed=kept, discarded=stored - kept)
+        self._checkpointed[request_id] = stored
 
     def _signal_urgency(self) -> None:
         """Tell an engine that can lend capacity (shared mode) whether work near its deadline is in flight."""
@@ -243,6 +281,7 @@ class Runner:
             self.samples.append((time.time(), running, queued))
         for result in results:
             self.inflight.discard(result.request_id)
+            self._checkpointed.pop(result.request_id, None)
         if self.urgent and not self.urgent & self.inflight:
             self._signal_urgency()  # the last urgent request finished: give lent capacity back
         self.pending.extend(results)
@@ -327,6 +366,8 @@ class Runner:
             return
         if self.io is not None:  # renewed on the writer thread; leases it finds lost come back via _collect_io
             self.io.renew(held)
+            if checkpoints := self._periodic_checkpoints():  # the crash bound: docs/workers.md
+                self.io.checkpoint(checkpoints)
             return
         lease = self.settings.lease_seconds
         with transaction() as session:
@@ -340,6 +381,8 @@ class Runner:
             log.info("aborting %d requests no longer leased (cancelled, expired or leased again)", len(lost))
             self.engine.abort(sorted(lost & self.inflight))
             self.inflight -= lost
+            for rid in lost:
+                self._checkpointed.pop(rid, None)
             self.pending = [result for result in self.pending if result.request_id not in lost]
             self._signal_urgency()
 
@@ -359,7 +402,10 @@ class Runner:
             self.io.drain()
         for results in self.io.take_committed():
             self._probe_flushed(results)
-        self._drop_lost(self.io.take_lost() & self.inflight)
+        lost = self.io.take_lost() & self.inflight
+        if lost:  # a pause took these back: their tokens go with the rows while no one else has claimed them
+            self.io.checkpoint(self._checkpoints(self.engine.progress(lost)), handed_back=True)
+        self._drop_lost(lost)
         self.io.raise_failure()
 
     def _take_unstarted(self) -> list[str]:

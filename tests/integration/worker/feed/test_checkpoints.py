@@ -1,0 +1,172 @@
+"""Generation checkpoints on the fake engine against a real database: a hand-back keeps the tokens generated so
+far, the next claim continues from them (the answer is the uninterrupted one, with fewer decode steps), and
+tokens are counted as discarded where a resume cannot be exact."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import pytest
+from prometheus_client import REGISTRY
+from sqlalchemy import select
+
+from storage.batches.control import pause_batch, resume_batch
+from storage.db import transaction
+from storage.models import Batch, BatchRequest
+from storage.queue.checkpoints import unpack_tokens
+from storage.settings import get_settings
+from tests.conftest import Backend
+from tests.integration.worker.feed.test_runner import enqueue
+from worker.engine import EngineRequest, EngineResult
+from worker.engine.fake import FakeEngine
+from worker.feed.runner import Runner
+
+pytestmark = pytest.mark.backfill_env(
+    {
+        "BACKFILL_MODELS": json.dumps({"fake-model": {"path": "fake:"}}),
+        "BACKFILL_RUNNER_IO_THREAD": "true",
+        "BACKFILL_CHECKPOINT_EVERY_TOKENS": "8",
+        "BACKFILL_CHECKPOINT_INTERVAL_SECONDS": "0.1",
+    }
+)
+
+
+class StoppingEngine(FakeEngine):
+    """A fake engine that sets `stop` after `steps` steps: the runner hands back after exactly that many tokens."""
+
+    def __init__(self, steps: int, **kwargs: Any) -> None:
+        super().__init__("fake-model", max_num_seqs=4, max_model_len=10**9, **kwargs)
+        self.stop_after, self.stop = steps, threading.Event()
+
+    def step(self) -> list[EngineResult]:
+        results = super().step()
+        if self.steps >= self.stop_after:
+            self.stop.set()
+        return results
+
+
+def counter(name: str) -> float:
+    return REGISTRY.get_sample_value(f"backfill_decode_tokens_{name}_total", {"model": "fake-model"}) or 0.0
+
+
+def rows_of(batch_id: str) -> list[BatchRequest]:
+    with transaction() as session:
+        query = select(BatchRequest).where(BatchRequest.batch_id == batch_id).order_by(BatchRequest.line)
+        return list(session.scalars(query))
+
+
+def uninterrupted(row: BatchRequest) -> dict[str, Any]:
+    """What the same request answers when nothing interrupts it."""
+    engine = FakeEngine("fake-model", max_model_len=10**9)
+    assert engine.add(EngineRequest(row.id, row.url, row.body)) is None
+    while engine.has_unfinished():
+        if results := engine.step():
+            return {key: value for key, value in results[0].body.items() if key != "created"}
+    raise AssertionError("no result")
+
+
+def answer(row: BatchRequest) -> dict[str, Any]:
+    assert row.response_body is not None
+    return {key: value for key, value in row.response_body.items() if key != "created"}
+
+
+def finish(runner: Runner) -> None:
+    while runner.run_for(5.0):
+        pass
+    runner.close_io()
+
+
+def interrupt_after(steps: int, *, worker_id: str = "w1") -> Runner:
+    engine = StoppingEngine(steps)
+    runner = Runner(engine, model="fake-model", settings=get_settings(), worker_id=worker_id)
+    runner.run_for(60.0, stop=engine.stop)
+    return runner
+
+
+def test_a_drained_generation_resumes_where_it_stopped_and_answers_as_if_never_interrupted(backend: Backend) -> None:
+    batch_id = enqueue(3, max_tokens=40)
+    resumed_before = counter("resumed")
+    first = interrupt_after(15)
+    assert first.hand_back(drain_seconds=0.0) == 3
+    first.close_io()
+    rows = rows_of(batch_id)
+    assert all(row.status == "queued" and row.checkpoint_tokens == 15 and row.attempts == 0 for row in rows)
+
+    engine = FakeEngine("fake-model", max_num_seqs=4, max_model_len=10**9)
+    finish(Runner(engine, model="fake-model", settings=get_settings(), worker_id="w2"))
+    done = rows_of(batch_id)
+    assert [row.status for row in done] == ["completed"] * 3
+    for before, after in zip(rows, done, strict=True):
+        assert answer(after) == uninterrupted(before)  # same text, finish reason and usage
+        assert after.completion_tokens == 40 and after.checkpoint is None
+    assert engine.steps == 40 - 15  # the 15 tokens each were not decoded again
+    assert counter("resumed") - resumed_before == 3 * 15
+
+
+def test_a_request_that_cannot_resume_exactly_restarts_and_its_tokens_count_as_discarded(backend: Backend) -> None:
+    batch_id = enqueue(2, max_tokens=30)
+    with transaction() as session:  # seeded sampling: the generator's position is not in the checkpoint
+        for row in session.scalars(select(BatchRequest).where(BatchRequest.batch_id == batch_id)):
+            row.body = {**row.body, "seed": 7}
+    discarded_before = counter("discarded")
+    first = interrupt_after(10)
+    first.hand_back(drain_seconds=0.0)
+    first.close_io()
+    rows = rows_of(batch_id)
+    assert all(row.status == "queued" and row.checkpoint is None for row in rows)
+    assert counter("discarded") - discarded_before == 2 * 10
+    engine = FakeEngine("fake-model", max_num_seqs=4, max_model_len=10**9)
+    finish(Runner(engine, model="fake-model", settings=get_settings(), worker_id="w2"))
+    assert engine.steps == 30
+    assert [answer(row) for row in rows_of(batch_id)] == [uninterrupted(row) for row in rows]
+
+
+def wait_for(condition: Any, what: str, timeout: float = 60.0) -> None:
+    until = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < until, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_a_paused_batch_keeps_the_tokens_its_worker_had_generated(backend: Backend) -> None:
+    batch_id = enqueue(2, max_tokens=10**6)
+    engine = FakeEngine("fake-model", max_num_seqs=4, max_model_len=10**9, step_seconds=0.002)
+    runner = Runner(engine, model="fake-model", settings=get_settings(), worker_id="w1")
+    runner.run_for(0.5)
+    with transaction() as session:
+        tenant_id = session.get(Batch, batch_id).tenant_id  # type: ignore[union-attr]
+        pause_batch(session, tenant_id=tenant_id, batch_id=batch_id)
+    # The runner's next renewal finds the leases gone, stores what it generated and aborts them.
+    wait_for(lambda: runner.run_for(0.5) is not None and not runner.inflight, "the runner to let the rows go")
+    runner.close_io()
+    rows = rows_of(batch_id)
+    assert all(row.status == "queued" and row.lease_owner is None for row in rows)
+    assert all(row.checkpoint is not None and row.checkpoint_tokens > 0 for row in rows)
+    with transaction() as session:
+        resume_batch(session, tenant_id=tenant_id, batch_id=batch_id)
+    # The checkpoint is the beginning of the uninterrupted generation (the fake's ids depend on the position).
+    for row in rows:
+        assert row.checkpoint is not None
+        stored = unpack_tokens(row.checkpoint)
+        reference = FakeEngine("fake-model", max_model_len=10**9)
+        reference.add(EngineRequest(row.id, row.url, row.body))
+        for _ in range(len(stored)):
+            reference.step()
+        assert reference.progress([row.id])[row.id].token_ids == stored
+
+
+def test_a_long_generation_is_checkpointed_with_its_renewals_so_a_crash_loses_a_bounded_slice(
+    backend: Backend,
+) -> None:
+    batch_id = enqueue(1, max_tokens=10**6)
+    engine = FakeEngine("fake-model", max_num_seqs=4, max_model_len=10**9, step_seconds=0.002)
+    runner = Runner(engine, model="fake-model", settings=get_settings(), worker_id="w1")
+    wait_for(lambda: runner.run_for(0.5) and rows_of(batch_id)[0].checkpoint_tokens > 0, "a periodic checkpoint")
+    runner.close_io()  # a crash: nothing handed back
+    (row,) = rows_of(batch_id)
+    assert row.status == "running" and row.checkpoint is not None
+    generated = len(engine.progress([row.id])[row.id].token_ids)
+    assert 8 <= row.checkpoint_tokens <= generated
