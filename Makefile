@@ -22,9 +22,12 @@ run: setup
 services:
 	bash infra/local/services.sh
 
-# The CI command (.ci/run): lint (ruff, format, mypy strict), then the whole test suite.
+# The CI command (.ci/run): lint (ruff, format, mypy strict), then the whole test suite, its files spread over
+# PYTEST_WORKERS processes (many tests wait on servers, subprocesses and the engine: two overlap well on 2 cores).
+# Tests that share an outside resource (a Redis database number, a port) must not sit in two files.
+PYTEST_WORKERS ?= 2
 test: setup services lint
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=25
 
 lint: setup
 	$(VENV)/bin/ruff check api storage worker client migrations tests bench

@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from tests.conftest import Backend, LiveServer, configure, free_port, make_key, start_server
-from tests.e2e.test_celery_worker import REDIS_URL, spawn
+from tests.e2e.test_celery_worker import spawn
 from tests.integration.api.helpers import read_lines, to_jsonl, upload, wait_for
 from tests.observability import named_metrics
 from tests.scrape import scrape, total, value
@@ -23,6 +23,9 @@ from tests.scrape import scrape, total, value
 pytestmark = pytest.mark.vllm
 
 ROLES = ("worker-gpu", "worker-io", "beat")
+# Its own Redis database: `make test` runs test files on two pytest-xdist workers at once, and a deployment
+# that shared test_celery_worker's database would flush and consume that test's messages.
+REDIS_URL = "redis://127.0.0.1:6379/6"
 
 
 @pytest.fixture
