@@ -17,6 +17,7 @@ import socket
 import threading
 import time
 import uuid
+import weakref
 from collections import deque
 from collections.abc import Callable
 
@@ -26,9 +27,9 @@ from storage.clock import now_f
 from storage.db import transaction
 from storage.finance.engine_runs import RunCounters, save_run
 from storage.ids import new_id
-from storage.queue.backlog import done_batches, has_queued
-from storage.queue.claim import ClaimedRequest, claim
-from storage.queue.leases import Outcome, record, release, relet, renew
+from storage.queue.backlog import has_queued
+from storage.queue.claim import ClaimedRequest
+from storage.queue.leases import Outcome, release
 from storage.settings import Settings
 from worker.engine import Engine, EngineRequest, EngineResult
 from worker.feed.probe import RunnerProbe
@@ -83,16 +84,10 @@ class Runner:
         self._lock = threading.Lock()
         self._dirty = False
         self._queue_backlog = False
-        self.io = (  # database I/O on threads of its own, off the engine's (worker/feed/queue_io.py)
-            QueueIO(
-                model=model,
-                worker_id=self.worker_id,
-                settings=settings,
-                on_batch_done=on_batch_done,
-            )
-            if settings.runner_io_thread
-            else None
-        )
+        # Claims, result commits and lease renewals run on threads of their own, off the engine's
+        # (worker/feed/queue_io.py); they stop with `close_io`, or once the runner is dropped.
+        self.io = QueueIO(model=model, worker_id=self.worker_id, settings=settings, on_batch_done=on_batch_done)
+        weakref.finalize(self, self.io.close).atexit = False
 
     @property
     def models(self) -> list[str]:
@@ -124,7 +119,7 @@ class Runner:
                     time.sleep(0.05)
                 self._flush(force=False)
                 self._renew_if_due()
-            self._flush(force=True)
+            self._settle()
             if now_f() - self._run_started > self.settings.engine_run_max_seconds:
                 self._close_run()
             return True
@@ -155,12 +150,14 @@ class Runner:
             left = sorted(self.inflight)
             self.engine.abort(left)
             self.urgent.clear()
-            self._flush(force=True)
-            left += self._take_unstarted()
-            with transaction() as session:
-                released = release(session, worker_id=self.worker_id, request_ids=left)
             self.inflight.clear()
-            self._close_run()
+            try:
+                self._flush(force=True)  # finished results stored; waits for a claim still on its way
+            finally:  # even if that failed: rows a claim leased that never reached the engine go back too
+                left += self._take_unstarted()
+                with transaction() as session:
+                    released = release(session, worker_id=self.worker_id, request_ids=left)
+                self._close_run()
             return released
 
     def _close_run(self) -> None:
@@ -174,29 +171,28 @@ class Runner:
     def _top_up(self) -> None:
         if (limit := self.engine.dispatch_limit()) is not None:
             self.max_inflight = self.refill_below = limit  # shared mode: the engine's budget decides
-        if self.io is not None and (arrived := self.io.take_claimed()) is not None:
-            self._admit(arrived.rows, asked=arrived.asked)
+        self._admit_arrived()
         if len(self.inflight) >= self.refill_below:
             return
         idle = not self.engine.has_unfinished()
         if not idle and time.monotonic() - self._last_empty_claim < IDLE_CLAIM_SECONDS:
             return  # the queue was empty a moment ago; don't poll it on every step
         want = self.max_inflight - len(self.inflight)
-        if self.io is not None:  # claimed on the claimer thread; the rows arrive at a later top-up
-            self.io.request_claim(want, held=frozenset(self.held()))
-            return
-        held = set(self.held())
-        with transaction() as session:
-            claimed = claim(
-                session,
-                model=self.model,
-                worker_id=self.worker_id,
-                limit=want,
-                lease_seconds=self.settings.lease_seconds,
-                settings=self.settings,
-                held=held,
-            )
-        self._admit(claimed, asked=want)
+        self.io.request_claim(want, held=frozenset(self.held()))  # on the claimer thread: rows arrive later
+
+    def _admit_arrived(self) -> None:
+        if (arrived := self.io.take_claimed()) is not None:
+            self._admit(arrived.rows, asked=arrived.asked)
+
+    def _settle(self) -> None:
+        """End of a call: every result committed, and rows a claim leased meanwhile in the engine, held and renewed.
+
+        Rows left waiting for the next call would be leased to this worker without running or being renewed.
+        """
+        self._flush(force=True)  # waits for the writer and for a claim still on its way
+        if self.io.claiming():
+            self._admit_arrived()
+            self._flush(force=True)  # the engine may have refused some at once: their error lines
 
     def _admit(self, claimed: list[ClaimedRequest], *, asked: int) -> None:
         """Hand claimed rows to the engine; fewer than `asked` means the queue ran dry for now."""
@@ -248,8 +244,7 @@ class Runner:
         self.pending.extend(results)
 
     def _flush(self, *, force: bool) -> None:
-        if self.io is not None:
-            self._collect_io(wait=force)
+        self._collect_io(wait=force)
         due = time.monotonic() - self._last_flush >= FLUSH_SECONDS or len(self.pending) >= FLUSH_RESULTS
         if not (force or due):
             return
@@ -264,30 +259,8 @@ class Runner:
             "finished": len(results),
         }
         self.counters.add_results(**added)
-        if self.io is not None:  # the writer thread commits it (worker/feed/queue_io.py); the engine steps on
-            del self.pending[: len(results)]
-            self._hand_over(results, wait=force)
-            return
-        try:
-            with transaction() as session:
-                self._write_run(session)
-                touched = record(
-                    session,
-                    worker_id=self.worker_id,
-                    run_id=self.run_id,
-                    outcomes=[_outcome(result) for result in results],
-                )
-                done = done_batches(session, batch_ids=touched)
-        except Exception:
-            # Keep the results (and their leases, see `held`) for the next flush rather than lose them.
-            self.counters.add_results(**{name: -value for name, value in added.items()})
-            self._dirty = True
-            raise
-        del self.pending[: len(results)]
-        self._probe_flushed(results)
-        for batch_id in done:
-            if self.on_batch_done is not None:
-                self.on_batch_done(batch_id)
+        del self.pending[: len(results)]  # the writer thread commits them (worker/feed/queue_io.py)
+        self._hand_over(results, wait=force)
 
     def _probe_flushed(self, results: list[EngineResult]) -> None:
         engine = self.engine
@@ -295,10 +268,6 @@ class Runner:
         self.probe.flushed(
             results, run_id=self.run_id, counters=self.counters, inflight=self.inflight, stats=stats, slots=slots
         )
-
-    def _write_run(self, session: Session) -> None:
-        self._run_writer()(session)
-        self._run_written = True
 
     def _run_writer(self) -> Callable[[Session], None]:
         """Writes the run's counters as they are now (a snapshot: the writer thread may run it later)."""
@@ -323,17 +292,8 @@ class Runner:
         """Renew every held lease; take back rows re-queued under us; abort what is gone (cancelled, re-leased)."""
         self._last_renew = time.monotonic()
         held = self.held()
-        if not held:
-            return
-        if self.io is not None:  # renewed on the writer thread; leases it finds lost come back via _collect_io
+        if held:  # renewed on the writer thread; leases it finds lost come back via _collect_io
             self.io.renew(held)
-            return
-        lease = self.settings.lease_seconds
-        with transaction() as session:
-            lost = renew(session, worker_id=self.worker_id, request_ids=held, lease_seconds=lease)
-            if lost:
-                lost -= relet(session, worker_id=self.worker_id, request_ids=sorted(lost), lease_seconds=lease)
-        self._drop_lost(lost)
 
     def _drop_lost(self, lost: set[str]) -> None:
         if lost:
@@ -345,7 +305,6 @@ class Runner:
 
     def _hand_over(self, results: list[EngineResult], *, wait: bool) -> None:
         """Give one flush to the writer thread; with `wait`, return once it (and all before it) committed."""
-        assert self.io is not None
         outcomes = [_outcome(result) for result in results]
         self.io.submit(run_id=self.run_id, write_run=self._run_writer(), outcomes=outcomes, results=results)
         self._run_written = True
@@ -354,7 +313,6 @@ class Runner:
 
     def _collect_io(self, *, wait: bool) -> None:
         """What the I/O threads finished: committed results to the probe, lost leases aborted, errors raised."""
-        assert self.io is not None
         if wait:
             self.io.drain()
         for results in self.io.take_committed():
@@ -364,16 +322,18 @@ class Runner:
 
     def _take_unstarted(self) -> list[str]:
         """Rows a finished claim leased that never reached the engine (a hand-back releases them too)."""
-        arrived = self.io.take_claimed() if self.io is not None else None
+        arrived = self.io.take_claimed()
         return [row.id for row in arrived.rows] if arrived is not None else []
 
     def close_io(self) -> None:
-        """Stop the I/O threads once what was handed to them is done (tests, benchmarks, shutdown)."""
-        if self.io is not None:
-            self.io.close()
+        """Stop the I/O threads once what was handed to them is done (tests, benchmarks, shutdown, a switch).
+
+        Rows a claim leased that never reached the engine go back to the queue (worker/feed/queue_io.py).
+        """
+        self.io.close()
 
     def _queue_has_work(self) -> bool:
-        if self.io is not None and self.io.claiming():
+        if self.io.claiming():
             return True  # a claim is on its way or its rows wait to be handed to the engine
         with transaction() as session:
             return has_queued(session, model=self.model)
