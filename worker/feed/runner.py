@@ -180,9 +180,12 @@ class Runner:
         want = self.max_inflight - len(self.inflight)
         self.io.request_claim(want, held=frozenset(self.held()))  # on the claimer thread: rows arrive later
 
-    def _admit_arrived(self) -> None:
-        if (arrived := self.io.take_claimed()) is not None:
-            self._admit(arrived.rows, asked=arrived.asked)
+    def _admit_arrived(self) -> bool:
+        """Hand the rows of a claim that finished to the engine; True if it brought any."""
+        if (arrived := self.io.take_claimed()) is None:
+            return False
+        self._admit(arrived.rows, asked=arrived.asked)
+        return bool(arrived.rows)
 
     def _settle(self) -> None:
         """End of a call: every result committed, and rows a claim leased meanwhile in the engine, held and renewed.
@@ -190,8 +193,7 @@ class Runner:
         Rows left waiting for the next call would be leased to this worker without running or being renewed.
         """
         self._flush(force=True)  # waits for the writer and for a claim still on its way
-        if self.io.claiming():
-            self._admit_arrived()
+        if self._admit_arrived():
             self._flush(force=True)  # the engine may have refused some at once: their error lines
 
     def _admit(self, claimed: list[ClaimedRequest], *, asked: int) -> None:
@@ -211,7 +213,8 @@ class Runner:
                 self.inflight.add(item.id)
                 if item.urgent:
                     self.urgent.add(item.id)
-        self._signal_urgency()
+        if claimed:
+            self._signal_urgency()
 
     def _signal_urgency(self) -> None:
         """Tell an engine that can lend capacity (shared mode) whether work near its deadline is in flight."""
