@@ -179,6 +179,11 @@ class QueueIO:
             if thread is not threading.current_thread():  # closed by a finalizer on one of its own threads
                 thread.join(timeout=30)
 
+    @property
+    def closed(self) -> bool:
+        """True once `close` was called."""
+        return self._closed
+
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError(f"the runner I/O threads of {self.model} are closed (after a hand-back)")

@@ -1,8 +1,10 @@
 """The runner: keeps one warm engine continuously fed from the Postgres queue.
 
 Claim (short transaction) → submit to the engine → step → record finished results (short transaction).
-No transaction is open while the engine steps. In-flight work stays in the engine between calls of
-`run_for`, so a Celery task boundary never drains the running batch; its leases are renewed meanwhile by
+No transaction is open while the engine steps, and none runs on the engine's thread: claims, result commits
+and lease renewals run on the runner's I/O threads (worker/feed/queue_io.py), and each call (`run_for`,
+`hand_back`) returns once what it handed them is committed. In-flight work stays in the engine between calls
+of `run_for`, so a Celery task boundary never drains the running batch; its leases are renewed meanwhile by
 the worker's heartbeat thread (`renew_idle`, worker/process/liveness.py), and reconciled before every claim
 (docs/workers.md).
 """
@@ -126,6 +128,8 @@ class Runner:
 
     def renew_idle(self) -> bool:
         """Between tasks: store kept results and renew held leases, unless `run_for` is on it; True if done here."""
+        if self.io.closed:
+            return True  # handed back and closed (a switch, a registry change): nothing is held any more
         if not self._lock.acquire(blocking=False):
             return False  # run_for (or hand_back) holds the engine and renews as it goes
         try:
