@@ -250,6 +250,11 @@ class QueueIO:
                 lost -= relet(
                     session, worker_id=self.worker_id, request_ids=sorted(lost), lease_seconds=self.lease_seconds
                 )
+            if lost:  # our own claimer may have leased them back between the two (held rows are re-leases):
+                # still ours, and not lost, or the runner would abort rows that stay leased to it unrun
+                lost = renew(
+                    session, worker_id=self.worker_id, request_ids=sorted(lost), lease_seconds=self.lease_seconds
+                )
         with self._lock:
             self._lost |= lost - waiting  # not in the engine (yet, or any more): nothing to abort
 

@@ -232,3 +232,41 @@ def test_a_runner_closed_without_a_hand_back_returns_the_rows_it_claimed_but_nev
     assert statuses(batch_id) == {"running": 4, "queued": 2}
     runner.close_io()
     assert statuses(batch_id) == {"queued": 6}
+
+
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)  # two transactions at once on one row
+def test_a_renewal_that_meets_the_runners_own_claim_taking_a_row_back_keeps_it_held(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A row the engine still runs was re-queued by the reaper (its task came late). The next task renews on
+    # the writer thread and claims on the claimer thread at once: the renewal finds the row queued, the claim
+    # leases it back to this worker (a re-lease: it is held), and the renewal's take-back then finds it
+    # running. Called lost, the runner would abort it while it stays leased here, unrun until its lease ran
+    # out and re-run with an attempt used.
+    enqueue(1, max_tokens=10**8)
+    runner = make_runner()
+    runner.run_for(0.3)
+    [row_id] = runner.held()
+    assert requeue_expired() == 1
+
+    def claim_lands_first(session: Any, **kwargs: Any) -> set[str]:
+        with transaction() as other:  # the claimer thread's transaction commits between renew and take-back
+            again = results_claim(
+                other,
+                model="fake-model",
+                worker_id="w1",
+                limit=4,
+                lease_seconds=get_settings().lease_seconds,
+                settings=get_settings(),
+                held={row_id},
+            )
+        assert [row.id for row in again] == [row_id]
+        return results.relet(session, **kwargs)
+
+    monkeypatch.setattr(queue_io, "relet", claim_lands_first)
+    runner.io.renew([row_id])
+    runner.io.drain()
+    assert runner.io.take_lost() == set()
+    assert list(leased_to("w1")) == [row_id]
+    runner.hand_back(drain_seconds=0)
+    runner.close_io()
