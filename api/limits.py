@@ -22,7 +22,7 @@ import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.anthropic.errors import is_anthropic_path
-from storage.errors import InvalidRequest
+from storage.errors import InvalidRequest, RequestTooLarge
 from storage.lines.bounded_json import check_body
 
 UPLOAD_PATH = "/v1/files"
@@ -31,8 +31,9 @@ MULTIPART_SLACK_BYTES = 64 * 1024  # boundaries and part headers around the file
 BODY_MAX_BYTES = 1024 * 1024  # JSON bodies (batch creation, estimates): a few kB in practice
 
 
-class _BodyTooLarge(Exception):
-    """Raised into the app when a streamed body passes its limit; the middleware answers 413."""
+class _BodyTooLarge(RequestTooLarge):
+    """Raised into the app when a streamed body passes its limit; the middleware answers 413 (a typed error, so
+    a route reading the stream renders it like any other instead of logging an unhandled exception)."""
 
 
 class RequestLimits:
@@ -126,7 +127,7 @@ class RequestLimits:
                 received += len(message.get("body", b""))
                 if received > limit:
                     exceeded = True
-                    raise _BodyTooLarge
+                    raise _BodyTooLarge("The request body passed its size limit.")
             return message
 
         async def guarded_send(message: Message) -> None:
