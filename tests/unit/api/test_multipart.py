@@ -85,7 +85,7 @@ def test_a_file_part_without_a_filename_is_still_the_file() -> None:
         (file_part(DATA) + b"--xyz\r\n", "Invalid multipart data"),  # cut off after the file
         (file_part(b"{}") + file_part(b"{}", "two.jsonl") + END, "one 'file' part"),
         (b"not a multipart body at all", "Invalid multipart data"),
-        (b'--xyz\r\nContent-Disposition: form-data\r\n\r\nx\r\n' + END, '"name" must be provided'),
+        (b"--xyz\r\nContent-Disposition: form-data\r\n\r\nx\r\n" + END, '"name" must be provided'),
         (field("purpose", b"x" * (FIELD_MAX_BYTES + 1)) + file_part(b"{}") + END, "maximum size of 1024KB"),
         (b"".join(field(f"f{i}", b"") for i in range(FIELDS_MAX + 1)) + file_part(b"{}") + END, "Too many fields"),
     ],
