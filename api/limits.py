@@ -1,11 +1,12 @@
 """Request limits enforced before a route runs: body size and shape, NUL bytes in the URL, the request pool.
 
-FastAPI parses a multipart upload (spooling it to disk) before the route is called, so a limit checked
-inside the route comes after the whole body was read. This ASGI middleware refuses a declared
+A limit checked inside a route comes after the route was called, and a body FastAPI parses (a form, JSON)
+is read whole before that. This ASGI middleware refuses a declared
 Content-Length over the limit before reading anything, and stops a chunked body as soon as it passes the
 limit. Three kinds of body, one rule each:
-- uploads (`POST /v1/files`): `upload_max_bytes` plus multipart framing, streamed; the file's lines are
-  judged by the one line checker at ingest;
+- uploads (`POST /v1/files`): `upload_max_bytes` plus multipart framing, streamed into the route, which
+  reads the form as it arrives (api/multipart.py); the file's lines are judged by the one line checker at
+  ingest;
 - the Anthropic create (`POST /v1/messages/batches`): `message_batch_max_bytes`, streamed into the route,
   which splits it with the one bounded reader (storage/bounded_json.py) and judges each request;
 - every other body: at most 1 MiB, read here whole, then walked for depth and parsed strictly by the same
