@@ -1,11 +1,12 @@
 """Request limits enforced before a route runs: body size and shape, NUL bytes in the URL, the request pool.
 
-FastAPI parses a multipart upload (spooling it to disk) before the route is called, so a limit checked
-inside the route comes after the whole body was read. This ASGI middleware refuses a declared
+A limit checked inside a route comes after the route was called, and a body FastAPI parses (a form, JSON)
+is read whole before that. This ASGI middleware refuses a declared
 Content-Length over the limit before reading anything, and stops a chunked body as soon as it passes the
 limit. Three kinds of body, one rule each:
-- uploads (`POST /v1/files`): `upload_max_bytes` plus multipart framing, streamed; the file's lines are
-  judged by the one line checker at ingest;
+- uploads (`POST /v1/files`): `upload_max_bytes` plus multipart framing, streamed into the route, which
+  reads the form as it arrives (api/multipart.py); the file's lines are judged by the one line checker at
+  ingest;
 - the Anthropic create (`POST /v1/messages/batches`): `message_batch_max_bytes`, streamed into the route,
   which splits it with the one bounded reader (storage/bounded_json.py) and judges each request;
 - every other body: at most 1 MiB, read here whole, then walked for depth and parsed strictly by the same
@@ -22,7 +23,7 @@ import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.anthropic.errors import is_anthropic_path
-from storage.errors import InvalidRequest
+from storage.errors import InvalidRequest, RequestTooLarge
 from storage.lines.bounded_json import check_body
 
 UPLOAD_PATH = "/v1/files"
@@ -31,8 +32,9 @@ MULTIPART_SLACK_BYTES = 64 * 1024  # boundaries and part headers around the file
 BODY_MAX_BYTES = 1024 * 1024  # JSON bodies (batch creation, estimates): a few kB in practice
 
 
-class _BodyTooLarge(Exception):
-    """Raised into the app when a streamed body passes its limit; the middleware answers 413."""
+class _BodyTooLarge(RequestTooLarge):
+    """Raised into the app when a streamed body passes its limit; the middleware answers 413 (a typed error, so
+    a route reading the stream renders it like any other instead of logging an unhandled exception)."""
 
 
 class RequestLimits:
@@ -126,7 +128,7 @@ class RequestLimits:
                 received += len(message.get("body", b""))
                 if received > limit:
                     exceeded = True
-                    raise _BodyTooLarge
+                    raise _BodyTooLarge("The request body passed its size limit.")
             return message
 
         async def guarded_send(message: Message) -> None:

@@ -7,16 +7,15 @@ create body is streamed, never held whole.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Annotated
 
-import anyio.from_thread
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
 from api.anthropic.deps import Caller
 from api.anthropic.schemas import DeletedMessageBatch, MessageBatch, MessageBatchList, MessageBatchPriority
 from api.anthropic.status import require_ended_for_delete, require_ended_for_results, require_in_progress
+from api.bodies import body_chunks
 from api.deps import Blobs, Config, Cursor, DbSession
 from api.paging import cursor_fields
 from storage.batches.batches import cancel_batch
@@ -79,7 +78,7 @@ def create(request: Request, session: DbSession, caller: Caller, blobs: Blobs, s
     """Create a Message Batch from inline `requests: [{custom_id, params}]`; it is validated, then queued.
 
     The body (up to `message_batch_max_bytes`, api/limits.py) streams through the one bounded reader."""
-    batch = create_message_batch(session, blobs, settings, tenant_id=caller.tenant_id, chunks=_body(request))
+    batch = create_message_batch(session, blobs, settings, tenant_id=caller.tenant_id, chunks=body_chunks(request))
     wake_after_commit(session, "batch.ingest", batch_id=batch.id)
     return _render(session, request, batch)
 
@@ -194,18 +193,3 @@ def _render(session: DbSession, request: Request, batch: Batch, *, settings: Set
         }
     retries = retry_ids_of(session, batch_ids=[batch.id])[batch.id]
     return MessageBatch.of(batch, base_url=str(request.base_url), retries=retries, **extras)
-
-
-def _body(request: Request) -> Iterator[bytes]:
-    """The request body as it arrives, read from this worker thread off the event loop's stream."""
-    stream = request.stream().__aiter__()
-
-    async def receive() -> bytes | None:
-        try:
-            return await stream.__anext__()
-        except StopAsyncIteration:
-            return None
-
-    while (chunk := anyio.from_thread.run(receive)) is not None:
-        if chunk:
-            yield chunk

@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Annotated, BinaryIO
+from collections.abc import Iterable, Iterator
+from typing import Annotated
 
-from fastapi import APIRouter, Form, Query, UploadFile
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
+from api.bodies import body_chunks
 from api.deps import Blobs, Caller, Config, Cursor, DbSession
+from api.multipart import FormStream, missing
 from api.openai.schemas import FileDeleted, FileList, FileObject
 from api.paging import cursor_fields
 from storage.errors import InvalidRequest, UploadTooLarge
-from storage.files.files import check_filename, content_disposition, create_file, delete_file, get_file, list_files
+from storage.files.files import (
+    check_filename,
+    content_disposition,
+    delete_file,
+    get_file,
+    list_files,
+    put_file_object,
+    record_file,
+    reserve_file,
+)
 from storage.lines.reader import check_utf8_jsonl, clip
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
@@ -36,54 +47,95 @@ def expiry_seconds(anchor: str | None, seconds: str | int | None, *, param: str)
     return int(text)
 
 
-def _bounded(handle: BinaryIO, *, limit: int, chunk_bytes: int) -> Iterator[bytes]:
+UPLOAD_FIELDS = {"purpose": None, "expires_after[anchor]": 32, "expires_after[seconds]": 16}  # name: max chars
+_UPLOAD_FORM = {
+    "type": "object",
+    "required": ["file", "purpose"],
+    "properties": {
+        "file": {"type": "string", "contentMediaType": "application/octet-stream", "title": "File"},
+        "purpose": {"type": "string", "enum": list(PURPOSES), "title": "Purpose"},
+        **{
+            name: {"anyOf": [{"type": "string", "maxLength": chars}, {"type": "null"}], "title": name}
+            for name, chars in UPLOAD_FIELDS.items()
+            if chars
+        },
+    },
+}
+
+
+def _bounded(chunks: Iterable[bytes], *, limit: int) -> Iterator[bytes]:
     total = 0
-    while chunk := handle.read(chunk_bytes):
+    for chunk in chunks:
         total += len(chunk)
         if total > limit:
             raise UploadTooLarge(f"File is larger than the {limit} byte limit.", param="file")
         yield chunk
 
 
-@router.post("", response_model=FileObject)
-def upload_file(
-    file: UploadFile,
-    purpose: Annotated[str, Form(json_schema_extra={"enum": list(PURPOSES)})],
-    session: DbSession,
-    caller: Caller,
-    blobs: Blobs,
-    settings: Config,
-    expires_anchor: Annotated[str | None, Form(alias="expires_after[anchor]", max_length=32)] = None,
-    expires_seconds: Annotated[str | None, Form(alias="expires_after[seconds]", max_length=16)] = None,
-) -> FileObject:
+def upload_fields(fields: dict[str, str], *, final: bool, default_expiry: int | None) -> tuple[str, int | None]:
+    """The purpose and expiry the form names, or the 400 FastAPI's form validation gave for them; before the
+    body's end (`final=False`) a missing purpose is not yet an error and the expiry is not judged."""
+    for name, chars in UPLOAD_FIELDS.items():
+        if chars and len(fields.get(name, "")) > chars:
+            raise InvalidRequest(
+                f"Invalid value for '{name}': String should have at most {chars} characters.",
+                param=name,
+                code="invalid_request",
+            )
+    purpose = fields.get("purpose")
+    if purpose is None:
+        if final:
+            raise missing("purpose")
+        return "", None
+    if purpose not in PURPOSES:
+        raise InvalidRequest(f"Invalid purpose {clip(purpose)}: uploads support 'batch'.", param="purpose")
+    if not final:
+        return purpose, None
+    expires = expiry_seconds(
+        fields.get("expires_after[anchor]"), fields.get("expires_after[seconds]"), param="expires_after"
+    )
+    return purpose, default_expiry if expires is None else expires
+
+
+@router.post(
+    "",
+    response_model=FileObject,
+    openapi_extra={"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": _UPLOAD_FORM}}}},
+)
+def upload_file(request: Request, session: DbSession, caller: Caller, blobs: Blobs, settings: Config) -> FileObject:
     """Upload a JSONL file of batch requests (purpose `batch`); it is streamed to object storage.
 
     `expires_after={anchor: created_at, seconds: N}` (3600 <= N <= 2592000) sets when it expires; by default
-    a batch file expires after 30 days (`BACKFILL_BATCH_FILE_EXPIRES_SECONDS`)."""
-    if purpose not in PURPOSES:
-        raise InvalidRequest(f"Invalid purpose {clip(purpose)}: uploads support 'batch'.", param="purpose")
+    a batch file expires after 30 days (`BACKFILL_BATCH_FILE_EXPIRES_SECONDS`).
+
+    The multipart body is read once, as it arrives (api/multipart.py): the file's bytes are checked (UTF-8,
+    JSONL), hashed and sent to object storage part by part while the client is still sending, with no spool
+    file. The SDKs send `purpose` before `file`, so a bad purpose is refused before any byte is stored; form
+    fields sent after the file are judged at the body's end, and the stored object is removed if they fail."""
+    body = body_chunks(request, gather_bytes=settings.stream_chunk_bytes)
+    form = FormStream(request.headers.get("content-type", ""), body, file_field="file", keep=tuple(UPLOAD_FIELDS))
+    if not form.read_to_file():
+        raise missing("file")
+    default_expiry = settings.batch_file_expires_seconds or None
+    upload_fields(form.fields, final=False, default_expiry=default_expiry)
     # Kept as the user's label, never used as a path: objects are keyed by file id alone.
-    filename = check_filename(file.filename or "upload.jsonl")
-    limit = settings.upload_max_bytes  # api/limits.py already refused a larger declared or streamed body
-    expires = expiry_seconds(expires_anchor, expires_seconds, param="expires_after")
-    if expires is None:
-        expires = settings.batch_file_expires_seconds or None
-    chunks = _bounded(file.file, limit=limit, chunk_bytes=settings.stream_chunk_bytes)
+    filename = check_filename(form.filename or "upload.jsonl")
+    new = reserve_file(session, tenant_id=caller.tenant_id)
+    session.commit()  # no transaction (or pooled connection) is held while the body streams in
+    # api/limits.py already refused a larger declared or streamed body; this bounds the file part itself.
+    chunks = check_utf8_jsonl(_bounded(form.file_chunks(), limit=settings.upload_max_bytes))
     try:
-        row = create_file(
-            session,
-            blobs,
-            tenant_id=caller.tenant_id,
-            filename=filename,
-            purpose=purpose,
-            chunks=check_utf8_jsonl(chunks),
-            expires_after_seconds=expires,
-        )
+        stored = put_file_object(session, blobs, new, chunks=chunks)
     except ValueError as error:
         raise InvalidRequest(str(error), param="file", code="invalid_file_format") from None
-    if row.bytes == 0:
-        blobs.delete(row.blob_key)
-        raise InvalidRequest("The file is empty.", param="file", code="empty_file")
+    try:
+        purpose, expires = upload_fields(form.fields, final=True, default_expiry=default_expiry)
+        if stored.size == 0:
+            raise InvalidRequest("The file is empty.", param="file", code="empty_file")
+    except InvalidRequest:
+        blobs.delete(stored.key)
+        raise
+    row = record_file(session, new, stored, filename=filename, purpose=purpose, expires_after_seconds=expires)
     return FileObject.of(row)
 
 

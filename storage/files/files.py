@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from urllib.parse import quote
 
 from sqlalchemy import select
@@ -11,7 +12,7 @@ from sqlalchemy.orm import Session
 from storage.batches.manifests import forget_file
 from storage.clock import now
 from storage.errors import FileNotFound, InvalidRequest, QuotaExceeded
-from storage.files.blobs import BlobStore, delete_on_rollback
+from storage.files.blobs import BlobStore, StoredBlob, delete_on_rollback
 from storage.files.blobs.layout import input_file_key, tenant_segment
 from storage.ids import new_id
 from storage.models import File
@@ -36,21 +37,62 @@ def create_file(
     expires_after_seconds: int | None = None,
 ) -> File:
     """Stream `chunks` into object storage and record the file row (key, size, checksum, expiry)."""
-    settings = get_settings()
-    check_file_room(session, settings, tenant_id=tenant_id)
+    new = reserve_file(session, tenant_id=tenant_id, file_id=file_id)
+    stored = put_file_object(session, blobs, new, chunks=chunks)
+    return record_file(
+        session,
+        new,
+        stored,
+        filename=filename,
+        purpose=purpose,
+        expires_after_seconds=expires_after_seconds,
+    )
+
+
+@dataclass(frozen=True)
+class NewFile:
+    """A file about to be stored: its tenant, id and object key (nothing written yet)."""
+
+    tenant_id: str
+    id: str
+    key: str
+
+
+def reserve_file(session: Session, *, tenant_id: str, file_id: str | None = None) -> NewFile:
+    """Check the tenant has room for one more file and choose its id and object key."""
+    check_file_room(session, get_settings(), tenant_id=tenant_id)
     file_id = file_id or new_id("file-")
-    key = input_file_key(tenant=tenant_folder(session, tenant_id=tenant_id), file_id=file_id)
-    stored = blobs.put_stream(key, chunks)
+    return NewFile(
+        tenant_id, file_id, input_file_key(tenant=tenant_folder(session, tenant_id=tenant_id), file_id=file_id)
+    )
+
+
+def put_file_object(session: Session, blobs: BlobStore, new: NewFile, *, chunks: Iterable[bytes]) -> StoredBlob:
+    """Stream `chunks` to the file's object, removed again if the session rolls back or the bytes pass the quota."""
+    stored = blobs.put_stream(new.key, chunks)
     delete_on_rollback(session, blobs, stored.key)  # the row may never land (a failed flush or commit)
     try:
-        check_file_room(session, settings, tenant_id=tenant_id, adding_bytes=stored.size)
+        check_file_room(session, get_settings(), tenant_id=new.tenant_id, adding_bytes=stored.size)
     except QuotaExceeded:
         blobs.delete(stored.key)
         raise
+    return stored
+
+
+def record_file(
+    session: Session,
+    new: NewFile,
+    stored: StoredBlob,
+    *,
+    filename: str,
+    purpose: str,
+    expires_after_seconds: int | None = None,
+) -> File:
+    """The row of a file whose object `put_file_object` wrote."""
     created = now()
     row = File(
-        id=file_id,
-        tenant_id=tenant_id,
+        id=new.id,
+        tenant_id=new.tenant_id,
         filename=filename,
         purpose=purpose,
         bytes=stored.size,

@@ -75,3 +75,57 @@ def test_non_jsonl_and_empty_uploads_are_rejected(api: LiveServer) -> None:
         client.files.create(file=("x.jsonl", io.BytesIO(b"")), purpose="batch")
     assert "empty" in empty.value.message
     assert list(client.files.list()) == []
+
+
+def multipart(*parts: tuple[str, bytes, str | None]) -> bytes:
+    """A form body in the order given: (name, value, filename or None)."""
+    body = b""
+    for name, value, filename in parts:
+        named = f'; filename="{filename}"' if filename else ""
+        body += f'--b\r\nContent-Disposition: form-data; name="{name}"{named}\r\n\r\n'.encode() + value + b"\r\n"
+    return body + b"--b--\r\n"
+
+
+def post_form(api: LiveServer, key: str, body: bytes) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "multipart/form-data; boundary=b"}
+    return httpx.post(f"{api.base_url}/v1/files", headers=headers, content=body)
+
+
+def test_fields_sent_after_the_file_are_honoured_and_a_bad_one_leaves_nothing_behind(api: LiveServer) -> None:
+    key = make_key("acme")
+    data = jsonl(2)
+    seconds = b"7200"
+    ok = post_form(
+        api,
+        key,
+        multipart(
+            ("file", data, "late.jsonl"),
+            ("purpose", b"batch", None),
+            ("expires_after[anchor]", b"created_at", None),
+            ("expires_after[seconds]", seconds, None),
+        ),
+    )
+    assert ok.status_code == 200, ok.text
+    assert ok.json()["expires_at"] - ok.json()["created_at"] == 7200 and ok.json()["filename"] == "late.jsonl"
+    bad = post_form(api, key, multipart(("file", data, "late.jsonl"), ("purpose", b"fine-tune", None)))
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "purpose"
+    missing = post_form(api, key, multipart(("file", data, "late.jsonl")))
+    assert missing.status_code == 400 and missing.json()["error"]["param"] == "purpose"
+    assert [f.id for f in api.client(key).files.list()] == [ok.json()["id"]]
+    from storage.files.blobs import get_blob_store
+
+    store = get_blob_store()
+    if hasattr(store, "root"):  # the refused uploads' objects were removed
+        assert [p.name for p in store.root.rglob("*") if p.is_file()] == [f"{ok.json()['id']}.jsonl"]
+
+
+def test_a_body_cut_off_inside_the_file_or_with_two_files_is_a_400_and_stores_nothing(api: LiveServer) -> None:
+    key = make_key("acme")
+    form = multipart(("purpose", b"batch", None), ("file", jsonl(2), "a.jsonl"))
+    cut = post_form(api, key, form[: -len(b"\r\n--b--\r\n") - 5])
+    assert cut.status_code == 400 and cut.json()["error"]["param"] == "file"
+    two = post_form(
+        api, key, multipart(("purpose", b"batch", None), ("file", jsonl(1), "a.jsonl"), ("file", jsonl(1), "b.jsonl"))
+    )
+    assert two.status_code == 400 and "one 'file' part" in two.json()["error"]["message"]
+    assert list(api.client(key).files.list()) == []
