@@ -38,6 +38,11 @@ _PLAIN_KEY_PREFIX = r"^([A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*
 
 # The completion window with no deadline (storage/batch_control.py): claimed only when no deadline work waits.
 BACKGROUND_WINDOW = "background"
+# Of a SIGTERM'd GPU worker's grace (`shutdown_grace_seconds`), what the drain leaves for the rest: the running
+# engine step and task ending, the checkpoint write (384 sequences: under 1 s, docs/benchmarks.md), the
+# wake-up and the process exit. Generous on purpose: a shorter drain loses no work (what did not finish resumes
+# from its checkpoint), a SIGKILL before the write loses the decode since the last periodic checkpoint.
+SHUTDOWN_MARGIN_SECONDS = 10
 
 
 def window_seconds(window: str) -> int:
@@ -99,8 +104,12 @@ class Settings(BaseSettings):
     switch_check_seconds: int = Field(default=10, ge=1)  # how often the backlog is re-read to decide
     switch_drain_seconds: int = Field(default=30, ge=0)  # in-flight work may finish this long, then goes back
     # A GPU worker told to stop (SIGTERM) lets in-flight work finish this long, then hands the rest back to
-    # the queue (worker/process/shutdown.py): keep it well inside the pod's terminationGracePeriodSeconds.
+    # the queue with their checkpoints (worker/process/shutdown.py). `shutdown_grace_seconds` is the time it
+    # has from SIGTERM to exit (a spot reclaim notice: 30 s on GCP/Azure, 120 s on AWS; the pod's
+    # terminationGracePeriodSeconds): the drain is cut so that SHUTDOWN_MARGIN_SECONDS remain for the
+    # checkpoint write and the exit (`shutdown_drain_budget`).
     shutdown_drain_seconds: int = Field(default=10, ge=0)
+    shutdown_grace_seconds: int = Field(default=30, ge=0)
     # Generation checkpoints (docs/workers.md): every hand-back stores each in-flight request's generated token
     # ids with its row; besides, every `checkpoint_interval_seconds` (with a lease renewal) a request that has
     # generated `checkpoint_every_tokens` more since its last checkpoint is stored too (0: only at hand-backs).
@@ -273,6 +282,12 @@ class Settings(BaseSettings):
                 url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
             return url
         return f"sqlite:///{(self.data_dir / 'backfill.db').resolve()}"
+
+    def shutdown_drain_budget(self, *, elapsed: float = 0.0) -> float:
+        """Seconds a SIGTERM'd worker may still drain, `elapsed` after the signal: what leaves it
+        SHUTDOWN_MARGIN_SECONDS of its grace to write the checkpoints and exit (never negative)."""
+        left = self.shutdown_grace_seconds - SHUTDOWN_MARGIN_SECONDS - elapsed
+        return max(0.0, min(float(self.shutdown_drain_seconds), left))
 
     def served_models(self) -> dict[str, ModelSpec]:
         """The model registry; the embedded default serves the locally built demo model and MiniLM embeddings."""

@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         argv = ["worker", "-Q", queues, "-P", "solo", "-c", "1", "--prefetch-multiplier", "1"]
     else:
         argv = ["worker", "-Q", "default", "-P", "threads", "-c", "2"]
-    shutdown.install(feeder, drain_seconds=float(settings.shutdown_drain_seconds))  # SIGTERM hands work back
+    shutdown.install(feeder, settings=settings)  # SIGTERM: checkpoint, hand work back, exit inside the grace
     try:
         app.worker_main([*argv, "--loglevel", "INFO", "-n", f"{args.role}@%h.{os.getpid()}"])
     finally:

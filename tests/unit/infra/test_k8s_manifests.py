@@ -12,7 +12,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from storage.settings import Settings
+from storage.settings import SHUTDOWN_MARGIN_SECONDS, Settings
 from tests.unit.infra.kustomize import Object, render
 
 INFRA = Path(__file__).resolve().parents[3] / "infra"
@@ -172,9 +172,12 @@ def test_each_gpu_worker_serves_its_model_tensor_parallel_8_on_the_8_gpus_it_req
         assert container["resources"]["limits"]["nvidia.com/gpu"] == 8
         assert container["resources"]["requests"]["nvidia.com/gpu"] == 8
         assert "/dev/shm" in {mount["mountPath"] for mount in container["volumeMounts"]}  # TP workers' shared memory
-        # On SIGTERM it drains, then hands the rest back: all of it inside the grace period.
+        # On SIGTERM it drains, then checkpoints and hands the rest back: all of it inside the grace it is
+        # told of, which Kubernetes gives it (and a margin) before its SIGKILL.
         grace = workload["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
-        assert grace >= settings.shutdown_drain_seconds + 30
+        assert grace >= settings.shutdown_grace_seconds + SHUTDOWN_MARGIN_SECONDS
+        assert settings.shutdown_drain_budget() > 0
+        assert settings.shutdown_drain_budget() + SHUTDOWN_MARGIN_SECONDS <= settings.shutdown_grace_seconds
     assert len(models) == len(workers)  # one pool (Deployment) per model
 
 

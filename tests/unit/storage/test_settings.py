@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from storage.planning.roofline import HARDWARE_PRESETS, ModelShape, max_num_seqs_for
 from storage.registry import ModelSpec
-from storage.settings import Settings, window_seconds
+from storage.settings import SHUTDOWN_MARGIN_SECONDS, Settings, window_seconds
 
 LLAMA_70B = {
     "architectures": ["LlamaForCausalLM"],
@@ -100,3 +100,17 @@ def test_max_num_seqs_can_come_from_the_planner(tmp_path: Path) -> None:
     assert ModelSpec(path=str(tmp_path), max_num_seqs=32).resolved_max_num_seqs() == 32
     with pytest.raises(ValueError):
         ModelSpec(path=str(tmp_path), max_num_seqs_from_planner=True, hardware="1xTPU")
+
+
+def test_a_sigterm_drain_leaves_the_margin_of_the_grace_for_the_checkpoints_and_the_exit(tmp_path: Path) -> None:
+    def budget(drain: int, grace: int, elapsed: float = 0.0) -> float:
+        settings = Settings(data_dir=tmp_path, shutdown_drain_seconds=drain, shutdown_grace_seconds=grace)
+        return settings.shutdown_drain_budget(elapsed=elapsed)
+
+    assert SHUTDOWN_MARGIN_SECONDS == 10
+    assert budget(10, 30) == 10  # the defaults: the drain fits as asked
+    assert budget(60, 30) == 20  # a 30 s spot notice: drain 20 s, 10 s left to write and exit
+    assert budget(60, 30, elapsed=4.5) == 15.5  # the grace counts from SIGTERM, not from Celery's stop
+    assert budget(60, 120) == 60
+    assert budget(10, 5) == 0  # a grace shorter than the margin: checkpoint at once
+    assert budget(10, 30, elapsed=25) == 0
