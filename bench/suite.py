@@ -59,6 +59,9 @@ FULL = {
     # Issue 18: a 256 MB Anthropic create, 40 concurrent large bodies and the depth attack against the API
     # process (~3 min): `make bench ARGS="--only hostile-bodies"`.
     "hostile-bodies": ["bench/hostile_bodies.py"],
+    # Issue 21 items 2 and 5: the hand-back of 384 in-flight sequences with their checkpoints, and the write
+    # volume of periodic checkpoints on a GPU-timed run (~5 min): `make bench ARGS="--only handback"`.
+    "handback": ["bench/handback.py"],
 }
 DEFAULT_PARTS = ("engine", "runbatch", "ingest", "queue")
 QUICK = {
@@ -84,6 +87,7 @@ QUICK = {
     "workers": ["bench/workers.py", "--quick"],
     "gpu-timed": ["bench/gpu_timed.py", "--quick"],
     "hostile-bodies": ["bench/hostile_bodies.py", "--quick"],
+    "handback": ["bench/handback.py", "--quick"],
 }
 OUTPUTS = {part: f"{part}.json" for part in FULL}
 
@@ -262,7 +266,28 @@ def measures(parts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         rows += _worker_rows(workers)
     if hostile := parts.get("hostile-bodies"):
         rows += _hostile_rows(hostile)
+    if handback := parts.get("handback"):
+        rows += _handback_rows(handback["result"])
     return rows
+
+
+def _handback_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
+    back, on, off = r["handback"], r["on"], r["off"]
+    seconds, wal = back["seconds"], r["wal_overhead_ratio"]
+    label = f"x without (every {on['every_tokens']} tokens / {r['checkpoint_interval_seconds']:g} s)"
+    return [
+        entry(
+            f"handback_checkpoint_seconds_{back['in_flight']}",
+            seconds,
+            f"s ({back['generated_tokens'] // back['in_flight']} tokens each, {back['checkpoint_bytes']} B stored)",
+            "<= 2",
+            seconds <= 2 and back["checkpointed_rows"] == back["in_flight"],
+        ),
+        entry("checkpoint_wal_overhead_ratio", wal, label, "<= 0.10", wal is not None and wal <= 0.10),
+        entry("checkpoint_updated_rows_overhead_ratio", r["updated_rows_overhead_ratio"], label),
+        entry("checkpoint_wal_bytes_without", off["wal_bytes"], f"B ({off['output_tokens']} output tokens)"),
+        entry("checkpoint_wal_bytes_with", on["wal_bytes"], f"B ({on['output_tokens']} output tokens)"),
+    ]
 
 
 def _hostile_rows(h: dict[str, Any]) -> list[dict[str, Any]]:
@@ -476,7 +501,7 @@ def main() -> int:
     parser.add_argument(
         "--only",
         default="",
-        help="comma-separated parts: engine,runbatch,ingest,queue,shared,prefix,gpu-timed,workers",
+        help="comma-separated parts: engine,runbatch,ingest,queue,shared,prefix,gpu-timed,workers,hostile-bodies,handback",
     )
     parser.add_argument("--no-write", action="store_true", help="print only; leave results.json and docs alone")
     parser.add_argument("--render", action="store_true", help="only rewrite docs/benchmarks.md from results.json")
@@ -538,6 +563,8 @@ _PREFIXES = {
     "prefix": ("prefix_",),
     "workers": ("workers_",),
     "gpu-timed": ("gpu_timed_",),
+    "hostile-bodies": ("hostile_",),
+    "handback": ("handback_", "checkpoint_"),
 }
 
 

@@ -1,0 +1,176 @@
+"""Spot notices and checkpoints (issue 21, items 2 and 5), on the GPU-timed fake (worker/engine/timed_fake.py).
+
+  handback  the runner holds 384 in-flight sequences (every slot of 70B FP8 on 8x H100) that have each
+            generated a few hundred tokens; `Runner.hand_back(drain_seconds=0)`, what a SIGTERM does once
+            its drain is spent, is timed until the transaction that re-queues the rows with their token ids
+            has committed (goal <= 2 s: a 30 s notice minus the drain leaves 10 s, SHUTDOWN_MARGIN_SECONDS).
+  overhead  the same fixed GPU-timed run (long outputs, so periodic checkpoints are due) twice, each on a
+            fresh database: with the default checkpoints and with BACKFILL_CHECKPOINT_EVERY_TOKENS=0 (only
+            at hand-backs, today's write volume). Compared: WAL bytes written (pg_stat_wal: cluster-wide, so
+            other work on the server adds noise), rows updated and transactions committed in the database
+            (pg_stat_database). Goal: checkpoints add <= 10 % to the write volume.
+
+Usage: .venv/bin/python bench/handback.py [--quick] [--requests 768] [--low 1000] [--high 3000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._setup import OUT
+from bench.gpu_timed import MODEL, enqueue, prepare
+
+SLOTS = 384
+
+
+def _counters() -> dict[str, int]:
+    """Cluster WAL bytes, and this database's updated/inserted rows and commits (after a stats flush)."""
+    import sqlalchemy as sa
+
+    from storage.db import get_engine
+
+    get_engine().dispose()  # backends flush their statistics when they exit
+    time.sleep(1.5)
+    with get_engine().connect() as conn:
+        conn.execute(sa.text("SELECT pg_stat_clear_snapshot()"))
+        wal = conn.execute(sa.text("SELECT wal_bytes FROM pg_stat_wal")).scalar_one()
+        row = conn.execute(
+            sa.text(
+                "SELECT tup_updated, tup_inserted, xact_commit FROM pg_stat_database WHERE datname = current_database()"
+            )
+        ).one()
+    return {"wal_bytes": int(wal), "tup_updated": row[0], "tup_inserted": row[1], "xact_commit": row[2]}
+
+
+def _runner() -> Any:
+    """The GPU-timed fake and a runner; the fake's token ids made real-looking (see `_random_ids`)."""
+    from storage.settings import get_settings
+    from worker.engine.factory import load_engine
+    from worker.feed.runner import Runner
+
+    settings = get_settings()
+    engine = load_engine(settings, MODEL)
+    progress = engine.progress
+    engine.progress = lambda request_ids: _random_ids(progress(request_ids))
+    return engine, Runner(engine, model=MODEL, settings=settings)
+
+
+def _random_ids(progress: dict[str, Any]) -> dict[str, Any]:
+    """The fake's token ids repeat and compress ~30x; a model's do not (~3 bytes a token packed). Replace
+    them by ids drawn uniformly below 128,256 (Llama 3's vocabulary), seeded per request so that a
+    request's ids only grow from one read to the next: the worst case for the zlib-packed checkpoints."""
+    import random
+
+    from worker.engine import Progress
+
+    out = {}
+    for rid, p in progress.items():
+        rng = random.Random(rid)
+        out[rid] = Progress([rng.randrange(128_256) for _ in p.token_ids], p.exact)
+    return out
+
+
+def handback(tokens: int) -> dict[str, Any]:
+    """Time the hand-back of 384 sequences holding about `tokens` generated tokens each."""
+    import sqlalchemy as sa
+
+    from storage.db import get_engine
+
+    prepare(io_thread=True)
+    enqueue(SLOTS * 2, low=tokens * 4, high=tokens * 4, seed=7, prompt_tokens=0)
+    engine, runner = _runner()
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        runner.run_for(2.0)
+        progress = engine.progress(sorted(runner.inflight))
+        held = [len(p.token_ids) for p in progress.values()]
+        if len(held) >= SLOTS and min(held) >= tokens:
+            break
+    generated = sum(held)
+    started = time.perf_counter()
+    released = runner.hand_back(drain_seconds=0)
+    seconds = time.perf_counter() - started
+    runner.close_io()
+    with get_engine().connect() as conn:
+        stored = conn.execute(
+            sa.text(
+                "SELECT count(*), coalesce(sum(octet_length(checkpoint)), 0) FROM batch_requests"
+                " WHERE checkpoint IS NOT NULL"
+            )
+        ).one()
+    return {
+        "in_flight": len(held),
+        "released": released,
+        "generated_tokens": generated,
+        "checkpointed_rows": stored[0],
+        "checkpoint_bytes": int(stored[1]),
+        "seconds": round(seconds, 3),
+    }
+
+
+def overhead_run(requests: int, *, low: int, high: int, every_tokens: int) -> dict[str, Any]:
+    """One fixed run to the end of the queue; the database's write counters over it."""
+    os.environ["BACKFILL_CHECKPOINT_EVERY_TOKENS"] = str(every_tokens)
+    prepare(io_thread=True)
+    enqueue(requests, low=low, high=high, seed=11, prompt_tokens=0)
+    engine, runner = _runner()
+    before = _counters()
+    started = time.perf_counter()
+    while runner.run_for(300.0):
+        pass
+    wall = time.perf_counter() - started
+    runner.close_io()
+    after = _counters()
+    figures: dict[str, Any] = {k: after[k] - before[k] for k in after}
+    figures.update(
+        every_tokens=every_tokens, wall_seconds=round(wall, 1), output_tokens=sum(s.tokens for s in engine.timeline)
+    )
+    return figures
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--requests", type=int, default=768)
+    parser.add_argument("--low", type=int, default=1000)
+    parser.add_argument("--high", type=int, default=3000)
+    parser.add_argument("--tokens", type=int, default=520, help="generated tokens per sequence at the hand-back")
+    args = parser.parse_args()
+    if args.quick:
+        args.requests, args.tokens = 384, 200
+    OUT.mkdir(parents=True, exist_ok=True)
+    os.environ["BACKFILL_DATA_DIR"] = tempfile.mkdtemp(prefix="handback-", dir=OUT)
+    os.environ["BACKFILL_MODELS"] = json.dumps({MODEL: {"path": "fake:gpu-timed", "max_num_seqs": SLOTS}})
+    os.environ.setdefault("BACKFILL_CHECKPOINT_INTERVAL_SECONDS", "60")
+    back = handback(args.tokens)
+    print(f"hand-back: {json.dumps(back)}", flush=True)
+    off = overhead_run(args.requests, low=args.low, high=args.high, every_tokens=0)
+    print(f"checkpoints off: {json.dumps(off)}", flush=True)
+    on = overhead_run(args.requests, low=args.low, high=args.high, every_tokens=1024)
+    print(f"checkpoints on (1024 tokens / 60 s): {json.dumps(on)}", flush=True)
+    result = {
+        "handback": back,
+        "off": off,
+        "on": on,
+        "checkpoint_interval_seconds": float(os.environ["BACKFILL_CHECKPOINT_INTERVAL_SECONDS"]),
+        "wal_overhead_ratio": round(on["wal_bytes"] / off["wal_bytes"] - 1, 4) if off["wal_bytes"] else None,
+        "updated_rows_overhead_ratio": round(on["tup_updated"] / off["tup_updated"] - 1, 4)
+        if off["tup_updated"]
+        else None,
+    }
+    print(json.dumps({k: result[k] for k in ("wal_overhead_ratio", "updated_rows_overhead_ratio")}))
+    (OUT / "handback.json").write_text(json.dumps({"result": result}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
