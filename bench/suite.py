@@ -284,6 +284,13 @@ def _handback_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
             seconds <= 2 and back["checkpointed_rows"] == back["in_flight"],
         ),
         entry("checkpoint_wal_overhead_ratio", wal, label, "<= 0.10", wal is not None and wal <= 0.10),
+        entry(
+            "checkpoint_payload_overhead_ratio",
+            r["payload_overhead_ratio"],
+            f"periodic checkpoint bytes ({on['checkpoint_writes']} writes) / WAL without",
+            "<= 0.10",
+            r["payload_overhead_ratio"] is not None and r["payload_overhead_ratio"] <= 0.10,
+        ),
         entry("checkpoint_updated_rows_overhead_ratio", r["updated_rows_overhead_ratio"], label),
         entry("checkpoint_wal_bytes_without", off["wal_bytes"], f"B ({off['output_tokens']} output tokens)"),
         entry("checkpoint_wal_bytes_with", on["wal_bytes"], f"B ({on['output_tokens']} output tokens)"),
