@@ -10,6 +10,7 @@ import fcntl
 import os
 import re
 import select
+import signal
 import struct
 import subprocess
 import sys
@@ -30,6 +31,10 @@ def cli_env(base_url: str, key: str | None, data_dir: Path) -> dict[str, str]:
     return env
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Terminal:
     """`backfill ARGS` on a 40x160 pty; `expect` waits for text on the screen, `type` sends keystrokes."""
 
@@ -44,6 +49,9 @@ class Terminal:
             env=env,
             cwd=cwd,
             close_fds=True,
+            # As a shell starts a foreground job: Ctrl-C's SIGINT acts, even where this test runs under a
+            # non-interactive shell's `&`, whose children inherit SIGINT ignored (and exec keeps it ignored).
+            preexec_fn=_default_sigint,
         )
         os.close(slave)
         self.master = master
