@@ -12,15 +12,13 @@ import logging
 import os
 import sys
 import time
-import uuid
 from collections.abc import Collection
-from dataclasses import dataclass, field
 from typing import Any
 
 from storage.protocols import EMBEDDINGS_URL
 from storage.registry import ModelSpec
 from worker.engine import EngineRequest, EngineResult, EngineStats, Progress, error_result
-from worker.engine.vllm_choices import choice_of, message_of
+from worker.engine.vllm_outputs import InFlight, invalid_result, result_of
 from worker.engine.vllm_resume import (
     EndedHere,
     Resume,
@@ -28,14 +26,13 @@ from worker.engine.vllm_resume import (
     exact_params,
     new_resume,
     resumed_params,
-    stitch,
     stream_decoder,
 )
 from worker.engine.wire import parse_body
 from worker.engine.wire.anthropic import MessagesBody
 from worker.engine.wire.base import BodyError, server_error
 from worker.engine.wire.openai import Body, ChatBody, CompletionBody, EmbeddingBody
-from worker.engine.wire.openai_results import embedding_list, engine_body, generated_body, output_budget
+from worker.engine.wire.openai_results import engine_body, output_budget
 from worker.engine.wire.resume import restart_reason
 
 logger = logging.getLogger(__name__)
@@ -61,20 +58,6 @@ def _forget_import_tracebacks() -> None:
             for value in list(vars(module).values()):
                 if isinstance(value, BaseException):
                     value.__traceback__ = None
-
-
-@dataclass
-class _InFlight:
-    """A submitted request: its parsed body, what the engine runs for it, and the engine requests it fanned out to."""
-
-    request_id: str
-    body: Body | MessagesBody
-    run: ChatBody | CompletionBody | EmbeddingBody  # what runs (Responses and Messages as chat)
-    started: float
-    engine_ids: list[str]
-    done: dict[str, Any] = field(default_factory=dict)
-    exact: bool = False  # resumable from its generated ids (vllm_resume.exact_params, wire/resume.py)
-    resume: Resume | None = None  # continued from a checkpoint: the earlier part, joined in at the end
 
 
 class VllmEngine:
@@ -108,11 +91,12 @@ class VllmEngine:
         self._max_model_len: int = self._model_config.max_model_len
         self._tasks = set(self._engine.get_supported_tasks())
         self._defaults: dict[str, Any] = self._model_config.get_diff_sampling_param()
-        self._inflight: dict[str, _InFlight] = {}
+        self._inflight: dict[str, InFlight] = {}
         self._owner: dict[str, str] = {}  # engine request id -> our request id
         self._prefix_queries = 0  # prompt tokens of finished requests, and those the prefix cache served
         self._prefix_hits = 0
         self._renderer = self._engine.renderer
+        self._tokenizer: Any = None  # a generating model's (an embedding model has none to decode with)
         if "generate" in self._tasks:
             self._tokenizer = self._engine.get_tokenizer()
             self._renderer.warmup(self._chat_params())
@@ -138,7 +122,7 @@ class VllmEngine:
         except BodyError as error:
             return error.to_result(rid)
         except (VLLMClientError, ValueError, TypeError, LookupError) as error:
-            return _invalid(rid, error)
+            return invalid_result(rid, error)
         except Exception as error:  # a template or tokenizer failure on this body alone
             logger.exception("rendering request %s failed", rid)
             return error_result(rid, 400, f"could not render the request: {error}", code="invalid_value")
@@ -346,17 +330,17 @@ class VllmEngine:
             if added:
                 self._engine.abort_request(added)
             if isinstance(error, (VLLMClientError, ValueError, TypeError)):
-                return _invalid(rid, error)
+                return invalid_result(rid, error)
             logger.exception("engine refused request %s", rid)
             return server_error(rid, f"the engine could not accept the request: {error}")
         engine_ids = [engine_id for engine_id, _, _ in prepared]
-        self._inflight[rid] = _InFlight(rid, body, run, time.monotonic(), engine_ids, exact=exact, resume=resume)
+        self._inflight[rid] = InFlight(rid, body, run, time.monotonic(), engine_ids, exact=exact, resume=resume)
         self._owner.update((engine_id, rid) for engine_id, _, _ in prepared)
         return None
 
     # -- results out ---------------------------------------------------------------------------
 
-    def _finish(self, flight: _InFlight, now: float) -> EngineResult:
+    def _finish(self, flight: InFlight, now: float) -> EngineResult:
         try:
             result = self._result(flight)
         except Exception as error:  # one bad sequence must not take the batch down
@@ -365,63 +349,12 @@ class VllmEngine:
         result.engine_seconds = now - flight.started
         return result
 
-    def _result(self, flight: _InFlight) -> EngineResult:
-        outputs = [flight.done[engine_id] for engine_id in flight.engine_ids]
-        problem = next((o.error for o in outputs if getattr(o, "error", None) is not None), None)
-        if problem is not None:
-            return server_error(flight.request_id, f"the engine failed on this request: {problem.message}")
-        body, run = flight.body, flight.run
-        prompt_tokens = sum(len(o.prompt_token_ids or ()) for o in outputs)
-        cached_tokens = sum(getattr(o, "num_cached_tokens", None) or 0 for o in outputs)
-        if flight.resume is not None:  # the earlier tokens were prompt to vLLM; to the user they are output
-            prompt_tokens = flight.resume.prompt_tokens
-            cached_tokens = min(cached_tokens, prompt_tokens)
+    def _result(self, flight: InFlight) -> EngineResult:
+        return result_of(flight, model_name=self.model_name, tokenizer=self._tokenizer, tally=self._tally_prefix)
+
+    def _tally_prefix(self, prompt_tokens: int, cached_tokens: int) -> None:
         self._prefix_queries += prompt_tokens
         self._prefix_hits += cached_tokens
-        if isinstance(run, EmbeddingBody):
-            vectors = [o.outputs.data.float().tolist() for o in outputs]
-            response = embedding_list(
-                model=self.model_name,
-                vectors=vectors,
-                encoding_format=run.encoding_format,
-                prompt_tokens=prompt_tokens,
-            )
-            return EngineResult(
-                flight.request_id, 200, response, prompt_tokens=prompt_tokens, cached_tokens=cached_tokens
-            )
-        completions: list[Any] = sorted(outputs[0].outputs, key=lambda c: c.index)
-        if flight.resume is not None:
-            completions = [stitch(flight.resume, c) for c in completions]
-        if any(c.finish_reason not in ("stop", "length") for c in completions):
-            reasons = sorted({str(c.finish_reason) for c in completions})
-            return server_error(flight.request_id, f"the engine ended the request early ({', '.join(reasons)})")
-        if isinstance(body, MessagesBody):
-            return message_of(
-                flight.request_id,
-                body,
-                completions[0],
-                self.model_name,
-                prompt_tokens=prompt_tokens,
-                cached=cached_tokens,
-            )
-        choices = [choice_of(c, run, self._tokenizer) for c in completions]
-        response = generated_body(
-            body,
-            response_id=uuid.uuid4().hex,
-            model=self.model_name,
-            choices=choices,
-            prompt_tokens=prompt_tokens,
-            cached_tokens=cached_tokens,
-        )
-        completion_tokens = sum(choice.token_count for choice in choices)
-        return EngineResult(
-            flight.request_id,
-            200,
-            response,
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            cached_tokens=cached_tokens,
-        )
 
     # -- resuming from a checkpoint (worker/engine/vllm_resume.py) ---------------------------------
 
@@ -465,9 +398,3 @@ class VllmEngine:
         self._owner.clear()
         logger.error("engine lost %d requests", len(lost))
         return [server_error(f.request_id, "the engine dropped this request") for f in lost]
-
-
-def _invalid(rid: str, error: Exception) -> EngineResult:
-    message = str(error)
-    code = "context_length_exceeded" if "context length" in message else "invalid_value"
-    return error_result(rid, 400, message, code=code, param=getattr(error, "parameter", None))

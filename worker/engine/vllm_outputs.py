@@ -1,0 +1,98 @@
+"""What a finished vLLM request becomes: one OpenAI or Anthropic response body, with its token counts.
+
+Works on vLLM's output objects and the tokenizer it is handed; nothing here imports vLLM (only
+`worker/engine/vllm_engine.py` does).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from worker.engine import EngineResult, error_result
+from worker.engine.vllm_choices import choice_of, message_of
+from worker.engine.vllm_resume import Resume, stitch
+from worker.engine.wire.anthropic import MessagesBody
+from worker.engine.wire.base import server_error
+from worker.engine.wire.openai import Body, ChatBody, CompletionBody, EmbeddingBody
+from worker.engine.wire.openai_results import embedding_list, generated_body
+
+
+@dataclass
+class InFlight:
+    """A submitted request: its parsed body, what the engine runs for it, and the engine requests it fanned out to."""
+
+    request_id: str
+    body: Body | MessagesBody
+    run: ChatBody | CompletionBody | EmbeddingBody  # what runs (Responses and Messages as chat)
+    started: float
+    engine_ids: list[str]
+    done: dict[str, Any] = field(default_factory=dict)
+    exact: bool = False  # resumable from its generated ids (vllm_resume.exact_params, wire/resume.py)
+    resume: Resume | None = None  # continued from a checkpoint: the earlier part, joined in at the end
+
+
+def result_of(flight: InFlight, *, model_name: str, tokenizer: Any, tally: Callable[[int, int], None]) -> EngineResult:
+    """The answer to one finished request, from vLLM's outputs (prompt and cached tokens go to `tally`)."""
+    outputs = [flight.done[engine_id] for engine_id in flight.engine_ids]
+    problem = next((o.error for o in outputs if getattr(o, "error", None) is not None), None)
+    if problem is not None:
+        return server_error(flight.request_id, f"the engine failed on this request: {problem.message}")
+    body, run = flight.body, flight.run
+    prompt_tokens = sum(len(o.prompt_token_ids or ()) for o in outputs)
+    cached_tokens = sum(getattr(o, "num_cached_tokens", None) or 0 for o in outputs)
+    if flight.resume is not None:  # the earlier tokens were prompt to vLLM; to the user they are output
+        prompt_tokens = flight.resume.prompt_tokens
+        cached_tokens = min(cached_tokens, prompt_tokens)
+    tally(prompt_tokens, cached_tokens)
+    if isinstance(run, EmbeddingBody):
+        vectors = [o.outputs.data.float().tolist() for o in outputs]
+        response = embedding_list(
+            model=model_name,
+            vectors=vectors,
+            encoding_format=run.encoding_format,
+            prompt_tokens=prompt_tokens,
+        )
+        return EngineResult(flight.request_id, 200, response, prompt_tokens=prompt_tokens, cached_tokens=cached_tokens)
+    completions: list[Any] = sorted(outputs[0].outputs, key=lambda c: c.index)
+    if flight.resume is not None:
+        completions = [stitch(flight.resume, c) for c in completions]
+    if any(c.finish_reason not in ("stop", "length") for c in completions):
+        reasons = sorted({str(c.finish_reason) for c in completions})
+        return server_error(flight.request_id, f"the engine ended the request early ({', '.join(reasons)})")
+    if isinstance(body, MessagesBody):
+        return message_of(
+            flight.request_id,
+            body,
+            completions[0],
+            model_name,
+            prompt_tokens=prompt_tokens,
+            cached=cached_tokens,
+        )
+    choices = [choice_of(c, run, tokenizer) for c in completions]
+    response = generated_body(
+        body,
+        response_id=uuid.uuid4().hex,
+        model=model_name,
+        choices=choices,
+        prompt_tokens=prompt_tokens,
+        cached_tokens=cached_tokens,
+    )
+    completion_tokens = sum(choice.token_count for choice in choices)
+    return EngineResult(
+        flight.request_id,
+        200,
+        response,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        cached_tokens=cached_tokens,
+    )
+
+
+def invalid_result(rid: str, error: Exception) -> EngineResult:
+    """vLLM refused the request at submission: a 400 error line."""
+    message = str(error)
+    code = "context_length_exceeded" if "context length" in message else "invalid_value"
+    return error_result(rid, 400, message, code=code, param=getattr(error, "parameter", None))
