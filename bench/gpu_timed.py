@@ -5,8 +5,8 @@ a 16,384-token budget per step, every step lasting storage/planning/step_time.py
 Llama 3.1 70B FP8 on 8x H100, max_num_seqs 384) from the real Postgres queue: 4 tenants' batches uploaded and ingested as production does, results recorded under their leases,
 each batch's output file built (finalize, on a thread as the embedded worker does) and checked line by line.
 
-Two workloads, fed by the runner's one I/O path (its database work on its own threads, worker/feed/queue_io.py;
-the inline path and BACKFILL_RUNNER_IO_THREAD are gone since issue 22):
+Two workloads, each run once per runner I/O mode in the same process (`--modes thread`, the default: the
+database work on the runner's I/O threads; `inline`, on the engine's thread, is the old path):
   long   ~7-token prompts, output lengths 10..1,000 tokens (log-uniform, seeded): engine busy share while
          work waits (goal >= 0.98), tokens/s / the formula's tokens/s for the steps that ran (goal >= 0.97),
          the runner's CPU seconds per 1,000 requests;
@@ -16,7 +16,7 @@ the inline path and BACKFILL_RUNNER_IO_THREAD are gone since issue 22):
 Both report TTFT and TPOT per request (p50, p99) as the timed engine measured them.
 
 Usage: .venv/bin/python bench/gpu_timed.py [--quick] [--requests 5000] [--short-requests 6000]
-       [--profile]      (cProfile of the engine thread, top functions printed)
+       [--modes thread] [--profile]      (cProfile of the engine thread, top functions printed)
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ SHORT_PROMPT_TOKENS = 500
 ENGINE_NICE = int(os.environ.get("BACKFILL_BENCH_ENGINE_NICE", "-10"))  # 0: the engine thread as any other
 
 
-def prepare() -> None:
-    """A fresh, migrated Postgres database and the GPU-timed fake."""
+def prepare(*, io_thread: bool) -> None:
+    """A fresh, migrated Postgres database for one runner mode (so both start alike) and the GPU-timed fake."""
     from storage.db import get_engine, get_sessionmaker
     from storage.settings import get_settings
     from worker.cli.migrate import migrate_database
@@ -58,6 +58,7 @@ def prepare() -> None:
     if database is None:
         raise SystemExit("this benchmark needs Postgres on 127.0.0.1:5432 (the production queue)")
     os.environ["BACKFILL_DATABASE_URL"] = database
+    os.environ["BACKFILL_RUNNER_IO_THREAD"] = "true" if io_thread else "false"
     if get_engine.cache_info().currsize:
         get_engine().dispose()
     get_engine.cache_clear()
@@ -382,13 +383,14 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="smaller runs: under 2 minutes in all")
     parser.add_argument("--requests", type=int, default=5000, help="long-output requests (10..1,000 tokens)")
     parser.add_argument("--short-requests", type=int, default=6000, help="500-token prompts, 1..10 output tokens")
+    parser.add_argument("--modes", default="thread", help="runner I/O modes (thread, inline), the baseline first")
     parser.add_argument("--seed", type=int, default=15)
     parser.add_argument("--profile", action="store_true", help="cProfile the runs and print the top functions")
     args = parser.parse_args()
     if args.quick:
         args.requests, args.short_requests = 1200, 2000
     OUT.mkdir(exist_ok=True)
-    modes = ["thread"]  # the runner's one I/O path (issue 22); the key keeps the results' shape
+    modes = [m for m in args.modes.split(",") if m]
     os.environ["BACKFILL_DATA_DIR"] = tempfile.mkdtemp(prefix="gpu-timed-", dir=OUT)
     os.environ["BACKFILL_MODELS"] = json.dumps({MODEL: {"path": "fake:gpu-timed", "max_num_seqs": 384}})
     short_seed = args.seed + 1
@@ -407,7 +409,7 @@ def main() -> int:
         "modes": {},
     }
     for mode in modes:
-        prepare()
+        prepare(io_thread=mode == "thread")
         long = run(args.requests, low=10, high=1000, seed=args.seed, profile=args.profile)
         short = run(
             args.short_requests,

@@ -1,23 +1,19 @@
 """The runner's database work off the engine's thread: claims ahead, result commits, lease renewals.
 
 On an 8x H100 node a decode step of a 70B model takes 4-22 ms; a claim or a results transaction on the
-engine's thread (tens of ms on a loaded database) would leave the GPU idle for that long (bench/gpu_timed.py).
-The runner hands that work to two threads of its own (its only path: there is no inline one):
+engine's thread (tens of ms on a loaded database) leaves the GPU idle for that long (bench/gpu_timed.py).
+With `BACKFILL_RUNNER_IO_THREAD=true` the runner hands that work to two threads of its own:
 
 * the writer commits each flush (results under the lease check, the engine run's counters) and renews
   leases, in the order they were handed over, from a bounded queue: when the database falls behind,
   `submit` blocks and the engine waits, as it would inline; nothing piles up without limit;
 * the claimer leases the next rows while the engine steps; at most one claim is outstanding.
 
-Exactly-once is the database's lease check: a result counts only once its transaction commits (`record`
-stores it only while this worker holds the lease). Until then its id stays in every renewal, so its lease
-holds while it waits; a failed commit drops the group's results, stops renewing their ids and raises on
-the engine's thread, so their leases expire and the reaper re-queues them; a crash loses only uncommitted
-results, whose leases expire the same way.
-
-No row stays leased to this worker without running: rows a claim leased stay in every renewal until the
-engine thread takes them (the runner takes them before any call returns, `Runner._settle`), a hand-back
-waits for a claim on its way and releases its rows, and `close` releases rows no one took.
+Exactly-once is the database's lease check, as inline: a result counts only once its transaction commits
+(`record` stores it only while this worker holds the lease). Until then its id stays in every renewal, so
+its lease holds while it waits; a failed commit drops the group's results, stops renewing their ids and
+raises on the engine's thread (as an inline flush would), so their leases expire and the reaper re-queues
+them; a crash loses only uncommitted results, whose leases expire the same way.
 """
 
 from __future__ import annotations
@@ -37,7 +33,7 @@ from storage.metrics.events import count_decode_tokens
 from storage.queue.backlog import done_batches
 from storage.queue.checkpoints import save_checkpoints, save_handed_back, still_open
 from storage.queue.claim import ClaimedRequest, claim
-from storage.queue.leases import Outcome, record, release, renew, take_back
+from storage.queue.leases import Outcome, record, renew, take_back
 from storage.settings import Settings
 from worker.engine import EngineResult
 
@@ -184,21 +180,14 @@ class QueueIO:
         self.raise_failure()
 
     def close(self) -> None:
-        """Finish what was handed over, release claimed rows no one took, stop both threads (once; later
-        hand-overs raise)."""
+        """Finish what was handed over, then stop both threads (once; later hand-overs raise)."""
         if self._closed:
             return
         self._closed = True
         self._writes.put(None)
         self._claims.put(None)
         for thread in self._threads:
-            if thread is not threading.current_thread():  # closed by a finalizer on one of its own threads
-                thread.join(timeout=30)
-
-    @property
-    def closed(self) -> bool:
-        """True once `close` was called."""
-        return self._closed
+            thread.join(timeout=30)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -256,9 +245,8 @@ class QueueIO:
                 self.on_batch_done(batch_id)
 
     def _renew(self, request_ids: list[str]) -> None:
-        with self._lock:  # results waiting for their commit, rows waiting for the engine: held all the same
+        with self._lock:
             waiting = set().union(*self._uncommitted.values()) if self._uncommitted else set()
-            waiting |= {row.id for claimed in self._claimed for row in claimed.rows}
         held = sorted(set(request_ids) | waiting)
         with transaction() as session:
             lost = renew(session, worker_id=self.worker_id, request_ids=held, lease_seconds=self.lease_seconds)
@@ -266,13 +254,8 @@ class QueueIO:
                 lost -= take_back(
                     session, worker_id=self.worker_id, request_ids=sorted(lost), lease_seconds=self.lease_seconds
                 )
-            if lost:  # our own claimer may have leased them back between the two (held rows are re-leases):
-                # still ours, and not lost, or the runner would abort rows that stay leased to it unrun
-                lost = renew(
-                    session, worker_id=self.worker_id, request_ids=sorted(lost), lease_seconds=self.lease_seconds
-                )
         with self._lock:
-            self._lost |= lost - waiting  # not in the engine (yet, or any more): nothing to abort
+            self._lost |= lost - waiting  # a result waiting for commit is not in flight: nothing to abort
 
     def _checkpoint(self, item: _Checkpoints) -> None:
         with transaction() as session:
@@ -307,19 +290,4 @@ class QueueIO:
                     self._claimed.append(Claimed(rows, limit))
                     self._claiming = False
                 self._claims.task_done()
-        self._release_untaken()
         self._claims.task_done()
-
-    def _release_untaken(self) -> None:
-        """Closing: rows a claim leased that the engine thread never took go back to the queue unrun."""
-        with self._lock:
-            ids = [row.id for claimed in self._claimed for row in claimed.rows]
-            self._claimed.clear()
-        if not ids:
-            return
-        try:
-            with transaction() as session:
-                released = release(session, worker_id=self.worker_id, request_ids=ids)
-            log.info("released %d claimed requests the runner of %s never started", released, self.model)
-        except Exception:  # the database is away: their leases expire and the reaper re-queues them
-            log.exception("could not release %d claimed requests of %s", len(ids), self.model)

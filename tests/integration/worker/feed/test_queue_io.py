@@ -1,5 +1,4 @@
-"""The runner's database I/O on threads of its own: every result committed exactly once, whatever fails, and no
-row left leased to the worker without running (a claim that lands as the runner stops, hands back or closes)."""
+"""The runner with its database I/O on threads of its own: every result committed exactly once, whatever fails."""
 
 from __future__ import annotations
 
@@ -11,13 +10,11 @@ from typing import Any
 import pytest
 from sqlalchemy import select, update
 
-from storage.clock import now_f
 from storage.db import transaction
 from storage.files.blobs import get_blob_store
 from storage.files.files import get_file
 from storage.models import Batch, BatchRequest
 from storage.queue import leases as results
-from storage.queue.claim import claim as results_claim
 from storage.queue.reaping import release_expired_leases
 from storage.settings import get_settings
 from tests.conftest import Backend
@@ -27,12 +24,16 @@ from worker.feed import queue_io
 from worker.feed.runner import Runner
 from worker.jobs.finalize import finalize_batch
 
-pytestmark = pytest.mark.backfill_env({"BACKFILL_MODELS": json.dumps({"fake-model": {"path": "fake:"}})})
+pytestmark = pytest.mark.backfill_env(
+    {"BACKFILL_MODELS": json.dumps({"fake-model": {"path": "fake:"}}), "BACKFILL_RUNNER_IO_THREAD": "true"}
+)
 
 
 def make_runner(worker_id: str = "w1", max_num_seqs: int = 4) -> Runner:
     engine = FakeEngine("fake-model", max_num_seqs=max_num_seqs, max_model_len=10**9)
-    return Runner(engine, model="fake-model", settings=get_settings(), worker_id=worker_id)
+    runner = Runner(engine, model="fake-model", settings=get_settings(), worker_id=worker_id)
+    assert runner.io is not None  # the setting turned the I/O threads on
+    return runner
 
 
 def run_until_idle(runner: Runner) -> None:
@@ -59,7 +60,7 @@ def requeue_expired() -> int:
         return release_expired_leases(session, max_attempts=3)
 
 
-def test_every_request_ends_in_exactly_one_line(backend: Backend) -> None:
+def test_with_the_io_threads_every_request_ends_in_exactly_one_line(backend: Backend) -> None:
     batch_id = enqueue(40, max_tokens=6)
     runner = make_runner()
     run_until_idle(runner)
@@ -86,7 +87,7 @@ def test_a_writer_failure_mid_run_surfaces_and_its_requests_run_again_once(
 
     monkeypatch.setattr(queue_io, "record", second_commit_fails)
     runner = make_runner()
-    with pytest.raises(RuntimeError, match="went away"):  # raised on the engine's thread
+    with pytest.raises(RuntimeError, match="went away"):  # raised on the engine's thread, as inline
         run_until_idle(runner)
     run_until_idle(runner)  # the runner serves on; the failed group's rows stay leased, not renewed
     lost = calls[1]
@@ -142,131 +143,10 @@ def test_a_hand_back_returns_in_flight_rows_and_rows_claimed_but_not_yet_started
     runner = make_runner(max_num_seqs=4)
     runner.run_for(0.5)
     assert statuses(batch_id) == {"running": 8, "queued": 12}
+    assert runner.io is not None
     runner.io.request_claim(4)  # a claim the engine has not collected when the switch comes
     assert runner.hand_back(drain_seconds=0) == 12
     runner.close_io()
     assert statuses(batch_id) == {"queued": 20}
     with pytest.raises(RuntimeError, match="closed"):
         runner.io.request_claim(1)
-
-
-def leased_to(worker_id: str) -> dict[str, float]:
-    """{request id: lease expiry} of every row leased to `worker_id`."""
-    with transaction() as session:
-        found = session.execute(
-            select(BatchRequest.id, BatchRequest.lease_expires_at).where(
-                BatchRequest.status == "running", BatchRequest.lease_owner == worker_id
-            )
-        )
-        return {row_id: float(expires or 0.0) for row_id, expires in found}
-
-
-def test_rows_a_claim_leases_as_the_runner_is_told_to_stop_are_held_and_renewed_between_tasks(
-    backend: Backend, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The race: the claimer thread leases rows while the engine thread decides to stop (SIGTERM, the task's
-    # time is up). Those rows must end up held (in the engine, renewed by the heartbeat, handed back on a
-    # stop), never leased to this worker without running until their leases expire.
-    batch_id = enqueue(6, max_tokens=10**8)  # never finishes on its own
-    stop = threading.Event()
-
-    def claim_as_the_runner_stops(session: Any, **kwargs: Any) -> Any:
-        claimed = results_claim(session, **kwargs)
-        stop.set()  # the runner is told to stop while this claim is still on its way
-        return claimed
-
-    monkeypatch.setattr(queue_io, "claim", claim_as_the_runner_stops)
-    runner = make_runner()
-    runner.run_for(30.0, stop=stop)
-    leased = leased_to("w1")
-    assert len(leased) == 6 and sorted(leased) == runner.held()
-    with transaction() as session:  # between tasks, with the leases about to run out
-        session.execute(update(BatchRequest).where(BatchRequest.status == "running").values(lease_expires_at=1.0))
-    assert runner.renew_idle()  # the heartbeat's renewal
-    runner.io.drain()
-    assert min(leased_to("w1").values()) > now_f() + get_settings().lease_seconds / 2
-    assert runner.hand_back(drain_seconds=0) == 6
-    runner.close_io()
-    assert statuses(batch_id) == {"queued": 6}
-
-
-def test_a_hand_back_that_begins_while_a_claim_is_on_its_way_returns_the_rows_it_leases(
-    backend: Backend, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    batch_id = enqueue(20, max_tokens=10**8)
-    runner = make_runner(max_num_seqs=4)
-    runner.run_for(0.5)
-    assert statuses(batch_id) == {"running": 8, "queued": 12}
-    leasing, handing_back = threading.Event(), threading.Event()
-
-    def claim_held_at_the_gate(session: Any, **kwargs: Any) -> Any:
-        claimed = results_claim(session, **kwargs)
-        leasing.set()
-        handing_back.wait(30)  # the claim's transaction commits only after the hand-back has begun
-        return claimed
-
-    abort = runner.engine.abort
-
-    def abort_then_open_the_gate(request_ids: list[str]) -> None:
-        abort(request_ids)
-        handing_back.set()
-
-    monkeypatch.setattr(queue_io, "claim", claim_held_at_the_gate)
-    monkeypatch.setattr(runner.engine, "abort", abort_then_open_the_gate)
-    runner.io.request_claim(4)
-    assert leasing.wait(30)
-    assert runner.hand_back(drain_seconds=0) == 12
-    runner.close_io()
-    assert statuses(batch_id) == {"queued": 20}
-    with transaction() as session:
-        attempts = set(session.scalars(select(BatchRequest.attempts).where(BatchRequest.batch_id == batch_id)))
-    assert attempts == {0}  # a hand-back is not an attempt
-
-
-def test_a_runner_closed_without_a_hand_back_returns_the_rows_it_claimed_but_never_started(backend: Backend) -> None:
-    # A registry change or a discarded runner closes the I/O threads without a hand-back (service._close).
-    batch_id = enqueue(6, max_tokens=10**8)
-    runner = make_runner()
-    runner.io.request_claim(4)
-    runner.io.drain()  # leased, waiting for an engine thread that will never take them
-    assert statuses(batch_id) == {"running": 4, "queued": 2}
-    runner.close_io()
-    assert statuses(batch_id) == {"queued": 6}
-
-
-@pytest.mark.parametrize("backend", ["postgres"], indirect=True)  # two transactions at once on one row
-def test_a_renewal_that_meets_the_runners_own_claim_taking_a_row_back_keeps_it_held(
-    backend: Backend, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # A row the engine still runs was re-queued by the reaper (its task came late). The next task renews on
-    # the writer thread and claims on the claimer thread at once: the renewal finds the row queued, the claim
-    # leases it back to this worker (a re-lease: it is held), and the renewal's take-back then finds it
-    # running. Called lost, the runner would abort it while it stays leased here, unrun until its lease ran
-    # out and re-run with an attempt used.
-    enqueue(1, max_tokens=10**8)
-    runner = make_runner()
-    runner.run_for(0.3)
-    [row_id] = runner.held()
-    assert requeue_expired() == 1
-
-    def claim_lands_first(session: Any, **kwargs: Any) -> set[str]:
-        with transaction() as other:  # the claimer thread's transaction commits between renew and take-back
-            again = results_claim(
-                other,
-                model="fake-model",
-                worker_id="w1",
-                limit=4,
-                lease_seconds=get_settings().lease_seconds,
-                settings=get_settings(),
-                held={row_id},
-            )
-        assert [row.id for row in again] == [row_id]
-        return results.take_back(session, **kwargs)
-
-    monkeypatch.setattr(queue_io, "take_back", claim_lands_first)
-    runner.io.renew([row_id])
-    runner.io.drain()
-    assert runner.io.take_lost() == set()
-    assert list(leased_to("w1")) == [row_id]
-    runner.hand_back(drain_seconds=0)
-    runner.close_io()
