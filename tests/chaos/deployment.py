@@ -41,6 +41,7 @@ class Timing:
     reap_interval_seconds: int = 1
     run_task_seconds: int = 5
     step_seconds: float = 0.04  # the fake engine's time per decode step
+    worker_stale_seconds: int = 15  # a killed worker's row is stale, and its leases released, after this
 
 
 def backfill_env(
@@ -66,6 +67,7 @@ def backfill_env(
         "BACKFILL_LEASE_SECONDS": str(timing.lease_seconds),
         "BACKFILL_REAP_INTERVAL_SECONDS": str(timing.reap_interval_seconds),
         "BACKFILL_RUN_TASK_SECONDS": str(timing.run_task_seconds),
+        "BACKFILL_WORKER_STALE_SECONDS": str(timing.worker_stale_seconds),
         "BACKFILL_BROKER_VISIBILITY_TIMEOUT_SECONDS": "60",
         "BACKFILL_ADMISSION_POLICY": "off",
         # Batch control (issue 20): readable spend figures (an output token bills $1, input is free) and room
