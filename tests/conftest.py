@@ -24,6 +24,10 @@ from storage.settings import Settings
 
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The suite runs on PYTEST_WORKERS processes over 2 cores, several of them running an engine (in process or in a
+# worker subprocess, which inherits this). An OpenMP pool as wide as the machine in each of them oversubscribes
+# the cores and spin-waits: the hand-back test took 89 s beside another engine instead of 9 s. One thread each.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 PG_ADMIN_URL = os.environ.get("BACKFILL_TEST_PG_ADMIN", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 BACKFILL_ENV = [name for name in os.environ if name.startswith("BACKFILL_")]
