@@ -349,12 +349,4 @@ def gpu_timed_measures(r: dict[str, Any]) -> list[dict[str, Any]]:
             for clock in ("ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99")
             if clock in clocks
         ]
-    base = r["modes"].get(r["baseline_mode"])
-    if base is not None and r["baseline_mode"] != r["mode"]:
-        label = f"baseline: runner I/O {r['baseline_mode']}, same run"
-        rows += [
-            entry("gpu_timed_baseline_busy_share_while_waiting", base["long"]["busy_share_while_waiting"], label),
-            entry("gpu_timed_baseline_tokens_ratio_vs_roofline", base["long"]["tokens_ratio_vs_roofline"], label),
-            entry("gpu_timed_baseline_short_requests_per_s", base["short"]["requests_per_s"], label),
-        ]
     return rows
