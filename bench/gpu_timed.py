@@ -5,8 +5,8 @@ a 16,384-token budget per step, every step lasting storage/planning/step_time.py
 Llama 3.1 70B FP8 on 8x H100, max_num_seqs 384) from the real Postgres queue: 4 tenants' batches uploaded and ingested as production does, results recorded under their leases,
 each batch's output file built (finalize, on a thread as the embedded worker does) and checked line by line.
 
-Two workloads, each run once per runner I/O mode in the same process (`--modes thread`, the default: the
-database work on the runner's I/O threads; `inline`, on the engine's thread, is the old path):
+Two workloads, each run once on the runner as it always runs (its database work on its I/O threads,
+worker/feed/queue_io.py; there is no other path):
   long   ~7-token prompts, output lengths 10..1,000 tokens (log-uniform, seeded): engine busy share while
          work waits (goal >= 0.98), tokens/s / the formula's tokens/s for the steps that ran (goal >= 0.97),
          the runner's CPU seconds per 1,000 requests;
@@ -16,7 +16,7 @@ database work on the runner's I/O threads; `inline`, on the engine's thread, is 
 Both report TTFT and TPOT per request (p50, p99) as the timed engine measured them.
 
 Usage: .venv/bin/python bench/gpu_timed.py [--quick] [--requests 5000] [--short-requests 6000]
-       [--modes thread] [--profile]      (cProfile of the engine thread, top functions printed)
+       [--profile]      (cProfile of the engine thread, top functions printed)
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ SHORT_PROMPT_TOKENS = 500
 ENGINE_NICE = int(os.environ.get("BACKFILL_BENCH_ENGINE_NICE", "-10"))  # 0: the engine thread as any other
 
 
-def prepare(*, io_thread: bool) -> None:
-    """A fresh, migrated Postgres database for one runner mode (so both start alike) and the GPU-timed fake."""
+def prepare() -> None:
+    """A fresh, migrated Postgres database for the runs and the GPU-timed fake."""
     from storage.db import get_engine, get_sessionmaker
     from storage.settings import get_settings
     from worker.cli.migrate import migrate_database
@@ -58,7 +58,6 @@ def prepare(*, io_thread: bool) -> None:
     if database is None:
         raise SystemExit("this benchmark needs Postgres on 127.0.0.1:5432 (the production queue)")
     os.environ["BACKFILL_DATABASE_URL"] = database
-    os.environ["BACKFILL_RUNNER_IO_THREAD"] = "true" if io_thread else "false"
     if get_engine.cache_info().currsize:
         get_engine().dispose()
     get_engine.cache_clear()
@@ -356,7 +355,7 @@ def _round(value: float | None, digits: int = 3) -> float | None:
 
 
 def plot(series: dict[str, list[tuple[float, float, float]]], path: Path) -> None:
-    """Engine busy share over time, one line per runner I/O mode (long outputs): docs/gpu-timed-busy.png."""
+    """Engine busy share over time (long outputs): docs/gpu-timed-busy.png."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -383,14 +382,12 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="smaller runs: under 2 minutes in all")
     parser.add_argument("--requests", type=int, default=5000, help="long-output requests (10..1,000 tokens)")
     parser.add_argument("--short-requests", type=int, default=6000, help="500-token prompts, 1..10 output tokens")
-    parser.add_argument("--modes", default="thread", help="runner I/O modes (thread, inline), the baseline first")
     parser.add_argument("--seed", type=int, default=15)
     parser.add_argument("--profile", action="store_true", help="cProfile the runs and print the top functions")
     args = parser.parse_args()
     if args.quick:
         args.requests, args.short_requests = 1200, 2000
     OUT.mkdir(exist_ok=True)
-    modes = [m for m in args.modes.split(",") if m]
     os.environ["BACKFILL_DATA_DIR"] = tempfile.mkdtemp(prefix="gpu-timed-", dir=OUT)
     os.environ["BACKFILL_MODELS"] = json.dumps({MODEL: {"path": "fake:gpu-timed", "max_num_seqs": 384}})
     short_seed = args.seed + 1
@@ -406,41 +403,36 @@ def main() -> int:
         "short_prompt_tokens": SHORT_PROMPT_TOKENS,
         "engine_thread_nice": ENGINE_NICE,
         "planner": planner_figures(),
-        "modes": {},
     }
-    for mode in modes:
-        prepare(io_thread=mode == "thread")
-        long = run(args.requests, low=10, high=1000, seed=args.seed, profile=args.profile)
-        short = run(
-            args.short_requests,
-            low=1,
-            high=10,
-            seed=short_seed,
-            profile=args.profile,
-            prompt_tokens=SHORT_PROMPT_TOKENS,
-        )
-        short["requests_ratio_vs_engine_limit"] = round(short["requests_per_s"] / limit["requests_per_s"], 4)
-        result["modes"][mode] = {"long": long, "short": short}
-        for name, part in (("long", long), ("short", short)):
-            summary = {k: v for k, v in part.items() if k not in ("samples", "profile_top", "cdf")}
-            print(f"== {mode} {name}:", json.dumps(summary), flush=True)
-            for line in part.get("profile_top", []):
-                print("   ", line)
-    final = result["modes"][modes[-1]]
+    prepare()
+    long = run(args.requests, low=10, high=1000, seed=args.seed, profile=args.profile)
+    short = run(
+        args.short_requests,
+        low=1,
+        high=10,
+        seed=short_seed,
+        profile=args.profile,
+        prompt_tokens=SHORT_PROMPT_TOKENS,
+    )
+    short["requests_ratio_vs_engine_limit"] = round(short["requests_per_s"] / limit["requests_per_s"], 4)
+    final = {"long": long, "short": short}
+    for name, part in final.items():
+        summary = {k: v for k, v in part.items() if k not in ("samples", "profile_top", "cdf")}
+        print(f"== {name}:", json.dumps(summary), flush=True)
+        for line in part.get("profile_top", []):
+            print("   ", line)
     result.update(
-        mode=modes[-1],
-        baseline_mode=modes[0],
         busy_share_while_waiting=final["long"]["busy_share_while_waiting"],
         tokens_ratio_vs_roofline=final["long"]["tokens_ratio_vs_roofline"],
         runner_cpu_seconds_per_1000=final["long"]["runner_cpu_seconds_per_1000"],
         short_requests_per_s=final["short"]["requests_per_s"],
         short_requests_ratio_vs_engine_limit=final["short"]["requests_ratio_vs_engine_limit"],
         clocks={part: {k: v for k, v in final[part].items() if k.startswith(("ttft_", "tpot_"))} for part in final},
-        all_outputs_ok=all(p["output_files_ok"] for m in result["modes"].values() for p in m.values()),
+        all_outputs_ok=all(part["output_files_ok"] for part in final.values()),
     )
-    print(json.dumps({k: v for k, v in result.items() if k != "modes"}, indent=2))
-    (OUT / "gpu-timed.json").write_text(json.dumps({"result": result}))
-    plot({m: result["modes"][m]["long"]["samples"] for m in modes}, plot_dir() / "gpu-timed-busy.png")
+    print(json.dumps(result, indent=2))
+    (OUT / "gpu-timed.json").write_text(json.dumps({"result": result, "runs": final}))
+    plot({"runner": long["samples"]}, plot_dir() / "gpu-timed-busy.png")
     plot_clocks(final, plot_dir() / "gpu-timed-clocks.png")
     return 0
 

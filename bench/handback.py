@@ -85,7 +85,7 @@ def handback(tokens: int) -> dict[str, Any]:
 
     from storage.db import get_engine
 
-    prepare(io_thread=True)
+    prepare()
     enqueue(SLOTS * 2, low=tokens * 4, high=tokens * 4, seed=7, prompt_tokens=0)
     engine, runner = _runner()
     deadline = time.monotonic() + 600
@@ -137,7 +137,7 @@ def overhead_run(requests: int, *, low: int, high: int, every_tokens: int) -> di
     """One fixed run to the end of the queue; the database's write counters over it."""
     os.environ["BACKFILL_CHECKPOINT_EVERY_TOKENS"] = str(every_tokens)
     PACKED.clear()
-    prepare(io_thread=True)
+    prepare()
     enqueue(requests, low=low, high=high, seed=11, prompt_tokens=0)
     engine, runner = _runner()
     before = _counters()

@@ -300,7 +300,7 @@ def _worker_rows(w: dict[str, Any]) -> list[dict[str, Any]]:
 def gpu_timed_measures(r: dict[str, Any]) -> list[dict[str, Any]]:
     """Issue 15 section 1 and issue 22 sections 2-3: the runner feeding the GPU-timed engine (chunked prefill)."""
     busy, tokens = r["busy_share_while_waiting"], r["tokens_ratio_vs_roofline"]
-    mode = f"x engine time (runner I/O {r['mode']}; 70B FP8 on 8xH100 step-time formula)"
+    mode = "x engine time (the runner's one I/O path; 70B FP8 on 8xH100 step-time formula)"
     short = r["short_requests_ratio_vs_engine_limit"]
     limit = r["engine_limit_short_requests_per_s"]
     prompt = r.get("short_prompt_tokens", 500)
@@ -348,13 +348,5 @@ def gpu_timed_measures(r: dict[str, Any]) -> list[dict[str, Any]]:
             entry(f"gpu_timed_{part}_{clock}", clocks[clock], "ms (timed engine, per request)")
             for clock in ("ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99")
             if clock in clocks
-        ]
-    base = r["modes"].get(r["baseline_mode"])
-    if base is not None and r["baseline_mode"] != r["mode"]:
-        label = f"baseline: runner I/O {r['baseline_mode']}, same run"
-        rows += [
-            entry("gpu_timed_baseline_busy_share_while_waiting", base["long"]["busy_share_while_waiting"], label),
-            entry("gpu_timed_baseline_tokens_ratio_vs_roofline", base["long"]["tokens_ratio_vs_roofline"], label),
-            entry("gpu_timed_baseline_short_requests_per_s", base["short"]["requests_per_s"], label),
         ]
     return rows

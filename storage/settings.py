@@ -131,9 +131,6 @@ class Settings(BaseSettings):
     worker_stale_seconds: int = Field(default=15, ge=3, le=3600)
     worker_slot: str | None = Field(default=None, max_length=64)
     inflight_per_seq: int = Field(default=2, ge=1)
-    # The runner's claims, result commits and lease renewals on threads of their own (worker/feed/queue_io.py),
-    # so a slow transaction never leaves the engine idle between steps (bench/gpu_timed.py measures both).
-    runner_io_thread: bool = False
     # An ingest that fails with an error no line explains is retried after 5, 10, 20 ... s, then fails its batch.
     ingest_max_attempts: int = Field(default=5, ge=1, le=100)
     ingest_retry_seconds: int = Field(default=5, ge=0, le=3600)

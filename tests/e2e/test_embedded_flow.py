@@ -121,7 +121,7 @@ def test_two_tenants_share_the_engine(live: LiveServer, monkeypatch: pytest.Monk
     # (the worker goes on ingesting meanwhile); from then on the order they hand rows out in is recorded.
     from storage.db import transaction
     from storage.models import Batch
-    from worker.feed import queue_io, runner
+    from worker.feed import queue_io
 
     jobs: list[str] = []
     claims: list[list[str]] = []
@@ -141,8 +141,7 @@ def test_two_tenants_share_the_engine(live: LiveServer, monkeypatch: pytest.Monk
 
         return claim_once_both_are_queued
 
-    monkeypatch.setattr(runner, "claim", recorded(runner.claim))
-    monkeypatch.setattr(queue_io, "claim", recorded(queue_io.claim))
+    monkeypatch.setattr(queue_io, "claim", recorded(queue_io.claim))  # the runner claims only on its claimer thread
     a, b = live.client(make_key("acme")), live.client(make_key("globex"))
     big = upload(a, to_jsonl([{**chat(i, max_tokens=48, ignore_eos=True), "custom_id": f"a{i}"} for i in range(96)]))
     small = upload(b, to_jsonl([{**chat(i, max_tokens=48, ignore_eos=True), "custom_id": f"b{i}"} for i in range(8)]))

@@ -1,19 +1,24 @@
 """The runner's database work off the engine's thread: claims ahead, result commits, lease renewals.
 
 On an 8x H100 node a decode step of a 70B model takes 4-22 ms; a claim or a results transaction on the
-engine's thread (tens of ms on a loaded database) leaves the GPU idle for that long (bench/gpu_timed.py).
-With `BACKFILL_RUNNER_IO_THREAD=true` the runner hands that work to two threads of its own:
+engine's thread (tens of ms on a loaded database) would leave the GPU idle for that long (bench/gpu_timed.py).
+The runner hands that work to two threads of its own (its only path: there is no inline one):
 
-* the writer commits each flush (results under the lease check, the engine run's counters) and renews
-  leases, in the order they were handed over, from a bounded queue: when the database falls behind,
-  `submit` blocks and the engine waits, as it would inline; nothing piles up without limit;
+* the writer commits each flush (results under the lease check, the engine run's counters), renews
+  leases and stores checkpoints, in the order they were handed over, from a bounded queue: when the database
+  falls behind, `submit` blocks and the engine waits; nothing piles up without limit;
 * the claimer leases the next rows while the engine steps; at most one claim is outstanding.
 
-Exactly-once is the database's lease check, as inline: a result counts only once its transaction commits
-(`record` stores it only while this worker holds the lease). Until then its id stays in every renewal, so
-its lease holds while it waits; a failed commit drops the group's results, stops renewing their ids and
-raises on the engine's thread (as an inline flush would), so their leases expire and the reaper re-queues
-them; a crash loses only uncommitted results, whose leases expire the same way.
+Exactly-once is the database's lease check: a result counts only once its transaction commits (`record`
+stores it only while this worker holds the lease). Until then its id stays in every renewal, so its lease
+holds while it waits; a failed commit drops the group's results, stops renewing their ids and raises on
+the engine's thread, so their leases expire and the reaper re-queues them; a crash loses only uncommitted
+results, whose leases expire the same way.
+
+No row stays leased to this worker without running: rows a claim leased are renewed with the rest until
+the engine thread takes them (the runner takes them before each call returns), a hand-back waits for a
+claim on its way and releases its rows (`take_unstarted`), `close` releases rows no one took, and a row
+re-queued under the runner that its own claimer leased back is still the runner's, not lost.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from storage.metrics.events import count_decode_tokens
 from storage.queue.backlog import done_batches
 from storage.queue.checkpoints import save_checkpoints, save_handed_back, still_open
 from storage.queue.claim import ClaimedRequest, claim
-from storage.queue.leases import Outcome, record, renew, take_back
+from storage.queue.leases import Outcome, record, release, renew, take_back
 from storage.settings import Settings
 from worker.engine import EngineResult
 
@@ -136,7 +141,7 @@ class QueueIO:
 
     def request_claim(self, limit: int, *, held: frozenset[str] = frozenset()) -> None:
         """Ask the claimer for up to `limit` rows, unless a claim is already on its way; a row in `held` (still in
-        this worker's engine) that comes back is a re-lease, as on the inline path."""
+        this worker's engine) that comes back is a re-lease, its attempt given back (storage/queue/claim.py)."""
         self._check_open()
         with self._lock:
             if self._claiming or self._claimed or limit <= 0:
@@ -153,6 +158,11 @@ class QueueIO:
         """The rows of a finished claim, if one finished since the last call."""
         with self._lock:
             return self._claimed.popleft() if self._claimed else None
+
+    def take_unstarted(self) -> list[ClaimedRequest]:
+        """Wait for a claim on its way; then the rows of every claim not yet taken (a hand-back releases them)."""
+        self._claims.join()
+        return self._pop_claimed()
 
     def take_committed(self) -> list[list[EngineResult]]:
         """The results of every flush committed since the last call (for the metrics probe)."""
@@ -179,8 +189,14 @@ class QueueIO:
         self._claims.join()
         self.raise_failure()
 
+    @property
+    def closed(self) -> bool:
+        """True once `close` was called."""
+        return self._closed
+
     def close(self) -> None:
-        """Finish what was handed over, then stop both threads (once; later hand-overs raise)."""
+        """Finish what was handed over, release claimed rows no one took, stop both threads (once; later
+        hand-overs raise)."""
         if self._closed:
             return
         self._closed = True
@@ -188,6 +204,12 @@ class QueueIO:
         self._claims.put(None)
         for thread in self._threads:
             thread.join(timeout=30)
+
+    def _pop_claimed(self) -> list[ClaimedRequest]:
+        with self._lock:
+            rows = [row for claimed in self._claimed for row in claimed.rows]
+            self._claimed.clear()
+        return rows
 
     def _check_open(self) -> None:
         if self._closed:
@@ -245,17 +267,22 @@ class QueueIO:
                 self.on_batch_done(batch_id)
 
     def _renew(self, request_ids: list[str]) -> None:
-        with self._lock:
+        with self._lock:  # results waiting for their commit, rows waiting for the engine: held all the same
             waiting = set().union(*self._uncommitted.values()) if self._uncommitted else set()
+            waiting |= {row.id for claimed in self._claimed for row in claimed.rows}
         held = sorted(set(request_ids) | waiting)
+        if not held:
+            return
+        lease = self.lease_seconds
         with transaction() as session:
-            lost = renew(session, worker_id=self.worker_id, request_ids=held, lease_seconds=self.lease_seconds)
+            lost = renew(session, worker_id=self.worker_id, request_ids=held, lease_seconds=lease)
             if lost:  # re-queued under us while we still run them: ours again, the same try (docs/workers.md)
-                lost -= take_back(
-                    session, worker_id=self.worker_id, request_ids=sorted(lost), lease_seconds=self.lease_seconds
-                )
+                lost -= take_back(session, worker_id=self.worker_id, request_ids=sorted(lost), lease_seconds=lease)
+            if lost:  # our own claimer may have leased them back meanwhile (a re-lease, see `request_claim`):
+                # still ours; reported lost, the runner would abort them and leave them leased to it unrun
+                lost = renew(session, worker_id=self.worker_id, request_ids=sorted(lost), lease_seconds=lease)
         with self._lock:
-            self._lost |= lost - waiting  # a result waiting for commit is not in flight: nothing to abort
+            self._lost |= lost - waiting  # not in the engine (yet, or any more): nothing to abort
 
     def _checkpoint(self, item: _Checkpoints) -> None:
         with transaction() as session:
@@ -290,4 +317,17 @@ class QueueIO:
                     self._claimed.append(Claimed(rows, limit))
                     self._claiming = False
                 self._claims.task_done()
+        self._release_untaken()
         self._claims.task_done()
+
+    def _release_untaken(self) -> None:
+        """Closing: rows a claim leased that the engine thread never took go back to the queue unrun."""
+        ids = [row.id for row in self._pop_claimed()]
+        if not ids:
+            return
+        try:
+            with transaction() as session:
+                released = release(session, worker_id=self.worker_id, request_ids=ids)
+            log.info("released %d claimed requests the runner of %s never started", released, self.model)
+        except Exception:  # the database is away: their leases expire and the reaper re-queues them
+            log.exception("could not release %d claimed requests of %s", len(ids), self.model)

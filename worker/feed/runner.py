@@ -1,10 +1,13 @@
 """The runner: keeps one warm engine continuously fed from the Postgres queue.
 
 Claim (short transaction) → submit to the engine → step → record finished results (short transaction).
-No transaction is open while the engine steps. In-flight work stays in the engine between calls of
-`run_for`, so a Celery task boundary never drains the running batch; its leases are renewed meanwhile by
-the worker's heartbeat thread (`renew_idle`, worker/process/liveness.py), and reconciled before every claim
-(docs/workers.md).
+No transaction is open while the engine steps, and the steady database work is off the engine's thread:
+claims, result commits and lease renewals run on the runner's I/O threads (worker/feed/queue_io.py). Each
+call (`run_for`, `hand_back`) returns with every row this worker leased either in the engine or released:
+results committed, a claim still on its way waited for and its rows taken in. In-flight work stays in the
+engine between calls of `run_for`, so a Celery task boundary never drains the running batch; its leases
+are renewed meanwhile by the worker's heartbeat thread (`renew_idle`, worker/process/liveness.py), and
+reconciled before every claim (docs/workers.md).
 """
 
 from __future__ import annotations
@@ -26,13 +29,13 @@ from storage.clock import now_f
 from storage.db import transaction
 from storage.finance.engine_runs import RunCounters, save_run
 from storage.ids import new_id
-from storage.metrics.events import count_decode_tokens
-from storage.queue.backlog import done_batches, has_queued
+from storage.queue.backlog import has_queued
 from storage.queue.checkpoints import unpack_tokens
-from storage.queue.claim import ClaimedRequest, claim
-from storage.queue.leases import Outcome, record, release, renew, take_back
+from storage.queue.claim import ClaimedRequest
+from storage.queue.leases import Outcome, release
 from storage.settings import Settings
-from worker.engine import Engine, EngineRequest, EngineResult, Progress
+from worker.engine import Engine, EngineRequest, EngineResult
+from worker.feed.checkpointing import Checkpoints
 from worker.feed.probe import RunnerProbe
 from worker.feed.queue_io import QueueIO
 
@@ -85,18 +88,9 @@ class Runner:
         self._lock = threading.Lock()
         self._dirty = False
         self._queue_backlog = False
-        self._checkpointed: dict[str, int] = {}  # in-flight request -> tokens its stored checkpoint holds
-        self._last_checkpoint = time.monotonic()
-        self.io = (  # database I/O on threads of its own, off the engine's (worker/feed/queue_io.py)
-            QueueIO(
-                model=model,
-                worker_id=self.worker_id,
-                settings=settings,
-                on_batch_done=on_batch_done,
-            )
-            if settings.runner_io_thread
-            else None
-        )
+        self.checkpoints = Checkpoints(engine, model=model, settings=settings)  # worker/feed/checkpointing.py
+        # Claims, result commits and lease renewals on threads of their own, off the engine's; `close_io` stops them.
+        self.io = QueueIO(model=model, worker_id=self.worker_id, settings=settings, on_batch_done=on_batch_done)
 
     @property
     def models(self) -> list[str]:
@@ -121,20 +115,24 @@ class Runner:
                 if self.engine.has_unfinished():
                     self._step()
                 elif not self.inflight:
-                    self._flush(force=True)
+                    self._flush(force=True)  # waits for the writer and for a claim on its way
+                    if self._admit_arrived():
+                        continue
                     if not self._queue_has_work():
                         self._close_run()
                         return False
                     time.sleep(0.05)
                 self._flush(force=False)
                 self._renew_if_due()
-            self._flush(force=True)
+            self._settle()
             if now_f() - self._run_started > self.settings.engine_run_max_seconds:
                 self._close_run()
             return True
 
     def renew_idle(self) -> bool:
         """Between tasks: store kept results and renew held leases, unless `run_for` is on it; True if done here."""
+        if self.io.closed:
+            return True  # handed back and closed (a switch, a registry change): nothing is held any more
         if not self._lock.acquire(blocking=False):
             return False  # run_for (or hand_back) holds the engine and renews as it goes
         try:
@@ -156,40 +154,31 @@ class Runner:
                 self._step()
                 self._flush(force=False)
                 self._renew_if_due()
-            self._flush(force=True)  # results first; rows a pause took back store their tokens on their own
+            self._flush_before_hand_back()
             left = sorted(self.inflight)
-            checkpoints = self._checkpoints(self.engine.progress(left))  # before the abort forgets them
+            checkpoints = self.checkpoints.of(left)  # before the abort forgets them
             self.engine.abort(left)
             self.urgent.clear()
-            left += self._take_unstarted()
-            with transaction() as session:  # the tokens go back with the rows, in one transaction
-                released = release(session, worker_id=self.worker_id, request_ids=left, checkpoints=checkpoints)
-            if self.io is not None:
-                self.io.drain()
             self.inflight.clear()
-            self._checkpointed.clear()
-            self._close_run()
+            left += [row.id for row in self.io.take_unstarted()]  # leased by a claim, never in the engine
+            try:
+                with transaction() as session:  # the tokens go back with the rows, in one transaction
+                    released = release(session, worker_id=self.worker_id, request_ids=left, checkpoints=checkpoints)
+            finally:
+                self.checkpoints.forget_all()
+                self._close_run()
+            self.io.drain()  # checkpoint writes queued before the hand-back are done too
             return released
 
-    def _checkpoints(self, progress: dict[str, Progress]) -> dict[str, list[int]]:
-        """The generated ids worth storing (exact resumes); tokens of requests that cannot resume are discarded."""
-        discarded = sum(len(p.token_ids) for p in progress.values() if not p.exact)
-        count_decode_tokens(self.model, discarded=discarded)
-        return {rid: p.token_ids for rid, p in progress.items() if p.exact and p.token_ids}
-
-    def _periodic_checkpoints(self) -> dict[str, list[int]]:
-        """Every `checkpoint_interval_seconds`: requests grown by `checkpoint_every_tokens` since their last one."""
-        every = self.settings.checkpoint_every_tokens
-        if not every or time.monotonic() - self._last_checkpoint < self.settings.checkpoint_interval_seconds:
-            return {}
-        self._last_checkpoint = time.monotonic()
-        due = {
-            rid: p.token_ids
-            for rid, p in self.engine.progress(self.inflight).items()
-            if p.exact and len(p.token_ids) - self._checkpointed.get(rid, 0) >= every
-        }
-        self._checkpointed.update((rid, len(ids)) for rid, ids in due.items())
-        return due
+    def _flush_before_hand_back(self) -> None:
+        """Store finished results first (rows a pause took back store their tokens on their own); a failure
+        is logged, not raised: the in-flight rows go back all the same, the failed group's leases expire."""
+        for _ in range(2):  # the second hands over what the first kept when an earlier write had failed
+            try:
+                self._flush(force=True)
+                return
+            except Exception:
+                log.exception("storing results before a hand-back of %s failed", self.model)
 
     def _close_run(self) -> None:
         """The engine went idle: the next work starts a new EngineRun (a stretch of busy time)."""
@@ -202,29 +191,30 @@ class Runner:
     def _top_up(self) -> None:
         if (limit := self.engine.dispatch_limit()) is not None:
             self.max_inflight = self.refill_below = limit  # shared mode: the engine's budget decides
-        if self.io is not None and (arrived := self.io.take_claimed()) is not None:
-            self._admit(arrived.rows, asked=arrived.asked)
+        self._admit_arrived()
         if len(self.inflight) >= self.refill_below:
             return
         idle = not self.engine.has_unfinished()
         if not idle and time.monotonic() - self._last_empty_claim < IDLE_CLAIM_SECONDS:
             return  # the queue was empty a moment ago; don't poll it on every step
         want = self.max_inflight - len(self.inflight)
-        if self.io is not None:  # claimed on the claimer thread; the rows arrive at a later top-up
-            self.io.request_claim(want, held=frozenset(self.held()))
-            return
-        held = set(self.held())
-        with transaction() as session:
-            claimed = claim(
-                session,
-                model=self.model,
-                worker_id=self.worker_id,
-                limit=want,
-                lease_seconds=self.settings.lease_seconds,
-                settings=self.settings,
-                held=held,
-            )
-        self._admit(claimed, asked=want)
+        self.io.request_claim(want, held=frozenset(self.held()))  # on the claimer thread: rows arrive later
+
+    def _admit_arrived(self) -> bool:
+        """Hand the rows of a claim that finished to the engine; True if it brought any."""
+        if (arrived := self.io.take_claimed()) is None:
+            return False
+        self._admit(arrived.rows, asked=arrived.asked)
+        return bool(arrived.rows)
+
+    def _settle(self) -> None:
+        """End of a call: results committed, and the rows of a claim that landed meanwhile in the engine.
+
+        Left waiting for the next call, they would be leased to this worker without running.
+        """
+        self._flush(force=True)  # waits for the writer and for a claim still on its way
+        if self._admit_arrived():
+            self._flush(force=True)  # the engine may have refused some at once: their error lines
 
     def _admit(self, claimed: list[ClaimedRequest], *, asked: int) -> None:
         """Hand claimed rows to the engine; fewer than `asked` means the queue ran dry for now."""
@@ -246,14 +236,8 @@ class Runner:
                 if item.urgent:
                     self.urgent.add(item.id)
                 if earlier:
-                    self._resumed(item.id, len(earlier))
+                    self.checkpoints.resumed(item.id, len(earlier))
         self._signal_urgency()
-
-    def _resumed(self, request_id: str, stored: int) -> None:
-        """Count what a claimed checkpoint saved: the engine continues from its tokens, or restarted the request."""
-        kept = len(self.engine.progress([request_id]).get(request_id, Progress([], False)).token_ids)
-        count_decode_tokens(self.model, resumed=kept, discarded=stored - kept)
-        self._checkpointed[request_id] = stored
 
     def _signal_urgency(self) -> None:
         """Tell an engine that can lend capacity (shared mode) whether work near its deadline is in flight."""
@@ -281,14 +265,13 @@ class Runner:
             self.samples.append((time.time(), running, queued))
         for result in results:
             self.inflight.discard(result.request_id)
-            self._checkpointed.pop(result.request_id, None)
+            self.checkpoints.forget([result.request_id])
         if self.urgent and not self.urgent & self.inflight:
             self._signal_urgency()  # the last urgent request finished: give lent capacity back
         self.pending.extend(results)
 
     def _flush(self, *, force: bool) -> None:
-        if self.io is not None:
-            self._collect_io(wait=force)
+        self._collect_io(wait=force)
         due = time.monotonic() - self._last_flush >= FLUSH_SECONDS or len(self.pending) >= FLUSH_RESULTS
         if not (force or due):
             return
@@ -303,30 +286,8 @@ class Runner:
             "finished": len(results),
         }
         self.counters.add_results(**added)
-        if self.io is not None:  # the writer thread commits it (worker/feed/queue_io.py); the engine steps on
-            del self.pending[: len(results)]
-            self._hand_over(results, wait=force)
-            return
-        try:
-            with transaction() as session:
-                self._write_run(session)
-                touched = record(
-                    session,
-                    worker_id=self.worker_id,
-                    run_id=self.run_id,
-                    outcomes=[_outcome(result) for result in results],
-                )
-                done = done_batches(session, batch_ids=touched)
-        except Exception:
-            # Keep the results (and their leases, see `held`) for the next flush rather than lose them.
-            self.counters.add_results(**{name: -value for name, value in added.items()})
-            self._dirty = True
-            raise
-        del self.pending[: len(results)]
-        self._probe_flushed(results)
-        for batch_id in done:
-            if self.on_batch_done is not None:
-                self.on_batch_done(batch_id)
+        del self.pending[: len(results)]  # the writer thread commits them (worker/feed/queue_io.py)
+        self._hand_over(results, wait=force)
 
     def _probe_flushed(self, results: list[EngineResult]) -> None:
         engine = self.engine
@@ -334,10 +295,6 @@ class Runner:
         self.probe.flushed(
             results, run_id=self.run_id, counters=self.counters, inflight=self.inflight, stats=stats, slots=slots
         )
-
-    def _write_run(self, session: Session) -> None:
-        self._run_writer()(session)
-        self._run_written = True
 
     def _run_writer(self) -> Callable[[Session], None]:
         """Writes the run's counters as they are now (a snapshot: the writer thread may run it later)."""
@@ -361,34 +318,22 @@ class Runner:
     def _reconcile(self) -> None:
         """Renew every held lease; take back rows re-queued under us; abort what is gone (cancelled, re-leased)."""
         self._last_renew = time.monotonic()
-        held = self.held()
-        if not held:
-            return
-        if self.io is not None:  # renewed on the writer thread; leases it finds lost come back via _collect_io
-            self.io.renew(held)
-            if checkpoints := self._periodic_checkpoints():  # the crash bound: docs/workers.md
-                self.io.checkpoint(checkpoints)
-            return
-        lease = self.settings.lease_seconds
-        with transaction() as session:
-            lost = renew(session, worker_id=self.worker_id, request_ids=held, lease_seconds=lease)
-            if lost:
-                lost -= take_back(session, worker_id=self.worker_id, request_ids=sorted(lost), lease_seconds=lease)
-        self._drop_lost(lost)
+        # On the writer thread, with rows a claim leased meanwhile; leases it finds lost come back via _collect_io.
+        self.io.renew(self.held())
+        if checkpoints := self.checkpoints.due(self.inflight):  # the crash bound: docs/workers.md
+            self.io.checkpoint(checkpoints)
 
     def _drop_lost(self, lost: set[str]) -> None:
         if lost:
             log.info("aborting %d requests no longer leased (cancelled, expired or leased again)", len(lost))
             self.engine.abort(sorted(lost & self.inflight))
             self.inflight -= lost
-            for rid in lost:
-                self._checkpointed.pop(rid, None)
+            self.checkpoints.forget(lost)
             self.pending = [result for result in self.pending if result.request_id not in lost]
             self._signal_urgency()
 
     def _hand_over(self, results: list[EngineResult], *, wait: bool) -> None:
         """Give one flush to the writer thread; with `wait`, return once it (and all before it) committed."""
-        assert self.io is not None
         outcomes = [_outcome(result) for result in results]
         self.io.submit(run_id=self.run_id, write_run=self._run_writer(), outcomes=outcomes, results=results)
         self._run_written = True
@@ -397,29 +342,23 @@ class Runner:
 
     def _collect_io(self, *, wait: bool) -> None:
         """What the I/O threads finished: committed results to the probe, lost leases aborted, errors raised."""
-        assert self.io is not None
         if wait:
             self.io.drain()
         for results in self.io.take_committed():
             self._probe_flushed(results)
         lost = self.io.take_lost() & self.inflight
         if lost:  # a pause took these back: their tokens go with the rows while no one else has claimed them
-            self.io.checkpoint(self._checkpoints(self.engine.progress(lost)), handed_back=True)
+            self.io.checkpoint(self.checkpoints.of(lost), handed_back=True)
         self._drop_lost(lost)
         self.io.raise_failure()
 
-    def _take_unstarted(self) -> list[str]:
-        """Rows a finished claim leased that never reached the engine (a hand-back releases them too)."""
-        arrived = self.io.take_claimed() if self.io is not None else None
-        return [row.id for row in arrived.rows] if arrived is not None else []
-
     def close_io(self) -> None:
-        """Stop the I/O threads once what was handed to them is done (tests, benchmarks, shutdown)."""
-        if self.io is not None:
-            self.io.close()
+        """Stop the I/O threads once what was handed to them is done (tests, benchmarks, shutdown, a switch);
+        rows a claim leased that never reached the engine go back to the queue (worker/feed/queue_io.py)."""
+        self.io.close()
 
     def _queue_has_work(self) -> bool:
-        if self.io is not None and self.io.claiming():
+        if self.io.claiming():
             return True  # a claim is on its way or its rows wait to be handed to the engine
         with transaction() as session:
             return has_queued(session, model=self.model)

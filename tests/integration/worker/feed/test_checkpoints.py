@@ -27,7 +27,6 @@ from worker.feed.runner import Runner
 pytestmark = pytest.mark.backfill_env(
     {
         "BACKFILL_MODELS": json.dumps({"fake-model": {"path": "fake:"}}),
-        "BACKFILL_RUNNER_IO_THREAD": "true",
         "BACKFILL_CHECKPOINT_EVERY_TOKENS": "8",
         "BACKFILL_CHECKPOINT_INTERVAL_SECONDS": "0.1",
     }

@@ -37,16 +37,6 @@ pytestmark = pytest.mark.backfill_env(
 ON_POSTGRES = pytest.mark.parametrize("backend", ["postgres"], indirect=True)
 
 
-@pytest.fixture(params=["inline", "io-thread"])
-def runner_io(request: pytest.FixtureRequest, backend: Backend, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Both runner paths: database work on the engine's thread, and on the runner's I/O threads."""
-    if request.param == "io-thread":
-        monkeypatch.setenv("BACKFILL_RUNNER_IO_THREAD", "true")
-        get_settings.cache_clear()
-    assert get_settings().runner_io_thread == (request.param == "io-thread")
-    return str(request.param)
-
-
 def rows(batch_id: str) -> list[BatchRequest]:
     with transaction() as session:
         return list(session.scalars(select(BatchRequest).where(BatchRequest.batch_id == batch_id)))
@@ -54,7 +44,7 @@ def rows(batch_id: str) -> list[BatchRequest]:
 
 @ON_POSTGRES
 def test_work_held_between_run_tasks_longer_than_the_lease_ends_in_one_success_line_each(
-    backend: Backend, runner_io: str
+    backend: Backend,
 ) -> None:
     # Four short requests finish within the first task; four long ones are still in the engine at its end,
     # leaving the runner below its refill mark, so its next task claims before it renews.
@@ -84,7 +74,7 @@ def test_work_held_between_run_tasks_longer_than_the_lease_ends_in_one_success_l
 
 @ON_POSTGRES
 def test_a_live_worker_whose_tasks_come_late_three_times_still_completes_its_held_requests(
-    backend: Backend, runner_io: str
+    backend: Backend,
 ) -> None:
     # Eight long requests fill the runner (2 x max_num_seqs): it never claims on top, only renews.
     # Long enough that none finishes within the three 0.3 s tasks (a 1 ms step emits one token each).

@@ -1,10 +1,12 @@
-"""The runner with its database I/O on threads of its own: every result committed exactly once, whatever fails."""
+"""The runner's database I/O on threads of its own: every result committed exactly once, whatever fails, and no
+row left leased to the worker without running."""
 
 from __future__ import annotations
 
 import json
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -19,21 +21,18 @@ from storage.queue.reaping import release_expired_leases
 from storage.settings import get_settings
 from tests.conftest import Backend
 from tests.integration.worker.feed.test_runner import enqueue, statuses
+from worker.engine import EngineResult
 from worker.engine.fake import FakeEngine
 from worker.feed import queue_io
 from worker.feed.runner import Runner
 from worker.jobs.finalize import finalize_batch
 
-pytestmark = pytest.mark.backfill_env(
-    {"BACKFILL_MODELS": json.dumps({"fake-model": {"path": "fake:"}}), "BACKFILL_RUNNER_IO_THREAD": "true"}
-)
+pytestmark = pytest.mark.backfill_env({"BACKFILL_MODELS": json.dumps({"fake-model": {"path": "fake:"}})})
 
 
 def make_runner(worker_id: str = "w1", max_num_seqs: int = 4) -> Runner:
     engine = FakeEngine("fake-model", max_num_seqs=max_num_seqs, max_model_len=10**9)
-    runner = Runner(engine, model="fake-model", settings=get_settings(), worker_id=worker_id)
-    assert runner.io is not None  # the setting turned the I/O threads on
-    return runner
+    return Runner(engine, model="fake-model", settings=get_settings(), worker_id=worker_id)
 
 
 def run_until_idle(runner: Runner) -> None:
@@ -143,10 +142,118 @@ def test_a_hand_back_returns_in_flight_rows_and_rows_claimed_but_not_yet_started
     runner = make_runner(max_num_seqs=4)
     runner.run_for(0.5)
     assert statuses(batch_id) == {"running": 8, "queued": 12}
-    assert runner.io is not None
     runner.io.request_claim(4)  # a claim the engine has not collected when the switch comes
     assert runner.hand_back(drain_seconds=0) == 12
     runner.close_io()
     assert statuses(batch_id) == {"queued": 20}
     with pytest.raises(RuntimeError, match="closed"):
         runner.io.request_claim(1)
+
+
+class HookedEngine(FakeEngine):
+    """A fake engine that runs `on_top_up` when the runner tops up (it asks `dispatch_limit` first) and `on_step`
+    before each step, both on the runner's thread."""
+
+    def __init__(
+        self, on_top_up: Callable[[], None], *, on_step: Callable[[], None] = lambda: None, **kwargs: Any
+    ) -> None:
+        super().__init__("fake-model", max_model_len=10**9, **kwargs)
+        self.on_top_up, self.on_step = on_top_up, on_step
+
+    def dispatch_limit(self) -> int | None:
+        self.on_top_up()
+        return super().dispatch_limit()
+
+    def step(self) -> list[EngineResult]:
+        self.on_step()
+        return super().step()
+
+
+def leased_to(worker_id: str, batch_id: str) -> set[str]:
+    with transaction() as session:
+        query = select(BatchRequest.id).where(
+            BatchRequest.batch_id == batch_id, BatchRequest.status == "running", BatchRequest.lease_owner == worker_id
+        )
+        return set(session.scalars(query))
+
+
+def test_a_run_task_stopped_while_its_claim_lands_leaves_no_row_leased_outside_the_engine(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    batch_id = enqueue(6, max_tokens=10**8)  # never finishes on its own
+    stop, landing = threading.Event(), threading.Event()
+    real_claim = queue_io.claim
+
+    def late_claim(session: Any, **kwargs: Any) -> list[Any]:
+        assert landing.wait(10)
+        return real_claim(session, **kwargs)
+
+    def claim_as_sigterm_comes() -> None:
+        if stop.is_set() or not runner.inflight:
+            return
+        monkeypatch.setattr(queue_io, "claim", late_claim)
+        runner.io.request_claim(2, held=frozenset(runner.held()))  # a claim is on its way ...
+        stop.set()  # ... when SIGTERM comes: this is the task's last top-up
+
+    engine = HookedEngine(claim_as_sigterm_comes, on_step=landing.set, max_num_seqs=2)  # lands after the top-up
+    runner = Runner(engine, model="fake-model", settings=get_settings(), worker_id="w1")
+
+    assert runner.run_for(30.0, stop=stop)
+
+    # Its rows are leased to this worker: they must be in the engine, where renewals and the hand-back see them,
+    # not waiting unrenewed for a next task that may never come.
+    leased = leased_to("w1", batch_id)
+    assert len(leased) == 6 and set(runner.held()) == leased
+    assert runner.hand_back(drain_seconds=0) == 6  # the stop's hand-back returns every one of them
+    runner.close_io()
+    assert statuses(batch_id) == {"queued": 6}
+
+
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)  # two transactions at once: SQLite serialises
+def test_a_row_requeued_under_the_runner_and_claimed_back_during_a_renewal_runs_on_and_ends_once(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    batch_id = enqueue(1, max_tokens=50)
+    renewed_lost, claimed = threading.Event(), threading.Event()
+
+    def renew(session: Any, **kwargs: Any) -> set[str]:
+        lost = results.renew(session, **kwargs)
+        if lost:
+            renewed_lost.set()
+        return lost
+
+    def claim(session: Any, **kwargs: Any) -> list[Any]:
+        assert renewed_lost.wait(10)  # the writer's renewal found the row gone ...
+        rows = queue_io_claim(session, **kwargs)  # ... and the claimer leases it back before it is taken back
+        claimed.set()
+        return rows
+
+    def take_back(session: Any, **kwargs: Any) -> set[str]:
+        assert claimed.wait(10)
+        return results.take_back(session, **kwargs)
+
+    queue_io_claim = queue_io.claim
+    triggered: list[bool] = []
+
+    def reaper_between_steps() -> None:
+        if triggered or not runner.inflight:
+            return
+        triggered.append(True)
+        runner.io.drain()
+        runner.io.take_claimed()  # the runner's own last claim (it found nothing more): out of the way
+        monkeypatch.setattr(queue_io, "renew", renew)
+        monkeypatch.setattr(queue_io, "claim", claim)
+        monkeypatch.setattr(queue_io, "take_back", take_back)
+        assert requeue_expired() == 1  # the reaper re-queues the row under the runner (its lease ran out)
+        runner.io.renew(runner.held())
+        runner.io.request_claim(4, held=frozenset(runner.held()))
+        runner.io.drain()  # both landed before this top-up collects them
+
+    engine = HookedEngine(reaper_between_steps, max_num_seqs=4)
+    runner = Runner(engine, model="fake-model", settings=get_settings(), worker_id="w1")
+    run_until_idle(runner)
+    runner.close_io()
+
+    assert triggered and claimed.is_set()
+    assert statuses(batch_id) == {"completed": 1}  # not left leased to w1 with nothing running it
+    assert len(output_custom_ids(batch_id)) == 1

@@ -22,9 +22,7 @@ from worker.process import service
 from worker.process.embedded import EmbeddedWorker
 
 MODELS = {"fake-model": {"path": "fake:", "max_num_seqs": 4, "extra": {"step_seconds": 0.002}}}
-pytestmark = pytest.mark.backfill_env(
-    {"BACKFILL_MODELS": json.dumps(MODELS), "BACKFILL_RUNNER_IO_THREAD": "true", "BACKFILL_WORKER_MODEL": "fake-model"}
-)
+pytestmark = pytest.mark.backfill_env({"BACKFILL_MODELS": json.dumps(MODELS), "BACKFILL_WORKER_MODEL": "fake-model"})
 
 
 def rows_of(batch_id: str) -> list[BatchRequest]:

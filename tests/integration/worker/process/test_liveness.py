@@ -69,14 +69,18 @@ def claim_all(worker_id: str) -> int:
 def test_a_worker_idle_between_tasks_longer_than_the_lease_keeps_its_work_and_finishes_it_once(
     backend: Backend,
 ) -> None:
-    batch_id, _ = submit_job([chat(i, max_tokens=2 if i < 4 else 100) for i in range(8)])
+    batch_id, _ = submit_job([chat(i, max_tokens=2 if i < 4 else 300) for i in range(8)])
     engine = FakeEngine("fake-model", max_num_seqs=4, max_model_len=10**6, step_seconds=0.01)
     identity = WorkerIdentity("gpu-a", "host-a", 1)
     runner = Runner(engine, model="fake-model", settings=get_settings(), worker_id=identity.worker_id)
     heartbeat = Heartbeat(identity, get_settings(), models=["fake-model"], runners=lambda: [runner])
     heartbeat.start()
     try:
-        runner.run_for(0.3)
+        deadline = time.monotonic() + 60
+        # Short tasks until the four short requests are done (a state, not a duration): the long four are held.
+        while sum(status == "completed" for status, _, _ in statuses(batch_id).values()) < 4:
+            assert time.monotonic() < deadline, "the four short requests never finished"
+            runner.run_for(0.05)
         held = len(runner.inflight)
         time.sleep(LEASE_SECONDS + 1)  # no task runs: only the heartbeat keeps the leases
         with transaction() as session:
