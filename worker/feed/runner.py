@@ -28,7 +28,7 @@ from storage.finance.engine_runs import RunCounters, save_run
 from storage.ids import new_id
 from storage.metrics.events import count_decode_tokens
 from storage.queue.backlog import done_batches, has_queued
-from storage.queue.checkpoints import unpack_tokens
+from storage.queue.checkpoints import save_checkpoints, unpack_tokens
 from storage.queue.claim import ClaimedRequest, claim
 from storage.queue.leases import Outcome, record, release, renew, take_back
 from storage.settings import Settings
@@ -370,10 +370,12 @@ class Runner:
                 self.io.checkpoint(checkpoints)
             return
         lease = self.settings.lease_seconds
+        checkpoints = self._periodic_checkpoints()  # on this path too: the crash bound holds without the I/O thread
         with transaction() as session:
             lost = renew(session, worker_id=self.worker_id, request_ids=held, lease_seconds=lease)
             if lost:
                 lost -= take_back(session, worker_id=self.worker_id, request_ids=sorted(lost), lease_seconds=lease)
+            save_checkpoints(session, worker_id=self.worker_id, checkpoints=checkpoints)
         self._drop_lost(lost)
 
     def _drop_lost(self, lost: set[str]) -> None:

@@ -158,9 +158,13 @@ def test_a_paused_batch_keeps_the_tokens_its_worker_had_generated(backend: Backe
         assert reference.progress([row.id])[row.id].token_ids == stored
 
 
+@pytest.mark.parametrize("io_thread", [True, False], ids=["io-thread", "inline"])
 def test_a_long_generation_is_checkpointed_with_its_renewals_so_a_crash_loses_a_bounded_slice(
-    backend: Backend,
+    backend: Backend, io_thread: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("BACKFILL_RUNNER_IO_THREAD", str(io_thread).lower())  # both paths renew leases
+    get_settings.cache_clear()
+    assert get_settings().runner_io_thread is io_thread
     batch_id = enqueue(1, max_tokens=10**6)
     engine = FakeEngine("fake-model", max_num_seqs=4, max_model_len=10**9, step_seconds=0.002)
     runner = Runner(engine, model="fake-model", settings=get_settings(), worker_id="w1")
