@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +99,9 @@ def run(args: argparse.Namespace) -> int:
         return {"worker": "ready" if embedded_worker.ready.is_set() else "loading"}
 
     app = create_app(health_extra=health_extra)
+    # uvicorn re-raises the SIGTERM it stopped on once it is done: with the default action the process would die
+    # there, before the embedded worker below hands its in-flight work back with its checkpoints.
+    signal.signal(signal.SIGTERM, lambda *_: None)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level="info", log_config=uvicorn_log_config())
     finally:
