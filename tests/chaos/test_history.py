@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from tests.chaos.control_rules import paused_spans
 from tests.chaos.history import (
     BatchRecord,
     ControlEvent,
@@ -16,7 +17,6 @@ from tests.chaos.history import (
     RowRecord,
     check,
     error_code,
-    paused_spans,
 )
 
 T0 = 1_000_000.0
