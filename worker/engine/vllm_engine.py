@@ -8,9 +8,9 @@ Not thread-safe: call it from one thread.
 
 from __future__ import annotations
 
+import gc
 import logging
-import os
-import sys
+import threading
 import time
 from collections.abc import Collection
 from typing import Any
@@ -19,6 +19,7 @@ from storage.protocols import EMBEDDINGS_URL
 from storage.registry import ModelSpec
 from worker.engine import EngineRequest, EngineResult, EngineStats, Progress, error_result
 from worker.engine.vllm_outputs import InFlight, invalid_result, result_of
+from worker.engine.vllm_process import forget_import_tracebacks, set_env_defaults
 from worker.engine.vllm_resume import (
     EndedHere,
     Resume,
@@ -37,37 +38,35 @@ from worker.engine.wire.resume import restart_reason
 
 logger = logging.getLogger(__name__)
 
-
-def _set_env_defaults(spec: ModelSpec) -> None:
-    """vLLM reads these at import; a deployment's own values win."""
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: step() runs the model
-    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
-    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
-    if spec.kv_cache_memory_bytes is None:
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; without it CPU start-up refuses
+_live: set[int] = set()  # this process's engines not yet closed
+_live_lock = threading.Lock()
 
 
-def _forget_import_tracebacks() -> None:
-    """Drop the tracebacks of ImportErrors vLLM keeps in module globals (e.g. a missing torchcodec).
+def _shut_down(engine: Any) -> None:
+    """Shut an engine down. vLLM's in-process shutdown ends by tearing down the parallel state every engine of
+    the process shares: with another engine alive (a second model's, a test's) that state stays."""
+    from vllm.v1.engine import core as vllm_core
 
-    Such a traceback pins every frame on the stack when vLLM was first imported, this engine's `__init__`
-    (and `self`) included, so the first engine of a process could never be freed on a model switch.
-    """
-    for name, module in list(sys.modules.items()):
-        if name.startswith("vllm") and module is not None:
-            for value in list(vars(module).values()):
-                if isinstance(value, BaseException):
-                    value.__traceback__ = None
+    core: Any = vllm_core  # its module global is what shutdown() calls
+    with _live_lock:
+        _live.discard(id(engine))
+        teardown = core.cleanup_dist_env_and_memory
+        if _live:
+            core.cleanup_dist_env_and_memory = gc.collect
+        try:
+            engine.engine_core.shutdown()
+        finally:
+            core.cleanup_dist_env_and_memory = teardown
 
 
 class VllmEngine:
     """The Engine protocol on an in-process vLLM v1 LLMEngine."""
 
     def __init__(self, model_name: str, spec: ModelSpec) -> None:
-        _set_env_defaults(spec)
+        set_env_defaults(spec)
         from vllm import EngineArgs, LLMEngine
 
-        _forget_import_tracebacks()
+        forget_import_tracebacks()
         args = EngineArgs(
             model=spec.path,
             runner=spec.runner,  # type: ignore[arg-type]
@@ -84,6 +83,7 @@ class VllmEngine:
         )
         started = time.monotonic()
         self._engine = LLMEngine.from_engine_args(args)
+        _live.add(id(self._engine))
         self.load_seconds = time.monotonic() - started
         self.model_name = model_name
         self.max_num_seqs: int = self._engine.vllm_config.scheduler_config.max_num_seqs
@@ -210,7 +210,7 @@ class VllmEngine:
     def close(self) -> None:
         """Abort everything and release the engine's workers."""
         self.abort(list(self._inflight))
-        self._engine.engine_core.shutdown()
+        _shut_down(self._engine)
 
     # -- requests in ---------------------------------------------------------------------------
 

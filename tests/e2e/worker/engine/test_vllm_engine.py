@@ -270,3 +270,18 @@ def test_a_repeated_prompt_reports_the_tokens_the_prefix_cache_served(vllm_chat_
     cached = body.usage.prompt_tokens_details.cached_tokens
     assert cached == again["again"].cached_tokens and 0 < cached <= body.usage.prompt_tokens
     assert first["first"].cached_tokens < cached
+
+
+def test_closing_one_engine_leaves_another_in_the_same_process_running(
+    vllm_chat_engine: VllmEngine, demo_model_path: Any
+) -> None:
+    """vLLM's in-process shutdown tears down the process-wide parallel state; a second engine's close (a test's,
+    or a model switch with two engines alive) must not take the first one's with it."""
+    from storage.registry import ModelSpec
+
+    other = VllmEngine("backfill-demo-2", ModelSpec(path=str(demo_model_path), max_num_seqs=2, max_model_len=256))
+    results, _ = run_all(other, [chat("other")])
+    assert results["other"].status_code == 200
+    other.close()
+    results, _ = run_all(vllm_chat_engine, [chat("after")])
+    assert results["after"].status_code == 200 and results["after"].body["usage"]["completion_tokens"] == 4
