@@ -75,6 +75,7 @@ class Runner:
         self.inflight: set[str] = set()
         self.urgent: set[str] = set()  # in-flight requests claimed inside their deadline's urgency horizon
         self.pending: list[EngineResult] = []
+        self.committing: set[str] = set()  # results with the writer thread: the probe still times them
         self.counters = RunCounters()  # this engine run's, written to its EngineRun row with every flush
         self.probe = RunnerProbe(model)  # what it reports to Prometheus
         self.samples: deque[tuple[float, int, int]] = deque(maxlen=14_400)  # (time, running, queued)
@@ -293,7 +294,12 @@ class Runner:
         engine = self.engine
         stats, slots = engine.stats(), engine.max_num_seqs
         self.probe.flushed(
-            results, run_id=self.run_id, counters=self.counters, inflight=self.inflight, stats=stats, slots=slots
+            results,
+            run_id=self.run_id,
+            counters=self.counters,
+            inflight=self.inflight | self.committing,
+            stats=stats,
+            slots=slots,
         )
 
     def _run_writer(self) -> Callable[[Session], None]:
@@ -335,6 +341,7 @@ class Runner:
     def _hand_over(self, results: list[EngineResult], *, wait: bool) -> None:
         """Give one flush to the writer thread; with `wait`, return once it (and all before it) committed."""
         outcomes = [_outcome(result) for result in results]
+        self.committing.update(result.request_id for result in results)
         self.io.submit(run_id=self.run_id, write_run=self._run_writer(), outcomes=outcomes, results=results)
         self._run_written = True
         if wait:
@@ -345,6 +352,7 @@ class Runner:
         if wait:
             self.io.drain()
         for results in self.io.take_committed():
+            self.committing.difference_update(result.request_id for result in results)
             self._probe_flushed(results)
         lost = self.io.take_lost() & self.inflight
         if lost:  # a pause took these back: their tokens go with the rows while no one else has claimed them
