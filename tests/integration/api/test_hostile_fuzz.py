@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from tests.conftest import LiveServer, make_key
 
 pytestmark = pytest.mark.backfill_env({"BACKFILL_MODELS": '{"fake-model": {"path": "fake:"}}'})
-MAX_EXAMPLES = int(os.environ.get("BACKFILL_FUZZ_EXAMPLES", "4"))
+MAX_EXAMPLES = int(os.environ.get("BACKFILL_FUZZ_EXAMPLES", "3"))
 
 MESSAGE = {"model": "fake-model", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
 BASES: dict[str, dict[str, Any]] = {

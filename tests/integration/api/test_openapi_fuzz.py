@@ -19,7 +19,7 @@ from schemathesis import GenerationMode
 from tests.conftest import LiveServer, make_key
 
 pytestmark = pytest.mark.backfill_env({"BACKFILL_MODELS": '{"fake-model": {"path": "fake:"}}'})
-MAX_EXAMPLES = int(os.environ.get("BACKFILL_FUZZ_EXAMPLES", "6"))
+MAX_EXAMPLES = int(os.environ.get("BACKFILL_FUZZ_EXAMPLES", "4"))
 # "Schema-valid data is accepted" cannot hold here: a schema cannot say that an upload must be JSONL or that
 # input_file_id must name an uploaded file, so such requests rightly get 400/404. Every other check runs:
 # no 5xx, documented statuses, content types, headers and bodies, schema-invalid data rejected with a 4xx.
