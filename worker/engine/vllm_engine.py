@@ -38,25 +38,19 @@ from worker.engine.wire.resume import restart_reason
 
 logger = logging.getLogger(__name__)
 
-_live: set[int] = set()  # this process's engines not yet closed
-_live_lock = threading.Lock()
+_open = [0]  # this process's engines not yet closed
+_open_lock = threading.Lock()
 
 
-def _shut_down(engine: Any) -> None:
-    """Shut an engine down. vLLM's in-process shutdown ends by tearing down the parallel state every engine of
-    the process shares: with another engine alive (a second model's, a test's) that state stays."""
+def _guard_parallel_state() -> None:
+    """vLLM's in-process shutdown (our close, or a collected engine's) ends by tearing down the parallel state
+    every engine of the process shares: while another engine is open (a second model's, a test's) it stays."""
     from vllm.v1.engine import core as vllm_core
 
     core: Any = vllm_core  # its module global is what shutdown() calls
-    with _live_lock:
-        _live.discard(id(engine))
-        teardown = core.cleanup_dist_env_and_memory
-        if _live:
-            core.cleanup_dist_env_and_memory = gc.collect
-        try:
-            engine.engine_core.shutdown()
-        finally:
-            core.cleanup_dist_env_and_memory = teardown
+    if not getattr(core, "backfill_guarded", False):
+        teardown, core.backfill_guarded = core.cleanup_dist_env_and_memory, True
+        core.cleanup_dist_env_and_memory = lambda *a, **k: gc.collect() if _open[0] else teardown(*a, **k)
 
 
 class VllmEngine:
@@ -82,8 +76,10 @@ class VllmEngine:
             **spec.extra,
         )
         started = time.monotonic()
+        _guard_parallel_state()
         self._engine = LLMEngine.from_engine_args(args)
-        _live.add(id(self._engine))
+        with _open_lock:
+            _open[0] += 1
         self.load_seconds = time.monotonic() - started
         self.model_name = model_name
         self.max_num_seqs: int = self._engine.vllm_config.scheduler_config.max_num_seqs
@@ -210,7 +206,9 @@ class VllmEngine:
     def close(self) -> None:
         """Abort everything and release the engine's workers."""
         self.abort(list(self._inflight))
-        _shut_down(self._engine)
+        with _open_lock:
+            _open[0] -= 1
+        self._engine.engine_core.shutdown()
 
     # -- requests in ---------------------------------------------------------------------------
 

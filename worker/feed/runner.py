@@ -297,7 +297,7 @@ class Runner:
             results,
             run_id=self.run_id,
             counters=self.counters,
-            inflight=self.inflight | self.committing,
+            inflight=set(self.held()) | self.committing,  # in the engine, finished and not yet committed
             stats=stats,
             slots=slots,
         )
