@@ -136,7 +136,9 @@ def test_with_a_latency_slack_the_budget_fits_the_servers_step_time_and_every_li
 
     # The server's own inter-token latency fed the step model, and the cap came from it.
     step = engine.budget.steps.fit()
-    assert step is not None and step[0] > 0
+    # The fixed part is clipped at 0 when the measured latencies are noisy (a CPU shared with the test): the
+    # model still predicts a positive step for one sequence.
+    assert step is not None and step[0] >= 0 and step[0] + step[1] > 0
     last = engine.budget.last
     assert last is not None and last.slack_cap == slack_cap(step, slack=0.1, online=last.online)
     assert finalize_batch(get_blob_store(), batch_id=batch_id) == "completed"
