@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
@@ -11,6 +12,7 @@ from prometheus_client import REGISTRY
 from storage.db import transaction
 from storage.files.blobs import get_blob_store
 from storage.models import BatchRequest
+from storage.queue import leases
 from storage.queue.claim import claim
 from storage.settings import get_settings
 from tests.conftest import Backend
@@ -87,3 +89,40 @@ def test_two_passes_over_one_new_batch_count_its_lines_once(backend: Backend) ->
     assert metric("backfill_ingest_lines_total", outcome="enqueued") - enqueued == 7
     assert service.ingest(batch_id) == "in_progress"  # a third, late pass counts nothing either
     assert metric("backfill_ingest_lines_total", outcome="enqueued") - enqueued == 7
+
+
+def test_every_result_s_claim_to_commit_latency_is_observed_while_later_results_wait_for_the_writer(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The probe, seeing one flush committed while the next is still with the writer thread, must keep the
+    claim times of that next flush's requests (finished in the engine, not yet committed): every result's
+    claim-to-commit latency is observed once."""
+    from worker.feed import queue_io
+    from worker.feed import runner as runner_module
+
+    monkeypatch.setattr(runner_module, "FLUSH_RESULTS", 4)  # a flush per 4 results: several flushes
+    enqueue(12, max_tokens=4)
+    latency = metric("backfill_result_latency_seconds_count", model="fake-model")
+    runner = make_runner(max_num_seqs=4)
+    second_handed_over, records, submits = threading.Event(), [], []
+    submit = runner.io.submit
+
+    def counted_submit(**kwargs: Any) -> None:
+        submit(**kwargs)
+        submits.append(1)
+        if len(submits) == 2:
+            second_handed_over.set()
+
+    def first_record_waits_for_the_second_flush(*args: Any, **kwargs: Any) -> Any:
+        records.append(1)
+        if len(records) == 1:  # bounded: if the runner waits for this commit first, the test shows it below
+            second_handed_over.wait(timeout=10)
+        return leases.record(*args, **kwargs)
+
+    monkeypatch.setattr(runner.io, "submit", counted_submit)
+    monkeypatch.setattr(queue_io, "record", first_record_waits_for_the_second_flush)
+    while runner.run_for(5.0):
+        pass
+    runner.close_io()
+    assert second_handed_over.is_set(), "the runner waited for the first commit: the interleaving was not exercised"
+    assert metric("backfill_result_latency_seconds_count", model="fake-model") - latency == 12
