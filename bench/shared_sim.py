@@ -248,7 +248,10 @@ def _virtual(args: argparse.Namespace, rate: float, inflight: int, seconds: floa
     from bench.sim_scheduler import SimRequest
 
     server = sim_server.build(
-        served_name="virtual", max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens
+        served_name="virtual",
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        long_prefill_token_threshold=args.long_prefill_token_threshold,
     )
     sched, rng, now = server.scheduler, random.Random(args.seed), 0.0
     arrivals, at = [], rng.expovariate(rate)
@@ -258,6 +261,12 @@ def _virtual(args: argparse.Namespace, rate: float, inflight: int, seconds: floa
     users: list[SimRequest] = []
     batch: list[SimRequest] = []
     prompt, batch_prompt = args.online_prompt_words + 2, args.batch_prompt_words + 2
+    # The first requests stand for a steady stream already running: their outputs are staggered (their remaining
+    # lengths spread evenly), so the batch does not finish and prefill again in lockstep.
+    for i in range(inflight):
+        remaining = max(1, round(args.batch_tokens * (i + 1) / inflight))
+        batch.append(SimRequest(prompt_tokens=batch_prompt, max_tokens=remaining, priority=1_000_000, arrival=-1.0))
+        sched.add(batch[-1])
     while now < seconds:
         batch = [b for b in batch if not b.finished]
         for _ in range(inflight - len(batch)):
@@ -326,6 +335,7 @@ def main() -> int:
     parser.add_argument("--batch-prompt-words", type=int, default=500)
     parser.add_argument("--max-num-seqs", type=int, default=384)
     parser.add_argument("--max-num-batched-tokens", type=int, default=sim_server.DEFAULT_MAX_NUM_BATCHED_TOKENS)
+    parser.add_argument("--long-prefill-token-threshold", type=int, default=0, help="the server's (vLLM's knob)")
     parser.add_argument("--headroom-seqs", type=int, default=2)
     parser.add_argument("--grow-step", type=int, default=1, help="budget knob: additive increase per poll")
     parser.add_argument("--latency-slack", type=float, default=0.10)
@@ -345,6 +355,7 @@ def main() -> int:
     args.backlog = int(2 * args.capacity * (args.seconds / args.rounds + args.warm_seconds + 5) / args.batch_tokens)
     prepare()
     extra = ["--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens", str(args.max_num_batched_tokens)]
+    extra += ["--long-prefill-token-threshold", str(args.long_prefill_token_threshold)]
     proc, url = sim_server.start(
         served_name=SERVED_NAME,
         log=OUT / "shared-sim-server.log",

@@ -13,7 +13,9 @@ What it keeps from vLLM (vllm/v1/core/sched/scheduler.py, `--scheduling-policy p
   request's next tokens, the running request with the largest (priority, arrival) is preempted (batch work,
   youngest first): its KV is freed and it goes back to the waiting queue to prefill its prompt and the
   tokens it already produced again (recompute), and no waiting request is admitted in that step;
-- the step that prefills a prompt's last chunk yields its first token; every later step yields one more.
+- the step that prefills a prompt's last chunk yields its first token; every later step yields one more;
+- with `long_prefill_token_threshold`, one request's chunk is at most that many tokens while other requests are
+  running or waiting (vLLM's `--long-prefill-token-threshold`).
 
 The step's time: B decoding sequences attending to their own contexts (the formula's memory term takes
 B x KV x context; the mean context of this step's decoders is passed, which gives the same bytes), P prompt
@@ -106,12 +108,14 @@ class SimScheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         kv_cache_tokens: int,
+        long_prefill_token_threshold: int = 0,
     ) -> None:
         if min(max_num_seqs, max_num_batched_tokens, kv_cache_tokens) < 1:
             raise ValueError("max_num_seqs, max_num_batched_tokens and the KV cache must be positive")
         self.shape, self.hardware = shape, hardware
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
         self.kv_cache_blocks = kv_cache_tokens // BLOCK_TOKENS
+        self.long_prefill_token_threshold = long_prefill_token_threshold  # 0: a prompt chunk takes what budget is left
         n = max_num_seqs
         self._serial = np.full(n, -1, dtype=np.int64)  # -1: a free slot
         self._target = np.zeros(n, dtype=np.int64)  # tokens to compute before the next token is sampled
@@ -173,6 +177,8 @@ class SimScheduler:
             slots = np.flatnonzero(self._serial >= 0)
             slots = slots[np.argsort(self._order[slots], kind="stable")]
             need = np.maximum(self._target[slots] - self._computed[slots], 1)
+            if self._chunk_cap(len(slots)):
+                need = np.minimum(need, self.long_prefill_token_threshold)
             before = np.cumsum(need) - need
             tokens = np.clip(budget - before, 0, need)
             if self._blocks(self._computed[slots] + tokens) <= self.kv_cache_blocks:
@@ -243,6 +249,8 @@ class SimScheduler:
                 continue
             target = request.prompt_tokens + request.output_tokens  # a preempted request recomputes its output
             chunk = min(target, left)
+            if self._chunk_cap(len(slots) + len(new_slots)):
+                chunk = min(chunk, self.long_prefill_token_threshold)
             blocks = self._blocks(np.array([chunk]))
             if used + blocks > self.kv_cache_blocks:
                 break
@@ -257,6 +265,10 @@ class SimScheduler:
         if not new_slots:
             return slots, tokens
         return np.concatenate([slots, new_slots]), np.concatenate([tokens, new_tokens])
+
+    def _chunk_cap(self, running: int) -> bool:
+        """vLLM caps one request's prompt chunk at `long_prefill_token_threshold` when others could use the step."""
+        return self.long_prefill_token_threshold > 0 and running + self.waiting_count > 1
 
     def _plan(self, slots: np.ndarray, tokens: np.ndarray) -> StepPlan:
         computed = self._computed[slots]

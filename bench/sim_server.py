@@ -24,6 +24,7 @@ timeline (counted in `/sim/stats` as `stalls`). A GPU does not slow down because
 
 Usage: python bench/sim_server.py --port 8000 [--served-name demo-online] [--hardware 8xH100-SXM]
        [--max-num-seqs 384] [--max-num-batched-tokens 8192] [--gpu-memory-utilization 0.9] [--max-model-len 8192]
+       [--long-prefill-token-threshold 0]
 """
 
 from __future__ import annotations
@@ -315,6 +316,7 @@ def build(
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     gpu_memory_utilization: float = 0.9,
     max_model_len: int = 8192,
+    long_prefill_token_threshold: int = 0,
 ) -> SimServer:
     """A simulated server for a planner hardware preset (70B FP8 weights and KV by default)."""
     node = HARDWARE_PRESETS[hardware]
@@ -324,6 +326,7 @@ def build(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,
         kv_cache_tokens=kv_cache_tokens(shape, node, gpu_memory_utilization),
+        long_prefill_token_threshold=long_prefill_token_threshold,
     )
     return SimServer(scheduler, served_name=served_name, max_model_len=max_model_len)
 
@@ -373,6 +376,7 @@ def main() -> int:
     parser.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--max-model-len", type=int, default=8192)
+    parser.add_argument("--long-prefill-token-threshold", type=int, default=0)
     args = parser.parse_args()
     server = build(
         served_name=args.served_name,
@@ -381,6 +385,7 @@ def main() -> int:
         max_num_batched_tokens=args.max_num_batched_tokens,
         gpu_memory_utilization=args.gpu_memory_utilization,
         max_model_len=args.max_model_len,
+        long_prefill_token_threshold=args.long_prefill_token_threshold,
     )
     uvicorn.run(server.app(), host=args.host, port=args.port, log_level="warning", access_log=False)
     return 0

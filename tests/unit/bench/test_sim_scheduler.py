@@ -155,3 +155,22 @@ def test_streaming_requests_hear_of_every_step_that_gave_them_a_token() -> None:
 def test_a_request_without_prompt_or_output_is_refused(tokens: int) -> None:
     with pytest.raises(ValueError):
         scheduler().add(SimRequest(prompt_tokens=tokens, max_tokens=5))
+
+
+def test_a_long_prefill_threshold_caps_each_prompts_chunk_while_others_share_the_server() -> None:
+    sched = SimScheduler(
+        shape=LLAMA_70B_FP8,
+        hardware=H100,
+        max_num_seqs=8,
+        max_num_batched_tokens=8192,
+        kv_cache_tokens=1_000_000,
+        long_prefill_token_threshold=64,
+    )
+    alone = SimRequest(prompt_tokens=200, max_tokens=2)
+    sched.add(alone)
+    clock = Clock(sched)
+    assert int(clock.step().load.prefill_tokens) == 200  # nobody else: the whole prompt in one step
+    pair = [SimRequest(prompt_tokens=200, max_tokens=2, arrival=float(i)) for i in range(2)]
+    for request in pair:
+        sched.add(request)
+    assert clock.step().tokens.tolist() == [1, 64, 64]  # the decode, then a 64-token chunk of each prompt
