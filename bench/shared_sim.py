@@ -36,8 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
-import statistics
 import sys
 import tempfile
 import time
@@ -50,11 +48,11 @@ from bench import sim_server
 from bench._setup import OUT, fresh_postgres, plot_dir
 from bench.online_load import RAW, SERVED_NAME, collect, figures, go, start_online_load
 from bench.shared import MODEL, harvest, use_shared_registry
+from bench.shared_sim_frontier import frontier
 from storage.planning.node import HARDWARE_PRESETS, LLAMA_70B_FP8
 from storage.planning.step_time import estimate_job
 
 HARDWARE = "8xH100-SXM"
-GOAL_LATENCY, GOAL_HARVEST = 1.10, 0.70
 
 
 def prepare() -> None:
@@ -125,6 +123,14 @@ def delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def server_timings(url: str) -> list[dict[str, Any]]:
+    """The online requests the server finished since the last call, as rows `figures` reads (server clock)."""
+    import httpx
+
+    pairs = httpx.post(f"{url}/sim/online-timings", timeout=10).json()
+    return [{"ok": True, "ttft": ttft, "tpot": tpot} for ttft, tpot in pairs]
+
+
 def online(url: str, rate: float, seconds: float, seed: int, args: argparse.Namespace) -> Any:
     proc = start_online_load(url, rate, seconds, args.online_tokens, seed, prompt_words=args.online_prompt_words)
     if args.nice:
@@ -142,6 +148,7 @@ def run_side(
     use_shared_registry(url, args.max_num_seqs, **knobs)
     part = args.seconds / args.rounds
     proc = online(url, rate, part, seed, args)
+    server_timings(url)  # forget what came before
     before = stats(url)
     run = None
     if side == "without":
@@ -151,11 +158,12 @@ def run_side(
         run = harvest(part, lines, online=proc, warm_seconds=args.warm_seconds)
     rows = collect(proc, f"{side}@{rate}")
     server = delta(stats(url), before)
-    out: dict[str, Any] = {"online": rows, "server": server}
+    out: dict[str, Any] = {"online": rows, "server": server, "server_online": server_timings(url)}
     if run is not None:
         # Idle capacity over the measured wall: the roofline's full-batch tokens/s less what online took.
         idle = args.capacity * run["seconds"] - sum(r.get("tokens", 0) for r in rows if r["ok"])
-        out |= {"harvest": run, "harvest_ratio": round(run["tokens"] / idle, 4) if idle > 0 else None}
+        ratio = round(run["tokens"] / idle, 4) if idle > 0 else None
+        out |= {"harvest": run, "idle_tokens": idle, "harvest_ratio": ratio}
     return out
 
 
@@ -183,7 +191,11 @@ def summarise_rate(rate: float, sides: dict[str, list[dict[str, Any]]]) -> dict[
     without = sides["without"]
     row: dict[str, Any] = {"online_rate_per_s": rate}
     base = figures([r for run in without for r in run["online"]])
-    row["without"] = {**base, "server": [run["server"] for run in without]}
+    row["without"] = {
+        **base,
+        "server": [run["server"] for run in without],
+        "server_clock": figures([r for run in without for r in run["server_online"]]),
+    }
     for side, runs in sides.items():
         if side == "without":
             continue
@@ -196,6 +208,16 @@ def summarise_rate(rate: float, sides: dict[str, list[dict[str, Any]]]) -> dict[
             entry[f"{key[:-3]}_ratio_rounds"] = [
                 _ratio(g[key], b[key]) for g, b in zip(per_round, base_rounds, strict=True)
             ]
+        mine = figures([r for run in runs for r in run["server_online"]])
+        theirs = figures([r for run in without for r in run["server_online"]])
+        entry["server_clock"] = {
+            **{
+                f"{k[:-3]}_ratio": _ratio(mine[k], theirs[k])
+                for k in ("ttft_p99_ms", "tpot_p99_ms", "ttft_p50_ms", "tpot_p50_ms")
+            },
+            "with": mine,
+            "without": theirs,
+        }
         entry["harvest_ratio_rounds"] = [run["harvest_ratio"] for run in runs]
         entry["harvest_ratio"] = _pooled_harvest(runs)
         entry["batch_tokens_per_s"] = round(
@@ -208,91 +230,13 @@ def summarise_rate(rate: float, sides: dict[str, list[dict[str, Any]]]) -> dict[
 
 
 def _pooled_harvest(runs: list[dict[str, Any]]) -> float | None:
-    ratios = [run["harvest_ratio"] for run in runs if run["harvest_ratio"] is not None]
-    return round(statistics.median(ratios), 4) if ratios else None
+    """Batch tokens over idle capacity, the rounds added up."""
+    idle = sum(run["idle_tokens"] for run in runs)
+    return round(sum(run["harvest"]["tokens"] for run in runs) / idle, 4) if idle > 0 else None
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 3) if a is not None and b else None
-
-
-# -- the frontier: the same scheduler on virtual time -------------------------------------------------------
-
-
-def frontier(args: argparse.Namespace, seconds: float = 60.0) -> list[dict[str, Any]]:
-    """Per rate: online p99 ratios and batch tokens/s for constant batch in-flight counts, and the best count
-    that keeps both ratios <= 1.10 (virtual time: the formula's steps exactly, no HTTP, no CPU noise)."""
-    rows = []
-    for rate in args.rates:
-        base = _virtual(args, rate, 0, seconds)
-        points = []
-        for inflight in (1, 2, 4, 8, 16, 32, 64, 128, args.max_num_seqs - args.headroom_seqs):
-            got = _virtual(args, rate, inflight, seconds)
-            idle = args.capacity * seconds - got["online_tokens"]
-            points.append(
-                {
-                    "batch_inflight": inflight,
-                    "ttft_p99_ratio": round(got["ttft_p99"] / base["ttft_p99"], 3),
-                    "tpot_p99_ratio": round(got["tpot_p99"] / base["tpot_p99"], 3),
-                    "batch_tokens_per_s": round(got["batch_tokens"] / seconds, 1),
-                    "harvest_ratio": round(got["batch_tokens"] / idle, 4),
-                }
-            )
-        ok = [p for p in points if p["ttft_p99_ratio"] <= GOAL_LATENCY and p["tpot_p99_ratio"] <= GOAL_LATENCY]
-        best = max(ok, key=lambda p: p["harvest_ratio"]) if ok else None
-        rows.append({"online_rate_per_s": rate, "points": points, "best_within_goal": best})
-    return rows
-
-
-def _virtual(args: argparse.Namespace, rate: float, inflight: int, seconds: float) -> dict[str, float]:
-    from bench.sim_scheduler import SimRequest
-
-    server = sim_server.build(
-        served_name="virtual",
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        long_prefill_token_threshold=args.long_prefill_token_threshold,
-    )
-    sched, rng, now = server.scheduler, random.Random(args.seed), 0.0
-    arrivals, at = [], rng.expovariate(rate)
-    while at < seconds:
-        arrivals.append(at)
-        at += rng.expovariate(rate)
-    users: list[SimRequest] = []
-    batch: list[SimRequest] = []
-    prompt, batch_prompt = args.online_prompt_words + 2, args.batch_prompt_words + 2
-    # The first requests stand for a steady stream already running: their outputs are staggered (their remaining
-    # lengths spread evenly), so the batch does not finish and prefill again in lockstep.
-    for i in range(inflight):
-        remaining = max(1, round(args.batch_tokens * (i + 1) / inflight))
-        batch.append(SimRequest(prompt_tokens=batch_prompt, max_tokens=remaining, priority=1_000_000, arrival=-1.0))
-        sched.add(batch[-1])
-    while now < seconds:
-        batch = [b for b in batch if not b.finished]
-        for _ in range(inflight - len(batch)):
-            batch.append(
-                SimRequest(prompt_tokens=batch_prompt, max_tokens=args.batch_tokens, priority=1_000_000, arrival=now)
-            )
-            sched.add(batch[-1])
-        while arrivals and arrivals[0] <= now:
-            users.append(SimRequest(prompt_tokens=prompt, max_tokens=args.online_tokens, arrival=arrivals.pop(0)))
-            sched.add(users[-1])
-        if not sched.has_work():
-            now = arrivals[0] if arrivals else seconds
-            continue
-        plan = sched.schedule()
-        now += plan.seconds
-        sched.complete(plan, now)
-    done = [u for u in users if u.finished_at is not None and u.first_token_at is not None]
-    ttft = [u.first_token_at - u.arrival for u in done]  # type: ignore[operator]
-    tpot = [(u.finished_at - u.first_token_at) / (u.max_tokens - 1) for u in done]  # type: ignore[operator]
-    counters = sched.counters.generation_tokens
-    return {
-        "ttft_p99": statistics.quantiles(ttft, n=100, method="inclusive")[98],
-        "tpot_p99": statistics.quantiles(tpot, n=100, method="inclusive")[98],
-        "online_tokens": counters["online"],
-        "batch_tokens": counters["batch"],
-    }
 
 
 # -- the run ---------------------------------------------------------------------------------------------
@@ -309,6 +253,8 @@ def summary(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
             "online_ttft_p50_ratio_worst": max(r["ttft_p50_ratio"] or 0 for r in rows),
             "online_tpot_p50_ratio_worst": max(r["tpot_p50_ratio"] or 0 for r in rows),
             "harvest_ratio": min(r["harvest_ratio"] or 0 for r in rows),
+            "server_clock_ttft_p99_ratio_worst": max(r["server_clock"]["ttft_p99_ratio"] or 0 for r in rows),
+            "server_clock_tpot_p99_ratio_worst": max(r["server_clock"]["tpot_p99_ratio"] or 0 for r in rows),
             "ttft_p99_ratio_rounds": {
                 row["online_rate_per_s"]: row[side]["ttft_p99_ratio_rounds"] for row in result["rates"]
             },

@@ -12,7 +12,9 @@ bench/online_load.py talk to it as to a vLLM server started with `--scheduling-p
 - `GET /metrics`: `vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`,
   `vllm:inter_token_latency_seconds_sum`/`_count`, `vllm:num_preemptions_total`, `vllm:prompt_tokens_total`,
   `vllm:generation_tokens_total`, in Prometheus text with vLLM's labels;
-- `GET /sim/stats` (not vLLM's): the counters as JSON, with the CPU the scheduler spent per step.
+- `GET /sim/stats` (not vLLM's): the counters as JSON, with the CPU the scheduler spent per step;
+  `POST /sim/online-timings`: the TTFT and TPOT of the online requests (priority <= 0) finished since the last
+  call, on the server's own timeline (what the GPU did, without the HTTP hop and the client's clock).
 
 Tokens are counted as the fake engines count them: one per whitespace-separated word of each message, plus 2
 per message. Every request runs to its `max_tokens` (as with `ignore_eos`); the text is "x x x ...".
@@ -75,6 +77,7 @@ class SimServer:
         self.max_late_seconds = 0.0
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
+        self.online_timings: list[tuple[float, float | None]] = []  # (TTFT, TPOT) of finished online requests
 
     # -- the step loop ----------------------------------------------------------------------------
 
@@ -154,6 +157,7 @@ class SimServer:
         if not done.is_set():  # the client closed the connection: abort, as vLLM does
             self.scheduler.abort(sim)
             return Response(status_code=499)
+        self._record(sim)
         return Response(orjson.dumps(reply.whole(sim.output_tokens)), media_type="application/json")
 
     async def _stream(self, sim: SimRequest, reply: _Reply, include_usage: bool) -> AsyncIterator[bytes]:
@@ -176,6 +180,20 @@ class SimServer:
         finally:
             if sim.finished_at is None:
                 self.scheduler.abort(sim)
+            else:
+                self._record(sim)
+
+    def _record(self, sim: SimRequest) -> None:
+        """Keep an online request's TTFT and TPOT on the server's own timeline (no HTTP, no client in them)."""
+        if sim.priority > 0 or sim.first_token_at is None or sim.finished_at is None:
+            return
+        tpot = (sim.finished_at - sim.first_token_at) / (sim.output_tokens - 1) if sim.output_tokens > 1 else None
+        self.online_timings.append((sim.first_token_at - sim.arrival, tpot))
+
+    async def timings(self, _: Request) -> Response:
+        """The online requests finished since the last call (and forget them): [[ttft, tpot], ...] in seconds."""
+        taken, self.online_timings = self.online_timings, []
+        return JSONResponse(taken)
 
     async def models(self, _: Request) -> Response:
         card = {"id": self.served_name, "object": "model", "owned_by": "sim", "max_model_len": self.max_model_len}
@@ -246,6 +264,7 @@ class SimServer:
             Route("/v1/models", self.models),
             Route("/metrics", self.metrics),
             Route("/sim/stats", self.stats),
+            Route("/sim/online-timings", self.timings, methods=["POST"]),
             Route("/health", self.health),
         ]
         return Starlette(routes=routes, lifespan=lifespan)

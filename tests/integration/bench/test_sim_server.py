@@ -84,6 +84,7 @@ def test_an_aborted_request_leaves_the_server(engine: HttpEngine, url: str) -> N
 
 
 def test_an_online_user_streams_one_chunk_per_step_and_the_usage(url: str) -> None:
+    httpx.post(f"{url}/sim/online-timings", timeout=5)  # forget the requests of earlier tests
     body = {
         "model": SERVED,
         "messages": [{"role": "user", "content": "hello there"}],
@@ -101,3 +102,5 @@ def test_an_online_user_streams_one_chunk_per_step_and_the_usage(url: str) -> No
     assert len(text.split()) == 12 and chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     assert chunks[-1]["usage"] == {"prompt_tokens": 4, "completion_tokens": 12, "total_tokens": 16}
     assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
+    ((ttft, tpot),) = httpx.post(f"{url}/sim/online-timings", timeout=5).json()  # on the server's own clock
+    assert 0 < ttft < 1 and 0 < tpot < 0.1
