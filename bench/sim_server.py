@@ -44,7 +44,7 @@ from typing import Any
 
 import orjson
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -116,13 +116,15 @@ class SimServer:
     # -- HTTP -------------------------------------------------------------------------------------
 
     async def chat(self, request: Request) -> Response:
-        body = await request.json()
+        if (body := await _body(request)) is None:
+            return Response(status_code=499)
         messages = body.get("messages") or []
         prompt = sum(_words(message.get("content")) + 2 for message in messages)
         return await self._serve(request, body, prompt, chat=True)
 
     async def completions(self, request: Request) -> Response:
-        body = await request.json()
+        if (body := await _body(request)) is None:
+            return Response(status_code=499)
         return await self._serve(request, body, _words(body.get("prompt")), chat=False)
 
     async def _serve(self, request: Request, body: dict[str, Any], prompt: int, *, chat: bool) -> Response:
@@ -308,6 +310,15 @@ class _Reply:
 
     def usage_chunk(self, tokens: int) -> bytes:
         return b"data: " + orjson.dumps({**self._envelope([], chunk=True), "usage": self._usage(tokens)}) + b"\n\n"
+
+
+async def _body(request: Request) -> dict[str, Any] | None:
+    """The request's JSON body, or None if the client went away while sending it (a cancelled batch call)."""
+    try:
+        body: dict[str, Any] = await request.json()
+    except ClientDisconnect:
+        return None
+    return body
 
 
 async def _disconnected(request: Request) -> None:
