@@ -18,6 +18,7 @@ def plot_cdfs(raw: dict[str, list[dict[str, Any]]], rates: list[float], path: Pa
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
 
     fig, axes = plt.subplots(2, len(rates), figsize=(4.2 * len(rates), 7), squeeze=False)
     for column, rate in enumerate(rates):
@@ -31,6 +32,8 @@ def plot_cdfs(raw: dict[str, list[dict[str, Any]]], rates: list[float], path: Pa
                 shares = [(i + 1) / len(values) for i in range(len(values))]
                 axis.step(values, shares, style, where="post", label=f"{label} ({len(values)})")
             axis.set_xscale("log")
+            axis.xaxis.set_major_formatter(ScalarFormatter())
+            axis.xaxis.set_minor_formatter(NullFormatter())
             axis.set_xlabel("ms")
             axis.set_ylabel("share of online requests")
             axis.set_title(f"{title}, {rate:g} req/s", fontsize=10)
