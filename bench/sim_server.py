@@ -44,13 +44,14 @@ from typing import Any
 
 import orjson
 from starlette.applications import Starlette
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.sim_scheduler import SimRequest, SimScheduler
+from bench.sim_wire import Reply, disconnected, prompt_words, read_body
 from storage.planning.node import HARDWARE_PRESETS, LLAMA_70B_FP8, Hardware, ModelShape
 
 RESYNC_SECONDS = 0.05  # a stall longer than this moves the timeline instead of being caught up
@@ -116,16 +117,16 @@ class SimServer:
     # -- HTTP -------------------------------------------------------------------------------------
 
     async def chat(self, request: Request) -> Response:
-        if (body := await _body(request)) is None:
+        if (body := await read_body(request)) is None:
             return Response(status_code=499)
         messages = body.get("messages") or []
-        prompt = sum(_words(message.get("content")) + 2 for message in messages)
+        prompt = sum(prompt_words(message.get("content")) + 2 for message in messages)
         return await self._serve(request, body, prompt, chat=True)
 
     async def completions(self, request: Request) -> Response:
-        if (body := await _body(request)) is None:
+        if (body := await read_body(request)) is None:
             return Response(status_code=499)
-        return await self._serve(request, body, _words(body.get("prompt")), chat=False)
+        return await self._serve(request, body, prompt_words(body.get("prompt")), chat=False)
 
     async def _serve(self, request: Request, body: dict[str, Any], prompt: int, *, chat: bool) -> Response:
         room = self.max_model_len - prompt
@@ -144,7 +145,7 @@ class SimServer:
             arrival=time.perf_counter(),
             stream=bool(body.get("stream")),
         )
-        reply = _Reply(self.served_name, chat=chat, prompt=prompt)
+        reply = Reply(self.served_name, chat=chat, prompt=prompt)
         if sim.stream:
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             return StreamingResponse(self._stream(sim, reply, include_usage), media_type="text/event-stream")
@@ -152,7 +153,7 @@ class SimServer:
         sim.on_tokens = lambda r: done.set() if r.finished_at is not None else None
         self.submit(sim)
         finished = asyncio.ensure_future(done.wait())
-        gone = asyncio.ensure_future(_disconnected(request))
+        gone = asyncio.ensure_future(disconnected(request))
         await asyncio.wait({finished, gone}, return_when=asyncio.FIRST_COMPLETED)
         for task in (finished, gone):
             task.cancel()
@@ -162,7 +163,7 @@ class SimServer:
         self._record(sim)
         return Response(orjson.dumps(reply.whole(sim.output_tokens)), media_type="application/json")
 
-    async def _stream(self, sim: SimRequest, reply: _Reply, include_usage: bool) -> AsyncIterator[bytes]:
+    async def _stream(self, sim: SimRequest, reply: Reply, include_usage: bool) -> AsyncIterator[bytes]:
         ready = asyncio.Event()
         sim.on_tokens = lambda _: ready.set()
         self.submit(sim)
@@ -270,71 +271,6 @@ class SimServer:
             Route("/health", self.health),
         ]
         return Starlette(routes=routes, lifespan=lifespan)
-
-
-class _Reply:
-    """The OpenAI wire shapes of one request's answer (chat or text completion, whole or in chunks)."""
-
-    _serials = iter(range(1, 1 << 62))
-
-    def __init__(self, model: str, *, chat: bool, prompt: int) -> None:
-        self.model, self.chat, self.prompt = model, chat, prompt
-        self.id = f"{'chatcmpl' if chat else 'cmpl'}-sim{next(self._serials)}"
-        self.created = int(time.time())
-
-    def _envelope(self, choices: list[dict[str, Any]], *, chunk: bool) -> dict[str, Any]:
-        kind = ("chat.completion" if self.chat else "text_completion") + (".chunk" if chunk and self.chat else "")
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices}
-
-    def _usage(self, tokens: int) -> dict[str, int]:
-        return {"prompt_tokens": self.prompt, "completion_tokens": tokens, "total_tokens": self.prompt + tokens}
-
-    def whole(self, tokens: int) -> dict[str, Any]:
-        text = " ".join(["x"] * tokens)
-        if self.chat:
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}}
-        else:
-            choice = {"index": 0, "text": text}
-        choice |= {"finish_reason": "length", "logprobs": None}
-        return {**self._envelope([choice], chunk=False), "usage": self._usage(tokens)}
-
-    def chunk(self, tokens: int, *, first: bool, finish: str | None) -> bytes:
-        text = "x " * tokens
-        if self.chat:
-            delta: dict[str, Any] = {"role": "assistant", "content": text} if first else {"content": text}
-            choice: dict[str, Any] = {"index": 0, "delta": delta}
-        else:
-            choice = {"index": 0, "text": text}
-        choice |= {"finish_reason": finish, "logprobs": None}
-        return b"data: " + orjson.dumps(self._envelope([choice], chunk=True)) + b"\n\n"
-
-    def usage_chunk(self, tokens: int) -> bytes:
-        return b"data: " + orjson.dumps({**self._envelope([], chunk=True), "usage": self._usage(tokens)}) + b"\n\n"
-
-
-async def _body(request: Request) -> dict[str, Any] | None:
-    """The request's JSON body, or None if the client went away while sending it (a cancelled batch call)."""
-    try:
-        body: dict[str, Any] = await request.json()
-    except ClientDisconnect:
-        return None
-    return body
-
-
-async def _disconnected(request: Request) -> None:
-    """Return when the client closes the connection (the body was read: only `http.disconnect` comes now)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-def _words(content: Any) -> int:
-    """Tokens of a prompt or message content, as the fake engines count them: whitespace-separated words."""
-    if isinstance(content, str):
-        return max(1, len(content.split()))
-    if isinstance(content, list):  # content parts, or a list of token ids
-        texts = [part.get("text", "") for part in content if isinstance(part, dict)]
-        return max(1, sum(len(text.split()) for text in texts)) if texts else max(1, len(content))
-    return 1
 
 
 def build(
