@@ -24,10 +24,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 SERVED_NAME = "demo-online"
 
 
-async def _online_request(client: Any, url: str, index: int, tokens: int) -> dict[str, Any]:
+def question(index: int, words: int = 0) -> str:
+    """An online user's question; with `words`, padded to that many words (tokens, as the simulated server counts)."""
+    text = f"Question {index}: how do I reverse a list in Python?"
+    return " ".join(text.split() + [f"w{j % 89}" for j in range(words - len(text.split()))]) if words else text
+
+
+async def _online_request(client: Any, url: str, index: int, tokens: int, words: int = 0) -> dict[str, Any]:
     body = {
         "model": SERVED_NAME,
-        "messages": [{"role": "user", "content": f"Question {index}: how do I reverse a list in Python?"}],
+        "messages": [{"role": "user", "content": question(index, words)}],
         "max_tokens": tokens,
         "ignore_eos": True,
         "stream": True,
@@ -54,7 +60,9 @@ async def _online_request(client: Any, url: str, index: int, tokens: int) -> dic
     return {"ok": True, "ttft": first - sent, "tpot": tpot, "tokens": completion_tokens}
 
 
-async def _online_load(url: str, rate: float, seconds: float, tokens: int, seed: int) -> list[dict[str, Any]]:
+async def _online_load(
+    url: str, rate: float, seconds: float, tokens: int, seed: int, words: int = 0
+) -> list[dict[str, Any]]:
     import httpx
 
     rng = random.Random(seed)
@@ -70,7 +78,7 @@ async def _online_load(url: str, rate: float, seconds: float, tokens: int, seed:
         async def one(index: int, offset: float) -> dict[str, Any]:
             await asyncio.sleep(max(0.0, start + offset - time.perf_counter()))
             try:
-                row = await _online_request(client, url, index, tokens)
+                row = await _online_request(client, url, index, tokens, words)
             except httpx.HTTPError as error:
                 row = {"ok": False, "status": type(error).__name__}
             return {**row, "at": round(offset, 3)}
@@ -109,9 +117,12 @@ def start_bare_batch(url: str, inflight: int, seconds: float, tokens: int) -> su
     return subprocess.Popen([sys.executable, __file__, *args], stdout=subprocess.PIPE)
 
 
-def start_online_load(url: str, rate: float, seconds: float, tokens: int, seed: int) -> subprocess.Popen[bytes]:
+def start_online_load(
+    url: str, rate: float, seconds: float, tokens: int, seed: int, *, prompt_words: int = 0
+) -> subprocess.Popen[bytes]:
     """The online users, in a child process that prints one JSON list of per-request figures."""
     args = ["--online-load", url, "--rate", str(rate), "--seconds", str(seconds), "--online-tokens", str(tokens)]
+    args += ["--prompt-words", str(prompt_words)]
     command = [sys.executable, __file__, *args, "--seed", str(seed)]
     return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
 
@@ -167,6 +178,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--online-tokens", type=int, default=32)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--prompt-words", type=int, default=0, help="pad each question to this many words")
     parser.add_argument("--bare-batch", default=None)
     parser.add_argument("--inflight", type=int, default=6)
     parser.add_argument("--batch-tokens", type=int, default=64)
@@ -182,7 +194,8 @@ def main() -> int:
 def run_online_child(args: argparse.Namespace) -> int:
     """Wait for the parent's go on stdin, run the arrivals, print the figures as one JSON list."""
     sys.stdin.readline()
-    rows = asyncio.run(_online_load(args.online_load, args.rate, args.seconds, args.online_tokens, args.seed))
+    load = _online_load(args.online_load, args.rate, args.seconds, args.online_tokens, args.seed, args.prompt_words)
+    rows = asyncio.run(load)
     print(json.dumps(rows))
     return 0
 

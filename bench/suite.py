@@ -52,6 +52,9 @@ FULL = {
     # Issue 5's measures (shared mode beside online traffic, prefix-aware ordering): ~12 more minutes, so
     # they run only when asked for: `make bench ARGS="--only shared,prefix"`.
     "shared": ["bench/shared.py"],
+    # Issue 22 section 4: shared mode against a GPU-timed vLLM server (70B FP8 on 8xH100, ~15 min):
+    # `make bench ARGS="--only shared_sim"`.
+    "shared_sim": ["bench/shared_sim.py"],
     "prefix": ["bench/prefix.py"],
     # Issue 15 section 2: 1, 2, 4, 8 GPU-worker processes on one queue, then one killed (~2 min):
     # `make bench ARGS="--only workers"`.
@@ -87,6 +90,7 @@ QUICK = {
     "queue": ["bench/pg_queue.py", "--requests", "10000", "--workers", "1,4"],
     "ingest-big": ["bench/ingest.py", "--lines", "20000", "--out-name", "ingest-big", "--ingest-only"],
     "shared": ["bench/shared.py", "--quick"],
+    "shared_sim": ["bench/shared_sim.py", "--quick"],
     "prefix": ["bench/prefix.py", "--quick"],
     "workers": ["bench/workers.py", "--quick"],
     "gpu-timed": ["bench/gpu_timed.py", "--quick"],
@@ -161,7 +165,7 @@ def main() -> int:
     parser.add_argument(
         "--only",
         default="",
-        help="comma-separated parts: engine,runbatch,ingest,queue,shared,prefix,gpu-timed,workers,hostile-bodies,handback",
+        help="comma-separated parts: engine,runbatch,ingest,queue,shared,shared_sim,prefix,gpu-timed,workers,hostile-bodies,handback",
     )
     parser.add_argument("--no-write", action="store_true", help="print only; leave results.json and docs alone")
     parser.add_argument("--render", action="store_true", help="only rewrite docs/benchmarks.md from results.json")
@@ -219,7 +223,8 @@ _PREFIXES = {
     "ingest": ("ingest_", "output_file_"),
     "ingest-big": ("gb_ingest_",),
     "queue": ("queue_",),
-    "shared": ("shared_",),
+    "shared": ("shared_online_", "shared_harvest_", "shared_batch_", "shared_slack_", "shared_bare_", "shared_tight_"),
+    "shared_sim": ("shared_sim_",),
     "prefix": ("prefix_",),
     "workers": ("workers_",),
     "gpu-timed": ("gpu_timed_",),

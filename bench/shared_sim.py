@@ -1,0 +1,342 @@
+"""Shared mode judged on a GPU-shaped server (issue 22, section 4): online latency and harvested batch tokens.
+
+bench/shared.py runs shared mode against a real vLLM server on these 2 CPU cores, where a step is compute-bound
+and the machine's own contention sets the tails. Here the server is bench/sim_server.py: vLLM's HTTP surface,
+`/metrics` and priority scheduler with chunked prefill, every step lasting storage/planning/step_time.py's time
+for Llama 3.1 70B FP8 on 8x H100 (max_num_seqs 384, max_num_batched_tokens 8192, the KV cache of 90% of HBM).
+The real shared-mode client (the Runner + HttpEngine + dispatch budget, fed from the real Postgres queue,
+bench/shared.py's `harvest`) harvests its idle capacity while an open-loop Poisson stream of streaming chats
+(bench/online_load.py, its own process) measures TTFT and TPOT.
+
+Per online rate, sides that alternate in `--rounds` rounds replaying the same arrivals (samples pooled):
+  without  online users alone;
+  with     Backfill harvesting with the default budget (headroom 2 slots, 0.2 s polls) but `grow_step` 8: the
+           default 1 takes 76 s to climb to 384 slots; it starts `--warm-seconds` (10) before the users, so the
+           rounds measure a budget near its steady state, as a worker that runs all day has;
+  slack    the same with `latency_slack` (default 0.10): batch work capped by the step model it fits.
+Once, batch alone: the runner with every slot (headroom 0), no online users.
+
+Measures: online p99 (and p50) TTFT and TPOT with ÷ without, worst over rates (goal <= 1.10); the harvest
+ratio = batch tokens Backfill recorded ÷ the idle capacity over the same wall, where idle capacity = the
+formula's tokens/s at full batch for the batch job's shape (`estimate_job`, 384 slots) x the wall - the
+online tokens the server produced meanwhile (goal >= 0.70). Each with its spread over rounds.
+
+The frontier: the same scheduler on virtual time (no HTTP, no CPU noise) with a constant number of batch
+requests in flight, for each rate: the most batch tokens/s any in-flight cap gets with both online p99
+ratios <= 1.10, as a share of the idle capacity. It bounds what a budget that decides only how many batch
+requests are on the server can reach here.
+
+The server and the online users run at `--nice` (default -10): they stand for a GPU node's own host and for
+users on other machines; Backfill's process gets what CPU is left. Plots: docs/shared-sim-cdf.png (online
+TTFT and TPOT CDFs with and without batch work, per rate).
+
+Usage: .venv/bin/python bench/shared_sim.py [--quick] [--rates 2,8,24] [--seconds 60] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import sim_server
+from bench._setup import OUT, fresh_postgres, plot_dir
+from bench.online_load import RAW, SERVED_NAME, collect, figures, go, start_online_load
+from bench.shared import MODEL, harvest, use_shared_registry
+from bench.shared_sim_frontier import frontier
+from storage.planning.node import HARDWARE_PRESETS, LLAMA_70B_FP8
+from storage.planning.step_time import estimate_job
+
+HARDWARE = "8xH100-SXM"
+
+
+def prepare() -> None:
+    """A fresh, migrated Postgres database (the production queue) and a data folder for the blobs."""
+    from worker.cli.migrate import migrate_database
+
+    database = fresh_postgres("backfill_sharedsim")
+    if database is None:
+        raise SystemExit("this benchmark needs Postgres on 127.0.0.1:5432 (the production queue)")
+    os.environ["BACKFILL_DATABASE_URL"] = database
+    OUT.mkdir(exist_ok=True)
+    os.environ["BACKFILL_DATA_DIR"] = tempfile.mkdtemp(prefix="shared-sim-", dir=OUT)
+    migrate_database()
+
+
+def batch_lines(n: int, words: int, tokens: int) -> list[dict[str, Any]]:
+    """Chat lines of `words`-word prompts (+2 per message as the server counts) and `tokens` outputs."""
+    lines = []
+    for i in range(n):
+        content = " ".join([f"Summarise document {i}:"] + [f"w{j % 97}" for j in range(words - 3)])
+        body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": tokens}
+        lines.append({"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": body})
+    return lines
+
+
+def capacity_tokens_per_s(args: argparse.Namespace) -> float:
+    """The formula's output tokens/s at full batch for the batch job's shape (the roofline's capacity)."""
+    prompt = args.batch_prompt_words + 2
+    job = estimate_job(
+        LLAMA_70B_FP8,
+        HARDWARE_PRESETS[HARDWARE],
+        prompt + args.batch_tokens,
+        requests=1_000_000,
+        prompt_tokens=prompt,
+        output_tokens=args.batch_tokens,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+    )
+    return job.output_tokens_per_s
+
+
+def stats(url: str) -> dict[str, Any]:
+    import httpx
+
+    data: dict[str, Any] = httpx.get(f"{url}/sim/stats", timeout=10).json()
+    return data
+
+
+def delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+    """What the server did between two /sim/stats snapshots."""
+    steps = after["steps"] - before["steps"]
+    busy = after["busy_seconds"] - before["busy_seconds"]
+    cpu = after["scheduler_cpu_seconds"] - before["scheduler_cpu_seconds"]
+    return {
+        "steps": steps,
+        "busy_seconds": round(busy, 3),
+        "online_tokens": after["generation_tokens"]["online"] - before["generation_tokens"]["online"],
+        "batch_tokens": after["generation_tokens"]["batch"] - before["generation_tokens"]["batch"],
+        "preemptions": after["preemptions"] - before["preemptions"],
+        "mean_step_ms": round(1e3 * busy / steps, 3) if steps else None,
+        "scheduler_cpu_us_per_step": round(1e6 * cpu / steps, 1) if steps else None,
+        "process_cpu_ms_per_step": round(
+            1e3 * (after["process_cpu_seconds"] - before["process_cpu_seconds"]) / steps, 3
+        )
+        if steps
+        else None,
+        "stalls": after["stalls"] - before["stalls"],
+    }
+
+
+def server_timings(url: str) -> list[dict[str, Any]]:
+    """The online requests the server finished since the last call, as rows `figures` reads (server clock)."""
+    import httpx
+
+    pairs = httpx.post(f"{url}/sim/online-timings", timeout=10).json()
+    return [{"ok": True, "ttft": ttft, "tpot": tpot} for ttft, tpot in pairs]
+
+
+def online(url: str, rate: float, seconds: float, seed: int, args: argparse.Namespace) -> Any:
+    proc = start_online_load(url, rate, seconds, args.online_tokens, seed, prompt_words=args.online_prompt_words)
+    if args.nice:
+        os.setpriority(os.PRIO_PROCESS, proc.pid, args.nice)
+    return proc
+
+
+def run_side(
+    url: str, side: str, rate: float, seed: int, lines: list[dict[str, Any]], args: argparse.Namespace
+) -> dict[str, Any]:
+    """One side of one round: the online users (and Backfill, unless `without`); figures and server deltas."""
+    knobs: dict[str, Any] = {"headroom_seqs": args.headroom_seqs, "poll_seconds": 0.2, "grow_step": args.grow_step}
+    if side == "slack":
+        knobs["latency_slack"] = args.latency_slack
+    use_shared_registry(url, args.max_num_seqs, **knobs)
+    part = args.seconds / args.rounds
+    proc = online(url, rate, part, seed, args)
+    server_timings(url)  # forget what came before
+    before = stats(url)
+    run = None
+    if side == "without":
+        go(proc)
+        time.sleep(part)
+    else:
+        run = harvest(part, lines, online=proc, warm_seconds=args.warm_seconds)
+    rows = collect(proc, f"{side}@{rate}")
+    server = delta(stats(url), before)
+    out: dict[str, Any] = {"online": rows, "server": server, "server_online": server_timings(url)}
+    if run is not None:
+        # Idle capacity over the measured wall: the roofline's full-batch tokens/s less what online took.
+        idle = args.capacity * run["seconds"] - sum(r.get("tokens", 0) for r in rows if r["ok"])
+        ratio = round(run["tokens"] / idle, 4) if idle > 0 else None
+        out |= {"harvest": run, "idle_tokens": idle, "harvest_ratio": ratio}
+    return out
+
+
+def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
+    lines = batch_lines(args.backlog, args.batch_prompt_words, args.batch_tokens)
+    use_shared_registry(url, args.max_num_seqs, headroom_seqs=0, grow_step=args.grow_step)
+    before = stats(url)
+    alone = harvest(args.seconds / args.rounds, lines, warm_seconds=args.warm_seconds)
+    alone_server = delta(stats(url), before)
+    rows = []
+    for index, rate in enumerate(args.rates):
+        sides: dict[str, list[dict[str, Any]]] = {side: [] for side in args.sides}
+        for round_ in range(args.rounds):
+            for side in args.sides:
+                sides[side].append(run_side(url, side, rate, (args.seed + index) * 100 + round_, lines, args))
+        rows.append(summarise_rate(rate, sides))
+    return {
+        "batch_alone": {**{k: v for k, v in alone.items() if k != "batch_id"}, "server": alone_server},
+        "rates": rows,
+    }
+
+
+def summarise_rate(rate: float, sides: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Pooled figures per side, p99/p50 ratios against `without` (pooled and per round), harvest ratios."""
+    without = sides["without"]
+    row: dict[str, Any] = {"online_rate_per_s": rate}
+    base = figures([r for run in without for r in run["online"]])
+    row["without"] = {
+        **base,
+        "server": [run["server"] for run in without],
+        "server_clock": figures([r for run in without for r in run["server_online"]]),
+    }
+    for side, runs in sides.items():
+        if side == "without":
+            continue
+        got = figures([r for run in runs for r in run["online"]])
+        per_round = [figures(run["online"]) for run in runs]
+        base_rounds = [figures(run["online"]) for run in without]
+        entry: dict[str, Any] = {**got, "server": [run["server"] for run in runs]}
+        for key in ("ttft_p99_ms", "tpot_p99_ms", "ttft_p50_ms", "tpot_p50_ms"):
+            entry[f"{key[:-3]}_ratio"] = _ratio(got[key], base[key])
+            entry[f"{key[:-3]}_ratio_rounds"] = [
+                _ratio(g[key], b[key]) for g, b in zip(per_round, base_rounds, strict=True)
+            ]
+        mine = figures([r for run in runs for r in run["server_online"]])
+        theirs = figures([r for run in without for r in run["server_online"]])
+        entry["server_clock"] = {
+            **{
+                f"{k[:-3]}_ratio": _ratio(mine[k], theirs[k])
+                for k in ("ttft_p99_ms", "tpot_p99_ms", "ttft_p50_ms", "tpot_p50_ms")
+            },
+            "with": mine,
+            "without": theirs,
+        }
+        entry["harvest_ratio_rounds"] = [run["harvest_ratio"] for run in runs]
+        entry["harvest_ratio"] = _pooled_harvest(runs)
+        entry["batch_tokens_per_s"] = round(
+            sum(run["harvest"]["tokens"] for run in runs) / sum(run["harvest"]["seconds"] for run in runs), 1
+        )
+        entry["yields"] = sum(run["harvest"]["yields"] for run in runs)
+        entry["step_model"] = runs[-1]["harvest"]["step_model"]
+        row[side] = entry
+    return row
+
+
+def _pooled_harvest(runs: list[dict[str, Any]]) -> float | None:
+    """Batch tokens over idle capacity, the rounds added up."""
+    idle = sum(run["idle_tokens"] for run in runs)
+    return round(sum(run["harvest"]["tokens"] for run in runs) / idle, 4) if idle > 0 else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a is not None and b else None
+
+
+# -- the run ---------------------------------------------------------------------------------------------
+
+
+def summary(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """The headline figures: worst p99 ratios over rates and the smallest harvest ratio, per Backfill side."""
+    out: dict[str, Any] = {}
+    for side in (s for s in args.sides if s != "without"):
+        rows = [row[side] for row in result["rates"]]
+        out[side] = {
+            "online_ttft_p99_ratio_worst": max(r["ttft_p99_ratio"] or 0 for r in rows),
+            "online_tpot_p99_ratio_worst": max(r["tpot_p99_ratio"] or 0 for r in rows),
+            "online_ttft_p50_ratio_worst": max(r["ttft_p50_ratio"] or 0 for r in rows),
+            "online_tpot_p50_ratio_worst": max(r["tpot_p50_ratio"] or 0 for r in rows),
+            "harvest_ratio": min(r["harvest_ratio"] or 0 for r in rows),
+            "server_clock_ttft_p99_ratio_worst": max(r["server_clock"]["ttft_p99_ratio"] or 0 for r in rows),
+            "server_clock_tpot_p99_ratio_worst": max(r["server_clock"]["tpot_p99_ratio"] or 0 for r in rows),
+            "ttft_p99_ratio_rounds": {
+                row["online_rate_per_s"]: row[side]["ttft_p99_ratio_rounds"] for row in result["rates"]
+            },
+            "tpot_p99_ratio_rounds": {
+                row["online_rate_per_s"]: row[side]["tpot_p99_ratio_rounds"] for row in result["rates"]
+            },
+            "harvest_ratio_rounds": {
+                row["online_rate_per_s"]: row[side]["harvest_ratio_rounds"] for row in result["rates"]
+            },
+        }
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="two rates, one round of 10 s: ~3 minutes")
+    parser.add_argument("--rates", default="2,8,24", help="online requests per second, comma-separated")
+    parser.add_argument("--seconds", type=float, default=60.0, help="measured seconds per side and rate")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--sides", default="without,with,slack")
+    parser.add_argument("--online-tokens", type=int, default=64)
+    parser.add_argument("--online-prompt-words", type=int, default=200)
+    parser.add_argument("--batch-tokens", type=int, default=256)
+    parser.add_argument("--batch-prompt-words", type=int, default=500)
+    parser.add_argument("--max-num-seqs", type=int, default=384)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=sim_server.DEFAULT_MAX_NUM_BATCHED_TOKENS)
+    parser.add_argument("--long-prefill-token-threshold", type=int, default=0, help="the server's (vLLM's knob)")
+    parser.add_argument("--headroom-seqs", type=int, default=2)
+    # 8: the budget climbs to a 384-slot server's every slot in ~10 s of 0.2 s polls (the default 1 takes 76 s)
+    parser.add_argument("--grow-step", type=int, default=8, help="budget knob: additive increase per poll")
+    parser.add_argument("--latency-slack", type=float, default=0.10)
+    parser.add_argument("--warm-seconds", type=float, default=10.0, help="Backfill runs this long before users come")
+    parser.add_argument("--nice", type=int, default=-10, help="niceness of the server and the online users (0: none)")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--no-frontier", action="store_true")
+    args = parser.parse_args()
+    if args.quick:
+        args.rates, args.seconds, args.rounds = "2,24", 10.0, 1
+    args.rates = [float(r) for r in args.rates.split(",")]
+    args.sides = args.sides.split(",")
+    if "without" not in args.sides:
+        parser.error("--sides must include without (the ratios' denominator)")
+    args.capacity = capacity_tokens_per_s(args)
+    # Enough queued work that the runner never runs dry: every Backfill side at the full batch's rate, twice.
+    args.backlog = int(2 * args.capacity * (args.seconds / args.rounds + args.warm_seconds + 5) / args.batch_tokens)
+    prepare()
+    extra = ["--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens", str(args.max_num_batched_tokens)]
+    extra += ["--long-prefill-token-threshold", str(args.long_prefill_token_threshold)]
+    proc, url = sim_server.start(
+        served_name=SERVED_NAME,
+        log=OUT / "shared-sim-server.log",
+        nice=args.nice,
+        extra=[*extra, "--hardware", HARDWARE],
+    )
+    started = time.perf_counter()
+    try:
+        result = measure(url, args)
+        result["server_totals"] = stats(url)
+    finally:
+        from bench.vllm_server import stop
+
+        stop(proc)
+    result["seconds"] = round(time.perf_counter() - started, 1)
+    result["frontier"] = [] if args.no_frontier else frontier(args)
+    result["summary"] = summary(result, args)
+    result["setup"] = {
+        "hardware": HARDWARE,
+        "model": "Llama 3.1 70B FP8 (storage/planning/node.py LLAMA_70B_FP8)",
+        "capacity_tokens_per_s": round(args.capacity, 1),
+        **{k: v for k, v in vars(args).items() if k not in ("capacity", "quick")},
+    }
+    print(
+        json.dumps({"summary": result["summary"], "frontier": result["frontier"], "setup": result["setup"]}, indent=2)
+    )
+    (OUT / "shared_sim.json").write_text(json.dumps({"result": result, "online_requests": RAW}))
+    from bench.shared_sim_figures import plot_cdfs
+
+    plot_cdfs(RAW, args.rates, plot_dir() / "shared-sim-cdf.png")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

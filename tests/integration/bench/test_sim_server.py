@@ -1,0 +1,106 @@
+"""The GPU-timed server speaks the vLLM surface shared mode reads: the real HTTP engine submits to it, a user
+streams from it, an abort frees the slot, and its /metrics feed the dispatch budget."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import httpx
+import pytest
+import uvicorn
+
+from bench.sim_server import build
+from storage.registry import ModelSpec, SharedModeSpec
+from tests.conftest import free_port
+from worker.engine import EngineRequest, EngineResult
+from worker.engine.http_engine import HttpEngine
+
+SERVED = "sim-online"
+
+
+@pytest.fixture(scope="module")
+def url() -> Iterator[str]:
+    """The simulated 70B-on-8xH100 server under uvicorn on a free port, in a thread of this process."""
+    port = free_port()
+    config = uvicorn.Config(build(served_name=SERVED, max_num_seqs=16).app(), port=port, log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_for(lambda: server.started)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+
+
+def wait_for(condition: Callable[[], bool], seconds: float = 20.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.01)
+
+
+def gauge(url: str, name: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=5).text
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
+def chat(request_id: str, tokens: int) -> EngineRequest:
+    body = {"model": "backfill-demo", "messages": [{"role": "user", "content": "a b c d"}], "max_tokens": tokens}
+    return EngineRequest(request_id, "/v1/chat/completions", body)
+
+
+@pytest.fixture
+def engine(url: str) -> Iterator[HttpEngine]:
+    shared = SharedModeSpec(server_url=url, poll_seconds=0.05, min_inflight=4)
+    engine = HttpEngine("backfill-demo", ModelSpec(path="served-elsewhere", max_num_seqs=16, shared=shared))
+    yield engine
+    engine.close()
+
+
+def test_the_http_engine_submits_to_the_simulated_server_and_gets_every_answer(engine: HttpEngine, url: str) -> None:
+    assert engine.server_model == SERVED and engine.max_model_len == 8192  # from its /v1/models card
+    for i in range(3):
+        assert engine.add(chat(f"r{i}", 8)) is None
+    results: list[EngineResult] = []
+    deadline = time.monotonic() + 20
+    while engine.has_unfinished():
+        assert time.monotonic() < deadline
+        results.extend(engine.step())
+    assert sorted(r.request_id for r in results) == ["r0", "r1", "r2"]
+    assert all(r.status_code == 200 and r.completion_tokens == 8 and r.prompt_tokens == 6 for r in results)
+    # the budget parsed /metrics: 7 inter-token gaps per request
+    wait_for(lambda: (load := engine.budget.load) is not None and (load.itl_tokens or 0) >= 3 * 7)
+
+
+def test_an_aborted_request_leaves_the_server(engine: HttpEngine, url: str) -> None:
+    assert engine.add(chat("long", 8000)) is None  # ~20 s of decoding at this step time
+    wait_for(lambda: gauge(url, "vllm:num_requests_running") == 1)
+    engine.abort(["long"])
+    wait_for(lambda: gauge(url, "vllm:num_requests_running") == 0)
+    assert not engine.has_unfinished()
+
+
+def test_an_online_user_streams_one_chunk_per_step_and_the_usage(url: str) -> None:
+    httpx.post(f"{url}/sim/online-timings", timeout=5)  # forget the requests of earlier tests
+    body = {
+        "model": SERVED,
+        "messages": [{"role": "user", "content": "hello there"}],
+        "max_tokens": 12,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    chunks = []
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=20) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunks.append(json.loads(line[6:]))
+    text = "".join(c["choices"][0]["delta"]["content"] for c in chunks if c["choices"])
+    assert len(text.split()) == 12 and chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert chunks[-1]["usage"] == {"prompt_tokens": 4, "completion_tokens": 12, "total_tokens": 16}
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
+    ((ttft, tpot),) = httpx.post(f"{url}/sim/online-timings", timeout=5).json()  # on the server's own clock
+    assert 0 < ttft < 1 and 0 < tpot < 0.1
