@@ -18,7 +18,7 @@ from storage.files.blobs.layout import content_type
 from storage.metrics.events import count_s3_error
 
 _S3_ERRORS = (BotoCoreError, ClientError)
-PARTS_IN_FLIGHT = 2  # parts being sent while the next is read: ~3 parts (24 MiB at 8 MiB) per upload
+PARTS_IN_FLIGHT = 4  # parts being sent while the next is read: ~5 parts (40 MiB at 8 MiB) per upload
 
 
 class S3BlobStore:
