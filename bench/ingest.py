@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -23,6 +24,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -75,18 +77,19 @@ def main() -> int:
     parser.add_argument("--ingest-only", action="store_true", help="stop once the batch is enqueued (no run)")
     parser.add_argument("--upload-rounds", type=int, default=1, help="uploads, each between two raw boto3 uploads")
     parser.add_argument("--upload-only", action="store_true", help="stop after the upload rounds")
+    parser.add_argument(
+        "--moto-threaded",
+        action="store_true",
+        help="moto's server in this process (sharing the uploading client's GIL), as before issue 22 section 6",
+    )
     args = parser.parse_args()
     out = ROOT / "bench" / "out"
     out.mkdir(parents=True, exist_ok=True)
     source = out / f"{args.out_name}.jsonl"
     size = make_file(source, args.lines, args.line_bytes)
 
-    from moto.server import ThreadedMotoServer
-
     os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1")
-    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    moto.start()
-    moto_port = moto._server.server_port  # type: ignore[attr-defined]
+    moto_port, stop_moto, moto_pid = start_moto(threaded=args.moto_threaded)
     dbname = f"backfill_bench_{uuid.uuid4().hex[:8]}"
     admin = sa.create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
@@ -144,7 +147,8 @@ def main() -> int:
         api = psutil.Process(server.pid)
         # Rounds alternate raw boto3 and the upload route (raw, upload, raw, ..., upload, raw): each upload is
         # judged against the raw uploads either side of it, so a change of load on a shared machine hits both.
-        raws = [raw_upload_seconds(env["BACKFILL_S3_ENDPOINT_URL"], source)]
+        s3_cpu = S3Cpu(moto_pid)
+        raws = [s3_cpu.during("raw", raw_upload_seconds, env["BACKFILL_S3_ENDPOINT_URL"], source)]
         uploads: list[float] = []
         cpus: list[float] = []
         marks: dict[str, float] = {}
@@ -153,7 +157,7 @@ def main() -> int:
             cpu_before = sum(api.cpu_times()[:2])
             started = time.perf_counter()
             with source.open("rb") as handle:
-                done = client.files.create(file=("ingest.jsonl", handle), purpose="batch")
+                done = s3_cpu.during("route", client.files.create, file=("ingest.jsonl", handle), purpose="batch")
             uploads.append(time.perf_counter() - started)
             cpus.append(sum(api.cpu_times()[:2]) - cpu_before)
             marks.setdefault("upload done", time.time() - rss.started)
@@ -161,7 +165,7 @@ def main() -> int:
                 uploaded = done
             else:
                 client.files.delete(done.id)
-            raws.append(raw_upload_seconds(env["BACKFILL_S3_ENDPOINT_URL"], source))
+            raws.append(s3_cpu.during("raw", raw_upload_seconds, env["BACKFILL_S3_ENDPOINT_URL"], source))
         assert uploaded is not None
         upload_peak = rss.peak  # the uploads alone, before validation reads the file back
         ratios = [(raws[i] + raws[i + 1]) / 2 / seconds for i, seconds in enumerate(uploads)]
@@ -175,6 +179,10 @@ def main() -> int:
             # The API process's CPU during an upload: the rest of its wall time is waiting on the client's
             # single HTTP stream and on S3 (boto3's baseline sends ten parts at once).
             "api_cpu_seconds_during_upload": round(statistics.median(cpus), 2),
+            # The S3 server's own CPU (moto in its own process) during each kind of upload: the same bytes arrive.
+            "s3_server_cpu_seconds_route": s3_cpu.median("route"),
+            "s3_server_cpu_seconds_raw_boto3": s3_cpu.median("raw"),
+            "moto": "threaded, in the bench process" if args.moto_threaded else "its own process",
             # Each upload against the mean of the raw uploads either side; the median over rounds is the measure.
             "upload_throughput_ratio_rounds": [round(x, 3) for x in ratios],
             "upload_throughput_ratio_vs_raw_boto3": round(statistics.median(ratios), 3),
@@ -252,22 +260,75 @@ def main() -> int:
     finally:
         server.terminate()
         server.wait(30)
-        moto.stop()
+        stop_moto()
         with admin.connect() as conn:
             conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)'))
     return 0
 
 
+class S3Cpu:
+    """The CPU seconds moto's own process spends while a call runs, by kind of upload (None when threaded)."""
+
+    def __init__(self, pid: int | None) -> None:
+        self.proc = psutil.Process(pid) if pid is not None else None
+        self.seen: dict[str, list[float]] = {}
+
+    def during(self, kind: str, call: Any, *args: Any, **kwargs: Any) -> Any:
+        before = sum(self.proc.cpu_times()[:2]) if self.proc else 0.0
+        result = call(*args, **kwargs)
+        if self.proc:
+            self.seen.setdefault(kind, []).append(sum(self.proc.cpu_times()[:2]) - before)
+        return result
+
+    def median(self, kind: str) -> float | None:
+        return round(statistics.median(self.seen[kind]), 2) if kind in self.seen else None
+
+
+def start_moto(*, threaded: bool) -> tuple[int, Any, int | None]:
+    """moto's S3 server on a free port, how to stop it and its own process id: in its own process by default,
+    as S3 is to a client (in this process, the uploading client and the server it feeds share one GIL)."""
+    if threaded:
+        from moto.server import ThreadedMotoServer
+
+        moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        moto.start()
+        return moto._server.server_port, moto.stop, None  # type: ignore[attr-defined]
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    for _ in range(300):
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/moto-api/", timeout=1)
+            break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+
+    def stop() -> None:
+        proc.terminate()
+        proc.wait(30)
+
+    return port, stop, proc.pid
+
+
 def raw_upload_seconds(endpoint: str, source: Path) -> float:
-    """A plain boto3 multipart upload of the same file to the same S3 endpoint, as the baseline."""
+    """A plain boto3 multipart upload of the same file to the same S3 endpoint, as the baseline (the object
+    is removed afterwards, so the server holds the same objects before every round)."""
     import boto3
     from boto3.s3.transfer import TransferConfig
 
     client = boto3.client("s3", endpoint_url=endpoint)
     config = TransferConfig(multipart_threshold=16 * 1024 * 1024, multipart_chunksize=16 * 1024 * 1024)
+    key = f"raw/{uuid.uuid4().hex}"
     started = time.perf_counter()
-    client.upload_file(str(source), "bench", f"raw/{uuid.uuid4().hex}", Config=config)
-    return time.perf_counter() - started
+    client.upload_file(str(source), "bench", key, Config=config)
+    seconds = time.perf_counter() - started
+    client.delete_object(Bucket="bench", Key=key)
+    return seconds
 
 
 def ingest_pass_seconds(metrics_url: str) -> float:

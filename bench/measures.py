@@ -68,6 +68,12 @@ def measures(parts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             entry("ingest_upload_ratio_vs_raw_boto3", ratio, "x raw boto3 multipart (median)", ">= 0.9", ratio >= 0.9),
             entry("ingest_upload_ratio_rounds", i.get("upload_throughput_ratio_rounds"), "x raw boto3, each round"),
             entry("ingest_upload_api_peak_rss_mb", i.get("api_peak_rss_mb_upload"), "MiB (the uploads alone)"),
+            entry("ingest_upload_api_cpu_seconds", i.get("api_cpu_seconds_during_upload"), "CPU s per upload (API)"),
+            entry(
+                "ingest_upload_s3_server_cpu_seconds_route_vs_raw",
+                [i.get("s3_server_cpu_seconds_route"), i.get("s3_server_cpu_seconds_raw_boto3")],
+                "CPU s per upload (moto's process): through the route, raw boto3",
+            ),
             entry("ingest_end_to_end_lines_per_s", i["ingest_lines_per_s"], "lines/s (upload included)"),
             entry("ingest_api_peak_rss_mb", peak, "MiB (upload + ingest)", "< 256", peak < 256),
             entry(

@@ -65,7 +65,7 @@ class Settings(BaseSettings):
     s3_endpoint_url: str | None = None
     s3_bucket: str | None = None
     s3_region: str = "us-east-1"
-    # The part size too: with two parts in flight an upload holds ~3 parts (24 MiB); 10,000 parts = 80 GB.
+    # The part size too: with four parts in flight an upload holds ~5 parts (40 MiB); 10,000 parts = 80 GB.
     s3_multipart_threshold_bytes: int = Field(default=8 * 1024 * 1024, ge=5 * 1024 * 1024)
 
     # Upload and batch limits (OpenAI's defaults).

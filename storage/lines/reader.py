@@ -261,6 +261,9 @@ def check_utf8_jsonl(chunks: Iterable[bytes]) -> Iterator[bytes]:
     decoder = codecs.getincrementaldecoder("utf-8")()
     seen_first = False
     for chunk in chunks:
+        if seen_first and chunk.isascii() and not decoder.getstate()[0]:
+            yield chunk  # ASCII is UTF-8: no text is built (most JSONL is ASCII, escapes included)
+            continue
         try:
             text = decoder.decode(chunk)
         except UnicodeDecodeError:

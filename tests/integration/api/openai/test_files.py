@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import io
 import json
+import socket
+import time
+from collections.abc import Callable
+from urllib.parse import urlparse
 
 import httpx
 import openai
@@ -129,3 +133,52 @@ def test_a_body_cut_off_inside_the_file_or_with_two_files_is_a_400_and_stores_no
     )
     assert two.status_code == 400 and "one 'file' part" in two.json()["error"]["message"]
     assert list(api.client(key).files.list()) == []
+
+
+def in_flight(store: object) -> bool:
+    """True while an upload is being written: an open S3 multipart upload, or a local `.partial` file."""
+    if hasattr(store, "root"):
+        return any(path.name.endswith(".partial") for path in store.root.rglob("*"))
+    return bool(store.client.list_multipart_uploads(Bucket=store.bucket).get("Uploads"))  # type: ignore[attr-defined]
+
+
+def stored_objects(store: object) -> list[str]:
+    if hasattr(store, "root"):
+        return [path.name for path in store.root.rglob("*") if path.is_file()]
+    listed = store.client.list_objects_v2(Bucket=store.bucket)  # type: ignore[attr-defined]
+    return [item["Key"] for item in listed.get("Contents", [])]
+
+
+def wait_for(check: Callable[[], bool], what: str, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_a_client_that_goes_away_mid_file_leaves_no_object_no_part_and_no_row(api: LiveServer) -> None:
+    """The route streams the file to storage as it arrives; a client that disconnects part-way (here after
+    12 MiB, beyond the first 8 MiB S3 part) leaves no object, no open multipart upload and no file row."""
+    from storage.files.blobs import get_blob_store
+
+    key = make_key("acme")
+    store = get_blob_store()
+    before = stored_objects(store)  # the bucket outlives one test
+    line = json.dumps({"custom_id": "r", "method": "POST", "url": "/v1/chat/completions", "body": {}}).encode()
+    block = (line + b"\r\n") * (1024 * 1024 // (len(line) + 2))
+    head = multipart(("purpose", b"batch", None), ("file", b"", "gone.jsonl"))[: -len(b"\r\n--b--\r\n")]
+    url = urlparse(api.base_url)
+    with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
+        sock.sendall(
+            f"POST /v1/files HTTP/1.1\r\nHost: {url.netloc}\r\nAuthorization: Bearer {key}\r\n"
+            f"Content-Type: multipart/form-data; boundary=b\r\nContent-Length: {64 * 1024 * 1024}\r\n\r\n".encode()
+            + head
+        )
+        for _ in range(12):
+            sock.sendall(block)
+        wait_for(lambda: in_flight(store), "the upload to reach object storage")
+    wait_for(lambda: not in_flight(store), "the cut-off upload to be abandoned")
+    assert stored_objects(store) == before
+    assert list(api.client(key).files.list()) == []
+    after = api.client(key).files.create(file=("next.jsonl", io.BytesIO(jsonl(2))), purpose="batch")
+    assert after.bytes == len(jsonl(2))

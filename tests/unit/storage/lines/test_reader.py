@@ -57,6 +57,30 @@ def test_upload_sniffing_rejects_binary_and_csv() -> None:
     assert b"".join(check_utf8_jsonl([b"\n  ", b'{"x": 1}\n'])) == b'\n  {"x": 1}\n'
 
 
+@pytest.mark.parametrize(
+    "chunks",
+    [
+        [b'{"x": "caf\xc3', b'\xa9"}\n', b'{"y": 1}\n'],  # a character split across chunks, then ASCII
+        [b'{"x": 1}\n', b'{"y": "\xe2\x82', b'\xac"}\n'],  # ASCII first, then a split character
+    ],
+)
+def test_upload_sniffing_passes_utf8_split_anywhere(chunks: list[bytes]) -> None:
+    assert b"".join(check_utf8_jsonl(chunks)) == b"".join(chunks)
+
+
+@pytest.mark.parametrize(
+    "chunks",
+    [
+        [b'{"x": 1}\n', b'{"y": "\xff"}\n'],  # a bad byte after an ASCII chunk
+        [b'{"x": "\xc3', b'ascii after a cut character"}\n'],  # a character left unfinished by the next chunk
+        [b'{"x": 1}\n', b'{"y": "\xe2\x82'],  # the file ends inside a character
+    ],
+)
+def test_upload_sniffing_rejects_bad_utf8_after_ascii_chunks(chunks: list[bytes]) -> None:
+    with pytest.raises(ValueError, match="UTF-8"):
+        list(check_utf8_jsonl(chunks))
+
+
 def test_peek_model_skips_blank_lines() -> None:
     data = [b"\n\n", b'{"body": {"model": "m1"}}\n']
     assert peek_model(data, max_line_bytes=100) == "m1"
