@@ -7,10 +7,13 @@
   overhead  the same fixed GPU-timed run (long outputs, so periodic checkpoints are due) twice, each on a
             fresh database: with the default checkpoints and with BACKFILL_CHECKPOINT_EVERY_TOKENS=0 (only
             at hand-backs, today's write volume). Compared: WAL bytes written (pg_stat_wal: cluster-wide, so
-            other work on the server adds noise), rows updated and transactions committed in the database
-            (pg_stat_database). Goal: checkpoints add <= 10 % to the write volume.
+            other work on the server adds noise), rows updated and inserted and transactions committed in the
+            database (pg_stat_database). Goal: checkpoints add <= 10 % to the write volume. Run twice: with
+            1,000-3,000-token outputs (`--low`/`--high`) and with 6,000-10,000 (`--long-low`/`--long-high`),
+            where rewriting a whole checkpoint at every write (its cost the square of the output) would show.
 
 Usage: .venv/bin/python bench/handback.py [--quick] [--requests 768] [--low 1000] [--high 3000]
+                                          [--long-low 6000] [--long-high 10000] [--no-long]
 """
 
 from __future__ import annotations
@@ -101,12 +104,7 @@ def handback(tokens: int) -> dict[str, Any]:
     seconds = time.perf_counter() - started
     runner.close_io()
     with get_engine().connect() as conn:
-        stored = conn.execute(
-            sa.text(
-                "SELECT count(*), coalesce(sum(octet_length(checkpoint)), 0) FROM batch_requests"
-                " WHERE checkpoint IS NOT NULL"
-            )
-        ).one()
+        stored = conn.execute(sa.text(STORED)).one()
     return {
         "in_flight": len(held),
         "released": released,
@@ -117,7 +115,10 @@ def handback(tokens: int) -> dict[str, Any]:
     }
 
 
-PACKED: list[int] = []  # bytes of every checkpoint packed for a write (stored or not: a guard may skip it)
+# Checkpointed rows and the bytes their chunks hold (storage/queue/checkpoints.py).
+STORED = "SELECT count(DISTINCT request_id), coalesce(sum(octet_length(token_ids)), 0) FROM checkpoint_chunks"
+
+PACKED: list[int] = []  # bytes of every checkpoint chunk packed for a write (after the guard let it through)
 
 
 def _count_packed() -> None:
@@ -155,12 +156,44 @@ def overhead_run(requests: int, *, low: int, high: int, every_tokens: int) -> di
     return figures
 
 
+def overhead(requests: int, *, low: int, high: int) -> dict[str, Any]:
+    """The same run without and with periodic checkpoints, and what they add."""
+    off = overhead_run(requests, low=low, high=high, every_tokens=0)
+    print(f"checkpoints off ({low}-{high} tokens): {json.dumps(off)}", flush=True)
+    on = overhead_run(requests, low=low, high=high, every_tokens=1024)
+    print(f"checkpoints on (1024 tokens / 60 s, {low}-{high} tokens): {json.dumps(on)}", flush=True)
+
+    def over(key: str) -> float | None:
+        return round(on[key] / off[key] - 1, 4) if off[key] else None
+
+    return {
+        "off": off,
+        "on": on,
+        "low": low,
+        "high": high,
+        "wal_overhead_ratio": over("wal_bytes"),
+        # The periodic checkpoints' own bytes over the run's WAL without them: free of the server's other
+        # traffic, and a floor (a row version and its TOAST chunks add their headers).
+        "payload_overhead_ratio": round(on["checkpoint_payload_bytes"] / off["wal_bytes"], 4)
+        if off["wal_bytes"]
+        else None,
+        "updated_rows_overhead_ratio": over("tup_updated"),
+        "inserted_rows_overhead_ratio": over("tup_inserted"),
+    }
+
+
+RATIOS = ("wal_overhead_ratio", "payload_overhead_ratio", "updated_rows_overhead_ratio", "inserted_rows_overhead_ratio")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--requests", type=int, default=768)
     parser.add_argument("--low", type=int, default=1000)
     parser.add_argument("--high", type=int, default=3000)
+    parser.add_argument("--long-low", type=int, default=6000)
+    parser.add_argument("--long-high", type=int, default=10000)
+    parser.add_argument("--no-long", action="store_true", help="skip the long-output pair")
     parser.add_argument("--tokens", type=int, default=520, help="generated tokens per sequence at the hand-back")
     args = parser.parse_args()
     if args.quick:
@@ -172,30 +205,16 @@ def main() -> int:
     _count_packed()
     back = handback(args.tokens)
     print(f"hand-back: {json.dumps(back)}", flush=True)
-    off = overhead_run(args.requests, low=args.low, high=args.high, every_tokens=0)
-    print(f"checkpoints off: {json.dumps(off)}", flush=True)
-    on = overhead_run(args.requests, low=args.low, high=args.high, every_tokens=1024)
-    print(f"checkpoints on (1024 tokens / 60 s): {json.dumps(on)}", flush=True)
+    short = overhead(args.requests, low=args.low, high=args.high)
     result = {
         "handback": back,
-        "off": off,
-        "on": on,
+        **short,
         "checkpoint_interval_seconds": float(os.environ["BACKFILL_CHECKPOINT_INTERVAL_SECONDS"]),
-        "wal_overhead_ratio": round(on["wal_bytes"] / off["wal_bytes"] - 1, 4) if off["wal_bytes"] else None,
-        # The periodic checkpoints' own bytes over the run's WAL without them: free of the server's other
-        # traffic, and a floor (a row version and its TOAST chunks add their headers).
-        "payload_overhead_ratio": round(on["checkpoint_payload_bytes"] / off["wal_bytes"], 4)
-        if off["wal_bytes"]
-        else None,
-        "updated_rows_overhead_ratio": round(on["tup_updated"] / off["tup_updated"] - 1, 4)
-        if off["tup_updated"]
-        else None,
     }
-    print(
-        json.dumps(
-            {k: result[k] for k in ("wal_overhead_ratio", "payload_overhead_ratio", "updated_rows_overhead_ratio")}
-        )
-    )
+    print(json.dumps({k: short[k] for k in RATIOS}), flush=True)
+    if not args.no_long:
+        result["long"] = overhead(args.requests, low=args.long_low, high=args.long_high)
+        print(json.dumps({f"{k}_long": result["long"][k] for k in RATIOS}), flush=True)
     (OUT / "handback.json").write_text(json.dumps({"result": result}))
     return 0
 

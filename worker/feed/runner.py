@@ -30,7 +30,6 @@ from storage.db import transaction
 from storage.finance.engine_runs import RunCounters, save_run
 from storage.ids import new_id
 from storage.queue.backlog import has_queued
-from storage.queue.checkpoints import unpack_tokens
 from storage.queue.claim import ClaimedRequest
 from storage.queue.leases import Outcome, release
 from storage.settings import Settings
@@ -227,7 +226,7 @@ class Runner:
         for item in claimed:
             if item.id in held:
                 continue  # re-queued under us and claimed back: a re-lease of work already in the engine
-            earlier = tuple(unpack_tokens(item.checkpoint)) if item.checkpoint else ()
+            earlier = item.checkpoint
             request = EngineRequest(request_id=item.id, url=item.url, body=item.body, resume_token_ids=earlier)
             rejected = self.engine.add(request)
             if rejected is not None:
@@ -236,8 +235,8 @@ class Runner:
                 self.inflight.add(item.id)
                 if item.urgent:
                     self.urgent.add(item.id)
-                if earlier:
-                    self.checkpoints.resumed(item.id, len(earlier))
+                if not self.checkpoints.admitted(item.id, claim_id=item.claim_id, stored=len(earlier)):
+                    self.io.restart({item.id: item.claim_id})  # queued before any write of its new tokens
         self._signal_urgency()
 
     def _signal_urgency(self) -> None:
