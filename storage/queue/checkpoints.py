@@ -182,16 +182,15 @@ def drop_ended(session: Session, *, request_ids: Sequence[str] = (), batch_id: s
     """
     ended = select(BatchRequest.id).where(BatchRequest.status.not_in(sorted(lifecycle.REQ_OPEN)))
     if batch_id is not None:
-        ended = ended.where(BatchRequest.batch_id == batch_id)
-    elif request_ids:
-        ended = ended.where(ids_match(session, list(request_ids)))
+        chunks = CheckpointChunk.request_id.in_(ended.where(BatchRequest.batch_id == batch_id))
+    elif request_ids:  # looked up by the chunks' key first: most finished rows have none
+        ids = sorted(request_ids)
+        chunks = CheckpointChunk.request_id.in_(ids) & CheckpointChunk.request_id.in_(
+            ended.where(ids_match(session, ids))
+        )
     else:
         return
-    session.execute(
-        delete(CheckpointChunk)
-        .where(CheckpointChunk.request_id.in_(ended))
-        .execution_options(synchronize_session=False)
-    )
+    session.execute(delete(CheckpointChunk).where(chunks).execution_options(synchronize_session=False))
 
 
 def _reset(session: Session, request_ids: list[str]) -> None:

@@ -1,7 +1,8 @@
 """Claiming: lease queued requests to a worker, in the order `claim_order` gives.
 
 Rows are locked with SKIP LOCKED and leased with an expiry; no transaction is ever held open across
-inference.
+inference. Each claim stamps its rows with a new `claim_id` and hands over their checkpoints, the stored
+chunks end to end (storage/queue/checkpoints.py): only that claim's generation appends to them from then on.
 """
 
 from __future__ import annotations
