@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import case, delete, insert, select, update
+from sqlalchemy import ColumnElement, case, delete, insert, select, update
 from sqlalchemy.orm import Session
 
 from storage.batches import lifecycle
@@ -181,6 +181,7 @@ def drop_ended(session: Session, *, request_ids: Sequence[str] = (), batch_id: s
     `checkpoint_tokens` to 0).
     """
     ended = select(BatchRequest.id).where(BatchRequest.status.not_in(sorted(lifecycle.REQ_OPEN)))
+    chunks: ColumnElement[bool]
     if batch_id is not None:
         chunks = CheckpointChunk.request_id.in_(ended.where(BatchRequest.batch_id == batch_id))
     elif request_ids:  # looked up by the chunks' key first: most finished rows have none
