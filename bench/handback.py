@@ -13,7 +13,7 @@
             where rewriting a whole checkpoint at every write (its cost the square of the output) would show.
 
 Usage: .venv/bin/python bench/handback.py [--quick] [--requests 768] [--low 1000] [--high 3000]
-                                          [--long-low 6000] [--long-high 10000] [--no-long]
+                                          [--long-low 6000] [--long-high 10000] [--long-requests N] [--no-long]
 """
 
 from __future__ import annotations
@@ -193,6 +193,7 @@ def main() -> int:
     parser.add_argument("--high", type=int, default=3000)
     parser.add_argument("--long-low", type=int, default=6000)
     parser.add_argument("--long-high", type=int, default=10000)
+    parser.add_argument("--long-requests", type=int, default=0, help="requests of the long-output pair (--requests)")
     parser.add_argument("--no-long", action="store_true", help="skip the long-output pair")
     parser.add_argument("--tokens", type=int, default=520, help="generated tokens per sequence at the hand-back")
     args = parser.parse_args()
@@ -213,7 +214,7 @@ def main() -> int:
     }
     print(json.dumps({k: short[k] for k in RATIOS}), flush=True)
     if not args.no_long:
-        result["long"] = overhead(args.requests, low=args.long_low, high=args.long_high)
+        result["long"] = overhead(args.long_requests or args.requests, low=args.long_low, high=args.long_high)
         print(json.dumps({f"{k}_long": result["long"][k] for k in RATIOS}), flush=True)
     (OUT / "handback.json").write_text(json.dumps({"result": result}))
     return 0
