@@ -223,9 +223,10 @@ class Runner:
         self._queue_backlog = len(claimed) == want
         if len(claimed) < want:
             self._last_empty_claim = time.monotonic()
+        restarted: dict[str, str] = {}
         for item in claimed:
-            if item.id in held:
-                continue  # re-queued under us and claimed back: a re-lease of work already in the engine
+            if item.id in held:  # re-queued under us and claimed back: a re-lease of work already in the engine
+                continue  # (its generation runs under its first claim: its checkpoint writes are refused now)
             earlier = item.checkpoint
             request = EngineRequest(request_id=item.id, url=item.url, body=item.body, resume_token_ids=earlier)
             rejected = self.engine.add(request)
@@ -236,7 +237,8 @@ class Runner:
                 if item.urgent:
                     self.urgent.add(item.id)
                 if not self.checkpoints.admitted(item.id, claim_id=item.claim_id, stored=len(earlier)):
-                    self.io.restart({item.id: item.claim_id})  # queued before any write of its new tokens
+                    restarted[item.id] = item.claim_id
+        self.io.restart(restarted)  # queued before any write of their new tokens
         self._signal_urgency()
 
     def _signal_urgency(self) -> None:
