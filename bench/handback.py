@@ -198,7 +198,7 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=520, help="generated tokens per sequence at the hand-back")
     args = parser.parse_args()
     if args.quick:
-        args.requests, args.tokens = 384, 200
+        args.requests, args.tokens, args.no_long = 384, 200, True
     OUT.mkdir(parents=True, exist_ok=True)
     os.environ["BACKFILL_DATA_DIR"] = tempfile.mkdtemp(prefix="handback-", dir=OUT)
     os.environ["BACKFILL_MODELS"] = json.dumps({MODEL: {"path": "fake:gpu-timed", "max_num_seqs": SLOTS}})
