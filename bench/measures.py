@@ -236,12 +236,13 @@ def _overhead_rows(pair: dict[str, Any], r: dict[str, Any], *, suffix: str) -> l
         rows.append(
             entry(f"checkpoint_inserted_rows_overhead_ratio{suffix}", pair["inserted_rows_overhead_ratio"], label)
         )
-    rows.append(
-        entry(f"checkpoint_wal_bytes_without{suffix}", off["wal_bytes"], f"B ({off['output_tokens']} output tokens)")
-    )
-    rows.append(
-        entry(f"checkpoint_wal_bytes_with{suffix}", on["wal_bytes"], f"B ({on['output_tokens']} output tokens)")
-    )
+    if "cluster_wal_overhead_ratio" in pair:  # the server's whole WAL: other work on it counts too
+        rows.append(entry(f"checkpoint_cluster_wal_overhead_ratio{suffix}", pair["cluster_wal_overhead_ratio"], label))
+    wal_key = "db_wal_bytes" if "db_wal_bytes" in off else "wal_bytes"  # the database's own WAL, when measured
+    for name, run in (("without", off), ("with", on)):
+        rows.append(
+            entry(f"checkpoint_wal_bytes_{name}{suffix}", run[wal_key], f"B ({run['output_tokens']} output tokens)")
+        )
     return rows
 
 
