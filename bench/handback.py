@@ -72,6 +72,11 @@ class WalMeter(threading.Thread):
         from storage.settings import get_settings
 
         self.engine = sa.create_engine(get_settings().sqlalchemy_url, isolation_level="AUTOCOMMIT")
+        # A temporary replication slot keeps the segments from now on until this connection closes: a checkpoint
+        # (a CREATE or DROP DATABASE elsewhere requests one) would otherwise remove them before they are read.
+        self.holder = self.engine.connect()
+        slot = f"walmeter_{os.getpid()}_{threading.get_ident()}"
+        self.holder.execute(sa.text("SELECT pg_create_physical_replication_slot(:s, true, true)"), {"s": slot})
         with self.engine.connect() as conn:
             conn.execute(sa.text("CREATE EXTENSION IF NOT EXISTS pg_walinspect"))
             oid = conn.execute(sa.text("SELECT oid FROM pg_database WHERE datname = current_database()")).scalar_one()
@@ -88,8 +93,11 @@ class WalMeter(threading.Thread):
         """The totals since the start (after a last look)."""
         self.stopping.set()
         self.join()
-        self._read()
-        self.engine.dispose()
+        try:
+            self._read()
+        finally:
+            self.holder.close()  # the temporary slot goes with its session
+            self.engine.dispose()
         return self.totals
 
     def _read(self) -> None:
