@@ -283,7 +283,9 @@ def main() -> int:
         args.requests, args.tokens, args.no_long = 384, 200, True
     OUT.mkdir(parents=True, exist_ok=True)
     os.environ["BACKFILL_DATA_DIR"] = tempfile.mkdtemp(prefix="handback-", dir=OUT)
-    os.environ["BACKFILL_MODELS"] = json.dumps({MODEL: {"path": "fake:gpu-timed", "max_num_seqs": SLOTS}})
+    # A context of 16,384 (the fake's default is 8,192): room for the long-output pair's 10,000-token answers.
+    spec = {"path": "fake:gpu-timed", "max_num_seqs": SLOTS, "max_model_len": 16384}
+    os.environ["BACKFILL_MODELS"] = json.dumps({MODEL: spec})
     os.environ.setdefault("BACKFILL_CHECKPOINT_INTERVAL_SECONDS", "60")
     _count_packed()
     back = handback(args.tokens)
