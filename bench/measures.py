@@ -236,6 +236,8 @@ def _overhead_rows(pair: dict[str, Any], r: dict[str, Any], *, suffix: str) -> l
         rows.append(
             entry(f"checkpoint_inserted_rows_overhead_ratio{suffix}", pair["inserted_rows_overhead_ratio"], label)
         )
+    if "wal_no_fpi_overhead_ratio" in pair:  # without full-page images (they follow the server's checkpoints)
+        rows.append(entry(f"checkpoint_wal_no_fpi_overhead_ratio{suffix}", pair["wal_no_fpi_overhead_ratio"], label))
     if "cluster_wal_overhead_ratio" in pair:  # the server's whole WAL: other work on it counts too
         rows.append(entry(f"checkpoint_cluster_wal_overhead_ratio{suffix}", pair["cluster_wal_overhead_ratio"], label))
     wal_key = "db_wal_bytes" if "db_wal_bytes" in off else "wal_bytes"  # the database's own WAL, when measured
