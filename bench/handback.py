@@ -6,11 +6,14 @@
             has committed (goal <= 2 s: a 30 s notice minus the drain leaves 10 s, SHUTDOWN_MARGIN_SECONDS).
   overhead  the same fixed GPU-timed run (long outputs, so periodic checkpoints are due) twice, each on a
             fresh database: with the default checkpoints and with BACKFILL_CHECKPOINT_EVERY_TOKENS=0 (only
-            at hand-backs, today's write volume). Compared: WAL bytes written (pg_stat_wal: cluster-wide, so
-            other work on the server adds noise), rows updated and transactions committed in the database
-            (pg_stat_database). Goal: checkpoints add <= 10 % to the write volume.
+            at hand-backs, today's write volume). Compared: the WAL the benchmark's database wrote (`WalMeter`,
+            pg_walinspect: free of other work on the server; pg_stat_wal's cluster-wide bytes are reported
+            too), rows updated and inserted and transactions committed in it (pg_stat_database). Goal: checkpoints add <= 10 % to the write volume. Run twice: with
+            1,000-3,000-token outputs (`--low`/`--high`) and with 6,000-10,000 (`--long-low`/`--long-high`),
+            where rewriting a whole checkpoint at every write (its cost the square of the output) would show.
 
 Usage: .venv/bin/python bench/handback.py [--quick] [--requests 768] [--low 1000] [--high 3000]
+                                          [--long-low 6000] [--long-high 10000] [--long-requests N] [--no-long]
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -49,6 +53,70 @@ def _counters() -> dict[str, int]:
             )
         ).one()
     return {"wal_bytes": int(wal), "tup_updated": row[0], "tup_inserted": row[1], "xact_commit": row[2]}
+
+
+class WalMeter(threading.Thread):
+    """The WAL this database's own pages wrote (pg_walinspect): records whose block references name it.
+
+    `pg_stat_wal` counts the whole cluster, so other work on a shared server (other benchmarks, tests) swamps
+    a few per cent. Every few seconds (before a Postgres checkpoint can recycle the segments) this reads the
+    records written since its last look and adds up those that touch a relation of the benchmark's database:
+    heap, index and TOAST changes with their full-page images. Records that name no relation (commits) are
+    left out: they are alike with and without checkpoints (the commit counts are reported beside).
+    """
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        import sqlalchemy as sa
+
+        from storage.settings import get_settings
+
+        self.engine = sa.create_engine(get_settings().sqlalchemy_url, isolation_level="AUTOCOMMIT")
+        # A temporary replication slot keeps the segments from now on until this connection closes: a checkpoint
+        # (a CREATE or DROP DATABASE elsewhere requests one) would otherwise remove them before they are read.
+        self.holder = self.engine.connect()
+        slot = f"walmeter_{os.getpid()}_{threading.get_ident()}"
+        self.holder.execute(sa.text("SELECT pg_create_physical_replication_slot(:s, true, true)"), {"s": slot})
+        with self.engine.connect() as conn:
+            conn.execute(sa.text("CREATE EXTENSION IF NOT EXISTS pg_walinspect"))
+            oid = conn.execute(sa.text("SELECT oid FROM pg_database WHERE datname = current_database()")).scalar_one()
+            self.since = conn.execute(sa.text("SELECT pg_current_wal_flush_lsn()")).scalar_one()
+        self.pattern = f"%/{oid}/%"
+        self.totals = {"db_wal_bytes": 0, "db_wal_fpi_bytes": 0, "db_wal_records": 0}
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping.wait(5.0):
+            self._read()
+
+    def stop(self) -> dict[str, int]:
+        """The totals since the start (after a last look)."""
+        self.stopping.set()
+        self.join()
+        try:
+            self._read()
+        finally:
+            self.holder.close()  # the temporary slot goes with its session
+            self.engine.dispose()
+        return self.totals
+
+    def _read(self) -> None:
+        import sqlalchemy as sa
+
+        with self.engine.connect() as conn:
+            until = conn.execute(sa.text("SELECT pg_current_wal_flush_lsn()")).scalar_one()
+            if until == self.since:
+                return
+            row = conn.execute(
+                sa.text(
+                    "SELECT coalesce(sum(record_length), 0), coalesce(sum(fpi_length), 0), count(*)"
+                    " FROM pg_get_wal_records_info(CAST(:a AS pg_lsn), CAST(:b AS pg_lsn)) WHERE block_ref LIKE :p"
+                ),
+                {"a": self.since, "b": until, "p": self.pattern},
+            ).one()
+        self.since = until
+        for key, value in zip(self.totals, row, strict=True):
+            self.totals[key] += int(value)
 
 
 def _runner() -> Any:
@@ -101,12 +169,8 @@ def handback(tokens: int) -> dict[str, Any]:
     seconds = time.perf_counter() - started
     runner.close_io()
     with get_engine().connect() as conn:
-        stored = conn.execute(
-            sa.text(
-                "SELECT count(*), coalesce(sum(octet_length(checkpoint)), 0) FROM batch_requests"
-                " WHERE checkpoint IS NOT NULL"
-            )
-        ).one()
+        chunks = conn.execute(sa.text("SELECT to_regclass('checkpoint_chunks')")).scalar_one() is not None
+        stored = conn.execute(sa.text(STORED[0 if chunks else 1])).one()
     return {
         "in_flight": len(held),
         "released": released,
@@ -117,7 +181,14 @@ def handback(tokens: int) -> dict[str, Any]:
     }
 
 
-PACKED: list[int] = []  # bytes of every checkpoint packed for a write (stored or not: a guard may skip it)
+# Checkpointed rows and the bytes they hold: the chunks (storage/queue/checkpoints.py), or, before migration
+# 0018, the whole-list blob each row kept (so this script measures either version of the code).
+STORED = (
+    "SELECT count(DISTINCT request_id), coalesce(sum(octet_length(token_ids)), 0) FROM checkpoint_chunks",
+    "SELECT count(*), coalesce(sum(octet_length(checkpoint)), 0) FROM batch_requests WHERE checkpoint IS NOT NULL",
+)
+
+PACKED: list[int] = []  # bytes of every checkpoint chunk packed for a write (after the guard let it through)
 
 
 def _count_packed() -> None:
@@ -141,18 +212,67 @@ def overhead_run(requests: int, *, low: int, high: int, every_tokens: int) -> di
     enqueue(requests, low=low, high=high, seed=11, prompt_tokens=0)
     engine, runner = _runner()
     before = _counters()
+    meter = WalMeter()
+    meter.start()
     started = time.perf_counter()
     while runner.run_for(300.0):
         pass
     wall = time.perf_counter() - started
     runner.close_io()
+    own = meter.stop()
     after = _counters()
     figures: dict[str, Any] = {k: after[k] - before[k] for k in after}
+    figures.update(own)
     figures.update(checkpoint_writes=len(PACKED), checkpoint_payload_bytes=sum(PACKED))
     figures.update(
         every_tokens=every_tokens, wall_seconds=round(wall, 1), output_tokens=sum(s.tokens for s in engine.timeline)
     )
     return figures
+
+
+def _no_fpi(run: dict[str, Any]) -> int:
+    return int(run["db_wal_bytes"] - run["db_wal_fpi_bytes"])
+
+
+def overhead(requests: int, *, low: int, high: int) -> dict[str, Any]:
+    """The same run without and with periodic checkpoints, and what they add."""
+    off = overhead_run(requests, low=low, high=high, every_tokens=0)
+    print(f"checkpoints off ({low}-{high} tokens): {json.dumps(off)}", flush=True)
+    on = overhead_run(requests, low=low, high=high, every_tokens=1024)
+    print(f"checkpoints on (1024 tokens / 60 s, {low}-{high} tokens): {json.dumps(on)}", flush=True)
+
+    def over(key: str) -> float | None:
+        return round(on[key] / off[key] - 1, 4) if off[key] else None
+
+    return {
+        "off": off,
+        "on": on,
+        "low": low,
+        "high": high,
+        # The WAL of the benchmark's own database (`WalMeter`): what the goal is about, free of other work.
+        "wal_overhead_ratio": over("db_wal_bytes"),
+        "cluster_wal_overhead_ratio": over("wal_bytes"),
+        # Without the full-page images: how many a run writes depends on when the server checkpoints (on a
+        # shared server, whenever another database is created or dropped), not on what the run does.
+        "wal_no_fpi_overhead_ratio": round(_no_fpi(on) / _no_fpi(off) - 1, 4) if _no_fpi(off) else None,
+        # The periodic checkpoints' own bytes over the run's WAL without them: free of the server's other
+        # traffic, and a floor (a row version and its TOAST chunks add their headers).
+        "payload_overhead_ratio": round(on["checkpoint_payload_bytes"] / off["db_wal_bytes"], 4)
+        if off["db_wal_bytes"]
+        else None,
+        "updated_rows_overhead_ratio": over("tup_updated"),
+        "inserted_rows_overhead_ratio": over("tup_inserted"),
+    }
+
+
+RATIOS = (
+    "wal_overhead_ratio",
+    "cluster_wal_overhead_ratio",
+    "wal_no_fpi_overhead_ratio",
+    "payload_overhead_ratio",
+    "updated_rows_overhead_ratio",
+    "inserted_rows_overhead_ratio",
+)
 
 
 def main() -> int:
@@ -161,41 +281,33 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=768)
     parser.add_argument("--low", type=int, default=1000)
     parser.add_argument("--high", type=int, default=3000)
+    parser.add_argument("--long-low", type=int, default=6000)
+    parser.add_argument("--long-high", type=int, default=10000)
+    parser.add_argument("--long-requests", type=int, default=0, help="requests of the long-output pair (--requests)")
+    parser.add_argument("--no-long", action="store_true", help="skip the long-output pair")
     parser.add_argument("--tokens", type=int, default=520, help="generated tokens per sequence at the hand-back")
     args = parser.parse_args()
     if args.quick:
-        args.requests, args.tokens = 384, 200
+        args.requests, args.tokens, args.no_long = 384, 200, True
     OUT.mkdir(parents=True, exist_ok=True)
     os.environ["BACKFILL_DATA_DIR"] = tempfile.mkdtemp(prefix="handback-", dir=OUT)
-    os.environ["BACKFILL_MODELS"] = json.dumps({MODEL: {"path": "fake:gpu-timed", "max_num_seqs": SLOTS}})
+    # A context of 16,384 (the fake's default is 8,192): room for the long-output pair's 10,000-token answers.
+    spec = {"path": "fake:gpu-timed", "max_num_seqs": SLOTS, "max_model_len": 16384}
+    os.environ["BACKFILL_MODELS"] = json.dumps({MODEL: spec})
     os.environ.setdefault("BACKFILL_CHECKPOINT_INTERVAL_SECONDS", "60")
     _count_packed()
     back = handback(args.tokens)
     print(f"hand-back: {json.dumps(back)}", flush=True)
-    off = overhead_run(args.requests, low=args.low, high=args.high, every_tokens=0)
-    print(f"checkpoints off: {json.dumps(off)}", flush=True)
-    on = overhead_run(args.requests, low=args.low, high=args.high, every_tokens=1024)
-    print(f"checkpoints on (1024 tokens / 60 s): {json.dumps(on)}", flush=True)
+    short = overhead(args.requests, low=args.low, high=args.high)
     result = {
         "handback": back,
-        "off": off,
-        "on": on,
+        **short,
         "checkpoint_interval_seconds": float(os.environ["BACKFILL_CHECKPOINT_INTERVAL_SECONDS"]),
-        "wal_overhead_ratio": round(on["wal_bytes"] / off["wal_bytes"] - 1, 4) if off["wal_bytes"] else None,
-        # The periodic checkpoints' own bytes over the run's WAL without them: free of the server's other
-        # traffic, and a floor (a row version and its TOAST chunks add their headers).
-        "payload_overhead_ratio": round(on["checkpoint_payload_bytes"] / off["wal_bytes"], 4)
-        if off["wal_bytes"]
-        else None,
-        "updated_rows_overhead_ratio": round(on["tup_updated"] / off["tup_updated"] - 1, 4)
-        if off["tup_updated"]
-        else None,
     }
-    print(
-        json.dumps(
-            {k: result[k] for k in ("wal_overhead_ratio", "payload_overhead_ratio", "updated_rows_overhead_ratio")}
-        )
-    )
+    print(json.dumps({k: short[k] for k in RATIOS}), flush=True)
+    if not args.no_long:
+        result["long"] = overhead(args.long_requests or args.requests, low=args.long_low, high=args.long_high)
+        print(json.dumps({f"{k}_long": result["long"][k] for k in RATIOS}), flush=True)
     (OUT / "handback.json").write_text(json.dumps({"result": result}))
     return 0
 

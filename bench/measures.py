@@ -197,10 +197,9 @@ def measures(parts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _handback_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
-    back, on, off = r["handback"], r["on"], r["off"]
-    seconds, wal = back["seconds"], r["wal_overhead_ratio"]
-    label = f"x without (every {on['every_tokens']} tokens / {r['checkpoint_interval_seconds']:g} s)"
-    return [
+    back = r["handback"]
+    seconds = back["seconds"]
+    rows = [
         entry(
             f"handback_checkpoint_seconds_{back['in_flight']}",
             seconds,
@@ -208,18 +207,45 @@ def _handback_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
             "<= 2",
             seconds <= 2 and back["checkpointed_rows"] == back["in_flight"],
         ),
-        entry("checkpoint_wal_overhead_ratio", wal, label, "<= 0.10", wal is not None and wal <= 0.10),
+        *_overhead_rows(r, r, suffix=""),
+    ]
+    if long := r.get("long"):  # outputs of 6,000-10,000 tokens (bench/handback.py --long-low/--long-high)
+        rows += _overhead_rows(long, r, suffix="_long")
+    return rows
+
+
+def _overhead_rows(pair: dict[str, Any], r: dict[str, Any], *, suffix: str) -> list[dict[str, Any]]:
+    """What periodic checkpoints add to one pair of runs' database writes (bench/handback.py `overhead`)."""
+    on, off, wal = pair["on"], pair["off"], pair["wal_overhead_ratio"]
+    label = f"x without (every {on['every_tokens']} tokens / {r['checkpoint_interval_seconds']:g} s)"
+    if "low" in pair:
+        label += f", outputs {pair['low']}-{pair['high']} tokens"
+    payload = pair["payload_overhead_ratio"]
+    rows = [
+        entry(f"checkpoint_wal_overhead_ratio{suffix}", wal, label, "<= 0.10", wal is not None and wal <= 0.10),
         entry(
-            "checkpoint_payload_overhead_ratio",
-            r["payload_overhead_ratio"],
+            f"checkpoint_payload_overhead_ratio{suffix}",
+            payload,
             f"periodic checkpoint bytes ({on['checkpoint_writes']} writes) / WAL without",
             "<= 0.10",
-            r["payload_overhead_ratio"] is not None and r["payload_overhead_ratio"] <= 0.10,
+            payload is not None and payload <= 0.10,
         ),
-        entry("checkpoint_updated_rows_overhead_ratio", r["updated_rows_overhead_ratio"], label),
-        entry("checkpoint_wal_bytes_without", off["wal_bytes"], f"B ({off['output_tokens']} output tokens)"),
-        entry("checkpoint_wal_bytes_with", on["wal_bytes"], f"B ({on['output_tokens']} output tokens)"),
+        entry(f"checkpoint_updated_rows_overhead_ratio{suffix}", pair["updated_rows_overhead_ratio"], label),
     ]
+    if "inserted_rows_overhead_ratio" in pair:
+        rows.append(
+            entry(f"checkpoint_inserted_rows_overhead_ratio{suffix}", pair["inserted_rows_overhead_ratio"], label)
+        )
+    if "wal_no_fpi_overhead_ratio" in pair:  # without full-page images (they follow the server's checkpoints)
+        rows.append(entry(f"checkpoint_wal_no_fpi_overhead_ratio{suffix}", pair["wal_no_fpi_overhead_ratio"], label))
+    if "cluster_wal_overhead_ratio" in pair:  # the server's whole WAL: other work on it counts too
+        rows.append(entry(f"checkpoint_cluster_wal_overhead_ratio{suffix}", pair["cluster_wal_overhead_ratio"], label))
+    wal_key = "db_wal_bytes" if "db_wal_bytes" in off else "wal_bytes"  # the database's own WAL, when measured
+    for name, run in (("without", off), ("with", on)):
+        rows.append(
+            entry(f"checkpoint_wal_bytes_{name}{suffix}", run[wal_key], f"B ({run['output_tokens']} output tokens)")
+        )
+    return rows
 
 
 def _hostile_rows(h: dict[str, Any]) -> list[dict[str, Any]]:

@@ -67,7 +67,8 @@ FULL = {
     # process (~3 min): `make bench ARGS="--only hostile-bodies"`.
     "hostile-bodies": ["bench/hostile_bodies.py"],
     # Issue 21 items 2 and 5: the hand-back of 384 in-flight sequences with their checkpoints, and the write
-    # volume of periodic checkpoints on a GPU-timed run (~5 min): `make bench ARGS="--only handback"`.
+    # volume of periodic checkpoints on GPU-timed runs of 1,000-3,000 and 6,000-10,000-token outputs (~20 min;
+    # --quick: the short ones only): `make bench ARGS="--only handback"`.
     "handback": ["bench/handback.py"],
 }
 DEFAULT_PARTS = ("engine", "runbatch", "ingest", "queue")

@@ -195,10 +195,27 @@ class BatchRequest(Base):
     finished_at: Mapped[float | None] = mapped_column(Float)
     # The order a results reader first saw this finished request in (storage/queue/result_pages.py).
     result_seq: Mapped[int | None] = mapped_column(BigInteger)
-    # Token ids generated before the row was handed back (packed int32, zlib; storage/queue/checkpoints.py)
-    # and how many: a claim resumes the generation from them instead of decoding them again.
-    checkpoint: Mapped[bytes | None] = mapped_column(LargeBinary)
+    # How many generated token ids the row's checkpoint holds (its `CheckpointChunk`s, end to end): a claim
+    # resumes the generation from them instead of decoding them again (storage/queue/checkpoints.py).
     checkpoint_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # The claim that last leased the row (a new id per claim): its generation alone appends to the checkpoint,
+    # so a late write from an earlier holder never lands on tokens a later one generated.
+    claim_id: Mapped[str | None] = mapped_column(String(32))
+
+
+class CheckpointChunk(Base):
+    """A slice of a queue row's checkpoint: the token ids generated from `start` on, appended, never rewritten.
+
+    A checkpoint write stores only the tokens since the row's last one, so its cost follows what was generated
+    since, not the whole output (docs/workers.md, "Checkpoints and resume"); a claim reads the row's chunks in
+    `start` order. They go when the row ends or its generation restarts from token 0.
+    """
+
+    __tablename__ = "checkpoint_chunks"
+
+    request_id: Mapped[str] = mapped_column(ForeignKey("batch_requests.id", ondelete="CASCADE"), primary_key=True)
+    start: Mapped[int] = mapped_column(Integer, primary_key=True)  # the index of its first token in the output
+    token_ids: Mapped[bytes] = mapped_column(LargeBinary)  # packed int32, zlib (`pack_tokens`)
 
 
 class EngineRun(Base):

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 from storage.batches import batches, lifecycle
 from storage.clock import now, now_f
 from storage.models import Batch, BatchRequest
+from storage.queue.checkpoints import drop_ended
 
 UNSERVED_CODE = "model_not_found"
 
@@ -50,11 +51,13 @@ def fail_unserved(session: Session, *, batch_id: str, served: Collection[str]) -
                 error_code=UNSERVED_CODE,
                 error_message=f"model: '{model}' is not served here (served models: {offered})",
                 finished_at=now_f(),
+                checkpoint_tokens=0,
             )
             .execution_options(synchronize_session=False)
         )
         ended += int(result.rowcount or 0)  # type: ignore[attr-defined]
     if ended:
+        drop_ended(session, batch_id=batch_id)
         batches.add_counts(session, batch_id=batch_id, completed=0, failed=ended)
     return ended
 
@@ -76,6 +79,7 @@ def scrub_content(session: Session, *, batch_id: str) -> None:
         .values(body={}, response_body=None, error_message=None)
         .execution_options(synchronize_session=False)
     )
+    drop_ended(session, batch_id=batch_id)  # generated tokens are content too (an ended row has none left)
 
 
 def close_open_requests(
@@ -92,11 +96,13 @@ def close_open_requests(
             lease_owner=None,
             lease_expires_at=None,
             finished_at=now(),
+            checkpoint_tokens=0,
         )
         .execution_options(synchronize_session=False)
     )
     count = int(result.rowcount or 0)  # type: ignore[attr-defined]
     if count:
+        drop_ended(session, batch_id=batch.id)
         session.flush()
         ended = {"cancelled": count} if status == lifecycle.REQ_CANCELLED else {}
         ended = {"expired": count} if status == lifecycle.REQ_EXPIRED else ended

@@ -5,24 +5,37 @@ transaction that re-queues the row; a long generation also stores them with its 
 crash loses only what came after the last one. A claim hands them to the engine, which continues the
 generation from there instead of decoding them again (docs/workers.md, "Checkpoints and resume").
 
-Stored compactly: little-endian int32 ids, zlib-compressed (about 2-3 bytes a token), never text. A write
-never replaces a checkpoint with a shorter one (`checkpoint_tokens` guards it without unpacking).
+Append-only: a write stores only the tokens generated since the row's stored checkpoint, as one
+`checkpoint_chunks` row (request id, start) -> those ids, and moves `batch_requests.checkpoint_tokens` from
+the count it read to the new one in the same transaction (the UPDATE is guarded by that count, so two writers
+never interleave chunks, and a write never makes a checkpoint shorter). Rewriting the whole list at every
+write (as a growing bytea would: Postgres rewrites a TOASTed value whole) cost the square of the output length.
+A write carries the id of the claim its generation runs under (`Generated`) and lands only while the row's
+`claim_id` is still that one: each claim sets a new one, so the stored ids are always a prefix of the
+generation that appends to them, and a late write from an earlier holder never lands on a later one's.
+
+Packed compactly: little-endian int32 ids, zlib-compressed (about 2-3 bytes a token), never text. The chunks
+go when the row ends (`drop_ended`) or its generation restarts from token 0 (`restart`).
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 import zlib
 from array import array
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import Table, bindparam, select
+from sqlalchemy import ColumnElement, case, delete, insert, select, update
 from sqlalchemy.orm import Session
 
 from storage.batches import lifecycle
-from storage.models import BatchRequest
+from storage.models import BatchRequest, CheckpointChunk
 from storage.queue.enqueue import ids_match
+
+log = logging.getLogger(__name__)
 
 
 def pack_tokens(token_ids: Sequence[int]) -> bytes:
@@ -42,40 +55,159 @@ def unpack_tokens(blob: bytes) -> list[int]:
     return packed.tolist()
 
 
-def save_checkpoints(session: Session, *, worker_id: str, checkpoints: Mapping[str, Sequence[int]]) -> set[str]:
-    """Store the generated ids of rows this worker still runs (a periodic checkpoint); return the ids stored."""
-    table = cast(Table, BatchRequest.__table__)
-    guard = (table.c.status == lifecycle.REQ_RUNNING) & (table.c.lease_owner == worker_id)
-    return _save(session, checkpoints, guard)
+@dataclass(frozen=True)
+class Generated:
+    """The token ids a request generated so far, under the claim its generation runs under."""
+
+    claim_id: str
+    token_ids: Sequence[int]
 
 
-def save_handed_back(session: Session, *, checkpoints: Mapping[str, Sequence[int]]) -> set[str]:
+def save_checkpoints(session: Session, *, worker_id: str, checkpoints: Mapping[str, Generated]) -> set[str]:
+    """Store the generated ids of rows this worker still runs (a periodic checkpoint); return the ids whose rows
+    now hold them all."""
+    guard = (BatchRequest.status == lifecycle.REQ_RUNNING) & (BatchRequest.lease_owner == worker_id)
+    return _append(session, checkpoints, guard)
+
+
+def save_handed_back(session: Session, *, checkpoints: Mapping[str, Generated]) -> set[str]:
     """Store the generated ids of rows handed back from under their worker (a pause); return the ids stored.
 
     Only while the row is still queued and unclaimed: once another worker leased it, that worker runs it
     from whatever it found, and a late checkpoint must not change what a later claim continues from.
     """
-    table = cast(Table, BatchRequest.__table__)
-    guard = (table.c.status == lifecycle.REQ_QUEUED) & table.c.lease_owner.is_(None)
-    return _save(session, checkpoints, guard)
+    guard = (BatchRequest.status == lifecycle.REQ_QUEUED) & BatchRequest.lease_owner.is_(None)
+    return _append(session, checkpoints, guard)
 
 
-def _save(session: Session, checkpoints: Mapping[str, Sequence[int]], guard: Any) -> set[str]:
-    rows = [{"c_id": rid, "c_blob": pack_tokens(ids), "c_count": len(ids)} for rid, ids in checkpoints.items() if ids]
-    if not rows:
+def _append(session: Session, checkpoints: Mapping[str, Generated], guard: Any) -> set[str]:
+    """Read each row's count, then move it to the ids' length where it is still that; add the new ids' chunks."""
+    wanted = {rid: g for rid, g in checkpoints.items() if g.token_ids and g.claim_id}
+    if not wanted:
         return set()
-    table = cast(Table, BatchRequest.__table__)
-    statement = (
-        table.update()
-        .where(table.c.id == bindparam("c_id"), table.c.checkpoint_tokens < bindparam("c_count"), guard)
-        .values(checkpoint=bindparam("c_blob"), checkpoint_tokens=bindparam("c_count"))
-    )
-    session.connection().execute(statement, rows)
-    counts = {rid: len(ids) for rid, ids in checkpoints.items() if ids}
-    stored = session.execute(
-        select(BatchRequest.id, BatchRequest.checkpoint_tokens).where(ids_match(session, list(counts)), guard)
+    same_claim = BatchRequest.claim_id == case({rid: g.claim_id for rid, g in wanted.items()}, value=BatchRequest.id)
+    rows = session.execute(
+        select(BatchRequest.id, BatchRequest.checkpoint_tokens).where(
+            ids_match(session, sorted(wanted)), guard, same_claim
+        )
     ).all()
-    return {rid for rid, count in stored if counts[rid] == count}
+    held = {rid for rid, count in rows if count == len(wanted[rid].token_ids)}
+    since = {rid: count for rid, count in rows if count < len(wanted[rid].token_ids)}
+    if not since:
+        return held
+    moved = set(
+        session.scalars(
+            update(BatchRequest)
+            .where(
+                ids_match(session, sorted(since)),
+                guard,
+                same_claim,
+                BatchRequest.checkpoint_tokens == case(since, value=BatchRequest.id),
+            )
+            .values(checkpoint_tokens=case({rid: len(wanted[rid].token_ids) for rid in since}, value=BatchRequest.id))
+            .returning(BatchRequest.id)
+            .execution_options(synchronize_session=False)
+        )
+    )
+    if moved:
+        chunks = [
+            {"request_id": rid, "start": start, "token_ids": pack_tokens(wanted[rid].token_ids[start:])}
+            for rid, start in since.items()
+            if rid in moved
+        ]
+        session.execute(insert(CheckpointChunk), chunks)
+    return held | moved
+
+
+def load(session: Session, *, counts: Mapping[str, int]) -> dict[str, list[int]]:
+    """The stored ids of these rows (id -> how many their checkpoint holds), their chunks end to end.
+
+    Called by a claim, under its lease: no write can add a chunk meanwhile. A row whose chunks do not add up to
+    its count (never written so; a safety net) is read as having none and its checkpoint is dropped.
+    """
+    wanted = {rid: count for rid, count in counts.items() if count > 0}
+    if not wanted:
+        return {}
+    rows = session.execute(
+        select(CheckpointChunk.request_id, CheckpointChunk.start, CheckpointChunk.token_ids)
+        .where(CheckpointChunk.request_id.in_(sorted(wanted)))
+        .order_by(CheckpointChunk.request_id, CheckpointChunk.start)
+    )
+    tokens: dict[str, list[int]] = {rid: [] for rid in wanted}
+    broken: set[str] = set()
+    for rid, start, blob in rows:
+        if start != len(tokens[rid]):
+            broken.add(rid)
+        elif rid not in broken:
+            tokens[rid] += unpack_tokens(blob)
+    broken |= {rid for rid, ids in tokens.items() if len(ids) != wanted[rid]}
+    if broken:
+        log.error("dropping %d checkpoints whose chunks do not add up: %s", len(broken), sorted(broken)[:5])
+        _reset(session, sorted(broken))
+    return {rid: ids for rid, ids in tokens.items() if rid not in broken}
+
+
+def restart(session: Session, *, claims: Mapping[str, str]) -> set[str]:
+    """Drop the checkpoints of rows whose engine restarted their generation (id -> the claim it runs under);
+    return the ids dropped.
+
+    The engine could not continue from them (or not from all of them), so what it generates no longer extends
+    them. Only while the row is open and no later claim took it: then nothing else appends to it.
+    """
+    if not claims:
+        return set()
+    dropped = list(
+        session.scalars(
+            update(BatchRequest)
+            .where(
+                ids_match(session, sorted(claims)),
+                BatchRequest.status.in_(sorted(lifecycle.REQ_OPEN)),
+                BatchRequest.claim_id == case(dict(claims), value=BatchRequest.id),
+            )
+            .values(checkpoint_tokens=0)
+            .returning(BatchRequest.id)
+            .execution_options(synchronize_session=False)
+        )
+    )
+    if dropped:
+        session.execute(delete(CheckpointChunk).where(CheckpointChunk.request_id.in_(dropped)))
+    return set(dropped)
+
+
+def drop_ended(session: Session, *, request_ids: Sequence[str] = (), batch_id: str | None = None) -> None:
+    """Delete the chunks of these rows (or of this batch's rows) that have ended: nothing will resume them.
+
+    Called in the transaction that ends them, after the statement that did (it also sets their
+    `checkpoint_tokens` to 0).
+    """
+    ended = select(BatchRequest.id).where(BatchRequest.status.not_in(sorted(lifecycle.REQ_OPEN)))
+    chunks: ColumnElement[bool]
+    if batch_id is not None:
+        chunks = CheckpointChunk.request_id.in_(ended.where(BatchRequest.batch_id == batch_id))
+    elif request_ids:  # looked up by the chunks' key first: most finished rows have none
+        ids = sorted(request_ids)
+        chunks = CheckpointChunk.request_id.in_(ids) & CheckpointChunk.request_id.in_(
+            ended.where(ids_match(session, ids))
+        )
+    else:
+        return
+    session.execute(delete(CheckpointChunk).where(chunks).execution_options(synchronize_session=False))
+
+
+def _reset(session: Session, request_ids: list[str]) -> None:
+    session.execute(
+        update(BatchRequest)
+        .where(ids_match(session, request_ids))
+        .values(checkpoint_tokens=0)
+        .execution_options(synchronize_session=False)
+    )
+    session.execute(delete(CheckpointChunk).where(CheckpointChunk.request_id.in_(request_ids)))
+
+
+def stored_tokens(session: Session, *, request_id: str) -> list[int]:
+    """A row's checkpoint as a claim would read it (tests, benchmarks, the operator's shell)."""
+    count = session.scalar(select(BatchRequest.checkpoint_tokens).where(BatchRequest.id == request_id)) or 0
+    return load(session, counts={request_id: count}).get(request_id, [])
 
 
 def still_open(session: Session, *, request_ids: Sequence[str]) -> set[str]:

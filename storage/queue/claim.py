@@ -1,13 +1,14 @@
 """Claiming: lease queued requests to a worker, in the order `claim_order` gives.
 
 Rows are locked with SKIP LOCKED and leased with an expiry; no transaction is ever held open across
-inference.
+inference. Each claim stamps its rows with a new `claim_id` and hands over their checkpoints, the stored
+chunks end to end (storage/queue/checkpoints.py): only that claim's generation appends to them from then on.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import update
@@ -15,7 +16,9 @@ from sqlalchemy.orm import Session
 
 from storage.batches import lifecycle
 from storage.clock import now_f
+from storage.ids import new_id
 from storage.models import BatchRequest
+from storage.queue import checkpoints
 from storage.queue.claim_order import ClaimOrder, claim_order, pick
 from storage.queue.enqueue import ids_match
 from storage.settings import Settings
@@ -35,7 +38,10 @@ class ClaimedRequest:
     # more capacity (in shared mode, from online traffic) so they finish before their deadline.
     urgent: bool = False
     attempts: int = 1  # this lease included: more than 1 is a re-claim (a lease expired or was handed back)
-    checkpoint: bytes | None = None  # token ids generated before a hand-back (storage/queue/checkpoints.py)
+    # Token ids generated before a hand-back or a crash, in order (storage/queue/checkpoints.py): the engine
+    # continues the generation after them.
+    checkpoint: tuple[int, ...] = ()
+    claim_id: str = ""  # this claim's id: the generation's checkpoint writes carry it (storage/queue/checkpoints.py)
 
 
 def claim(
@@ -80,7 +86,9 @@ def claim(
 def _lease(
     session: Session, *, ids: list[str], worker_id: str, lease_seconds: int, urgent_before: int = 0
 ) -> list[ClaimedRequest]:
-    """Mark the picked rows running under this worker's lease and read them back in one statement."""
+    """Mark the picked rows running under this worker's lease and read them back in one statement; then read
+    their checkpoints."""
+    claim_id = new_id("claim_")
     rows = session.execute(
         update(BatchRequest)
         # Still queued: SQLite's pick locks nothing, so a cancel or expiry may have ended a row since.
@@ -90,6 +98,7 @@ def _lease(
             lease_owner=worker_id,
             lease_expires_at=now_f() + lease_seconds,
             attempts=BatchRequest.attempts + 1,
+            claim_id=claim_id,
         )
         .returning(
             BatchRequest.id,
@@ -99,14 +108,17 @@ def _lease(
             BatchRequest.body,
             BatchRequest.deadline,
             BatchRequest.attempts,
-            BatchRequest.checkpoint,
+            BatchRequest.checkpoint_tokens,
         )
         .execution_options(synchronize_session=False)
     ).all()
     order = {request_id: index for index, request_id in enumerate(ids)}
+    # Under the lease just taken: no checkpoint write can land meanwhile.
+    stored = checkpoints.load(session, counts={row[0]: row[-1] for row in rows})
     claimed = [
-        ClaimedRequest(rid, batch_id, tenant_id, url, body, deadline, deadline <= urgent_before, attempts, checkpoint)
-        for rid, batch_id, tenant_id, url, body, deadline, attempts, checkpoint in rows
+        ClaimedRequest(rid, batch_id, tenant, url, body, deadline, deadline <= urgent_before, attempts, (), claim_id)
+        for rid, batch_id, tenant, url, body, deadline, attempts, _ in rows
     ]
+    claimed = [replace(item, checkpoint=tuple(stored[item.id])) if item.id in stored else item for item in claimed]
     claimed.sort(key=lambda item: order[item.id])  # `ids` is already in claim order
     return claimed

@@ -7,7 +7,7 @@ that still holds the row's lease.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -20,7 +20,7 @@ from storage.batches.batches import add_counts_of
 from storage.clock import now_f
 from storage.finance.budgets import stop_over_budget
 from storage.models import BatchRequest
-from storage.queue.checkpoints import save_checkpoints
+from storage.queue.checkpoints import Generated, drop_ended, save_checkpoints
 from storage.queue.enqueue import ids_match, lock_batches_of
 from storage.queue.handback import hand_back_paused, not_paused
 from storage.settings import get_settings
@@ -103,6 +103,7 @@ def record(session: Session, *, worker_id: str, run_id: str, outcomes: list[Outc
         stored = _store_json(session, worker_id=worker_id, run_id=run_id, outcomes=outcomes)
     else:
         stored = _store_executemany(session, worker_id=worker_id, run_id=run_id, outcomes=outcomes)
+    drop_ended(session, request_ids=[o.request_id for o in outcomes])  # their checkpoints resume nothing now
     counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for batch_id, status in stored:
         counts[batch_id][0 if status == lifecycle.REQ_COMPLETED else 1] += 1
@@ -131,8 +132,7 @@ _STORE_JSON = text(
         status = v.status, response_status = v.code, response_body = b.body,
         error_code = v.error_code, error_message = v.error_message, prompt_tokens = v.prompt,
         completion_tokens = v.completion, cached_tokens = v.cached, engine_seconds = v.seconds, run_id = :run_id,
-        lease_owner = NULL, lease_expires_at = NULL, finished_at = :finished, checkpoint = NULL,
-        checkpoint_tokens = 0
+        lease_owner = NULL, lease_expires_at = NULL, finished_at = :finished, checkpoint_tokens = 0
     FROM ROWS FROM (json_to_recordset(CAST(:rows AS json)) AS (
             id text, status text, code int, error_code text, error_message text,
             prompt int, completion int, cached int, seconds float8
@@ -195,7 +195,6 @@ def _store_executemany(session: Session, *, worker_id: str, run_id: str, outcome
             lease_owner=None,
             lease_expires_at=None,
             finished_at=finished,
-            checkpoint=None,
             checkpoint_tokens=0,
         )
     )
@@ -233,7 +232,7 @@ def release(
     *,
     worker_id: str,
     request_ids: list[str],
-    checkpoints: Mapping[str, Sequence[int]] | None = None,
+    checkpoints: Mapping[str, Generated] | None = None,
 ) -> int:
     """Hand this worker's leased requests back to the queue (a drain, a model switch); the attempt is not counted.
 

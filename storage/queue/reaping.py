@@ -19,6 +19,7 @@ from storage.batches.batches import add_counts
 from storage.clock import now, now_f
 from storage.models import Batch, BatchRequest
 from storage.queue.batch_rows import close_open_requests
+from storage.queue.checkpoints import drop_ended
 from storage.queue.enqueue import lock_batches_of
 from storage.queue.workers import live_worker_ids
 
@@ -63,6 +64,7 @@ def _requeue_or_fail(session: Session, where: tuple[ColumnElement[bool], ...], *
                 lease_owner=None,
                 lease_expires_at=None,
                 finished_at=now_f(),
+                checkpoint_tokens=0,
             )
             .returning(BatchRequest.batch_id)
             .execution_options(synchronize_session=False)
@@ -72,6 +74,8 @@ def _requeue_or_fail(session: Session, where: tuple[ColumnElement[bool], ...], *
     )
     for batch_id in give_up:
         add_counts(session, batch_id=batch_id, completed=0, failed=1)
+    if give_up:
+        drop_ended(session, request_ids=doomed)
     return _requeue(session, where) + len(give_up)
 
 

@@ -36,7 +36,7 @@ from sqlalchemy.orm import Session
 from storage.db import transaction
 from storage.metrics.events import count_decode_tokens
 from storage.queue.backlog import done_batches
-from storage.queue.checkpoints import save_checkpoints, save_handed_back, still_open
+from storage.queue.checkpoints import Generated, restart, save_checkpoints, save_handed_back, still_open
 from storage.queue.claim import ClaimedRequest, claim
 from storage.queue.leases import Outcome, record, release, renew, take_back
 from storage.settings import Settings
@@ -58,10 +58,12 @@ class Claimed:
 
 @dataclass
 class _Checkpoints:
-    """Generated token ids to store: of rows still leased (periodic) or of rows a pause took back."""
+    """Generated token ids to store: of rows still leased (periodic) or of rows a pause took back; or, with
+    `restarted` (id -> claim), rows whose checkpoints to drop: the engine restarted their generation."""
 
-    token_ids: dict[str, list[int]]
-    handed_back: bool
+    generated: dict[str, Generated]
+    handed_back: bool = False
+    restarted: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -133,11 +135,17 @@ class QueueIO:
         self._check_open()
         self._writes.put(list(request_ids))
 
-    def checkpoint(self, token_ids: dict[str, list[int]], *, handed_back: bool = False) -> None:
+    def checkpoint(self, generated: dict[str, Generated], *, handed_back: bool = False) -> None:
         """Queue a checkpoint write; `handed_back`: of rows a pause took back (storage/queue/checkpoints.py)."""
         self._check_open()
-        if token_ids:
-            self._writes.put(_Checkpoints(token_ids, handed_back))
+        if generated:
+            self._writes.put(_Checkpoints(generated, handed_back))
+
+    def restart(self, claims: dict[str, str]) -> None:
+        """Queue dropping these rows' checkpoints (id -> its claim): the engine restarted their generation."""
+        self._check_open()
+        if claims:
+            self._writes.put(_Checkpoints({}, restarted=claims))
 
     def request_claim(self, limit: int, *, held: frozenset[str] = frozenset()) -> None:
         """Ask the claimer for up to `limit` rows, unless a claim is already on its way; a row in `held` (still in
@@ -286,12 +294,15 @@ class QueueIO:
 
     def _checkpoint(self, item: _Checkpoints) -> None:
         with transaction() as session:
-            if not item.handed_back:
-                save_checkpoints(session, worker_id=self.worker_id, checkpoints=item.token_ids)
+            if item.restarted:
+                restart(session, claims=item.restarted)
                 return
-            stored = save_handed_back(session, checkpoints=item.token_ids)
-            rerun = still_open(session, request_ids=sorted(set(item.token_ids) - stored))  # claimed meanwhile
-        count_decode_tokens(self.model, discarded=sum(len(item.token_ids[rid]) for rid in rerun))
+            if not item.handed_back:
+                save_checkpoints(session, worker_id=self.worker_id, checkpoints=item.generated)
+                return
+            stored = save_handed_back(session, checkpoints=item.generated)
+            rerun = still_open(session, request_ids=sorted(set(item.generated) - stored))  # claimed meanwhile
+        count_decode_tokens(self.model, discarded=sum(len(item.generated[rid].token_ids) for rid in rerun))
 
     def _claim_loop(self) -> None:
         while (asked := self._claims.get()) is not None:

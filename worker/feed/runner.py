@@ -30,7 +30,6 @@ from storage.db import transaction
 from storage.finance.engine_runs import RunCounters, save_run
 from storage.ids import new_id
 from storage.queue.backlog import has_queued
-from storage.queue.checkpoints import unpack_tokens
 from storage.queue.claim import ClaimedRequest
 from storage.queue.leases import Outcome, release
 from storage.settings import Settings
@@ -224,10 +223,11 @@ class Runner:
         self._queue_backlog = len(claimed) == want
         if len(claimed) < want:
             self._last_empty_claim = time.monotonic()
+        restarted: dict[str, str] = {}
         for item in claimed:
-            if item.id in held:
-                continue  # re-queued under us and claimed back: a re-lease of work already in the engine
-            earlier = tuple(unpack_tokens(item.checkpoint)) if item.checkpoint else ()
+            if item.id in held:  # re-queued under us and claimed back: a re-lease of work already in the engine
+                continue  # (its generation runs under its first claim: its checkpoint writes are refused now)
+            earlier = item.checkpoint
             request = EngineRequest(request_id=item.id, url=item.url, body=item.body, resume_token_ids=earlier)
             rejected = self.engine.add(request)
             if rejected is not None:
@@ -236,8 +236,9 @@ class Runner:
                 self.inflight.add(item.id)
                 if item.urgent:
                     self.urgent.add(item.id)
-                if earlier:
-                    self.checkpoints.resumed(item.id, len(earlier))
+                if not self.checkpoints.admitted(item.id, claim_id=item.claim_id, stored=len(earlier)):
+                    restarted[item.id] = item.claim_id
+        self.io.restart(restarted)  # queued before any write of their new tokens
         self._signal_urgency()
 
     def _signal_urgency(self) -> None:

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
-from alembic.autogenerate import compare_metadata
-from alembic.migration import MigrationContext
+import json
 
-from storage.db import get_engine
+import pytest
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.config import Config
+from alembic.migration import MigrationContext
+from sqlalchemy import text
+
+from storage.db import get_engine, transaction
 from storage.models import Base
+from storage.queue.checkpoints import pack_tokens
+from storage.queue.claim import claim
+from storage.settings import get_settings
 from tests.conftest import Backend
+from tests.integration.jobs import chat, submit_job
+from worker.cli.migrate import ROOT
 
 
 def test_migrated_schema_matches_models(backend: Backend) -> None:
@@ -15,3 +26,21 @@ def test_migrated_schema_matches_models(backend: Backend) -> None:
         context = MigrationContext.configure(connection, opts={"compare_type": True})
         diff = compare_metadata(context, Base.metadata)
     assert diff == []
+
+
+@pytest.mark.backfill_env({"BACKFILL_MODELS": json.dumps({"fake-model": {"path": "fake:"}})})
+def test_a_checkpoint_stored_before_the_chunks_migration_is_resumed_from_after_it(backend: Backend) -> None:
+    config = Config(str(ROOT / "alembic.ini"))
+    config.set_main_option("script_location", str(ROOT / "migrations"))
+    submit_job([chat(0)])
+    generated = [7, 128_000, 3] * 100
+    command.downgrade(config, "0017_checkpoints")
+    try:
+        with get_engine().begin() as connection:  # a row handed back with a whole-list checkpoint, as 0017 kept it
+            update = text("UPDATE batch_requests SET checkpoint = :blob, checkpoint_tokens = 300")
+            connection.execute(update, {"blob": pack_tokens(generated)})
+    finally:
+        command.upgrade(config, "head")
+    with transaction() as session:
+        (row,) = claim(session, settings=get_settings(), model="fake-model", worker_id="w", limit=1, lease_seconds=60)
+    assert list(row.checkpoint) == generated

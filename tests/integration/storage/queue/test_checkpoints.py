@@ -1,18 +1,31 @@
-"""Generation checkpoints on the queue row: stored with a hand-back, handed to the next claim, never shrunk."""
+"""Generation checkpoints on the queue row: stored with a hand-back, handed to the next claim, never shrunk,
+written as append-only chunks (each write adds only the new tokens), gone when the row ends."""
 
 from __future__ import annotations
 
 import json
+import threading
+import time
+from collections.abc import Callable
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import delete, func, select, text, update
 
+from storage.batches.batches import cancel_batch
 from storage.batches.control import pause_batch, resume_batch
-from storage.db import transaction
-from storage.models import Batch, BatchRequest
-from storage.queue.checkpoints import save_checkpoints, save_handed_back, unpack_tokens
-from storage.queue.claim import claim
+from storage.db import get_sessionmaker, transaction
+from storage.models import Batch, BatchRequest, CheckpointChunk
+from storage.queue.checkpoints import (
+    Generated,
+    restart,
+    save_checkpoints,
+    save_handed_back,
+    stored_tokens,
+    unpack_tokens,
+)
+from storage.queue.claim import ClaimedRequest, claim
 from storage.queue.leases import Outcome, record, release
+from storage.queue.reaping import expire_overdue, release_worker_leases
 from storage.settings import get_settings
 from tests.conftest import Backend
 from tests.integration.jobs import chat, submit_job
@@ -20,12 +33,16 @@ from tests.integration.jobs import chat, submit_job
 pytestmark = pytest.mark.backfill_env({"BACKFILL_MODELS": json.dumps({"fake-model": {"path": "fake:"}})})
 
 
-def _claim(worker: str, limit: int = 3) -> list[str]:
+def _claimed(worker: str, limit: int = 3) -> list[ClaimedRequest]:
     with transaction() as session:
-        rows = claim(
+        return claim(
             session, settings=get_settings(), model="fake-model", worker_id=worker, limit=limit, lease_seconds=60
         )
-    return [row.id for row in rows]
+
+
+def _claim(worker: str, limit: int = 3) -> dict[str, str]:
+    """Claim up to `limit` rows for `worker`: request id -> the claim's id."""
+    return {row.id: row.claim_id for row in _claimed(worker, limit)}
 
 
 def _row(request_id: str) -> BatchRequest:
@@ -35,64 +52,227 @@ def _row(request_id: str) -> BatchRequest:
         return row
 
 
+def _stored(request_id: str) -> list[int]:
+    with transaction() as session:
+        return stored_tokens(session, request_id=request_id)
+
+
+def _chunks(request_id: str) -> list[tuple[int, list[int]]]:
+    with transaction() as session:
+        query = select(CheckpointChunk.start, CheckpointChunk.token_ids).where(CheckpointChunk.request_id == request_id)
+        return [(start, unpack_tokens(blob)) for start, blob in session.execute(query.order_by(CheckpointChunk.start))]
+
+
+def _all_chunks() -> int:
+    with transaction() as session:
+        return int(session.scalar(select(func.count()).select_from(CheckpointChunk)) or 0)
+
+
 def test_a_drained_request_comes_back_with_the_tokens_it_generated(backend: Backend) -> None:
     submit_job([chat(i) for i in range(2)])
-    first, second = _claim("w1")
+    claims = _claim("w1")
+    first, second = claims
     generated = [5, 70_000, 0, 3] * 200
     with transaction() as session:
-        released = release(session, worker_id="w1", request_ids=[first, second], checkpoints={first: generated})
+        checkpoints = {first: Generated(claims[first], generated)}
+        released = release(session, worker_id="w1", request_ids=[first, second], checkpoints=checkpoints)
     assert released == 2
     row = _row(first)
     assert row.status == "queued" and row.checkpoint_tokens == 800
-    assert row.checkpoint is not None and len(row.checkpoint) < 800  # packed and compressed, not 4 bytes a token
-    assert _row(second).checkpoint is None
-    with transaction() as session:
-        again = claim(session, settings=get_settings(), model="fake-model", worker_id="w2", limit=2, lease_seconds=60)
-    by_id = {row.id: row for row in again}
-    assert by_id[first].checkpoint is not None and unpack_tokens(by_id[first].checkpoint) == generated
-    assert by_id[second].checkpoint is None
+    with transaction() as session:  # packed and compressed, not 4 bytes a token
+        size = session.scalar(select(func.length(CheckpointChunk.token_ids)).where(CheckpointChunk.request_id == first))
+    assert size is not None and size < 800
+    assert _row(second).checkpoint_tokens == 0 and _chunks(second) == []
+    by_id = {row.id: row for row in _claimed("w2", 2)}
+    assert list(by_id[first].checkpoint) == generated
+    assert by_id[second].checkpoint == ()
+
+
+def test_each_checkpoint_write_stores_only_the_new_tokens_and_the_claim_gets_them_all_in_order(
+    backend: Backend,
+) -> None:
+    submit_job([chat(0)])
+    ((rid, claim_id),) = _claim("w1").items()
+    generated = [(i * 7919) % 128_256 for i in range(3000)]
+    for upto in (1024, 2048, 2900):
+        with transaction() as session:
+            checkpoints = {rid: Generated(claim_id, generated[:upto])}
+            assert save_checkpoints(session, worker_id="w1", checkpoints=checkpoints) == {rid}
+    with transaction() as session:  # the hand-back adds the last 100
+        release(session, worker_id="w1", request_ids=[rid], checkpoints={rid: Generated(claim_id, generated)})
+    assert _chunks(rid) == [
+        (0, generated[:1024]),
+        (1024, generated[1024:2048]),
+        (2048, generated[2048:2900]),
+        (2900, generated[2900:]),
+    ]
+    assert _row(rid).checkpoint_tokens == 3000
+    (again,) = _claimed("w2")
+    assert list(again.checkpoint) == generated
 
 
 def test_a_checkpoint_is_never_replaced_by_a_shorter_one_and_only_the_lease_holder_writes(backend: Backend) -> None:
     submit_job([chat(0)])
-    (rid,) = _claim("w1")
+    ((rid, claim_id),) = _claim("w1").items()
     with transaction() as session:
-        assert save_checkpoints(session, worker_id="w1", checkpoints={rid: [1, 2, 3]}) == {rid}
-        assert save_checkpoints(session, worker_id="w1", checkpoints={rid: [1, 2]}) == set()
-        assert save_checkpoints(session, worker_id="other", checkpoints={rid: [1, 2, 3, 4]}) == set()
-    row = _row(rid)
-    assert row.checkpoint is not None and unpack_tokens(row.checkpoint) == [1, 2, 3]
+        assert save_checkpoints(session, worker_id="w1", checkpoints={rid: Generated(claim_id, [1, 2, 3])}) == {rid}
+        assert save_checkpoints(session, worker_id="w1", checkpoints={rid: Generated(claim_id, [1, 2])}) == set()
+        longer = {rid: Generated(claim_id, [1, 2, 3, 4])}
+        assert save_checkpoints(session, worker_id="other", checkpoints=longer) == set()
+    assert _stored(rid) == [1, 2, 3] and _chunks(rid) == [(0, [1, 2, 3])]
+
+
+def test_a_write_of_an_earlier_claims_generation_never_lands_on_a_later_ones_tokens(backend: Backend) -> None:
+    submit_job([chat(0)])
+    ((rid, old_claim),) = _claim("w1").items()
+    with transaction() as session:
+        save_checkpoints(session, worker_id="w1", checkpoints={rid: Generated(old_claim, [1] * 10)})
+        release(session, worker_id="w1", request_ids=[rid])
+    (row,) = _claimed("w1")  # the same worker claims it again: a new claim, a new generation from those 10
+    with transaction() as session:
+        assert save_checkpoints(session, worker_id="w1", checkpoints={rid: Generated(row.claim_id, [1] * 10 + [2] * 5)})
+        # the first generation's write, late: it holds the same worker's lease yet not its claim
+        assert save_checkpoints(session, worker_id="w1", checkpoints={rid: Generated(old_claim, [1] * 30)}) == set()
+    assert _chunks(rid) == [(0, [1] * 10), (10, [2] * 5)]
+
+
+def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    until = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < until, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def test_two_concurrent_writers_from_the_same_count_store_one_of_them_whole(backend: Backend) -> None:
+    if backend.name != "postgres":
+        pytest.skip("SQLite runs one writer at a time: the sequential cases above are the whole story")
+    submit_job([chat(0)])
+    ((rid, claim_id),) = _claim("w1").items()
+    first = get_sessionmaker()()
+    assert save_checkpoints(first, worker_id="w1", checkpoints={rid: Generated(claim_id, [1] * 10)}) == {rid}
+    outcome: dict[str, set[str]] = {}
+
+    def second_writer() -> None:  # reads the row's 0 tokens (the first write is not committed), then waits
+        with transaction() as session:
+            checkpoints = {rid: Generated(claim_id, [1] * 12)}
+            outcome["second"] = save_checkpoints(session, worker_id="w1", checkpoints=checkpoints)
+
+    thread = threading.Thread(target=second_writer)
+    thread.start()
+
+    def waiting() -> bool:  # a transaction per look: pg_stat_activity is read once per transaction
+        query = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()"
+        with transaction() as session:
+            return bool(session.scalar(text(query)))
+
+    try:
+        _wait_for(waiting, "the second writer to wait for the first one's row lock")
+        first.commit()
+    finally:
+        first.close()  # on a failure, a rollback: the second writer goes on
+        thread.join(timeout=30)
+    assert outcome["second"] == set()  # its count moved meanwhile: nothing appended from a stale start
+    assert _chunks(rid) == [(0, [1] * 10)] and _row(rid).checkpoint_tokens == 10
 
 
 def test_a_paused_request_keeps_the_tokens_its_worker_stores_after_losing_the_lease(backend: Backend) -> None:
     batch_id, _ = submit_job([chat(i) for i in range(2)])
-    first, second = _claim("w1")
+    claims = _claim("w1")
+    first, second = claims
     with transaction() as session:
         tenant_id = session.get(Batch, batch_id).tenant_id  # type: ignore[union-attr]
         pause_batch(session, tenant_id=tenant_id, batch_id=batch_id)
     with transaction() as session:  # the worker's next renewal finds both leases gone and stores what it had
-        stored = save_handed_back(session, checkpoints={first: [9] * 50, second: [8] * 20})
-    assert stored == {first, second}
+        checkpoints = {first: Generated(claims[first], [9] * 50), second: Generated(claims[second], [8] * 20)}
+        assert save_handed_back(session, checkpoints=checkpoints) == {first, second}
     with transaction() as session:
         resume_batch(session, tenant_id=tenant_id, batch_id=batch_id)
-    with transaction() as session:
-        again = claim(session, settings=get_settings(), model="fake-model", worker_id="w2", limit=2, lease_seconds=60)
-    assert all(row.checkpoint is not None for row in again)
-    assert {row.id: unpack_tokens(row.checkpoint or b"") for row in again} == {first: [9] * 50, second: [8] * 20}
+    again = {row.id: row for row in _claimed("w2", 2)}
+    assert {rid: list(row.checkpoint) for rid, row in again.items()} == {first: [9] * 50, second: [8] * 20}
+    late = {first: Generated(claims[first], [9] * 80)}
     with transaction() as session:  # leased again: a late write from the first worker is refused
-        assert save_handed_back(session, checkpoints={first: [7] * 80}) == set()
+        assert save_handed_back(session, checkpoints=late) == set()
+    with transaction() as session:  # the new worker continues from it and hands it back; still refused
+        grown = {first: Generated(again[first].claim_id, [9] * 50 + [5] * 10)}
+        assert save_checkpoints(session, worker_id="w2", checkpoints=grown) == {first}
+        release(session, worker_id="w2", request_ids=[first, second])
+    with transaction() as session:
+        assert save_handed_back(session, checkpoints=late) == set()
+    assert _stored(first) == [9] * 50 + [5] * 10
+
+
+def test_a_restarted_generation_drops_its_checkpoint_and_stores_the_new_one_from_token_0(backend: Backend) -> None:
+    submit_job([chat(0)])
+    ((rid, old_claim),) = _claim("w1").items()
+    with transaction() as session:
+        release(session, worker_id="w1", request_ids=[rid], checkpoints={rid: Generated(old_claim, [4] * 30)})
+    (row,) = _claimed("w2")
+    assert len(row.checkpoint) == 30
+    with transaction() as session:  # an earlier claim's restart is refused; this one's drops the 30 tokens
+        assert restart(session, claims={rid: old_claim}) == set()
+        assert restart(session, claims={rid: row.claim_id}) == {rid}
+    assert _row(rid).checkpoint_tokens == 0 and _chunks(rid) == []
+    with transaction() as session:
+        assert save_checkpoints(session, worker_id="w2", checkpoints={rid: Generated(row.claim_id, [6] * 12)}) == {rid}
+    assert _chunks(rid) == [(0, [6] * 12)]
 
 
 def test_a_finished_request_drops_its_checkpoint(backend: Backend) -> None:
-    submit_job([chat(0)])
-    (rid,) = _claim("w1")
+    submit_job([chat(i) for i in range(2)])
+    claims = _claim("w1")
+    rid, other = claims
     with transaction() as session:
-        save_checkpoints(session, worker_id="w1", checkpoints={rid: list(range(40))})
-        record(session, worker_id="w1", run_id="run_1", outcomes=[Outcome(rid, 200, {"ok": True}, 5, 40, 0.1)])
+        checkpoints = {rid: Generated(claims[rid], list(range(40))), other: Generated(claims[other], [1] * 9)}
+        save_checkpoints(session, worker_id="w1", checkpoints=checkpoints)
+        save_checkpoints(session, worker_id="w1", checkpoints={rid: Generated(claims[rid], list(range(50)))})
+        record(session, worker_id="w1", run_id="run_1", outcomes=[Outcome(rid, 200, {"ok": True}, 5, 50, 0.1)])
+    row = _row(rid)
+    assert (row.status, row.checkpoint_tokens, _chunks(rid)) == ("completed", 0, [])
+    assert _stored(other) == [1] * 9  # still running: its checkpoint stays
+
+
+def _checkpointed(count: int) -> tuple[str, list[str]]:
+    """A batch of `count` requests, each claimed by w1 with a checkpoint of 20 tokens (two chunks)."""
+    batch_id, _ = submit_job([chat(i) for i in range(count)])
+    claims = _claim("w1", count)
     with transaction() as session:
-        row = session.execute(
-            select(BatchRequest.status, BatchRequest.checkpoint, BatchRequest.checkpoint_tokens).where(
-                BatchRequest.id == rid
-            )
-        ).one()
-    assert tuple(row) == ("completed", None, 0)
+        for size in (10, 20):
+            checkpoints = {rid: Generated(claim_id, [3] * size) for rid, claim_id in claims.items()}
+            save_checkpoints(session, worker_id="w1", checkpoints=checkpoints)
+    assert _all_chunks() == 2 * count
+    return batch_id, list(claims)
+
+
+def test_a_cancelled_batch_drops_its_rows_checkpoints(backend: Backend) -> None:
+    batch_id, ids = _checkpointed(2)
+    with transaction() as session:
+        release(session, worker_id="w1", request_ids=ids[:1])  # one queued again, one still running
+        cancel_batch(session, tenant_id=session.get(Batch, batch_id).tenant_id, batch_id=batch_id)  # type: ignore[union-attr]
+    assert _all_chunks() == 0
+    assert {_row(rid).checkpoint_tokens for rid in ids} == {0}
+
+
+def test_an_expired_batch_drops_its_rows_checkpoints(backend: Backend) -> None:
+    batch_id, ids = _checkpointed(2)
+    with transaction() as session:
+        session.execute(update(Batch).where(Batch.id == batch_id).values(expires_at=0))
+        assert batch_id in expire_overdue(session)
+    assert _all_chunks() == 0 and {_row(rid).status for rid in ids} == {"expired"}
+
+
+def test_a_request_given_up_after_its_last_attempt_drops_its_checkpoint_and_one_requeued_keeps_it(
+    backend: Backend,
+) -> None:
+    _, ids = _checkpointed(2)
+    with transaction() as session:
+        session.execute(update(BatchRequest).where(BatchRequest.id == ids[0]).values(attempts=3))
+        release_worker_leases(session, worker_ids=["w1"], max_attempts=3)
+    assert _row(ids[0]).status == "failed" and _chunks(ids[0]) == []
+    assert _row(ids[1]).status == "queued" and _stored(ids[1]) == [3] * 20
+
+
+def test_a_deleted_batch_takes_its_rows_checkpoints_with_it(backend: Backend) -> None:
+    batch_id, _ = _checkpointed(2)
+    with transaction() as session:
+        session.execute(delete(Batch).where(Batch.id == batch_id))
+    assert _all_chunks() == 0

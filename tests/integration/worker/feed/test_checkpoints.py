@@ -15,8 +15,8 @@ from sqlalchemy import select
 
 from storage.batches.control import pause_batch, resume_batch
 from storage.db import transaction
-from storage.models import Batch, BatchRequest
-from storage.queue.checkpoints import unpack_tokens
+from storage.models import Batch, BatchRequest, CheckpointChunk
+from storage.queue.checkpoints import stored_tokens, unpack_tokens
 from storage.settings import get_settings
 from tests.conftest import Backend
 from tests.integration.worker.feed.test_runner import enqueue
@@ -55,6 +55,11 @@ def rows_of(batch_id: str) -> list[BatchRequest]:
     with transaction() as session:
         query = select(BatchRequest).where(BatchRequest.batch_id == batch_id).order_by(BatchRequest.line)
         return list(session.scalars(query))
+
+
+def stored_of(row: BatchRequest) -> list[int]:
+    with transaction() as session:
+        return stored_tokens(session, request_id=row.id)
 
 
 def uninterrupted(row: BatchRequest) -> dict[str, Any]:
@@ -100,7 +105,7 @@ def test_a_drained_generation_resumes_where_it_stopped_and_answers_as_if_never_i
     assert [row.status for row in done] == ["completed"] * 3
     for before, after in zip(rows, done, strict=True):
         assert answer(after) == uninterrupted(before)  # same text, finish reason and usage
-        assert after.completion_tokens == 40 and after.checkpoint is None
+        assert after.completion_tokens == 40 and after.checkpoint_tokens == 0 and not stored_of(after)
     assert engine.steps == 40 - 15  # the 15 tokens each were not decoded again
     assert counter("resumed") - resumed_before == 3 * 15
 
@@ -115,7 +120,7 @@ def test_a_request_that_cannot_resume_exactly_restarts_and_its_tokens_count_as_d
     first.hand_back(drain_seconds=0.0)
     first.close_io()
     rows = rows_of(batch_id)
-    assert all(row.status == "queued" and row.checkpoint is None for row in rows)
+    assert all(row.status == "queued" and row.checkpoint_tokens == 0 and not stored_of(row) for row in rows)
     assert counter("discarded") - discarded_before == 2 * 10
     engine = FakeEngine("fake-model", max_num_seqs=4, max_model_len=10**9)
     finish(Runner(engine, model="fake-model", settings=get_settings(), worker_id="w2"))
@@ -143,13 +148,12 @@ def test_a_paused_batch_keeps_the_tokens_its_worker_had_generated(backend: Backe
     runner.close_io()
     rows = rows_of(batch_id)
     assert all(row.status == "queued" and row.lease_owner is None for row in rows)
-    assert all(row.checkpoint is not None and row.checkpoint_tokens > 0 for row in rows)
+    assert all(row.checkpoint_tokens > 0 and len(stored_of(row)) == row.checkpoint_tokens for row in rows)
     with transaction() as session:
         resume_batch(session, tenant_id=tenant_id, batch_id=batch_id)
     # The checkpoint is the beginning of the uninterrupted generation (the fake's ids depend on the position).
     for row in rows:
-        assert row.checkpoint is not None
-        stored = unpack_tokens(row.checkpoint)
+        stored = stored_of(row)
         reference = FakeEngine("fake-model", max_model_len=10**9)
         reference.add(EngineRequest(row.id, row.url, row.body))
         for _ in range(len(stored)):
@@ -166,6 +170,58 @@ def test_a_long_generation_is_checkpointed_with_its_renewals_so_a_crash_loses_a_
     wait_for(lambda: runner.run_for(0.5) and rows_of(batch_id)[0].checkpoint_tokens > 0, "a periodic checkpoint")
     runner.close_io()  # a crash: nothing handed back
     (row,) = rows_of(batch_id)
-    assert row.status == "running" and row.checkpoint is not None
+    assert row.status == "running" and len(stored_of(row)) == row.checkpoint_tokens
     generated = len(engine.progress([row.id])[row.id].token_ids)
     assert 8 <= row.checkpoint_tokens <= generated
+
+
+def chunks_of(request_id: str) -> list[tuple[int, int]]:
+    """(start, tokens) of each stored chunk of a row's checkpoint, in order."""
+    with transaction() as session:
+        query = select(CheckpointChunk.start, CheckpointChunk.token_ids).where(CheckpointChunk.request_id == request_id)
+        rows = session.execute(query.order_by(CheckpointChunk.start)).all()
+    return [(start, len(unpack_tokens(blob))) for start, blob in rows]
+
+
+def test_a_generation_checkpointed_many_times_stores_each_token_once_and_resumes_exactly(backend: Backend) -> None:
+    batch_id = enqueue(1, max_tokens=3000)
+    (row,) = rows_of(batch_id)
+    engine = FakeEngine("fake-model", max_num_seqs=4, max_model_len=10**9, step_seconds=0.001)
+    first = Runner(engine, model="fake-model", settings=get_settings(), worker_id="w1")
+    wait_for(lambda: first.run_for(0.2) is not None and len(chunks_of(row.id)) >= 3, "three periodic checkpoints")
+    first.hand_back(drain_seconds=0.0)
+    first.close_io()
+    chunks = chunks_of(row.id)
+    # End to end, no overlap, no gap: each write stored only what came after the one before.
+    assert [start for start, _ in chunks] == [sum(size for _, size in chunks[:i]) for i in range(len(chunks))]
+    (handed,) = rows_of(batch_id)
+    assert handed.status == "queued" and handed.checkpoint_tokens == sum(size for _, size in chunks) < 3000
+    reference = FakeEngine("fake-model", max_model_len=10**9)
+    reference.add(EngineRequest(row.id, row.url, row.body))
+    for _ in range(handed.checkpoint_tokens):
+        reference.step()
+    assert stored_of(handed) == reference.progress([row.id])[row.id].token_ids
+
+    engine = FakeEngine("fake-model", max_num_seqs=4, max_model_len=10**9)
+    finish(Runner(engine, model="fake-model", settings=get_settings(), worker_id="w2"))
+    (done,) = rows_of(batch_id)
+    assert answer(done) == uninterrupted(row) and engine.steps == 3000 - handed.checkpoint_tokens
+    assert chunks_of(row.id) == []
+
+
+def test_a_checkpoint_the_engine_cannot_continue_from_is_dropped_when_it_restarts(backend: Backend) -> None:
+    batch_id = enqueue(2, max_tokens=40)
+    first = interrupt_after(15)
+    first.hand_back(drain_seconds=0.0)
+    first.close_io()
+    assert all(row.checkpoint_tokens == 15 for row in rows_of(batch_id))
+    with transaction() as session:  # seeded sampling now: the engine restarts from token 0
+        for row in session.scalars(select(BatchRequest).where(BatchRequest.batch_id == batch_id)):
+            row.body = {**row.body, "seed": 7}
+    discarded_before = counter("discarded")
+    second = interrupt_after(5, worker_id="w2")
+    second.close_io()  # a crash after 5 tokens: what it wrote is what the next claim finds
+    rows = rows_of(batch_id)
+    assert all(row.status == "running" and row.checkpoint_tokens == 0 for row in rows)
+    assert [chunks_of(row.id) for row in rows] == [[], []]
+    assert counter("discarded") - discarded_before == 2 * 15
