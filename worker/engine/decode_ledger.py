@@ -75,11 +75,19 @@ class DecodeLedger:
         if seqs:
             self._write("a " + " ".join(seqs) + "\n")
 
+    def close(self) -> None:
+        """Close the file (a later line opens it again)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
     def _write(self, line: str) -> None:
         if self._fd is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            fresh = not self.path.exists()
             self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            self._write(f"h {os.getpid()} {self.model}\n")
+            if fresh:
+                self._write(f"h {os.getpid()} {self.model}\n")
         data = line.encode()
         while data:  # a regular file takes it whole; loop anyway rather than lose the tail of a line
             data = data[os.write(self._fd, data) :]

@@ -168,7 +168,9 @@ class FakeEngine:
         """Nothing to lend: the fake engine owns its slots."""
 
     def close(self) -> None:
-        """Nothing to free."""
+        """Nothing to free but the decode ledger's file."""
+        if self.ledger is not None:
+            self.ledger.close()
 
     def _sequence(self, request_id: str, url: str, body: Body | MessagesBody) -> _Sequence:
         wanted = "pooling" if url == EMBEDDINGS_URL else "generate"
