@@ -30,6 +30,7 @@ from storage.db import transaction
 from storage.finance.engine_runs import RunCounters, save_run
 from storage.ids import new_id
 from storage.queue.backlog import has_queued
+from storage.queue.checkpoints import save_handed_back
 from storage.queue.claim import ClaimedRequest
 from storage.queue.leases import Outcome, release
 from storage.settings import Settings
@@ -164,6 +165,7 @@ class Runner:
             try:
                 with transaction() as session:  # the tokens go back with the rows, in one transaction
                     released = release(session, worker_id=self.worker_id, request_ids=left, checkpoints=checkpoints)
+                    save_handed_back(session, checkpoints=checkpoints)  # rows a pause took back unnoticed
             finally:
                 self.checkpoints.forget_all()
                 self._close_run()

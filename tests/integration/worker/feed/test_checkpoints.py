@@ -161,6 +161,20 @@ def test_a_paused_batch_keeps_the_tokens_its_worker_had_generated(backend: Backe
         assert reference.progress([row.id])[row.id].token_ids == stored
 
 
+def test_a_hand_back_right_after_a_pause_keeps_the_tokens_of_the_rows_the_pause_took(backend: Backend) -> None:
+    """A SIGTERM that lands before the runner's next renewal noticed a pause (the chaos suite's seed 59)."""
+    batch_id = enqueue(3, max_tokens=40)
+    runner = interrupt_after(15)
+    with transaction() as session:
+        tenant_id = session.get(Batch, batch_id).tenant_id  # type: ignore[union-attr]
+        pause_batch(session, tenant_id=tenant_id, batch_id=batch_id)
+    assert runner.hand_back(drain_seconds=0.0) == 0  # the pause re-queued them already
+    runner.close_io()
+    rows = rows_of(batch_id)
+    assert all(row.status == "queued" and row.lease_owner is None for row in rows)
+    assert [row.checkpoint_tokens for row in rows] == [15] * 3  # not one of the 15 tokens is decoded again
+
+
 def test_a_long_generation_is_checkpointed_with_its_renewals_so_a_crash_loses_a_bounded_slice(
     backend: Backend,
 ) -> None:
