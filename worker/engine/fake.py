@@ -235,6 +235,8 @@ class FakeEngine:
             result = self._message(sequence, body)
         else:
             result = self._completion(sequence, run)
+        if result.ok and sequence.exact:
+            result.token_ids = list(sequence.token_ids)
         result.engine_seconds = time.monotonic() - sequence.added_at
         return result
 

@@ -268,11 +268,21 @@ class QueueIO:
                 outcomes = [o for flush in flushes if flush.run_id == run_id for o in flush.outcomes]
                 touched |= set(record(session, worker_id=self.worker_id, run_id=run_id, outcomes=outcomes))
             done = done_batches(session, batch_ids=sorted(touched))
+            self._keep_handed_back(session, [result for flush in flushes for result in flush.results])
         with self._lock:
             self._committed.extend(flush.results for flush in flushes)
         for batch_id in done:
             if self.on_batch_done is not None:
                 self.on_batch_done(batch_id)
+
+    @staticmethod
+    def _keep_handed_back(session: Session, results: list[EngineResult]) -> None:
+        """Results whose rows a pause took back before they were stored (`record` dropped them): their tokens
+        go with the queued row as its checkpoint, all but the last, so the next run decodes only that one
+        again (an end of sequence or a stop, never past it) instead of the whole generation."""
+        kept = {result.request_id: result.token_ids[:-1] for result in results if len(result.token_ids) > 1}
+        if kept and (rerun := still_open(session, request_ids=sorted(kept))):
+            save_handed_back(session, checkpoints={rid: kept[rid] for rid in rerun})
 
     def _renew(self, request_ids: list[str]) -> None:
         with self._lock:  # results waiting for their commit, rows waiting for the engine: held all the same
