@@ -7,7 +7,9 @@ decoded over delivered requests (requests that ended without an output line are 
 What a run is held to depends on its faults (`run_class`):
 
 * graceful: no GPU worker killed -9, neither Postgres nor Redis down: its hand-backs are SIGTERM drains
-  (`sigterm_gpu`) and the workload's pauses; it may discard at most GRACEFUL_SHARE of its decode tokens;
+  (`sigterm_gpu`) and the workload's pauses; it may discard at most GRACEFUL_SHARE of its decode tokens, plus
+  one token per result a pause handed back unstored (`rerun_results`: its tokens go back as the row's
+  checkpoint but the last, which an engine must decode again to end the generation);
 * kill: a GPU worker killed -9 (`kill_gpu`, `kill_one_gpu`) and no Postgres or Redis fault: a request may
   lose at most the checkpoint bound (`History.checkpoint_bound_tokens`) per kill, the run at most kills x
   2 x max_num_seqs x the bound (what a runner holds: requests decoding and results not yet stored);
@@ -59,7 +61,7 @@ def decode_summary(history: History) -> dict[str, Any]:
     """The run's class and decode figures, for its report and the totals over seeds (empty: no ledger)."""
     if history.decode is None:
         return {}
-    keys = ("decoded", "delivered", "resumed", "discarded", "undelivered_decoded")
+    keys = ("decoded", "delivered", "resumed", "discarded", "undelivered_decoded", "rerun_results")
     return {"class": run_class(history), **{key: history.decode[key] for key in keys}}
 
 
@@ -89,8 +91,10 @@ def check_discards(verdict: Verdict, history: History) -> None:
         verdict.findings.append(Finding("other", None, detail))
     decoded, discarded = figures["decoded"], figures["discarded"]
     kind = run_class(history)
-    if kind == "graceful" and discarded > GRACEFUL_SHARE * decoded:
+    reruns = figures.get("rerun_results", 0)
+    if kind == "graceful" and discarded > GRACEFUL_SHARE * decoded + reruns:
         detail = f"{discarded} of {decoded} decode tokens discarded ({discarded / decoded:.3f}) in a graceful run"
+        detail += f" ({reruns} results a pause handed back)"
         verdict.findings.append(Finding("discarded", None, detail))
     if kind != "kill":
         return

@@ -16,7 +16,7 @@ from worker.engine.decode_ledger import DecodeFigures, DecodeLedger
 BOUND = 20  # tokens a killed request may lose, in these histories
 
 
-def with_decode(faults: list[str], *, discarded: dict[str, int], unaccounted: int = 0) -> History:
+def with_decode(faults: list[str], *, discarded: dict[str, int], unaccounted: int = 0, reruns: int = 0) -> History:
     """The clean history (a and b delivered 5 tokens each) whose engines decoded 5 + `discarded` per request."""
     history = clean_history()
     history.faults = [FaultRecord(kind, "gpu1", T0 + 2 + i, T0 + 3 + i) for i, kind in enumerate(faults)]
@@ -30,6 +30,7 @@ def with_decode(faults: list[str], *, discarded: dict[str, int], unaccounted: in
         undelivered_decoded=0,
         undelivered_requests=0,
         unaccounted=unaccounted,
+        rerun_results=reruns,
         discarded_by_request=discarded,
     )
     history.decode = asdict(figures)
@@ -48,6 +49,11 @@ def test_a_graceful_run_that_resumed_everything_passes() -> None:
 def test_a_graceful_run_that_threw_decode_away_is_a_finding(faults: list[str]) -> None:
     history = with_decode(faults, discarded={"batch_req_a": 1})  # 1 of 11 tokens: 9%
     assert kinds(history) == {"discarded": 1}
+
+
+def test_a_result_a_pause_handed_back_may_cost_its_last_token_and_no_more() -> None:
+    assert kinds(with_decode([], discarded={"batch_req_a": 1}, reruns=1)) == {}
+    assert kinds(with_decode([], discarded={"batch_req_a": 2}, reruns=1)) == {"discarded": 1}
 
 
 def test_a_kill_run_within_the_checkpoint_bound_passes() -> None:
@@ -104,6 +110,7 @@ def test_the_ledger_files_of_two_processes_make_the_run_figures(tmp_path: Path) 
         "resumed": 2,
         "discarded": 1,
         "undelivered_decoded": 0,
+        "rerun_results": 0,
     }
     assert kinds(history) == {"discarded": 1}  # 1 of 11: over 1%
 

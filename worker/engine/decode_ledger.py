@@ -141,6 +141,9 @@ class DecodeFigures:
     undelivered_decoded: int  # decoded for requests that ended without an output line (outside the share)
     undelivered_requests: int
     unaccounted: int  # delivered tokens no ledger saw decoded (0 unless a ledger is missing: a harness fault)
+    # Results engines produced for delivered requests besides the delivered one (a pause handed them back
+    # unstored): each costs at least its last token, which the resume must decode again.
+    rerun_results: int = 0
     discarded_by_request: dict[str, int] = field(default_factory=dict)  # only requests that discarded some
 
     @property
@@ -151,7 +154,7 @@ class DecodeFigures:
 
 def decode_figures(ledger: Mapping[str, RequestDecode], delivered: Mapping[str, int]) -> DecodeFigures:
     """Hold the ledger against `delivered` (request id -> completion tokens of its output line)."""
-    decoded = resumed = discarded = unaccounted = undelivered = undelivered_requests = 0
+    decoded = resumed = discarded = unaccounted = undelivered = undelivered_requests = reruns = 0
     by_request: dict[str, int] = {}
     for rid, work in ledger.items():
         if rid not in delivered:
@@ -160,6 +163,7 @@ def decode_figures(ledger: Mapping[str, RequestDecode], delivered: Mapping[str, 
             continue
         decoded += work.decoded
         resumed += work.resumed
+        reruns += max(0, len(work.finished) - 1)
         lost = work.decoded - delivered[rid]
         if lost > 0:
             discarded += lost
@@ -175,5 +179,6 @@ def decode_figures(ledger: Mapping[str, RequestDecode], delivered: Mapping[str, 
         undelivered_decoded=undelivered,
         undelivered_requests=undelivered_requests,
         unaccounted=unaccounted,
+        rerun_results=reruns,
         discarded_by_request=by_request,
     )

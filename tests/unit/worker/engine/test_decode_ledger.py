@@ -111,6 +111,12 @@ def test_requests_that_end_without_an_output_line_are_counted_apart() -> None:
     assert figures.unaccounted == 10 + 5  # "done" delivered 10 tokens no engine decoded; "ghost" 5
 
 
+def test_results_thrown_away_before_the_delivered_one_are_counted() -> None:
+    ledger = {"r": RequestDecode(decoded=21, resumed=19, attempts=2, finished=[20, 20])}
+    figures = decode_figures(ledger, {"r": 20})
+    assert (figures.discarded, figures.rerun_results) == (1, 1)
+
+
 def test_no_ledger_unless_the_spec_names_a_directory(tmp_path: Path) -> None:
     from storage.registry import ModelSpec
     from worker.engine import timed_fake
