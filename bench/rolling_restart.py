@@ -71,9 +71,9 @@ def _worker(index: int, events: Any) -> None:
     serving = False
     while not stop.is_set():
         more = runner.run_for(1.0, stop=stop)
-        if not serving and runner.inflight:
+        if not serving:  # its first claims are in its engine (or the queue had nothing left for it)
             serving = True
-            events.put(("serving", index, os.getpid()))
+            events.put(("serving", index, os.getpid(), len(runner.inflight)))
         if not more:
             stop.wait(0.05)
     elapsed = time.monotonic() - signalled[0] if signalled else 0.0
@@ -92,6 +92,7 @@ class Pool:
         self.events = self.ctx.Queue()
         self.procs: dict[int, Any] = {}
         self.handed_back: list[tuple[int, int, float]] = []
+        self.serving: dict[int, int] = {}  # worker -> requests in its engine when it first served
 
     def start(self, index: int) -> None:
         proc = self.ctx.Process(target=_worker, args=(index, self.events), daemon=True)
@@ -107,6 +108,7 @@ class Pool:
                 self.handed_back.append(event[1:])
             elif event[0] == "serving" and event[2] == self.procs[event[1]].pid:
                 waiting.discard(event[1])
+                self.serving[event[1]] = event[3]
 
     def stop(self, index: int, sig: int) -> tuple[float, int | None]:
         """Signal one worker and wait for it to exit: (seconds, exit code)."""
@@ -183,11 +185,11 @@ def run(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     """One rolling restart (`term` or `kill`) to the end of the queue; its decode and exactly-once figures."""
     from worker.engine.decode_ledger import decode_figures, read_ledger
 
-    prepare()
     ledger = Path(tempfile.mkdtemp(prefix=f"ledger-{mode}-", dir=OUT))
     extra = {"decode_ledger_dir": str(ledger)}
     spec = {"path": "fake:gpu-timed", "max_num_seqs": args.slots, "extra": extra}
     os.environ["BACKFILL_MODELS"] = json.dumps({MODEL: spec})
+    prepare()  # a fresh database; the settings read again (with the model above)
     batches = enqueue(args.requests, low=args.low, high=args.high, seed=5, prompt_tokens=0)
     batch_ids, total = list(batches), sum(batches.values())
     pool = Pool()
@@ -201,7 +203,7 @@ def run(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         seconds, code = pool.stop(index, signal.SIGTERM if mode == "term" else signal.SIGKILL)
         pool.start(index)
         pool.wait_serving({index})
-        restarts.append({"worker": index, "exit_seconds": seconds, "exit_code": code})
+        restarts.append({"worker": index, "exit_seconds": seconds, "exit_code": code, "took": pool.serving[index]})
         if mode == "term" and index == 1:
             _pause(batch_ids[0], args.pause_seconds)
     restarted = time.perf_counter() - began
@@ -263,7 +265,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--slots", type=int, default=384, help="max_num_seqs of each worker's engine")
-    parser.add_argument("--requests", type=int, default=3072)
+    parser.add_argument("--requests", type=int, default=9216, help="enough that the queue outlasts the restarts")
     parser.add_argument("--low", type=int, default=300, help="shortest output, tokens")
     parser.add_argument("--high", type=int, default=1500, help="longest output, tokens")
     parser.add_argument("--restart-after", type=float, default=6.0, help="seconds of serving before the first restart")
@@ -271,7 +273,7 @@ def main() -> int:
     parser.add_argument("--modes", default="term,kill")
     args = parser.parse_args()
     if args.quick:
-        args.slots, args.requests, args.low, args.high, args.restart_after = 64, 512, 100, 400, 3.0
+        args.slots, args.requests, args.low, args.high, args.restart_after = 32, 1024, 100, 400, 3.0
     OUT.mkdir(parents=True, exist_ok=True)
     os.environ.update(
         {
