@@ -205,7 +205,8 @@ def _rolling_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
     for mode, run in r["runs"].items():
         share = run["share"]
         how = "SIGTERM: drain 2 s, hand back with checkpoints; a pause" if mode == "term" else "kill -9"
-        unit = f"discarded / decoded tokens ({run['decoded']} decoded, {run['resumed']} resumed; {setup}, {how})"
+        counts = f"{run['discarded']} of {run['decoded']}, {run['resumed']} resumed"
+        unit = f"discarded / decoded tokens ({counts}; {setup}, {how})"
         if mode == "term":
             met = share is not None and share <= 0.01
             rows.append(entry("rolling_restart_discarded_decode_share", share, unit, "<= 0.01", met))

@@ -241,7 +241,7 @@ def run(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         "discarded": figures.discarded,
         "undelivered_decoded": figures.undelivered_decoded,
         "unaccounted": figures.unaccounted,
-        "share": round(figures.share, 5) if figures.share is not None else None,
+        "share": round(figures.share, 7) if figures.share is not None else None,
         "requests_discarding": len(figures.discarded_by_request),
         "most_discarded_by_one_request": worst,
     }
