@@ -269,7 +269,7 @@ class Runner:
             self.samples.append((time.time(), running, queued))
         for result in results:
             self.inflight.discard(result.request_id)
-            self.checkpoints.forget([result.request_id])
+            self.checkpoints.finished(result)
         if self.urgent and not self.urgent & self.inflight:
             self._signal_urgency()  # the last urgent request finished: give lent capacity back
         self.pending.extend(results)
@@ -345,7 +345,8 @@ class Runner:
         """Give one flush to the writer thread; with `wait`, return once it (and all before it) committed."""
         outcomes = [_outcome(result) for result in results]
         self.committing.update(result.request_id for result in results)
-        self.io.submit(run_id=self.run_id, write_run=self._run_writer(), outcomes=outcomes, results=results)
+        kept = self.checkpoints.kept(results)  # the tokens of results a pause may hand back unstored
+        self.io.submit(run_id=self.run_id, write_run=self._run_writer(), outcomes=outcomes, results=results, kept=kept)
         self._run_written = True
         if wait:
             self._collect_io(wait=True)
