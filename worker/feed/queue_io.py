@@ -175,6 +175,11 @@ class QueueIO:
         self._claims.join()
         return self._pop_claimed()
 
+    def uncommitted(self) -> set[str]:
+        """Ids whose results were handed over and are not committed yet (nor dropped by a failed commit)."""
+        with self._lock:
+            return set().union(*self._uncommitted.values())
+
     def take_committed(self) -> list[list[EngineResult]]:
         """The results of every flush committed since the last call (for the metrics probe)."""
         with self._lock:

@@ -200,7 +200,9 @@ class Runner:
         if not idle and time.monotonic() - self._last_empty_claim < IDLE_CLAIM_SECONDS:
             return  # the queue was empty a moment ago; don't poll it on every step
         want = self.max_inflight - len(self.inflight)
-        self.io.request_claim(want, held=frozenset(self.held()))  # on the claimer thread: rows arrive later
+        # On the claimer thread: rows arrive later. A result on its way to the database is held too: a pause and a
+        # resume in between must not let the claim start its request again (the commit stores it under the lease).
+        self.io.request_claim(want, held=frozenset(self.held()) | self.io.uncommitted())
 
     def _admit_arrived(self) -> bool:
         """Hand the rows of a claim that finished to the engine; True if it brought any."""
@@ -220,7 +222,7 @@ class Runner:
 
     def _admit(self, claimed: list[ClaimedRequest], *, asked: int) -> None:
         """Hand claimed rows to the engine; fewer than `asked` means the queue ran dry for now."""
-        want, held = asked, set(self.held())
+        want, held = asked, set(self.held()) | self.io.uncommitted()
         self.probe.claimed(claimed)
         self._queue_backlog = len(claimed) == want
         if len(claimed) < want:
