@@ -193,6 +193,32 @@ def measures(parts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         rows += _hostile_rows(hostile)
     if handback := parts.get("handback"):
         rows += _handback_rows(handback["result"])
+    if rolling := parts.get("rolling-restart"):
+        rows += _rolling_rows(rolling["result"])
+    return rows
+
+
+def _rolling_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 21 item 8: decode tokens a rolling restart of 4 GPU-timed workers throws away (bench/rolling_restart.py)."""
+    rows, bound = [], r["checkpoint_bound_tokens"]
+    setup = f"{r['workers']} GPU-timed workers x {r['slots']} slots, restarted one at a time mid-batch"
+    for mode, run in r["runs"].items():
+        share = run["share"]
+        how = "SIGTERM: drain 2 s, hand back with checkpoints; a pause" if mode == "term" else "kill -9"
+        counts = f"{run['discarded']} of {run['decoded']}, {run['resumed']} resumed"
+        unit = f"discarded / decoded tokens ({counts}; {setup}, {how})"
+        if mode == "term":
+            met = share is not None and share <= 0.01
+            rows.append(entry("rolling_restart_discarded_decode_share", share, unit, "<= 0.01", met))
+            rows.append(entry("resume_discarded_decode_share_graceful", share, unit, "<= 0.01", met))
+        else:
+            most = run["most_discarded_by_one_request"]
+            label = f"tokens (every {r['checkpoint_every_tokens']} tokens / {r['checkpoint_interval_seconds']:g} s)"
+            rows.append(entry("resume_discarded_decode_share_kill", share, unit))
+            rows.append(entry("rolling_kill_most_discarded_by_one_request", most, label, f"<= {bound}", most <= bound))
+        prefix = "rolling_restart" if mode == "term" else "rolling_kill"
+        for what in ("lost", "duplicated"):
+            rows.append(entry(f"{prefix}_{what}", run[what], "custom_ids", "0", run[what] == 0))
     return rows
 
 

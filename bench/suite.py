@@ -70,6 +70,9 @@ FULL = {
     # volume of periodic checkpoints on GPU-timed runs of 1,000-3,000 and 6,000-10,000-token outputs (~20 min;
     # --quick: the short ones only): `make bench ARGS="--only handback"`.
     "handback": ["bench/handback.py"],
+    # Issue 21 item 8: a rolling restart of 4 GPU-timed workers mid-batch (SIGTERM, then kill -9 as the control):
+    # decode tokens discarded, lost and duplicated custom_ids (~5 min): `make bench ARGS="--only rolling-restart"`.
+    "rolling-restart": ["bench/rolling_restart.py"],
 }
 DEFAULT_PARTS = ("engine", "runbatch", "ingest", "queue")
 QUICK = {
@@ -97,6 +100,7 @@ QUICK = {
     "gpu-timed": ["bench/gpu_timed.py", "--quick"],
     "hostile-bodies": ["bench/hostile_bodies.py", "--quick"],
     "handback": ["bench/handback.py", "--quick"],
+    "rolling-restart": ["bench/rolling_restart.py", "--quick"],
 }
 OUTPUTS = {part: f"{part}.json" for part in FULL}
 
@@ -166,7 +170,8 @@ def main() -> int:
     parser.add_argument(
         "--only",
         default="",
-        help="comma-separated parts: engine,runbatch,ingest,queue,shared,shared_sim,prefix,gpu-timed,workers,hostile-bodies,handback",
+        help="comma-separated parts: engine,runbatch,ingest,queue,shared,shared_sim,prefix,gpu-timed,workers,"
+        "hostile-bodies,handback,rolling-restart",
     )
     parser.add_argument("--no-write", action="store_true", help="print only; leave results.json and docs alone")
     parser.add_argument("--render", action="store_true", help="only rewrite docs/benchmarks.md from results.json")
@@ -231,6 +236,7 @@ _PREFIXES = {
     "gpu-timed": ("gpu_timed_",),
     "hostile-bodies": ("hostile_",),
     "handback": ("handback_", "checkpoint_"),
+    "rolling-restart": ("rolling_", "resume_discarded_"),
 }
 
 

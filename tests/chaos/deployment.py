@@ -7,6 +7,7 @@ each run gets its own database, Redis database and bucket on the shared chaos cl
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -42,6 +43,25 @@ class Timing:
     run_task_seconds: int = 5
     step_seconds: float = 0.04  # the fake engine's time per decode step
     worker_stale_seconds: int = 15  # a killed worker's row is stale, and its leases released, after this
+    # Generation checkpoints (issue 21): periodic ones inside the fake's short generations (4-24 tokens at
+    # 25 a second), and a SIGTERM'd GPU worker that hands back at once (no drain), so a hand-back really
+    # interrupts generations; the grace is what the harness waits for it to exit before a kill -9.
+    checkpoint_every_tokens: int = 4
+    checkpoint_interval_seconds: float = 1.0
+    shutdown_drain_seconds: int = 0
+    shutdown_grace_seconds: int = 15
+
+    def checkpoint_bound_tokens(self) -> int:
+        """The stated crash bound (docs/workers.md): what one request loses to a kill -9 at most, in tokens.
+
+        Fewer than `checkpoint_every_tokens` since the last periodic checkpoint, plus what it decodes between two
+        of them: the interval, rounded up to the runner's lease renewals (which check it), plus 1 s for the
+        write to commit. The fake decodes one token per step, so at most 1 / step_seconds a second.
+        """
+        from worker.feed.runner import RENEW_SECONDS
+
+        seconds = self.checkpoint_interval_seconds + RENEW_SECONDS + 1.0
+        return self.checkpoint_every_tokens + math.ceil(seconds / self.step_seconds)
 
 
 def backfill_env(
@@ -54,9 +74,10 @@ def backfill_env(
     engine: EngineKind,
     timing: Timing,
     demo_model_cache: Path,
+    ledger_dir: Path | None = None,
 ) -> dict[str, str]:
     """The BACKFILL_* settings every process of one run shares."""
-    spec = model_spec(engine, demo_model_cache=demo_model_cache, timing=timing)
+    spec = model_spec(engine, demo_model_cache=demo_model_cache, timing=timing, ledger_dir=ledger_dir)
     return {
         "BACKFILL_DATABASE_URL": cluster.postgres.url(database),
         "BACKFILL_REDIS_URL": cluster.redis.url(redis_db),
@@ -68,6 +89,10 @@ def backfill_env(
         "BACKFILL_REAP_INTERVAL_SECONDS": str(timing.reap_interval_seconds),
         "BACKFILL_RUN_TASK_SECONDS": str(timing.run_task_seconds),
         "BACKFILL_WORKER_STALE_SECONDS": str(timing.worker_stale_seconds),
+        "BACKFILL_CHECKPOINT_EVERY_TOKENS": str(timing.checkpoint_every_tokens),
+        "BACKFILL_CHECKPOINT_INTERVAL_SECONDS": str(timing.checkpoint_interval_seconds),
+        "BACKFILL_SHUTDOWN_DRAIN_SECONDS": str(timing.shutdown_drain_seconds),
+        "BACKFILL_SHUTDOWN_GRACE_SECONDS": str(timing.shutdown_grace_seconds),
         "BACKFILL_BROKER_VISIBILITY_TIMEOUT_SECONDS": "60",
         "BACKFILL_ADMISSION_POLICY": "off",
         # Batch control (issue 20): readable spend figures (an output token bills $1, input is free) and room
@@ -78,10 +103,15 @@ def backfill_env(
     }
 
 
-def model_spec(engine: EngineKind, *, demo_model_cache: Path, timing: Timing) -> dict[str, object]:
-    """The registry entry: the fake engine (seconds per run) or the real vLLM on the demo model."""
+def model_spec(
+    engine: EngineKind, *, demo_model_cache: Path, timing: Timing, ledger_dir: Path | None = None
+) -> dict[str, object]:
+    """The registry entry: the fake engine (seconds per run) or the real vLLM on the demo model; the fake keeps
+    a decode ledger in `ledger_dir` (worker/engine/decode_ledger.py) when given one."""
     if engine == "fake":
-        extra = {"step_seconds": timing.step_seconds}
+        extra: dict[str, object] = {"step_seconds": timing.step_seconds}
+        if ledger_dir is not None:
+            extra["decode_ledger_dir"] = str(ledger_dir)
         return {"path": "fake:chaos", "max_num_seqs": 8, "max_model_len": 512, "extra": extra}
     path = demo_model(demo_model_cache)
     return {"path": str(path), "max_num_seqs": 8, "max_model_len": 512, "dtype": "float32"}
@@ -216,6 +246,10 @@ class Deployment:
 
     def kill(self, name: str) -> None:
         self.children[name].kill()
+
+    def terminate(self, name: str, *, timeout: float) -> int | None:
+        """SIGTERM one process and wait for it to exit (a GPU worker hands its work back first)."""
+        return self.children[name].terminate(timeout=timeout)
 
     def restart(self, name: str) -> None:
         self.children[name].start()

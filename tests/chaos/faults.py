@@ -23,7 +23,9 @@ from tests.chaos.deployment import Deployment
 from tests.chaos.history import FaultRecord
 from tests.chaos.services import Cluster
 
-# One scenario per kind, in this order (seed % len picks it); "none" and "two_gpus" are controls.
+# One scenario per kind, in this order (seed % len picks it); "none" and "two_gpus" are controls. "sigterm_gpu"
+# is the graceful hand-back (issue 21): SIGTERM to a GPU worker, which hands its work back with checkpoints
+# and exits, then is started again.
 KINDS = (
     "none",
     "kill_gpu",
@@ -36,9 +38,11 @@ KINDS = (
     "s3_down_upload",
     "kill_one_gpu",
     "two_gpus",
+    "sigterm_gpu",
 )
 EXTRA_KINDS = ("kill_api", "kill_gpu", "kill_io", "kill_beat", "pg_stop", "redis_kill")
 EXTRA_FAULT_PROBABILITY = 0.3
+TERM_TIMEOUT_SECONDS = 20.0  # a SIGTERM'd worker that has not exited by then (grace 15 s) is killed -9
 
 
 @dataclass(frozen=True)
@@ -214,6 +218,9 @@ class Injector:
         started = time.time()
         if spec.kind.startswith("kill_"):
             self.deployment.kill(target)
+        elif spec.kind == "sigterm_gpu":  # blocks until it exits: its hand-back is part of the fault
+            code = self.deployment.terminate(target, timeout=TERM_TIMEOUT_SECONDS)
+            detail += f", exited {code}" if code is not None else ", did not exit in time: killed -9"
         elif spec.kind == "pg_stop":
             self.cluster.postgres.stop_immediate()
         elif spec.kind == "redis_kill":
@@ -231,7 +238,7 @@ class Injector:
     def _repair(self, active: _Active) -> None:
         kind = active.spec.kind
         # Two overlapping faults on one target are repaired once (the second repair finds it running).
-        if kind.startswith("kill_"):
+        if kind.startswith("kill_") or kind == "sigterm_gpu":
             if not self.deployment.children[active.target].alive():
                 self.deployment.restart(active.target)
             active.restarted = True  # repaired once it is back in service (`tick` watches its log)
@@ -249,7 +256,7 @@ class Injector:
         self.log.append(FaultRecord(active.spec.kind, active.target, active.started_at, time.time(), active.detail))
 
     def _target(self, kind: str) -> str:
-        if kind in ("kill_gpu", "kill_one_gpu"):
+        if kind in ("kill_gpu", "kill_one_gpu", "sigterm_gpu"):
             return self._rng.choice(self.deployment.gpu_names())
         if kind.startswith("kill_"):
             return kind.removeprefix("kill_")

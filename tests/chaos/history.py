@@ -24,6 +24,12 @@ request rows the database held at the end (`rows`):
 * overrun: a capped batch (`max_cost_usd`) or a budgeted tenant billed more than its cap plus the stated
   in-flight bound (docs/decisions/0018: per GPU worker 2 x max_num_seqs x inflight_per_seq requests, each at
   most the dearest request the batch or tenant ran).
+
+Checkpoints (issue 21) add one, over the fake engines' decode ledger (`decode`; tests/chaos/decode_rules.py):
+
+* discarded: a run whose only hand-backs are graceful (SIGTERM drains, pauses) threw away more than 1% of the
+  decode tokens of its delivered requests, or a run with a GPU worker killed -9 lost more than the stated
+  checkpoint bound per killed in-flight request.
 """
 
 from __future__ import annotations
@@ -40,7 +46,18 @@ MAX_ATTEMPTS = 3
 # What a retry re-runs by default (storage/batches/retries.py): these codes, and server failures (5xx, no response).
 RETRYABLE_CODES = frozenset({"batch_expired", "batch_cancelled", "budget_exceeded"})
 BUDGET_CODE = "budget_exceeded"
-KINDS = ("lost", "duplicated", "unexplained", "stuck", "orphan", "other", "rerun", "paused_progress", "overrun")
+KINDS = (
+    "lost",
+    "duplicated",
+    "unexplained",
+    "stuck",
+    "orphan",
+    "other",
+    "rerun",
+    "paused_progress",
+    "overrun",
+    "discarded",
+)
 
 
 @dataclass(frozen=True)
@@ -149,6 +166,11 @@ class History:
     usd_per_output_token: str = "1"  # billed (after the 24h discount); input tokens are free in the chaos book
     gpu_workers: int = 1
     inflight_bound_per_worker: int = 32  # 2 x max_num_seqs (8) x inflight_per_seq (2)
+    # Issue 21: the fake engines' decode ledger against the output lines (worker/engine/decode_ledger.py
+    # DecodeFigures as a dict; None on the real engine), and the stated crash bound per killed request.
+    decode: dict[str, Any] | None = None
+    checkpoint_bound_tokens: int = 0
+    max_num_seqs: int = 8
 
     @property
     def faults_over_at(self) -> float:
@@ -246,10 +268,12 @@ def check(history: History, *, stuck_bound_seconds: float = 60.0) -> Verdict:
             verdict.findings.append(Finding("other", record.batch_id, problem))
     _check_objects(verdict, history)
     from tests.chaos.control_rules import check_overrun, check_pauses, check_retries  # they build on this module
+    from tests.chaos.decode_rules import check_discards
 
     check_retries(verdict, history)
     check_pauses(verdict, history)
     check_overrun(verdict, history)
+    check_discards(verdict, history)
     return verdict
 
 

@@ -16,8 +16,9 @@ import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
+from tests.chaos.decode_rules import class_shares
 from tests.chaos.deployment import ROOT, EngineKind
 from tests.chaos.faults import KINDS, scenario_for
 from tests.chaos.history import KINDS as OUTCOMES
@@ -42,14 +43,16 @@ def table(reports: list[RunReport]) -> str:
     """One row per run, one column per outcome, and a total row."""
     head = f"{'seed':>4} {'engine':6} {'scenario':17} " + " ".join(f"{c[:6]:>6}" for c in COLUMNS)
     head += (
-        f" {'reqs':>5} {'retry':>5} {'secs':>5}  controls (pause/resume/prio/retry/budget/capstop/budgetstop) faults"
+        f" {'reqs':>5} {'retry':>5} {'secs':>5}  controls (pause/resume/prio/retry/budget/capstop/budgetstop)"
+        f" {'discarded/decoded':>17} faults"
     )
     rows = [head]
     for r in reports:
         cells = " ".join(f"{r.summary[c]:>6}" for c in COLUMNS)
         rows.append(
             f"{r.seed:>4} {r.engine:6} {r.scenario:17} {cells} {r.requests:>5} {r.client_retries:>5} "
-            f"{r.seconds:>5.0f}  {'/'.join(str(r.controls.get(c, 0)) for c in CONTROLS):>18} {r.faults}"
+            f"{r.seconds:>5.0f}  {'/'.join(str(r.controls.get(c, 0)) for c in CONTROLS):>18} "
+            f"{_decode_cell(r.decode):>17} {r.faults}"
         )
     totals = " ".join(f"{sum(r.summary[c] for r in reports):>6}" for c in COLUMNS)
     requests = sum(r.requests for r in reports)
@@ -59,6 +62,19 @@ def table(reports: list[RunReport]) -> str:
         f"{'all':>4} {'':6} {f'{len(reports)} runs, {failed} bad':17} {totals} {requests:>5} {'':>11} {controls}"
     )
     return "\n".join(rows)
+
+
+def _decode_cell(decode: dict[str, Any]) -> str:
+    return f"{decode['discarded']}/{decode['decoded']} {decode['class'][0]}" if decode else "-"
+
+
+def decode_lines(shares: dict[str, dict[str, Any]]) -> str:
+    """The discard shares over every run of each class (tests/chaos/decode_rules.py), one line each."""
+    return "\n".join(
+        f"resume_discarded_decode_share_{name}: {s['share']} ({s['discarded']} of {s['decoded']} decode tokens"
+        f" discarded, {s['resumed']} resumed from checkpoints, {s['runs']} runs)"
+        for name, s in shares.items()
+    )
 
 
 def _terminate(signum: int, _frame: object) -> NoReturn:
@@ -99,12 +115,17 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(cluster.root, ignore_errors=True)
     print()
     print(table(reports))
+    shares = class_shares([report.decode for report in reports])
+    print(decode_lines(shares))
     summary = {
         "started": stamp,
         "runs": [asdict(report) for report in reports],
         "totals": {c: sum(r.summary[c] for r in reports) for c in COLUMNS},
         "controls": {c: sum(r.controls.get(c, 0) for r in reports) for c in (*CONTROLS, "refused")},
         "bad_runs": [r.seed for r in reports if not r.ok],
+        "decode": shares,
+        "resume_discarded_decode_share_graceful": shares["graceful"]["share"],
+        "resume_discarded_decode_share_kill": shares["kill"]["share"],
     }
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"summary-{stamp}.json"

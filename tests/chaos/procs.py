@@ -121,6 +121,19 @@ class Child:
         with _live_lock:
             _live.pop(self.popen.pid, None)
 
+    def terminate(self, *, timeout: float) -> int | None:
+        """SIGTERM the process itself (as Kubernetes signals a container's PID 1) and wait up to `timeout` for it
+        to exit; kill -9 what is left of its group either way. Its exit status, or None if it had to be killed."""
+        if self.popen is None:
+            return None
+        try:
+            os.kill(self.popen.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        code = self.wait(timeout)
+        self.kill()
+        return code
+
     def wait(self, timeout: float) -> int | None:
         """Wait for a process that is stopping by itself; None if it did not stop in time."""
         if self.popen is None:

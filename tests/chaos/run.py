@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import threading
 import time
 import uuid
@@ -24,6 +25,7 @@ import sqlalchemy as sa
 
 from storage.models import Batch, BatchRequest, File
 from tests.chaos.control import run_tenant
+from tests.chaos.decode_rules import decode_summary, record_decode
 from tests.chaos.deployment import MODEL, Deployment, EngineKind, Timing, backfill_env, cli, create_keys, vllm_env
 from tests.chaos.faults import Injector, Probe, Scenario, scenario_for
 from tests.chaos.history import BUDGET_CODE, ControlEvent, History, RowRecord, Verdict, check, error_code
@@ -41,6 +43,7 @@ from tests.chaos.workload import (
 )
 
 TEMPLATE_DB = "chaos_template"
+LEDGER = "ledger"  # the GPU workers' decode ledgers, under the run's directory (tests/chaos/decode_rules.py)
 ADMIN = "chaos-admin"  # the admin key's tenant: it sets the other tenants' budgets
 # The stated overrun bound of a spend cap (docs/decisions/0018): per GPU worker 2 x max_num_seqs x inflight_per_seq
 # requests (the chaos engine's 8 sequences, the default 2 per sequence).
@@ -79,6 +82,7 @@ class RunReport:
     requests: int
     run_dir: str
     controls: dict[str, int] = field(default_factory=dict)
+    decode: dict[str, Any] = field(default_factory=dict)  # tests/chaos/decode_rules.py decode_summary
 
     @property
     def ok(self) -> bool:
@@ -168,6 +172,7 @@ def staged(
         engine=engine,
         timing=timing or Timing(),
         demo_model_cache=cluster.cache,
+        ledger_dir=run_dir / LEDGER if engine == "fake" else None,
     )
     if engine == "vllm":
         env.update(vllm_env(cluster.cache))
@@ -196,6 +201,7 @@ def run_seed(
     scenario = scenario or scenario_for(seed)
     run_dir = out / f"seed-{seed:04d}-{scenario.name}-{options.engine}"
     run_dir.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(run_dir / LEDGER, ignore_errors=True)  # a replay of the seed in the same directory starts afresh
     plan = plan_workload(random.Random(f"workload/{seed}"), model=MODEL, size=SIZES[options.size])
     budget = plan_budget(random.Random(f"budget/{seed}"), size=SIZES[options.size])
     history = History(
@@ -205,6 +211,7 @@ def run_seed(
         usd_per_output_token=USD_PER_OUTPUT_TOKEN,
         gpu_workers=scenario.gpu_workers,
         inflight_bound_per_worker=INFLIGHT_BOUND_PER_WORKER,
+        checkpoint_bound_tokens=options.timing.checkpoint_bound_tokens(),
     )
     with staged(
         cluster,
@@ -232,6 +239,7 @@ def run_seed(
         history.rows = stage.rows()
         history.objects = cluster.s3.keys(stage.bucket)
         history.file_keys = stage.file_keys()
+    record_decode(history, run_dir / LEDGER)  # the processes are gone: every ledger line is written
     verdict = check(history, stuck_bound_seconds=options.stuck_bound)
     report = _report(seed, scenario, options, history, verdict, run_dir, seconds=time.time() - history.started_at)
     (run_dir / "history.json").write_text(json.dumps(history.to_json(), indent=1, default=str))
@@ -317,6 +325,7 @@ def _report(
         requests=sum(len(f.lines) for f in history.inputs.values()),
         run_dir=str(run_dir),
         controls=control_counts(history),
+        decode=decode_summary(history),
     )
 
 

@@ -45,6 +45,9 @@ class EngineResult:
     cached_tokens: int = 0  # prompt tokens served from the engine's prefix cache
     error_code: str | None = None
     error_message: str | None = None
+    # The generated ids when a resume from them is exact (else empty): if a pause hands the row back before the
+    # result is stored, they go back with it as its checkpoint, so the next run decodes only the last token.
+    token_ids: list[int] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:

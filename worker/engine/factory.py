@@ -15,6 +15,7 @@ def load_engine(settings: Settings, model: str) -> Engine:
     if spec.path == timed_fake.PATH:  # the fake timed like the target GPU (benchmarks)
         return timed_fake.from_spec(model, spec)
     if spec.path.startswith("fake:"):
+        from worker.engine.decode_ledger import ledger_from_extra
         from worker.engine.fake import FakeEngine
 
         return FakeEngine(
@@ -23,6 +24,7 @@ def load_engine(settings: Settings, model: str) -> Engine:
             runner=spec.runner,
             max_model_len=spec.max_model_len or 2048,
             step_seconds=float(spec.extra.get("step_seconds", 0.0)),
+            ledger=ledger_from_extra(spec.extra, model=model),  # tests and benchmarks only
         )
     if spec.shared is not None:  # shared mode: a vLLM server that also serves online users
         from worker.engine.http_engine import HttpEngine

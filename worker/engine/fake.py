@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from storage.protocols import EMBEDDINGS_URL
 from worker.engine import EngineRequest, EngineResult, EngineStats, Progress
+from worker.engine.decode_ledger import DecodeLedger
 from worker.engine.wire import parse_body
 from worker.engine.wire.anthropic import MessagesBody, anthropic_message, anthropic_stop
 from worker.engine.wire.base import BodyError, server_error
@@ -66,8 +67,10 @@ class FakeEngine:
         max_model_len: int = 2048,
         fail_request_ids: Iterable[str] = (),
         step_seconds: float = 0.0,
+        ledger: DecodeLedger | None = None,
     ) -> None:
         self.model_name = model_name
+        self.ledger = ledger  # tests and benchmarks: what it decodes, in files a kill -9 keeps (decode_ledger.py)
         self.step_seconds = step_seconds  # pretend each step takes this long (end-to-end tests)
         self.max_num_seqs = max_num_seqs
         self.runner = runner
@@ -91,6 +94,8 @@ class FakeEngine:
                 sequence.token_ids, sequence.decoded, sequence.resumed = resumed, len(resumed), len(resumed)
             self._waiting.append(sequence)
             self._live.add(request.request_id)
+            if self.ledger is not None and not isinstance(sequence.run, EmbeddingBody):
+                self.ledger.begin(request.request_id, resumed=sequence.resumed, choices=sequence.run.n)
         except BodyError as error:
             return error.to_result(request.request_id)
         return None
@@ -111,13 +116,23 @@ class FakeEngine:
     def _decode(self) -> list[EngineResult]:
         """One token for every running request; those that reach their length leave with a result."""
         finished: list[EngineResult] = []
-        for sequence in list(self._running):
+        stepped = list(self._running)
+        for sequence in stepped:
             sequence.decode_one()
             if sequence.decoded >= sequence.tokens_to_decode:
                 self._running.remove(sequence)
                 self._live.discard(sequence.request_id)
                 finished.append(self._result(sequence))
+        self._log_step(stepped, finished)
         return finished
+
+    def _log_step(self, stepped: list[_Sequence], finished: list[EngineResult]) -> None:
+        """The ledger's record of one step: who generated a token, then who finished (if a ledger is on)."""
+        if self.ledger is None:
+            return
+        self.ledger.step(sequence.request_id for sequence in stepped)
+        for result in finished:
+            self.ledger.finish(result.request_id, tokens=result.completion_tokens)
 
     def progress(self, request_ids: Collection[str]) -> dict[str, Progress]:
         """The first choice's token ids so far of each request still waiting or running."""
@@ -131,6 +146,8 @@ class FakeEngine:
     def abort(self, request_ids: list[str]) -> None:
         """Drop requests wherever they are; they produce no result."""
         doomed = set(request_ids)
+        if self.ledger is not None:
+            self.ledger.abort(sorted(doomed & self._live))
         self._live -= doomed
         self._waiting = deque(s for s in self._waiting if s.request_id not in doomed)
         self._running = [s for s in self._running if s.request_id not in doomed]
@@ -151,7 +168,9 @@ class FakeEngine:
         """Nothing to lend: the fake engine owns its slots."""
 
     def close(self) -> None:
-        """Nothing to free."""
+        """Nothing to free but the decode ledger's file."""
+        if self.ledger is not None:
+            self.ledger.close()
 
     def _sequence(self, request_id: str, url: str, body: Body | MessagesBody) -> _Sequence:
         wanted = "pooling" if url == EMBEDDINGS_URL else "generate"
@@ -216,6 +235,8 @@ class FakeEngine:
             result = self._message(sequence, body)
         else:
             result = self._completion(sequence, run)
+        if result.ok and sequence.exact:
+            result.token_ids = list(sequence.token_ids)
         result.engine_seconds = time.monotonic() - sequence.added_at
         return result
 

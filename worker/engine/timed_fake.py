@@ -29,6 +29,7 @@ from storage.planning.node import EXAMPLE_CONTEXT, GB, HARDWARE_PRESETS, LLAMA_7
 from storage.planning.step_time import DEFAULT_MAX_NUM_BATCHED_TOKENS, StepLoad, step_seconds
 from storage.registry import ModelSpec
 from worker.engine import EngineRequest, EngineResult
+from worker.engine.decode_ledger import DecodeLedger, ledger_from_extra
 from worker.engine.fake import FakeEngine, _Sequence
 
 PATH = "fake:gpu-timed"  # the registry path that selects this engine
@@ -93,8 +94,11 @@ class TimedFakeEngine(FakeEngine):
         max_model_len: int = 2 * EXAMPLE_CONTEXT,
         timeline_steps: int = 200_000,
         timed: bool = True,
+        ledger: DecodeLedger | None = None,
     ) -> None:
-        super().__init__(model_name, max_num_seqs=max_num_seqs, runner=runner, max_model_len=max_model_len)
+        super().__init__(
+            model_name, max_num_seqs=max_num_seqs, runner=runner, max_model_len=max_model_len, ledger=ledger
+        )
         self.shape, self.hardware, self.context = shape, hardware, context
         self.max_num_batched_tokens = max_num_batched_tokens
         self.timed = timed
@@ -201,6 +205,7 @@ class TimedFakeEngine(FakeEngine):
                 )
                 self.requests.append(timing)
                 finished.append(self._result(sequence))
+        self._log_step(ready, finished)
         return finished
 
     def _now(self) -> float:
@@ -226,7 +231,7 @@ def from_spec(model: str, spec: ModelSpec) -> TimedFakeEngine:
 
     `hardware` (a planner preset), `max_num_seqs`, `max_num_batched_tokens` and `runner` come from the
     entry; `extra` may override the model (`weights_gb`, `kv_bytes_per_token`) and the context the KV
-    cache is sized for (`context`).
+    cache is sized for (`context`), and turn the decode ledger on (`decode_ledger_dir`, decode_ledger.py).
     """
     extra = spec.extra
     if spec.hardware not in HARDWARE_PRESETS:
@@ -245,4 +250,5 @@ def from_spec(model: str, spec: ModelSpec) -> TimedFakeEngine:
         max_num_batched_tokens=spec.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
         runner=spec.runner,
         max_model_len=spec.max_model_len or 2 * context,
+        ledger=ledger_from_extra(extra, model=model),
     )

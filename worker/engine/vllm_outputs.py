@@ -62,8 +62,9 @@ def result_of(flight: InFlight, *, model_name: str, tokenizer: Any, tally: Calla
     if any(c.finish_reason not in ("stop", "length") for c in completions):
         reasons = sorted({str(c.finish_reason) for c in completions})
         return server_error(flight.request_id, f"the engine ended the request early ({', '.join(reasons)})")
+    kept = list(completions[0].token_ids) if flight.exact else []  # a checkpoint, if a pause beats the record
     if isinstance(body, MessagesBody):
-        return message_of(
+        message = message_of(
             flight.request_id,
             body,
             completions[0],
@@ -71,6 +72,8 @@ def result_of(flight: InFlight, *, model_name: str, tokenizer: Any, tally: Calla
             prompt_tokens=prompt_tokens,
             cached=cached_tokens,
         )
+        message.token_ids = kept
+        return message
     choices = [choice_of(c, run, tokenizer) for c in completions]
     response = generated_body(
         body,
@@ -88,6 +91,7 @@ def result_of(flight: InFlight, *, model_name: str, tokenizer: Any, tally: Calla
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         cached_tokens=cached_tokens,
+        token_ids=kept,
     )
 
 

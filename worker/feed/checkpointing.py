@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from storage.metrics.events import count_decode_tokens
 from storage.queue.checkpoints import Generated
 from storage.settings import Settings
-from worker.engine import Engine, Progress
+from worker.engine import Engine, EngineResult, Progress
 
 
 class Checkpoints:
@@ -26,6 +26,7 @@ class Checkpoints:
         self.model = model
         self.settings = settings
         self.claims: dict[str, str] = {}  # in-flight request -> the claim its generation runs under
+        self.ended: dict[str, Generated] = {}  # finished, result not yet handed to the writer -> its tokens
         self.stored: dict[str, int] = {}  # in-flight request -> tokens its last checkpoint write held
         self._last = time.monotonic()
 
@@ -65,6 +66,17 @@ class Checkpoints:
         count_decode_tokens(self.model, resumed=kept, discarded=stored - kept)
         self.stored[request_id] = stored if kept >= stored else 0
         return kept >= stored
+
+    def finished(self, result: EngineResult) -> None:
+        """A request finished: its tokens but the last, under its claim, wait with its result until stored, should a
+        pause hand its row back before that (storage/queue/checkpoints.py `save_handed_back`)."""
+        if len(result.token_ids) > 1 and (claim_id := self.claims.get(result.request_id)):
+            self.ended[result.request_id] = Generated(claim_id, result.token_ids[:-1])
+        self.forget([result.request_id])
+
+    def kept(self, results: Iterable[EngineResult]) -> dict[str, Generated]:
+        """The tokens `finished` kept of these results (handed to the writer with them)."""
+        return {r.request_id: kept for r in results if (kept := self.ended.pop(r.request_id, None)) is not None}
 
     def forget(self, request_ids: Iterable[str]) -> None:
         """These finished, were lost or were handed back: their checkpoints are no longer this runner's."""

@@ -72,6 +72,7 @@ class _Flush:
     write_run: Callable[[Session], None]
     outcomes: list[Outcome]
     results: list[EngineResult]
+    kept: dict[str, Generated]  # the results' tokens but the last, under their claims (`_keep_handed_back`)
     ids: frozenset[str] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -118,14 +119,16 @@ class QueueIO:
         write_run: Callable[[Session], None],
         outcomes: list[Outcome],
         results: list[EngineResult],
+        kept: dict[str, Generated] | None = None,
     ) -> None:
         """Queue one flush for commit (blocks while MAX_PENDING writes wait); raise an earlier failure.
 
-        `write_run(session)` writes the engine run's counters as they were at hand-over (a snapshot).
+        `write_run(session)` writes the engine run's counters as they were at hand-over (a snapshot); `kept`:
+        the results' tokens, stored as checkpoints of rows a pause handed back before the results were.
         """
         self._check_open()
         self.raise_failure()
-        flush = _Flush(run_id, write_run, outcomes, results)
+        flush = _Flush(run_id, write_run, outcomes, results, kept or {})
         with self._lock:
             self._uncommitted[id(flush)] = flush.ids
         self._writes.put(flush)
@@ -171,6 +174,11 @@ class QueueIO:
         """Wait for a claim on its way; then the rows of every claim not yet taken (a hand-back releases them)."""
         self._claims.join()
         return self._pop_claimed()
+
+    def uncommitted(self) -> set[str]:
+        """Ids whose results were handed over and are not committed yet (nor dropped by a failed commit)."""
+        with self._lock:
+            return set().union(*self._uncommitted.values())
 
     def take_committed(self) -> list[list[EngineResult]]:
         """The results of every flush committed since the last call (for the metrics probe)."""
@@ -268,11 +276,20 @@ class QueueIO:
                 outcomes = [o for flush in flushes if flush.run_id == run_id for o in flush.outcomes]
                 touched |= set(record(session, worker_id=self.worker_id, run_id=run_id, outcomes=outcomes))
             done = done_batches(session, batch_ids=sorted(touched))
+            self._keep_handed_back(session, {rid: g for flush in flushes for rid, g in flush.kept.items()})
         with self._lock:
             self._committed.extend(flush.results for flush in flushes)
         for batch_id in done:
             if self.on_batch_done is not None:
                 self.on_batch_done(batch_id)
+
+    @staticmethod
+    def _keep_handed_back(session: Session, kept: dict[str, Generated]) -> None:
+        """Results whose rows a pause took back before they were stored (`record` dropped them): their tokens
+        go with the queued row as its checkpoint, all but the last, so the next run decodes only that one
+        again (an end of sequence or a stop, never past it) instead of the whole generation."""
+        if kept and (rerun := still_open(session, request_ids=sorted(kept))):
+            save_handed_back(session, checkpoints={rid: kept[rid] for rid in rerun})
 
     def _renew(self, request_ids: list[str]) -> None:
         with self._lock:  # results waiting for their commit, rows waiting for the engine: held all the same

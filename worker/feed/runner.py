@@ -30,6 +30,7 @@ from storage.db import transaction
 from storage.finance.engine_runs import RunCounters, save_run
 from storage.ids import new_id
 from storage.queue.backlog import has_queued
+from storage.queue.checkpoints import save_handed_back
 from storage.queue.claim import ClaimedRequest
 from storage.queue.leases import Outcome, release
 from storage.settings import Settings
@@ -164,6 +165,7 @@ class Runner:
             try:
                 with transaction() as session:  # the tokens go back with the rows, in one transaction
                     released = release(session, worker_id=self.worker_id, request_ids=left, checkpoints=checkpoints)
+                    save_handed_back(session, checkpoints=checkpoints)  # rows a pause took back unnoticed
             finally:
                 self.checkpoints.forget_all()
                 self._close_run()
@@ -198,7 +200,9 @@ class Runner:
         if not idle and time.monotonic() - self._last_empty_claim < IDLE_CLAIM_SECONDS:
             return  # the queue was empty a moment ago; don't poll it on every step
         want = self.max_inflight - len(self.inflight)
-        self.io.request_claim(want, held=frozenset(self.held()))  # on the claimer thread: rows arrive later
+        # On the claimer thread: rows arrive later. A result on its way to the database is held too: a pause and a
+        # resume in between must not let the claim start its request again (the commit stores it under the lease).
+        self.io.request_claim(want, held=frozenset(self.held()) | self.io.uncommitted())
 
     def _admit_arrived(self) -> bool:
         """Hand the rows of a claim that finished to the engine; True if it brought any."""
@@ -218,7 +222,7 @@ class Runner:
 
     def _admit(self, claimed: list[ClaimedRequest], *, asked: int) -> None:
         """Hand claimed rows to the engine; fewer than `asked` means the queue ran dry for now."""
-        want, held = asked, set(self.held())
+        want, held = asked, set(self.held()) | self.io.uncommitted()
         self.probe.claimed(claimed)
         self._queue_backlog = len(claimed) == want
         if len(claimed) < want:
@@ -267,7 +271,7 @@ class Runner:
             self.samples.append((time.time(), running, queued))
         for result in results:
             self.inflight.discard(result.request_id)
-            self.checkpoints.forget([result.request_id])
+            self.checkpoints.finished(result)
         if self.urgent and not self.urgent & self.inflight:
             self._signal_urgency()  # the last urgent request finished: give lent capacity back
         self.pending.extend(results)
@@ -343,7 +347,8 @@ class Runner:
         """Give one flush to the writer thread; with `wait`, return once it (and all before it) committed."""
         outcomes = [_outcome(result) for result in results]
         self.committing.update(result.request_id for result in results)
-        self.io.submit(run_id=self.run_id, write_run=self._run_writer(), outcomes=outcomes, results=results)
+        kept = self.checkpoints.kept(results)  # the tokens of results a pause may hand back unstored
+        self.io.submit(run_id=self.run_id, write_run=self._run_writer(), outcomes=outcomes, results=results, kept=kept)
         self._run_written = True
         if wait:
             self._collect_io(wait=True)

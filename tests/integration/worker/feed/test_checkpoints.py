@@ -161,6 +161,55 @@ def test_a_paused_batch_keeps_the_tokens_its_worker_had_generated(backend: Backe
         assert reference.progress([row.id])[row.id].token_ids == stored
 
 
+def test_a_hand_back_right_after_a_pause_keeps_the_tokens_of_the_rows_the_pause_took(backend: Backend) -> None:
+    """A SIGTERM that lands before the runner's next renewal noticed a pause (the chaos suite's seed 59)."""
+    batch_id = enqueue(3, max_tokens=40)
+    runner = interrupt_after(15)
+    with transaction() as session:
+        tenant_id = session.get(Batch, batch_id).tenant_id  # type: ignore[union-attr]
+        pause_batch(session, tenant_id=tenant_id, batch_id=batch_id)
+    assert runner.hand_back(drain_seconds=0.0) == 0  # the pause re-queued them already
+    runner.close_io()
+    rows = rows_of(batch_id)
+    assert all(row.status == "queued" and row.lease_owner is None for row in rows)
+    assert [row.checkpoint_tokens for row in rows] == [15] * 3  # not one of the 15 tokens is decoded again
+
+
+class PausingEngine(FakeEngine):
+    """Pauses `batch_id` inside the step that finishes its requests: their results reach `record` paused."""
+
+    def __init__(self, batch_id: str) -> None:
+        super().__init__("fake-model", max_num_seqs=4, max_model_len=10**9)
+        self.batch_id = batch_id
+
+    def step(self) -> list[EngineResult]:
+        results = super().step()
+        if results:
+            with transaction() as session:
+                tenant_id = session.get(Batch, self.batch_id).tenant_id  # type: ignore[union-attr]
+                pause_batch(session, tenant_id=tenant_id, batch_id=self.batch_id)
+        return results
+
+
+def test_a_result_finished_as_its_batch_was_paused_keeps_its_tokens_for_the_resume(backend: Backend) -> None:
+    """The chaos suite's graceful runs: `record` hands back results of a paused batch unstored (a paused batch
+    makes no progress), and the whole generation was decoded again after the resume."""
+    batch_id = enqueue(2, max_tokens=20)
+    runner = Runner(PausingEngine(batch_id), model="fake-model", settings=get_settings(), worker_id="w1")
+    runner.run_for(5.0)
+    runner.close_io()
+    rows = rows_of(batch_id)
+    assert all(row.status == "queued" and row.response_body is None for row in rows)
+    assert [row.checkpoint_tokens for row in rows] == [19, 19]  # all but the last token
+    with transaction() as session:
+        tenant_id = session.get(Batch, batch_id).tenant_id  # type: ignore[union-attr]
+        resume_batch(session, tenant_id=tenant_id, batch_id=batch_id)
+    engine = FakeEngine("fake-model", max_num_seqs=4, max_model_len=10**9)
+    finish(Runner(engine, model="fake-model", settings=get_settings(), worker_id="w2"))
+    assert engine.steps == 1  # only the last token is decoded again
+    assert [answer(row) for row in rows_of(batch_id)] == [uninterrupted(row) for row in rows]
+
+
 def test_a_long_generation_is_checkpointed_with_its_renewals_so_a_crash_loses_a_bounded_slice(
     backend: Backend,
 ) -> None:
