@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-
-def entry(name: str, value: Any, unit: str, goal: str | None = None, met: bool | None = None) -> dict[str, Any]:
-    return {"name": name, "value": value, "unit": unit, "goal": goal, "met": met}
+from bench.measures.entry import entry
+from bench.measures.resume import handback_rows, rolling_rows
+from bench.measures.timed import gpu_timed_measures, shared_sim_measures
 
 
 def measures(parts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -192,85 +192,9 @@ def measures(parts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     if hostile := parts.get("hostile-bodies"):
         rows += _hostile_rows(hostile)
     if handback := parts.get("handback"):
-        rows += _handback_rows(handback["result"])
+        rows += handback_rows(handback["result"])
     if rolling := parts.get("rolling-restart"):
-        rows += _rolling_rows(rolling["result"])
-    return rows
-
-
-def _rolling_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
-    """Issue 21 item 8: decode tokens a rolling restart of 4 GPU-timed workers throws away (bench/rolling_restart.py)."""
-    rows, bound = [], r["checkpoint_bound_tokens"]
-    setup = f"{r['workers']} GPU-timed workers x {r['slots']} slots, restarted one at a time mid-batch"
-    for mode, run in r["runs"].items():
-        share = run["share"]
-        how = "SIGTERM: drain 2 s, hand back with checkpoints; a pause" if mode == "term" else "kill -9"
-        counts = f"{run['discarded']} of {run['decoded']}, {run['resumed']} resumed"
-        unit = f"discarded / decoded tokens ({counts}; {setup}, {how})"
-        if mode == "term":
-            met = share is not None and share <= 0.01
-            rows.append(entry("rolling_restart_discarded_decode_share", share, unit, "<= 0.01", met))
-            rows.append(entry("resume_discarded_decode_share_graceful", share, unit, "<= 0.01", met))
-        else:
-            most = run["most_discarded_by_one_request"]
-            label = f"tokens (every {r['checkpoint_every_tokens']} tokens / {r['checkpoint_interval_seconds']:g} s)"
-            rows.append(entry("resume_discarded_decode_share_kill", share, unit))
-            rows.append(entry("rolling_kill_most_discarded_by_one_request", most, label, f"<= {bound}", most <= bound))
-        prefix = "rolling_restart" if mode == "term" else "rolling_kill"
-        for what in ("lost", "duplicated"):
-            rows.append(entry(f"{prefix}_{what}", run[what], "custom_ids", "0", run[what] == 0))
-    return rows
-
-
-def _handback_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
-    back = r["handback"]
-    seconds = back["seconds"]
-    rows = [
-        entry(
-            f"handback_checkpoint_seconds_{back['in_flight']}",
-            seconds,
-            f"s ({back['generated_tokens'] // back['in_flight']} tokens each, {back['checkpoint_bytes']} B stored)",
-            "<= 2",
-            seconds <= 2 and back["checkpointed_rows"] == back["in_flight"],
-        ),
-        *_overhead_rows(r, r, suffix=""),
-    ]
-    if long := r.get("long"):  # outputs of 6,000-10,000 tokens (bench/handback.py --long-low/--long-high)
-        rows += _overhead_rows(long, r, suffix="_long")
-    return rows
-
-
-def _overhead_rows(pair: dict[str, Any], r: dict[str, Any], *, suffix: str) -> list[dict[str, Any]]:
-    """What periodic checkpoints add to one pair of runs' database writes (bench/handback.py `overhead`)."""
-    on, off, wal = pair["on"], pair["off"], pair["wal_overhead_ratio"]
-    label = f"x without (every {on['every_tokens']} tokens / {r['checkpoint_interval_seconds']:g} s)"
-    if "low" in pair:
-        label += f", outputs {pair['low']}-{pair['high']} tokens"
-    payload = pair["payload_overhead_ratio"]
-    rows = [
-        entry(f"checkpoint_wal_overhead_ratio{suffix}", wal, label, "<= 0.10", wal is not None and wal <= 0.10),
-        entry(
-            f"checkpoint_payload_overhead_ratio{suffix}",
-            payload,
-            f"periodic checkpoint bytes ({on['checkpoint_writes']} writes) / WAL without",
-            "<= 0.10",
-            payload is not None and payload <= 0.10,
-        ),
-        entry(f"checkpoint_updated_rows_overhead_ratio{suffix}", pair["updated_rows_overhead_ratio"], label),
-    ]
-    if "inserted_rows_overhead_ratio" in pair:
-        rows.append(
-            entry(f"checkpoint_inserted_rows_overhead_ratio{suffix}", pair["inserted_rows_overhead_ratio"], label)
-        )
-    if "wal_no_fpi_overhead_ratio" in pair:  # without full-page images (they follow the server's checkpoints)
-        rows.append(entry(f"checkpoint_wal_no_fpi_overhead_ratio{suffix}", pair["wal_no_fpi_overhead_ratio"], label))
-    if "cluster_wal_overhead_ratio" in pair:  # the server's whole WAL: other work on it counts too
-        rows.append(entry(f"checkpoint_cluster_wal_overhead_ratio{suffix}", pair["cluster_wal_overhead_ratio"], label))
-    wal_key = "db_wal_bytes" if "db_wal_bytes" in off else "wal_bytes"  # the database's own WAL, when measured
-    for name, run in (("without", off), ("with", on)):
-        rows.append(
-            entry(f"checkpoint_wal_bytes_{name}{suffix}", run[wal_key], f"B ({run['output_tokens']} output tokens)")
-        )
+        rows += rolling_rows(rolling["result"])
     return rows
 
 
@@ -355,92 +279,3 @@ def _worker_rows(w: dict[str, Any]) -> list[dict[str, Any]]:
             bool(kill["every_custom_id_once"]),
         ),
     ]
-
-
-def gpu_timed_measures(r: dict[str, Any]) -> list[dict[str, Any]]:
-    """Issue 15 section 1 and issue 22 sections 2-3: the runner feeding the GPU-timed engine (chunked prefill)."""
-    busy, tokens = r["busy_share_while_waiting"], r["tokens_ratio_vs_roofline"]
-    mode = "x engine time (the runner's one I/O path; 70B FP8 on 8xH100 step-time formula)"
-    short = r["short_requests_ratio_vs_engine_limit"]
-    limit = r["engine_limit_short_requests_per_s"]
-    prompt = r.get("short_prompt_tokens", 500)
-    rows = [
-        entry("gpu_timed_busy_share_while_waiting", busy, mode, ">= 0.98", busy is not None and busy >= 0.98),
-        entry(
-            "gpu_timed_tokens_ratio_vs_roofline",
-            tokens,
-            "x the formula's tokens/s for the steps run",
-            ">= 0.97",
-            tokens >= 0.97,
-        ),
-        entry("gpu_timed_runner_cpu_seconds_per_1000_requests", r["runner_cpu_seconds_per_1000"], "CPU s"),
-        entry(
-            "gpu_timed_short_requests_per_s",
-            r["short_requests_per_s"],
-            f"requests/s (1-10 output tokens, {prompt}-token prompts)",
-        ),
-        entry(
-            "gpu_timed_short_requests_ratio_vs_engine_limit",
-            short,
-            f"x the engine's limit ({limit} requests/s: the same requests fed ideally, steps from the formula)",
-            ">= 0.95",
-            short is not None and short >= 0.95,
-        ),
-        entry(
-            "gpu_timed_engine_alone_ratio_vs_roofline",
-            r.get("engine_alone_ratio_vs_roofline"),
-            "x formula (the fake fed from memory, short workload: its own timing precision here)",
-        ),
-        entry("gpu_timed_outputs_exactly_once", r["all_outputs_ok"], "bool", "true", bool(r["all_outputs_ok"])),
-    ]
-    if planner := r.get("planner"):
-        rows.append(
-            entry(
-                "gpu_timed_prefill_tokens_per_s",
-                planner["prefill_tokens_per_s"],
-                f"prompt tokens/s, 70B FP8 on 8xH100 at efficiency {planner['compute_efficiency']}",
-                "~56,000 (docs/scaling.md)",
-                abs(planner["prefill_tokens_per_s"] / 56_000 - 1) <= 0.02,
-            )
-        )
-    for part, clocks in r.get("clocks", {}).items():
-        rows += [
-            entry(f"gpu_timed_{part}_{clock}", clocks[clock], "ms (timed engine, per request)")
-            for clock in ("ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99")
-            if clock in clocks
-        ]
-    return rows
-
-
-def shared_sim_measures(r: dict[str, Any]) -> list[dict[str, Any]]:
-    """Shared mode on the GPU-timed server (bench/shared_sim.py): each Backfill side's worst p99 ratios over the
-    online rates and its smallest harvest ratio; the frontier on virtual time; batch alone vs the roofline."""
-    rows: list[dict[str, Any]] = []
-    rates = ", ".join(f"{row['online_rate_per_s']:g}" for row in r["rates"])
-    for side, prefix, label in (
-        ("with", "shared_sim_", "default budget"),
-        ("slack", "shared_sim_slack_", "latency_slack"),
-    ):
-        if (s := r["summary"].get(side)) is None:
-            continue
-        latency = f"x without Backfill, worst of {rates} online req/s ({label})"
-        for clock in ("ttft", "tpot"):
-            value = s[f"online_{clock}_p99_ratio_worst"]
-            rows.append(entry(f"{prefix}online_{clock}_p99_ratio_worst", value, latency, "<= 1.10", value <= 1.10))
-        for clock in ("ttft", "tpot"):  # the same on the server's own timeline: no HTTP hop, no client clock
-            value = s[f"server_clock_{clock}_p99_ratio_worst"]
-            rows.append(entry(f"{prefix}server_clock_{clock}_p99_ratio_worst", value, f"{latency}, server clock"))
-        value = s["harvest_ratio"]
-        unit = f"x idle roofline capacity, smallest of {rates} online req/s ({label})"
-        rows.append(entry(f"{prefix}harvest_ratio", value, unit, ">= 0.70", value >= 0.70))
-    best = [row["best_within_goal"] for row in r.get("frontier", [])]
-    if best:
-        value = min((b["harvest_ratio"] if b else 0.0) for b in best)
-        unit = "x idle capacity: the most any in-flight cap harvests with both p99 ratios <= 1.10 (virtual time)"
-        rows.append(entry("shared_sim_frontier_harvest_ratio_within_latency_goal", value, unit))
-    alone = r["batch_alone"]
-    capacity = r["setup"]["capacity_tokens_per_s"] if "setup" in r else None
-    if capacity:
-        rows.append(entry("shared_sim_batch_alone_ratio_vs_roofline", round(alone["tokens_per_s"] / capacity, 3), "x"))
-    rows.append(entry("shared_sim_scheduler_cpu_us_per_step", alone["server"]["scheduler_cpu_us_per_step"], "us"))
-    return rows
