@@ -11,13 +11,13 @@ from collections.abc import Collection
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from storage.batches import lifecycle
 from storage.clock import now_f
 from storage.ids import new_id
-from storage.models import BatchRequest
+from storage.models import Batch, BatchRequest, Tenant
 from storage.queue import checkpoints
 from storage.queue.claim_order import ClaimOrder, claim_order, pick
 from storage.queue.enqueue import ids_match
@@ -42,6 +42,9 @@ class ClaimedRequest:
     # continues the generation after them.
     checkpoint: tuple[int, ...] = ()
     claim_id: str = ""  # this claim's id: the generation's checkpoint writes carry it (storage/queue/checkpoints.py)
+    # Its batch has a spend cap or its tenant a monthly budget: the runner hands its result to the database at
+    # once, where the cap is checked, so the overrun stays within the rows held (docs/decisions/0018).
+    capped: bool = False
 
 
 def claim(
@@ -120,5 +123,20 @@ def _lease(
         for rid, batch_id, tenant, url, body, deadline, attempts, _ in rows
     ]
     claimed = [replace(item, checkpoint=tuple(stored[item.id])) if item.id in stored else item for item in claimed]
+    if capped := _capped_batches(session, {item.batch_id for item in claimed}):
+        claimed = [replace(item, capped=True) if item.batch_id in capped else item for item in claimed]
     claimed.sort(key=lambda item: order[item.id])  # `ids` is already in claim order
     return claimed
+
+
+def _capped_batches(session: Session, batch_ids: set[str]) -> set[str]:
+    """The batches among these with a spend cap, or whose tenant has a monthly budget."""
+    if not batch_ids:
+        return set()
+    query = (
+        select(Batch.id)
+        .join(Tenant, Tenant.id == Batch.tenant_id)
+        .where(Batch.id.in_(sorted(batch_ids)))
+        .where(Batch.max_cost_micro_usd.is_not(None) | Tenant.monthly_budget_micro_usd.is_not(None))
+    )
+    return set(session.scalars(query))

@@ -359,3 +359,18 @@ class QueueIO:
             log.info("released %d claimed requests the runner of %s never started", released, self.model)
         except Exception:  # the database is away: their leases expire and the reaper re-queues them
             log.exception("could not release %d claimed requests of %s", len(ids), self.model)
+
+
+def outcome_of(result: EngineResult) -> Outcome:
+    """What the database stores of one engine result."""
+    return Outcome(
+        request_id=result.request_id,
+        status_code=result.status_code,
+        body=result.body,
+        prompt_tokens=result.prompt_tokens,
+        completion_tokens=result.completion_tokens,
+        engine_seconds=result.engine_seconds,
+        error_code=result.error_code,
+        error_message=result.error_message,
+        cached_tokens=result.cached_tokens,
+    )

@@ -32,12 +32,12 @@ from storage.ids import new_id
 from storage.queue.backlog import has_queued
 from storage.queue.checkpoints import save_handed_back
 from storage.queue.claim import ClaimedRequest
-from storage.queue.leases import Outcome, release
+from storage.queue.leases import release
 from storage.settings import Settings
 from worker.engine import Engine, EngineRequest, EngineResult
 from worker.feed.checkpointing import Checkpoints
 from worker.feed.probe import RunnerProbe
-from worker.feed.queue_io import QueueIO
+from worker.feed.queue_io import QueueIO, outcome_of
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +74,7 @@ class Runner:
         self.refill_below = self.max_inflight - max(1, engine.max_num_seqs // 2)
         self.inflight: set[str] = set()
         self.urgent: set[str] = set()  # in-flight requests claimed inside their deadline's urgency horizon
+        self.capped: set[str] = set()  # in flight, of a capped batch or budgeted tenant: flushed as they finish
         self.pending: list[EngineResult] = []
         self.committing: set[str] = set()  # results with the writer thread: the probe still times them
         self.counters = RunCounters()  # this engine run's, written to its EngineRun row with every flush
@@ -240,6 +241,8 @@ class Runner:
                 self.inflight.add(item.id)
                 if item.urgent:
                     self.urgent.add(item.id)
+                if item.capped:
+                    self.capped.add(item.id)
                 if not self.checkpoints.admitted(item.id, claim_id=item.claim_id, stored=len(earlier)):
                     restarted[item.id] = item.claim_id
         self.io.restart(restarted)  # queued before any write of their new tokens
@@ -279,6 +282,7 @@ class Runner:
     def _flush(self, *, force: bool) -> None:
         self._collect_io(wait=force)
         due = time.monotonic() - self._last_flush >= FLUSH_SECONDS or len(self.pending) >= FLUSH_RESULTS
+        due = due or any(result.request_id in self.capped for result in self.pending)  # spend caps: at once
         if not (force or due):
             return
         self._last_flush = time.monotonic()
@@ -293,6 +297,7 @@ class Runner:
         }
         self.counters.add_results(**added)
         del self.pending[: len(results)]  # the writer thread commits them (worker/feed/queue_io.py)
+        self.capped &= self.inflight
         self._hand_over(results, wait=force)
 
     def _probe_flushed(self, results: list[EngineResult]) -> None:
@@ -345,7 +350,7 @@ class Runner:
 
     def _hand_over(self, results: list[EngineResult], *, wait: bool) -> None:
         """Give one flush to the writer thread; with `wait`, return once it (and all before it) committed."""
-        outcomes = [_outcome(result) for result in results]
+        outcomes = [outcome_of(result) for result in results]
         self.committing.update(result.request_id for result in results)
         kept = self.checkpoints.kept(results)  # the tokens of results a pause may hand back unstored
         self.io.submit(run_id=self.run_id, write_run=self._run_writer(), outcomes=outcomes, results=results, kept=kept)
@@ -383,17 +388,3 @@ class Runner:
         if not occ.queued_steps:
             return None
         return occ.queued_running_seq_steps / (occ.queued_steps * self.engine.max_num_seqs)
-
-
-def _outcome(result: EngineResult) -> Outcome:
-    return Outcome(
-        request_id=result.request_id,
-        status_code=result.status_code,
-        body=result.body,
-        prompt_tokens=result.prompt_tokens,
-        completion_tokens=result.completion_tokens,
-        engine_seconds=result.engine_seconds,
-        error_code=result.error_code,
-        error_message=result.error_message,
-        cached_tokens=result.cached_tokens,
-    )
