@@ -78,7 +78,7 @@ def test_priority_pause_resume_and_background_on_the_real_engine(live: LiveServe
     client = live.client(key)
     env = cli_env(live.base_url, key, tmp_path / "client")
     # The first wave is short (it frees the engine's 8 slots soon), the rest far longer than the test.
-    large = create(client, lines(8, 24, "large") + lines(24, 384, "long"), priority=-5)
+    large = create(client, lines(8, 24, "large") + lines(48, 900, "long"), priority=-5)
     while running_rows(large.id) == 0:
         time.sleep(0.1)
 
@@ -113,5 +113,5 @@ def test_priority_pause_resume_and_background_on_the_real_engine(live: LiveServe
     ended = wait_for(client, large.id, timeout=300)
     outputs = [line["custom_id"] for line in read_lines(client, ended.output_file_id)]
     errors = [line["custom_id"] for line in read_lines(client, ended.error_file_id)]
-    every = [f"large{i}" for i in range(8)] + [f"long{i}" for i in range(24)]
+    every = [f"large{i}" for i in range(8)] + [f"long{i}" for i in range(48)]
     assert ended.status == "cancelled" and sorted(outputs + errors) == sorted(every)  # each exactly once

@@ -330,6 +330,8 @@ class Runner:
     def _renew_if_due(self) -> None:
         if time.monotonic() - self._last_renew >= RENEW_SECONDS:
             self._reconcile()
+        elif checkpoints := self.checkpoints.due(self.inflight):  # an interval shorter than the renewals'
+            self.io.checkpoint(checkpoints)
 
     def _reconcile(self) -> None:
         """Renew every held lease; take back rows re-queued under us; abort what is gone (cancelled, re-leased)."""
