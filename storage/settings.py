@@ -111,7 +111,7 @@ class Settings(BaseSettings):
     shutdown_drain_seconds: int = Field(default=10, ge=0)
     shutdown_grace_seconds: int = Field(default=30, ge=0)
     # Generation checkpoints (docs/workers.md): every hand-back stores each in-flight request's generated token
-    # ids with its row; besides, every `checkpoint_interval_seconds` (with a lease renewal) a request that has
+    # ids with its row; besides, every `checkpoint_interval_seconds` (checked between engine steps) a request that has
     # generated `checkpoint_every_tokens` more since its last checkpoint is stored too (0: only at hand-backs).
     # A kill -9 loses at most those two bounds' worth of a request's tokens; smaller values write more.
     checkpoint_every_tokens: int = Field(default=1024, ge=0)
