@@ -130,3 +130,22 @@ def chat_line(i: int, max_tokens: int) -> dict[str, Any]:
             "ignore_eos": True,
         },
     }
+
+
+def result_lines(engine: Any, batch_ids: list[str]) -> list[dict[str, Any]]:
+    """Finalize the batches; every line of their output and error files (bench/workers.py, bench/rolling_restart.py)."""
+    import sqlalchemy as sa
+
+    from storage.files.blobs import get_blob_store
+    from worker.jobs.finalize import finalize_batch
+
+    blobs = get_blob_store()
+    for batch_id in batch_ids:
+        finalize_batch(blobs, batch_id=batch_id)
+    query = sa.text(
+        "SELECT f.blob_key FROM batches b JOIN files f ON f.id IN (b.output_file_id, b.error_file_id)"
+        " WHERE b.id = ANY(:ids)"
+    )
+    with engine.connect() as conn:
+        keys = [key for (key,) in conn.execute(query, {"ids": batch_ids})]
+    return [json.loads(line) for key in keys for line in b"".join(blobs.open_stream(key)).splitlines() if line.strip()]

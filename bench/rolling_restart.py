@@ -39,7 +39,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._setup import OUT
+from bench._setup import OUT, result_lines
 from bench.gpu_timed import MODEL, enqueue, prepare
 
 WORKERS = 4
@@ -164,21 +164,7 @@ def _reap() -> None:
 
 def output_lines(batch_ids: list[str]) -> list[dict[str, Any]]:
     """Finalize the batches; every line of their output and error files."""
-    import sqlalchemy as sa
-
-    from storage.files.blobs import get_blob_store
-    from worker.jobs.finalize import finalize_batch
-
-    blobs = get_blob_store()
-    for batch_id in batch_ids:
-        finalize_batch(blobs, batch_id=batch_id)
-    query = sa.text(
-        "SELECT f.blob_key FROM batches b JOIN files f ON f.id IN (b.output_file_id, b.error_file_id)"
-        " WHERE b.id = ANY(:ids)"
-    )
-    with _db().connect() as conn:
-        keys = [key for (key,) in conn.execute(query, {"ids": batch_ids})]
-    return [json.loads(line) for key in keys for line in b"".join(blobs.open_stream(key)).splitlines() if line]
+    return result_lines(_db(), batch_ids)
 
 
 def run(mode: str, args: argparse.Namespace) -> dict[str, Any]:

@@ -32,7 +32,7 @@ import sqlalchemy as sa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._setup import OUT, PG_ADMIN, plot_dir, submit
+from bench._setup import OUT, PG_ADMIN, plot_dir, result_lines, submit
 
 MODEL = "fake-model"
 TENANTS = 4
@@ -230,22 +230,7 @@ def run(engine: sa.Engine, *, workers: int, args: argparse.Namespace, kill_at: f
 
 def exactly_once(engine: sa.Engine, batch_ids: list[str], total: int) -> dict[str, Any]:
     """Finalize the batches and count each custom_id across their output and error files."""
-    from storage.files.blobs import get_blob_store
-    from worker.jobs.finalize import finalize_batch
-
-    blobs = get_blob_store()
-    for batch_id in batch_ids:
-        finalize_batch(blobs, batch_id=batch_id)
-    query = sa.text(
-        "SELECT f.blob_key FROM batches b JOIN files f ON f.id IN (b.output_file_id, b.error_file_id)"
-        " WHERE b.id = ANY(:ids)"
-    )
-    with engine.connect() as conn:
-        keys = [key for (key,) in conn.execute(query, {"ids": batch_ids})]
-    seen: Counter[str] = Counter()
-    for key in keys:
-        data = b"".join(blobs.open_stream(key))
-        seen.update(json.loads(line)["custom_id"] for line in data.splitlines() if line.strip())
+    seen = Counter(line["custom_id"] for line in result_lines(engine, batch_ids))
     return {
         "result_lines": sum(seen.values()),
         "every_custom_id_once": len(seen) == total and set(seen.values()) == {1},

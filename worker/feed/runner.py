@@ -282,7 +282,7 @@ class Runner:
     def _flush(self, *, force: bool) -> None:
         self._collect_io(wait=force)
         due = time.monotonic() - self._last_flush >= FLUSH_SECONDS or len(self.pending) >= FLUSH_RESULTS
-        due = due or any(result.request_id in self.capped for result in self.pending)  # spend caps: at once
+        due = due or (bool(self.capped) and any(r.request_id in self.capped for r in self.pending))  # caps: at once
         if not (force or due):
             return
         self._last_flush = time.monotonic()
