@@ -84,9 +84,11 @@ def shared_sim_measures(r: dict[str, Any]) -> list[dict[str, Any]]:
         for clock in ("ttft", "tpot"):  # the same on the server's own timeline: no HTTP hop, no client clock
             value = s[f"server_clock_{clock}_p99_ratio_worst"]
             rows.append(entry(f"{prefix}server_clock_{clock}_p99_ratio_worst", value, f"{latency}, server clock"))
+        # Met only beside latency within the goal: past it, the ratio counts capacity the users paid for.
         value = s["harvest_ratio"]
-        unit = f"x capacity within the latency goal, smallest of {rates} online req/s ({label})"
-        rows.append(entry(f"{prefix}harvest_ratio", value, unit, ">= 0.70", value >= 0.70))
+        within = max(s["online_ttft_p99_ratio_worst"], s["online_tpot_p99_ratio_worst"]) <= 1.10
+        unit = f"x capacity within the latency goal, smallest of {rates} online req/s ({label}; met with both p99s)"
+        rows.append(entry(f"{prefix}harvest_ratio", value, unit, ">= 0.70", value >= 0.70 and within))
         if (old := s.get("harvest_ratio_vs_idle_roofline")) is not None:
             unit = f"x idle roofline capacity, smallest of {rates} online req/s ({label})"
             rows.append(entry(f"{prefix}harvest_ratio_vs_idle_roofline", old, unit))

@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 STEP_WAIT_SECONDS = 0.05
 RETRY_BASE_SECONDS = 0.5
 RETRY_MAX_SECONDS = 8.0
+PACED_AHEAD = 8  # with prefill pacing: requests the runner may hand over beyond those on the server
 _RETRY_STATUS = {408, 429}
 _GOOD_FINISH = {None, "stop", "length", "tool_calls"}
 _YIELDED = "yielded"  # marker on the done-queue: the call was cancelled to free a slot for online work
@@ -193,8 +194,13 @@ class HttpEngine:
         return bool(self._inflight)
 
     def dispatch_limit(self) -> int | None:
-        """How many batch requests the runner may hold in flight now (the budget's current limit)."""
-        return self.budget.limit
+        """How many batch requests the runner may hold in flight now: the budget's current limit, and with prefill
+        pacing no more than `PACED_AHEAD` beyond those on the server (rows the pacer holds back stay in the queue,
+        where another worker may take them)."""
+        if self.budget.pacer is None:
+            return self.budget.limit
+        sent = sum(1 for f in self._inflight.values() if not f.parked)
+        return min(self.budget.limit, sent + PACED_AHEAD)
 
     def set_urgent(self, urgent: bool) -> None:
         """Let work near its deadline take up to `urgent_extra_inflight` slots from online traffic."""

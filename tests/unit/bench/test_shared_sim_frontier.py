@@ -56,7 +56,11 @@ def test_the_measures_name_the_paced_budget_the_headline_and_report_both_harvest
     point = {"harvest_ratio": 0.17}
     result = {
         "rates": [{"online_rate_per_s": 8.0}],
-        "summary": {"paced": side, "with": {**side, "online_ttft_p99_ratio_worst": 8.0}},
+        "summary": {
+            "paced": side,
+            "with": {**side, "online_ttft_p99_ratio_worst": 8.0, "harvest_ratio": 6.0},
+            "slack": {**side, "harvest_ratio": 0.9},
+        },
         "frontier": [
             {
                 "capacity_within_goal_tokens_per_s": 2235.0,
@@ -71,7 +75,10 @@ def test_the_measures_name_the_paced_budget_the_headline_and_report_both_harvest
     assert rows["shared_sim_online_ttft_p99_ratio_worst"]["value"] == 1.08
     assert rows["shared_sim_default_online_ttft_p99_ratio_worst"]["value"] == 8.0
     assert rows["shared_sim_harvest_ratio"]["value"] == 0.2
+    assert rows["shared_sim_harvest_ratio"]["met"] is False
+    assert rows["shared_sim_default_harvest_ratio"]["met"] is False  # 6x the capacity, by taking the users' share
     assert rows["shared_sim_harvest_ratio_vs_idle_roofline"]["value"] == 0.02
+    assert rows["shared_sim_slack_harvest_ratio"]["met"] is True  # 0.9 of it, both p99s within 1.10x
     assert rows["shared_sim_frontier_paced_harvest_ratio_within_latency_goal"]["value"] == 0.17
     assert rows["shared_sim_frontier_harvest_ratio_within_latency_goal"]["value"] == 0.0
     assert rows["shared_sim_capacity_within_latency_goal"]["value"] == 2235.0

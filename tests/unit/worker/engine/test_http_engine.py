@@ -363,6 +363,7 @@ def test_with_prefill_pacing_and_no_step_time_yet_one_batch_request_is_on_the_se
         wait_for(lambda: server.running == 1, engine)
         time.sleep(0.05)
         assert engine.step() == [] and server.running == 1 and engine.stats().waiting == 2
+        assert engine.dispatch_limit() == min(engine.budget.limit, 1 + http_engine.PACED_AHEAD)  # few rows held back
         engine._run(_release(server))
         assert sorted(r.request_id for r in drain_until(engine, 3)) == ["r0", "r1", "r2"]
         assert server.calls["hold:paced"] == 3
