@@ -10,7 +10,7 @@ first token later (TTFT). What matters is therefore how many batch prompt tokens
 step, and that is what this pacer bounds:
 
     rate        = batch_prefill_tokens_per_step / step_seconds      prompt tokens per second
-    bucket      += rate * elapsed   (at most rate * poll_seconds: no burst after a quiet spell)
+    bucket      += rate * elapsed   (at most rate * BURST_SECONDS: no two prompts at once after a quiet spell)
     send        while bucket >= 0, then bucket -= the request's prompt tokens (estimated)
 
 `step_seconds` is the server's own mean inter-token latency over the last metrics poll (its
@@ -31,6 +31,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# What the bucket may save: the runner checks it every 50 ms at most, so a send is at most that late, and a
+# burst of one prompt is never followed at once by a second (two prompts in one step make one long step).
+BURST_SECONDS = 0.05
 CHARS_PER_TOKEN = 4.0  # OpenAI's rule of thumb, until the server's answers say better
 LEARN_WEIGHT = 0.1  # weight of each answer in the learnt tokens-per-character ratio
 
@@ -40,7 +43,7 @@ class PrefillPacer:
     """A token bucket of batch prompt tokens, refilled at `tokens_per_step` per server step."""
 
     tokens_per_step: float
-    poll_seconds: float
+    burst_seconds: float = BURST_SECONDS
     tokens_per_char: float = 1 / CHARS_PER_TOKEN
     step_seconds: float | None = None  # the server's mean step (inter-token latency); None: not seen yet
     bucket: float = 0.0
@@ -81,5 +84,5 @@ class PrefillPacer:
     def _refill(self, now: float) -> None:
         rate = self.tokens_per_s
         if self._at is not None and rate is not None:
-            self.bucket = min(self.bucket + rate * (now - self._at), max(rate * self.poll_seconds, 0.0))
+            self.bucket = min(self.bucket + rate * (now - self._at), rate * self.burst_seconds)
         self._at = now

@@ -217,7 +217,7 @@ class DispatchBudget:
         self.steps = StepModel()
         self._warned_untimed = False
         per_step = knobs.batch_prefill_tokens_per_step
-        self.pacer = None if per_step is None else PrefillPacer(per_step, poll_seconds=knobs.poll_seconds)
+        self.pacer = None if per_step is None else PrefillPacer(per_step)
 
     @property
     def floor(self) -> int:

@@ -10,7 +10,7 @@ from worker.engine.shared_budget import DispatchBudget, ServerLoad
 
 
 def test_until_the_servers_step_is_known_one_batch_request_is_out_at_a_time() -> None:
-    pacer = PrefillPacer(4, poll_seconds=0.2)
+    pacer = PrefillPacer(4)
     assert pacer.tokens_per_s is None
     assert pacer.allows(0.0, busy=False)
     pacer.spend(500, 0.0)
@@ -19,7 +19,7 @@ def test_until_the_servers_step_is_known_one_batch_request_is_out_at_a_time() ->
 
 
 def test_prompt_tokens_go_out_at_tokens_per_step_over_the_servers_step() -> None:
-    pacer = PrefillPacer(5, poll_seconds=1.0)
+    pacer = PrefillPacer(5)
     pacer.observe_step(0.005)  # 5 tokens a 5 ms step: 1,000 prompt tokens a second
     assert pacer.tokens_per_s == pytest.approx(1000)
     sent, now = 0, 0.0
@@ -32,7 +32,7 @@ def test_prompt_tokens_go_out_at_tokens_per_step_over_the_servers_step() -> None
 
 
 def test_a_long_prompt_puts_the_bucket_in_debt_and_the_next_waits_for_it() -> None:
-    pacer = PrefillPacer(1, poll_seconds=0.2)
+    pacer = PrefillPacer(1)
     pacer.observe_step(0.001)  # 1,000 tokens/s
     assert pacer.allows(0.0, busy=True)
     pacer.spend(2000, 0.0)
@@ -40,16 +40,18 @@ def test_a_long_prompt_puts_the_bucket_in_debt_and_the_next_waits_for_it() -> No
     assert pacer.allows(2.01, busy=True)
 
 
-def test_a_quiet_spell_saves_no_more_than_one_polls_worth() -> None:
-    pacer = PrefillPacer(1, poll_seconds=0.2)
+def test_a_quiet_spell_saves_no_more_than_50_ms_so_two_prompts_never_go_out_together() -> None:
+    pacer = PrefillPacer(1)
     pacer.observe_step(0.001)
     pacer.allows(0.0, busy=True)
     pacer.allows(3600.0, busy=True)  # an hour without batch work
-    assert pacer.bucket == pytest.approx(200)  # one poll at 1,000 tokens/s, not an hour's
+    assert pacer.bucket == pytest.approx(50)  # 50 ms at 1,000 tokens/s, not an hour's
+    pacer.spend(500, 3600.0)
+    assert not pacer.allows(3600.0, busy=True)  # the second prompt waits for its share of time
 
 
 def test_longer_steps_slow_the_pace() -> None:
-    pacer = PrefillPacer(8, poll_seconds=0.2)
+    pacer = PrefillPacer(8)
     pacer.observe_step(0.002)
     fast = pacer.tokens_per_s
     pacer.observe_step(0.004)
@@ -57,7 +59,7 @@ def test_longer_steps_slow_the_pace() -> None:
 
 
 def test_prompt_tokens_are_estimated_from_the_body_and_learnt_from_the_servers_counts() -> None:
-    pacer = PrefillPacer(4, poll_seconds=0.2)
+    pacer = PrefillPacer(4)
     assert pacer.estimate(4000) == 1000  # four characters a token until the server says otherwise
     for _ in range(60):
         pacer.learn(4000, 500)  # this server's tokenizer: eight characters a token
