@@ -13,18 +13,22 @@ Per online rate, sides that alternate in `--rounds` rounds replaying the same ar
   with     Backfill harvesting with the default budget (headroom 2 slots, 0.2 s polls) but `grow_step` 8: the
            default 1 takes 76 s to climb to 384 slots; it starts `--warm-seconds` (10) before the users, so the
            rounds measure a budget near its steady state, as a worker that runs all day has;
-  slack    the same with `latency_slack` (default 0.10): batch work capped by the step model it fits.
-Once, batch alone: the runner with every slot (headroom 0), no online users.
+  paced    the same with `batch_prefill_tokens_per_step` (default 10): batch prompts paced to that many tokens per
+           server step on average (worker/engine/prefill_pace.py);
+  slack    (with --sides) the same with `latency_slack` (default 0.10): batch work capped by the step model it fits.
+Once, batch alone: the runner with every slot (headroom 0), no online users. The server runs with vLLM's
+`--long-prefill-token-threshold` 256 (above the online prompts, so their baseline is the flag-less server's).
 
 Measures: online p99 (and p50) TTFT and TPOT with ÷ without, worst over rates (goal <= 1.10); the harvest
-ratio = batch tokens Backfill recorded ÷ the idle capacity over the same wall, where idle capacity = the
-formula's tokens/s at full batch for the batch job's shape (`estimate_job`, 384 slots) x the wall - the
-online tokens the server produced meanwhile (goal >= 0.70). Each with its spread over rounds.
+ratio = batch tokens Backfill recorded ÷ the capacity within the latency goal over the same wall: the most batch
+tokens/s the formula allows beside these users with their TTFT step and mean step within 1.10x
+(bench/shared_sim_frontier.py `capacity_within_goal`; goal >= 0.70); and, as before, ÷ the idle roofline
+capacity = the formula's tokens/s at full batch for the batch job's shape (`estimate_job`, 384 slots) x the wall
+- the online tokens the server produced meanwhile. Each with its spread over rounds.
 
-The frontier: the same scheduler on virtual time (no HTTP, no CPU noise) with a constant number of batch
-requests in flight, for each rate: the most batch tokens/s any in-flight cap gets with both online p99
-ratios <= 1.10, as a share of the idle capacity. It bounds what a budget that decides only how many batch
-requests are on the server can reach here.
+The frontier: the same scheduler on virtual time (no HTTP, no CPU noise), for each rate, with batch work held at a
+constant number of requests in flight, or paced at a number of prompt tokens per step: each point's p99 ratios
+and harvest, and the best point of each family with both ratios <= 1.10.
 
 The server and the online users run at `--nice` (default -10): they stand for a GPU node's own host and for
 users on other machines; Backfill's process gets what CPU is left. Plots: docs/shared-sim-cdf.png (online
@@ -50,7 +54,7 @@ from bench import sim_server
 from bench._setup import OUT, fresh_postgres, plot_dir
 from bench.online_load import RAW, SERVED_NAME, collect, figures, go, start_online_load
 from bench.shared import MODEL, harvest, use_shared_registry
-from bench.shared_sim_frontier import frontier
+from bench.shared_sim_frontier import capacity_within_goal, frontier
 from storage.planning.node import HARDWARE_PRESETS, LLAMA_70B_FP8
 from storage.planning.step_time import estimate_job
 
@@ -147,6 +151,8 @@ def run_side(
     knobs: dict[str, Any] = {"headroom_seqs": args.headroom_seqs, "poll_seconds": 0.2, "grow_step": args.grow_step}
     if side == "slack":
         knobs["latency_slack"] = args.latency_slack
+    if side == "paced":
+        knobs["batch_prefill_tokens_per_step"] = args.prefill_tokens_per_step
     use_shared_registry(url, args.max_num_seqs, **knobs)
     part = args.seconds / args.rounds
     proc = online(url, rate, part, seed, args)
@@ -165,7 +171,10 @@ def run_side(
         # Idle capacity over the measured wall: the roofline's full-batch tokens/s less what online took.
         idle = args.capacity * run["seconds"] - sum(r.get("tokens", 0) for r in rows if r["ok"])
         ratio = round(run["tokens"] / idle, 4) if idle > 0 else None
-        out |= {"harvest": run, "idle_tokens": idle, "harvest_ratio": ratio}
+        # Within the goal: what the roofline allows beside these users with their steps within 1.10x.
+        within = capacity_within_goal(args, rate) * run["seconds"]
+        out |= {"harvest": run, "idle_tokens": idle, "harvest_ratio_vs_idle_roofline": ratio}
+        out |= {"within_goal_tokens": within, "harvest_ratio": round(run["tokens"] / within, 4) if within else None}
     return out
 
 
@@ -221,7 +230,8 @@ def summarise_rate(rate: float, sides: dict[str, list[dict[str, Any]]]) -> dict[
             "without": theirs,
         }
         entry["harvest_ratio_rounds"] = [run["harvest_ratio"] for run in runs]
-        entry["harvest_ratio"] = _pooled_harvest(runs)
+        entry["harvest_ratio"] = _pooled_harvest(runs, "within_goal_tokens")
+        entry["harvest_ratio_vs_idle_roofline"] = _pooled_harvest(runs, "idle_tokens")
         entry["batch_tokens_per_s"] = round(
             sum(run["harvest"]["tokens"] for run in runs) / sum(run["harvest"]["seconds"] for run in runs), 1
         )
@@ -231,9 +241,9 @@ def summarise_rate(rate: float, sides: dict[str, list[dict[str, Any]]]) -> dict[
     return row
 
 
-def _pooled_harvest(runs: list[dict[str, Any]]) -> float | None:
-    """Batch tokens over idle capacity, the rounds added up."""
-    idle = sum(run["idle_tokens"] for run in runs)
+def _pooled_harvest(runs: list[dict[str, Any]], capacity: str) -> float | None:
+    """Batch tokens over a capacity (`idle_tokens` or `within_goal_tokens`), the rounds added up."""
+    idle = sum(run[capacity] for run in runs)
     return round(sum(run["harvest"]["tokens"] for run in runs) / idle, 4) if idle > 0 else None
 
 
@@ -255,6 +265,7 @@ def summary(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
             "online_ttft_p50_ratio_worst": max(r["ttft_p50_ratio"] or 0 for r in rows),
             "online_tpot_p50_ratio_worst": max(r["tpot_p50_ratio"] or 0 for r in rows),
             "harvest_ratio": min(r["harvest_ratio"] or 0 for r in rows),
+            "harvest_ratio_vs_idle_roofline": min(r["harvest_ratio_vs_idle_roofline"] or 0 for r in rows),
             "server_clock_ttft_p99_ratio_worst": max(r["server_clock"]["ttft_p99_ratio"] or 0 for r in rows),
             "server_clock_tpot_p99_ratio_worst": max(r["server_clock"]["tpot_p99_ratio"] or 0 for r in rows),
             "ttft_p99_ratio_rounds": {
@@ -272,18 +283,23 @@ def summary(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="two rates, one round of 10 s: ~3 minutes")
+    parser.add_argument(
+        "--quick", action="store_true", help="two rates, one round of 10 s, a 20 s frontier: ~4 minutes"
+    )
     parser.add_argument("--rates", default="2,8,24", help="online requests per second, comma-separated")
     parser.add_argument("--seconds", type=float, default=60.0, help="measured seconds per side and rate")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--sides", default="without,with,slack")
+    parser.add_argument("--sides", default="without,with,paced", help="also: slack (latency_slack)")
     parser.add_argument("--online-tokens", type=int, default=64)
     parser.add_argument("--online-prompt-words", type=int, default=200)
     parser.add_argument("--batch-tokens", type=int, default=256)
     parser.add_argument("--batch-prompt-words", type=int, default=500)
     parser.add_argument("--max-num-seqs", type=int, default=384)
     parser.add_argument("--max-num-batched-tokens", type=int, default=sim_server.DEFAULT_MAX_NUM_BATCHED_TOKENS)
-    parser.add_argument("--long-prefill-token-threshold", type=int, default=0, help="the server's (vLLM's knob)")
+    # 256: above the online prompts (202 tokens), so the users' own prompts are never cut and their baseline is the
+    # server's without the flag; a 502-token batch prompt goes in two chunks (docs/shared-mode.md).
+    parser.add_argument("--long-prefill-token-threshold", type=int, default=256, help="the server's (vLLM's knob)")
+    parser.add_argument("--prefill-tokens-per-step", type=float, default=10.0, help="the paced side's budget knob")
     parser.add_argument("--headroom-seqs", type=int, default=2)
     # 8: the budget climbs to a 384-slot server's every slot in ~10 s of 0.2 s polls (the default 1 takes 76 s)
     parser.add_argument("--grow-step", type=int, default=8, help="budget knob: additive increase per poll")
@@ -297,6 +313,7 @@ def main() -> int:
         args.rates, args.seconds, args.rounds = "2,24", 10.0, 1
     args.rates = [float(r) for r in args.rates.split(",")]
     args.sides = args.sides.split(",")
+    args.hardware = HARDWARE
     if "without" not in args.sides:
         parser.error("--sides must include without (the ratios' denominator)")
     args.capacity = capacity_tokens_per_s(args)
@@ -320,7 +337,7 @@ def main() -> int:
 
         stop(proc)
     result["seconds"] = round(time.perf_counter() - started, 1)
-    result["frontier"] = [] if args.no_frontier else frontier(args)
+    result["frontier"] = [] if args.no_frontier else frontier(args, seconds=20.0 if args.quick else 60.0)
     result["summary"] = summary(result, args)
     result["setup"] = {
         "hardware": HARDWARE,

@@ -7,7 +7,8 @@ from typing import Any
 
 STYLES = {
     "without": ("without batch work", "--"),
-    "with": ("with Backfill", "-"),
+    "with": ("with Backfill, default budget", "-"),
+    "paced": ("Backfill, prefill paced", ":"),
     "slack": ("Backfill, latency_slack", "-."),
 }
 

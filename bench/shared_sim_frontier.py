@@ -1,7 +1,17 @@
 """The frontier of bench/shared_sim.py: the GPU-timed server's scheduler on virtual time (no HTTP, no CPU noise),
-with a constant number of batch requests in flight beside the same Poisson online users. For each online rate,
-the most batch tokens any in-flight count harvests with both online p99 ratios (TTFT, TPOT) <= 1.10: what a
-budget that decides only how many batch requests are on the server can reach there at best."""
+beside the same Poisson online users, with batch work held either at a constant number of requests in flight or
+paced at a number of batch prompt tokens per step (what worker/engine/prefill_pace.py does over HTTP). For each
+online rate: online p99 ratios (TTFT, TPOT) and batch tokens/s per point, and the best point of each family with
+both ratios <= 1.10.
+
+And the two denominators of the harvest ratio (docs/benchmarks.md):
+  idle roofline capacity   the formula's full-batch tokens/s for the batch job, less the online tokens (the
+                           issue's first reading: every slot and FLOP online work leaves);
+  capacity within the goal the most batch tokens/s the roofline allows with every step no more than 1.10x its
+                           online-only length: the step that carries an online prompt (its TTFT) and the mean
+                           step (its TPOT), the batch job's prefill spread evenly over the steps (the best any
+                           scheduler could do; any extra decoding sequence lengthens a memory-bound step, any
+                           prompt token a compute-bound one)."""
 
 from __future__ import annotations
 
@@ -12,38 +22,95 @@ from typing import Any
 
 from bench import sim_server
 from bench.sim_scheduler import SimRequest
+from storage.planning.node import HARDWARE_PRESETS, LLAMA_70B_FP8
+from storage.planning.step_time import StepLoad, step_seconds
 
 GOAL_LATENCY = 1.10
+INFLIGHT = (1, 2, 4, 8, 16, 32, 64, 128)
+PACES = (0.5, 1, 2, 4, 8, 10, 12, 16, 32)  # batch prompt tokens per step
 
 
 def frontier(args: argparse.Namespace, seconds: float = 60.0) -> list[dict[str, Any]]:
-    """Per rate: online p99 ratios and batch tokens/s for constant batch in-flight counts, and the best count
-    that keeps both ratios <= 1.10 (virtual time: the formula's steps exactly, no HTTP, no CPU noise)."""
+    """Per rate: the points of both families, their best within the goal, and the capacity within the goal."""
     rows = []
     for rate in args.rates:
-        base = _virtual(args, rate, 0, seconds)
-        points = []
-        for inflight in (1, 2, 4, 8, 16, 32, 64, 128, args.max_num_seqs - args.headroom_seqs):
-            got = _virtual(args, rate, inflight, seconds)
-            idle = args.capacity * seconds - got["online_tokens"]
-            points.append(
-                {
-                    "batch_inflight": inflight,
-                    "ttft_p99_ratio": round(got["ttft_p99"] / base["ttft_p99"], 3),
-                    "tpot_p99_ratio": round(got["tpot_p99"] / base["tpot_p99"], 3),
-                    "batch_tokens_per_s": round(got["batch_tokens"] / seconds, 1),
-                    "harvest_ratio": round(got["batch_tokens"] / idle, 4),
-                }
-            )
-        ok = [p for p in points if p["ttft_p99_ratio"] <= GOAL_LATENCY and p["tpot_p99_ratio"] <= GOAL_LATENCY]
-        best = max(ok, key=lambda p: p["harvest_ratio"]) if ok else None
-        rows.append({"online_rate_per_s": rate, "points": points, "best_within_goal": best})
+        base = _virtual(args, rate, seconds)
+        within = capacity_within_goal(args, rate)
+        row: dict[str, Any] = {"online_rate_per_s": rate, "capacity_within_goal_tokens_per_s": round(within, 1)}
+        families = {
+            "inflight": [{"batch_inflight": n} for n in (*INFLIGHT, args.max_num_seqs - args.headroom_seqs)],
+            "paced": [{"prefill_tokens_per_step": p} for p in PACES],
+        }
+        for family, settings in families.items():
+            points = []
+            for setting in settings:
+                got = _virtual(args, rate, seconds, **setting)
+                idle = args.capacity * seconds - got["online_tokens"]
+                points.append(
+                    {
+                        **setting,
+                        "ttft_p99_ratio": round(got["ttft_p99"] / base["ttft_p99"], 3),
+                        "tpot_p99_ratio": round(got["tpot_p99"] / base["tpot_p99"], 3),
+                        "batch_tokens_per_s": round(got["batch_tokens"] / seconds, 1),
+                        "harvest_ratio": round(got["batch_tokens"] / (within * seconds), 4),
+                        "harvest_ratio_vs_idle_roofline": round(got["batch_tokens"] / idle, 4),
+                    }
+                )
+            ok = [p for p in points if p["ttft_p99_ratio"] <= GOAL_LATENCY and p["tpot_p99_ratio"] <= GOAL_LATENCY]
+            row[family] = points
+            row[f"best_{family}_within_goal"] = max(ok, key=lambda p: p["harvest_ratio"]) if ok else None
+        row["points"], row["best_within_goal"] = row["inflight"], row["best_inflight_within_goal"]  # older readers
+        rows.append(row)
     return rows
 
 
-def _virtual(args: argparse.Namespace, rate: float, inflight: int, seconds: float) -> dict[str, float]:
+def capacity_within_goal(args: argparse.Namespace, rate: float, goal: float = GOAL_LATENCY) -> float:
+    """Batch output tokens/s the roofline allows beside `rate` online users with both of their steps within `goal`:
+    the step carrying one online prompt (TTFT) and the mean step (TPOT), batch prefill spread evenly."""
+    shape, node = LLAMA_70B_FP8, HARDWARE_PRESETS[args.hardware]
+    prompt, batch_prompt = args.online_prompt_words + 2, args.batch_prompt_words + 2
+
+    def step(batch: int, online_prompt: float, mean: float) -> float:
+        online = rate * args.online_tokens * mean  # Little: online sequences decoding in a step of `mean` seconds
+        context = round(
+            (online * (prompt + args.online_tokens / 2) + batch * (batch_prompt + args.batch_tokens / 2))
+            / max(online + batch, 1e-9)
+        )
+        load = StepLoad(
+            decode_seqs=online + batch,
+            prefill_tokens=online_prompt + batch * batch_prompt / args.batch_tokens,
+        )
+        return step_seconds(shape, node, max(context, 1), load)
+
+    def mean_step(batch: int) -> float:
+        mean = 0.003
+        for _ in range(50):  # the online prompt tokens per step depend on the step's own length
+            mean = step(batch, rate * prompt * mean, mean)
+        return mean
+
+    alone = mean_step(0)
+    ttft_alone = step(0, prompt, alone)
+    best = 0.0
+    for batch in range(1, args.max_num_seqs):
+        mean = mean_step(batch)
+        if mean > goal * alone or step(batch, prompt, mean) > goal * ttft_alone:
+            break
+        best = batch / mean
+    return best
+
+
+def _virtual(
+    args: argparse.Namespace,
+    rate: float,
+    seconds: float,
+    batch_inflight: int = 0,
+    prefill_tokens_per_step: float = 0.0,
+) -> dict[str, float]:
+    """Online users at `rate` beside batch work held at `batch_inflight` requests, or paced at
+    `prefill_tokens_per_step` batch prompt tokens per step (a bucket refilled each step, one prompt deep)."""
     server = sim_server.build(
         served_name="virtual",
+        hardware=args.hardware,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         long_prefill_token_threshold=args.long_prefill_token_threshold,
@@ -56,19 +123,25 @@ def _virtual(args: argparse.Namespace, rate: float, inflight: int, seconds: floa
     users: list[SimRequest] = []
     batch: list[SimRequest] = []
     prompt, batch_prompt = args.online_prompt_words + 2, args.batch_prompt_words + 2
+
+    def send(max_tokens: int, arrival: float) -> None:
+        batch.append(SimRequest(prompt_tokens=batch_prompt, max_tokens=max_tokens, priority=1_000_000, arrival=arrival))
+        sched.add(batch[-1])
+
     # The first requests stand for a steady stream already running: their outputs are staggered (their remaining
     # lengths spread evenly), so the batch does not finish and prefill again in lockstep.
-    for i in range(inflight):
-        remaining = max(1, round(args.batch_tokens * (i + 1) / inflight))
-        batch.append(SimRequest(prompt_tokens=batch_prompt, max_tokens=remaining, priority=1_000_000, arrival=-1.0))
-        sched.add(batch[-1])
+    for i in range(batch_inflight):
+        send(max(1, round(args.batch_tokens * (i + 1) / batch_inflight)), -1.0)
+    bucket = 0.0
     while now < seconds:
         batch = [b for b in batch if not b.finished]
-        for _ in range(inflight - len(batch)):
-            batch.append(
-                SimRequest(prompt_tokens=batch_prompt, max_tokens=args.batch_tokens, priority=1_000_000, arrival=now)
-            )
-            sched.add(batch[-1])
+        if prefill_tokens_per_step:
+            while bucket >= 0 and len(batch) < args.max_num_seqs - args.headroom_seqs:
+                send(args.batch_tokens, now)
+                bucket -= batch_prompt
+        else:
+            for _ in range(batch_inflight - len(batch)):
+                send(args.batch_tokens, now)
         while arrivals and arrivals[0] <= now:
             users.append(SimRequest(prompt_tokens=prompt, max_tokens=args.online_tokens, arrival=arrivals.pop(0)))
             sched.add(users[-1])
@@ -78,6 +151,7 @@ def _virtual(args: argparse.Namespace, rate: float, inflight: int, seconds: floa
         plan = sched.schedule()
         now += plan.seconds
         sched.complete(plan, now)
+        bucket = min(bucket + prefill_tokens_per_step, prefill_tokens_per_step)
     done = [u for u in users if u.finished_at is not None and u.first_token_at is not None]
     ttft = [u.first_token_at - u.arrival for u in done]  # type: ignore[operator]
     tpot = [(u.finished_at - u.first_token_at) / (u.max_tokens - 1) for u in done]  # type: ignore[operator]

@@ -34,6 +34,10 @@ class SharedModeSpec(BaseModel):
     # at most this share, from a step-time model fitted to the server's own /metrics (worker/engine/shared_budget.py).
     # None: only free slots limit batch work. 0.10 = the "online p99 within 1.10x".
     latency_slack: float | None = Field(default=None, gt=0)
+    # Set: at most this many batch prompt tokens per server step on average, the step being the server's own
+    # mean inter-token latency (worker/engine/prefill_pace.py): prompts, not sequences, are what lengthen a
+    # GPU's steps. None: no pacing.
+    batch_prefill_tokens_per_step: float | None = Field(default=None, gt=0)
     max_attempts: int = Field(default=3, ge=1)
     request_timeout_seconds: float = Field(default=600, gt=0)
 

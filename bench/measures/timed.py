@@ -65,11 +65,14 @@ def gpu_timed_measures(r: dict[str, Any]) -> list[dict[str, Any]]:
 
 def shared_sim_measures(r: dict[str, Any]) -> list[dict[str, Any]]:
     """Shared mode on the GPU-timed server (bench/shared_sim.py): each Backfill side's worst p99 ratios over the
-    online rates and its smallest harvest ratio; the frontier on virtual time; batch alone vs the roofline."""
+    online rates and its smallest harvest ratios (÷ the capacity within the latency goal, the goal's; ÷ the idle
+    roofline capacity, the issue's first reading); the frontier on virtual time; batch alone vs the roofline.
+    The headline names are the prefill-paced budget's; the default budget's carry `default_`."""
     rows: list[dict[str, Any]] = []
     rates = ", ".join(f"{row['online_rate_per_s']:g}" for row in r["rates"])
     for side, prefix, label in (
-        ("with", "shared_sim_", "default budget"),
+        ("paced", "shared_sim_", "prefill paced"),
+        ("with", "shared_sim_default_", "default budget"),
         ("slack", "shared_sim_slack_", "latency_slack"),
     ):
         if (s := r["summary"].get(side)) is None:
@@ -81,14 +84,27 @@ def shared_sim_measures(r: dict[str, Any]) -> list[dict[str, Any]]:
         for clock in ("ttft", "tpot"):  # the same on the server's own timeline: no HTTP hop, no client clock
             value = s[f"server_clock_{clock}_p99_ratio_worst"]
             rows.append(entry(f"{prefix}server_clock_{clock}_p99_ratio_worst", value, f"{latency}, server clock"))
+        # Met only beside latency within the goal: past it, the ratio counts capacity the users paid for.
         value = s["harvest_ratio"]
-        unit = f"x idle roofline capacity, smallest of {rates} online req/s ({label})"
-        rows.append(entry(f"{prefix}harvest_ratio", value, unit, ">= 0.70", value >= 0.70))
-    best = [row["best_within_goal"] for row in r.get("frontier", [])]
-    if best:
+        within = max(s["online_ttft_p99_ratio_worst"], s["online_tpot_p99_ratio_worst"]) <= 1.10
+        unit = f"x capacity within the latency goal, smallest of {rates} online req/s ({label}; met with both p99s)"
+        rows.append(entry(f"{prefix}harvest_ratio", value, unit, ">= 0.70", value >= 0.70 and within))
+        if (old := s.get("harvest_ratio_vs_idle_roofline")) is not None:
+            unit = f"x idle roofline capacity, smallest of {rates} online req/s ({label})"
+            rows.append(entry(f"{prefix}harvest_ratio_vs_idle_roofline", old, unit))
+    frontier = r.get("frontier", [])
+    for family, name in (("inflight", "shared_sim_frontier_"), ("paced", "shared_sim_frontier_paced_")):
+        best = [row.get(f"best_{family}_within_goal", row.get("best_within_goal")) for row in frontier]
+        if not best or (family == "paced" and "paced" not in frontier[0]):
+            continue
+        how = "in-flight cap" if family == "inflight" else "prefill pace"
         value = min((b["harvest_ratio"] if b else 0.0) for b in best)
-        unit = "x idle capacity: the most any in-flight cap harvests with both p99 ratios <= 1.10 (virtual time)"
-        rows.append(entry("shared_sim_frontier_harvest_ratio_within_latency_goal", value, unit))
+        unit = f"x capacity within the goal: the most any {how} harvests with both p99 ratios <= 1.10 (virtual time)"
+        rows.append(entry(f"{name}harvest_ratio_within_latency_goal", value, unit))
+    if frontier and "capacity_within_goal_tokens_per_s" in frontier[0]:
+        value = min(row["capacity_within_goal_tokens_per_s"] for row in frontier)
+        unit = f"batch tokens/s the roofline allows with online steps within 1.10x, smallest of {rates} req/s"
+        rows.append(entry("shared_sim_capacity_within_latency_goal", value, unit))
     alone = r["batch_alone"]
     capacity = r["setup"]["capacity_tokens_per_s"] if "setup" in r else None
     if capacity:

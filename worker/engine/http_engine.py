@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import itertools
+import json
 import logging
 import queue
 import threading
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 STEP_WAIT_SECONDS = 0.05
 RETRY_BASE_SECONDS = 0.5
 RETRY_MAX_SECONDS = 8.0
+PACED_AHEAD = 8  # with prefill pacing: requests the runner may hand over beyond those on the server
 _RETRY_STATUS = {408, 429}
 _GOOD_FINISH = {None, "stop", "length", "tool_calls"}
 _YIELDED = "yielded"  # marker on the done-queue: the call was cancelled to free a slot for online work
@@ -65,6 +67,7 @@ class _Flight:
     future: concurrent.futures.Future[None] | None = None
     parked: bool = True
     messages: MessagesBody | None = None  # an Anthropic request, sent as chat and answered as a Message
+    chars: int = 0  # the size of its body: the prefill pacer estimates its prompt tokens from it
 
 
 class HttpEngine:
@@ -117,7 +120,10 @@ class HttpEngine:
             url, body = _wire(request.url, request.body, parsed)  # type: ignore[arg-type]
         payload = {**body, "model": self.server_model, "priority": self.shared.batch_priority}
         flight_body = None if messages is not None else parsed
-        self._inflight[rid] = _Flight(rid, url, payload, time.monotonic(), body=flight_body, messages=messages)  # type: ignore[arg-type]
+        flight = _Flight(rid, url, payload, time.monotonic(), body=flight_body, messages=messages)  # type: ignore[arg-type]
+        if self.budget.pacer is not None:
+            flight.chars = len(json.dumps(payload.get("messages") or payload.get("prompt") or payload))
+        self._inflight[rid] = flight
         self._parked.append(rid)
         self._dispatch()
         return None
@@ -136,6 +142,8 @@ class HttpEngine:
             if flight is not None and flight.token == token:  # else aborted, or an answer to an earlier send
                 if isinstance(outcome, EngineResult):
                     del self._inflight[rid]
+                    if self.budget.pacer is not None:
+                        self.budget.pacer.learn(flight.chars, outcome.prompt_tokens)
                     outcome.engine_seconds = time.monotonic() - flight.added
                     results.append(outcome)
                 else:  # yielded to online work: first to go out again, it was claimed first
@@ -175,6 +183,8 @@ class HttpEngine:
                 online=last.online,
                 slack_cap=last.slack_cap,
             )
+        if (pacer := self.budget.pacer) is not None:
+            extra.update(prefill_tokens_per_s=pacer.tokens_per_s, tokens_per_char=round(pacer.tokens_per_char, 4))
         if (step := self.budget.steps.fit()) is not None:
             extra.update(step_fixed_ms=round(step[0] * 1000, 3), step_per_seq_ms=round(step[1] * 1000, 4))
         return EngineStats(running=len(self._inflight) - parked, waiting=parked, extra=extra)
@@ -184,8 +194,13 @@ class HttpEngine:
         return bool(self._inflight)
 
     def dispatch_limit(self) -> int | None:
-        """How many batch requests the runner may hold in flight now (the budget's current limit)."""
-        return self.budget.limit
+        """How many batch requests the runner may hold in flight now: the budget's current limit, and with prefill
+        pacing no more than `PACED_AHEAD` beyond those on the server (rows the pacer holds back stay in the queue,
+        where another worker may take them)."""
+        if self.budget.pacer is None:
+            return self.budget.limit
+        sent = sum(1 for f in self._inflight.values() if not f.parked)
+        return min(self.budget.limit, sent + PACED_AHEAD)
 
     def set_urgent(self, urgent: bool) -> None:
         """Let work near its deadline take up to `urgent_extra_inflight` slots from online traffic."""
@@ -202,12 +217,18 @@ class HttpEngine:
     # -- runner-thread helpers -------------------------------------------------------------------
 
     def _dispatch(self) -> None:
-        """Send parked requests while fewer than the budget's limit are on the server."""
+        """Send parked requests while fewer than the budget's limit are on the server (and, with prefill pacing,
+        while the pacer has prompt tokens to spare; the urgent floor goes out regardless)."""
         sent = len(self._inflight) - sum(1 for f in self._inflight.values() if f.parked)
+        pacer, now = self.budget.pacer, time.monotonic()
         while self._parked and sent < self.budget.limit:
+            if pacer is not None and sent >= self.budget.floor and not pacer.allows(now, busy=sent > 0):
+                break
             flight = self._inflight.get(self._parked.popleft())
             if flight is None or not flight.parked:
                 continue
+            if pacer is not None:
+                pacer.spend(pacer.estimate(flight.chars), now)
             flight.token, flight.parked = next(self._tokens), False
             flight.future = asyncio.run_coroutine_threadsafe(self._call(flight), self._loop)
             sent += 1

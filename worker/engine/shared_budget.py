@@ -62,6 +62,7 @@ import re
 from dataclasses import dataclass
 
 from storage.registry import SharedModeSpec
+from worker.engine.prefill_pace import PrefillPacer
 
 log = logging.getLogger(__name__)
 
@@ -215,6 +216,13 @@ class DispatchBudget:
         self.load: ServerLoad | None = None
         self.steps = StepModel()
         self._warned_untimed = False
+        per_step = knobs.batch_prefill_tokens_per_step
+        self.pacer = None if per_step is None else PrefillPacer(per_step)
+
+    @property
+    def floor(self) -> int:
+        """Batch requests allowed whatever the load (`min_inflight`, raised while work is urgent)."""
+        return min(self.knobs.min_inflight + (self.knobs.urgent_extra_inflight if self.urgent else 0), self.slots)
 
     def set_urgent(self, urgent: bool) -> None:
         """Work is close to its deadline: allow `urgent_extra_inflight` more, even at online's expense."""
@@ -241,13 +249,20 @@ class DispatchBudget:
     def _observe_step(self, load: ServerLoad) -> None:
         """One sample for the step model: mean inter-token latency since the last poll vs sequences running."""
         last = self.load
-        if load.itl_seconds is None and self.knobs.latency_slack is not None and not self._warned_untimed:
-            log.warning("latency_slack is set but /metrics has no %s: batch work is not capped by it", ITL_SUM)
+        timed_knobs = self.knobs.latency_slack is not None or self.pacer is not None
+        if load.itl_seconds is None and timed_knobs and not self._warned_untimed:
+            log.warning(
+                "latency_slack or batch_prefill_tokens_per_step is set but /metrics has no %s: no slack cap, and"
+                " prefill pacing sends one batch request at a time",
+                ITL_SUM,
+            )
             self._warned_untimed = True
         if last is None or load.itl_seconds is None or last.itl_seconds is None:
             return
         assert load.itl_tokens is not None and last.itl_tokens is not None
         tokens = load.itl_tokens - last.itl_tokens
+        if self.pacer is not None and tokens > 0:  # the server's mean step since the last poll paces prefill
+            self.pacer.observe_step((load.itl_seconds - last.itl_seconds) / tokens)
         if tokens < 20 or load.running == 0 or last.running == 0:  # too few tokens, or idle part of the interval
             return
         self.steps.observe((load.running + last.running) / 2, (load.itl_seconds - last.itl_seconds) / tokens)

@@ -150,6 +150,46 @@ def test_with_a_latency_slack_the_budget_fits_the_servers_step_time_and_every_li
     assert sorted(line["custom_id"] for line in outputs) == sorted(line["custom_id"] for line in lines)
 
 
+def test_with_prefill_pacing_the_pace_follows_the_servers_steps_and_every_line_still_lands_once(
+    backend: Backend, vllm_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from storage.db import transaction
+    from storage.files.blobs import get_blob_store
+    from storage.models import Batch
+    from storage.settings import get_settings
+    from worker.engine.factory import load_engine
+    from worker.engine.http_engine import HttpEngine
+    from worker.feed.runner import Runner
+    from worker.jobs.finalize import finalize_batch
+
+    shared = {"server_url": vllm_server, "poll_seconds": 0.1, "batch_prefill_tokens_per_step": 8}
+    registry = {"backfill-demo": {"path": "served-by-the-server", "max_num_seqs": MAX_NUM_SEQS, "shared": shared}}
+    configure(monkeypatch, {**backend.env, "BACKFILL_MODELS": json.dumps(registry)})
+    engine = load_engine(get_settings(), "backfill-demo")
+    assert isinstance(engine, HttpEngine)
+    lines = [batch_line(i, max_tokens=32) for i in range(24)]
+    batch_id = submit(lines)
+    runner = Runner(engine, model="backfill-demo", settings=get_settings())
+    try:
+        started = time.monotonic()
+        while runner.run_for(5.0):
+            assert time.monotonic() - started < 120, "the batch did not finish"
+    finally:
+        engine.close()
+    # The server's inter-token latency set the pace, and its prompt counts taught the estimate (the demo
+    # model's tokenizer is not four characters a token).
+    pacer = engine.budget.pacer
+    assert pacer is not None and pacer.step_seconds is not None and pacer.step_seconds > 0
+    assert pacer.tokens_per_char != 0.25
+    assert finalize_batch(get_blob_store(), batch_id=batch_id) == "completed"
+    with transaction() as session:
+        batch = session.get(Batch, batch_id)
+        assert batch is not None
+        outputs, errors = read_file(batch.output_file_id), read_file(batch.error_file_id)
+    assert not errors
+    assert sorted(line["custom_id"] for line in outputs) == sorted(line["custom_id"] for line in lines)
+
+
 def test_aborting_a_batch_request_frees_its_sequence_on_the_server(vllm_server: str) -> None:
     from storage.registry import ModelSpec, SharedModeSpec
     from worker.engine import EngineRequest

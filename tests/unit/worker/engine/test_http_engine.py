@@ -350,3 +350,34 @@ def test_an_anthropic_messages_request_goes_out_as_chat_and_comes_back_as_a_mess
     assert message.model == "backfill-demo" and message.stop_reason == "max_tokens" and message.content[0].text == "x y"
     assert (message.usage.input_tokens, message.usage.output_tokens) == (7, 3)
     assert (result.prompt_tokens, result.completion_tokens) == (7, 3)
+
+
+def test_with_prefill_pacing_and_no_step_time_yet_one_batch_request_is_on_the_server_at_a_time(
+    server: FakeServer,
+) -> None:
+    engine = start(server, min_inflight=0, batch_prefill_tokens_per_step=4)  # this /metrics has no latency counters
+    try:
+        wait_for(lambda: engine.dispatch_limit() >= 3)
+        for i in range(3):
+            engine.add(chat(f"r{i}", "hold:paced"))
+        wait_for(lambda: server.running == 1, engine)
+        time.sleep(0.05)
+        assert engine.step() == [] and server.running == 1 and engine.stats().waiting == 2
+        assert engine.dispatch_limit() == min(engine.budget.limit, 1 + http_engine.PACED_AHEAD)  # few rows held back
+        engine._run(_release(server))
+        assert sorted(r.request_id for r in drain_until(engine, 3)) == ["r0", "r1", "r2"]
+        assert server.calls["hold:paced"] == 3
+    finally:
+        engine.close()
+
+
+def test_the_floor_goes_out_whatever_the_prefill_pace(server: FakeServer) -> None:
+    engine = start(server, min_inflight=3, batch_prefill_tokens_per_step=4)
+    try:
+        for i in range(3):
+            engine.add(chat(f"r{i}", "hold:floor"))
+        wait_for(lambda: server.running == 3, engine)
+        engine._run(_release(server))
+        assert len(drain_until(engine, 3)) == 3
+    finally:
+        engine.close()
