@@ -54,7 +54,7 @@ FULL = {
     "shared": ["bench/shared.py"],
     # Issue 22 section 4: shared mode against a GPU-timed vLLM server (70B FP8 on 8xH100, ~15 min):
     # `make bench ARGS="--only shared_sim"`.
-    "shared_sim": ["bench/shared_sim.py"],
+    "shared_sim": ["bench/shared_sim.py", "--seconds", "30", "--rounds", "2"],
     "prefix": ["bench/prefix.py"],
     # Issue 15 section 2: 1, 2, 4, 8 GPU-worker processes on one queue, then one killed (~2 min):
     # `make bench ARGS="--only workers"`.
@@ -175,6 +175,12 @@ def main() -> int:
     )
     parser.add_argument("--no-write", action="store_true", help="print only; leave results.json and docs alone")
     parser.add_argument("--render", action="store_true", help="only rewrite docs/benchmarks.md from results.json")
+    parser.add_argument(
+        "--collect",
+        action="store_true",
+        help="run nothing: take the chosen parts' rows from their last outputs in bench/out (a part run on its own,"
+        " e.g. `python bench/shared_sim.py --seconds 30 --rounds 2`, or by an earlier suite run)",
+    )
     args = parser.parse_args()
     if args.render:
         saved = json.loads(RESULTS.read_text())
@@ -188,6 +194,14 @@ def main() -> int:
     failed: list[str] = []
     previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     for name in chosen:
+        if args.collect:
+            if not (OUT / OUTPUTS[name]).exists():
+                failed.append(name)
+                print(f"== {name}: no {OUT / OUTPUTS[name]} to collect", flush=True)
+                continue
+            parts[name] = json.loads((OUT / OUTPUTS[name]).read_text())
+            print(f"== {name}: collected {OUT / OUTPUTS[name]}", flush=True)
+            continue
         print(f"== {name}: {' '.join(plan[name])}", flush=True)
         (OUT / OUTPUTS[name]).unlink(missing_ok=True)
         started = time.perf_counter()
