@@ -171,10 +171,12 @@ def main() -> int:
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--cprofile", action="store_true", help="one more Backfill round under cProfile")
+    parser.add_argument("--flush-seconds", default="", help="e.g. 0.5,2: Backfill once per value each round")
     args = parser.parse_args()
     database = fresh_postgres()
     model_dir = prepare_env(database_url=database, max_num_seqs=args.max_num_seqs)
     from bench.engine import make_llm, omp_settings, run_backfill, run_vllm
+    from worker.feed import runner as runner_module
 
     llm = make_llm(model_dir, args.max_num_seqs)
     run_vllm(llm, [chat_line(i, 8) for i in range(64)])
@@ -185,9 +187,13 @@ def main() -> int:
         gc.collect()
         first, second = ("bare", "backfill") if index % 2 else ("backfill", "bare")
         for side in (first, second):
-            rows.append(
-                profile_bare(llm, lines, database) if side == "bare" else profile_backfill(lines, database, None)
-            )
+            if side == "bare":
+                rows.append(profile_bare(llm, lines, database))
+            for flush in [float(x) for x in args.flush_seconds.split(",") if x] if side == "backfill" else []:
+                runner_module.FLUSH_SECONDS = flush  # the runner's result flush interval (worker/feed/runner.py)
+                rows.append({**profile_backfill(lines, database, None), "flush_seconds": flush})
+            if side == "backfill" and not args.flush_seconds:
+                rows.append(profile_backfill(lines, database, None))
     result: dict[str, Any] = {"omp": omp_settings(), "rounds": rows}
     if args.cprofile:
         profiler = cProfile.Profile()

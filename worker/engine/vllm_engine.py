@@ -88,8 +88,7 @@ class VllmEngine:
         self._tasks = set(self._engine.get_supported_tasks())
         self._defaults: dict[str, Any] = self._model_config.get_diff_sampling_param()
         self._inflight: dict[str, InFlight] = {}
-        # Resumed requests a stop string may still span: all a step checks (`_boundary_stops`), not all in flight.
-        self._open_windows: dict[str, InFlight] = {}
+        self._open_windows: dict[str, InFlight] = {}  # resumed, a stop string may span: what a step checks
         self._owner: dict[str, str] = {}  # engine request id -> our request id
         self._prefix_queries = 0  # prompt tokens of finished requests, and those the prefix cache served
         self._prefix_hits = 0
@@ -169,12 +168,10 @@ class VllmEngine:
             self._engine.abort_request(engine_ids)
 
     def stats(self) -> EngineStats:
-        """The scheduler's own counts of sequences (n>1 choices and embedding inputs count singly).
-
-        In-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) the EngineCore's scheduler gives `(len(running),
-        len(waiting) + len(kv_holding_waiting))`, vLLM's `vllm:num_requests_running` / `_waiting` (preempted
-        sequences wait again); a multiprocess engine's scheduler is in another process: estimated from ours.
-        """
+        """The scheduler's own counts of sequences (n>1 choices and embedding inputs count singly): in-process
+        (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) the EngineCore's scheduler gives `(len(running), len(waiting) +
+        len(kv_holding_waiting))`, vLLM's `vllm:num_requests_running` / `_waiting` (preempted sequences wait
+        again); a multiprocess engine's scheduler is in another process: estimated from what is in flight."""
         core = getattr(self._engine.engine_core, "engine_core", None)
         extra: dict[str, Any] = {
             "requests_in_flight": len(self._inflight),
@@ -331,10 +328,9 @@ class VllmEngine:
             logger.exception("engine refused request %s", rid)
             return server_error(rid, f"the engine could not accept the request: {error}")
         engine_ids = [engine_id for engine_id, _, _ in prepared]
-        flight = InFlight(rid, body, run, time.monotonic(), engine_ids, exact=exact, resume=resume)
-        self._inflight[rid] = flight
+        self._inflight[rid] = InFlight(rid, body, run, time.monotonic(), engine_ids, exact=exact, resume=resume)
         if resume is not None and resume.window_open:
-            self._open_windows[rid] = flight
+            self._open_windows[rid] = self._inflight[rid]
         self._owner.update((engine_id, rid) for engine_id, _, _ in prepared)
         return None
 
