@@ -91,7 +91,22 @@ def postgres_cpu(database: str | None) -> float:
 @contextmanager
 def cpu_of(database: str | None, into: dict[str, Any]) -> Iterator[None]:
     threads, pg, started = thread_cpu(), postgres_cpu(database), time.perf_counter()
-    yield
+    pauses: dict[str, float] = defaultdict(float)  # the cyclic garbage collector's pauses, any thread's
+    began: list[float] = [0.0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            began[0] = time.perf_counter()
+            return
+        pauses[f"gen{info['generation']}_seconds"] += time.perf_counter() - began[0]
+        pauses[f"gen{info['generation']}_collections"] += 1
+
+    gc.callbacks.append(on_gc)
+    try:
+        yield
+    finally:
+        gc.callbacks.remove(on_gc)
+    into["gc"] = {k: round(v, 4) for k, v in sorted(pauses.items())}
     into["wall_s"] = time.perf_counter() - started
     after = thread_cpu()
     into["cpu_s"] = {k: round(after.get(k, 0.0) - threads.get(k, 0.0), 3) for k in sorted(after)}
