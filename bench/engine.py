@@ -5,11 +5,13 @@
    downloaded and checked) vs the same requests in one `LLM.generate` call on prompts rendered and
    tokenized beforehand (the fastest hand-written loop). Backfill's engine clock runs from the first claim
    to the last result written; upload, ingest and the output file are reported apart, outside it.
+   `--rounds` rounds, each on fresh prompts with the first side alternating; the ratio is taken per round
+   and reported as its median, quartiles and extremes (bench/engine_profile.py shows where the time goes).
 2. Stragglers: 7 of every 8 requests want 100 tokens, 1 wants 1,000. Backfill's slot occupancy while
    work is queued, and its wall time vs the same requests sent in fixed chunks of max_num_seqs that
    wait for their slowest member (static batching).
 
-Usage: .venv/bin/python bench/engine.py [--requests 1000] [--max-num-seqs 64] [--tokens 64]
+Usage: .venv/bin/python bench/engine.py [--requests 1000] [--max-num-seqs 64] [--tokens 64] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -149,13 +151,67 @@ def batch_size_sweep(llm, sizes: list[int], tokens: int) -> list[dict[str, float
     return points
 
 
+def omp_settings() -> dict[str, object]:
+    """The threading both sides share (one process, one torch thread pool: identical by construction)."""
+    import os
+
+    import torch
+
+    names = ("OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU", "LD_PRELOAD")
+    return {"torch_threads": torch.get_num_threads(), **{name: os.environ.get(name) for name in names}}
+
+
+def spread(name: str, values: list[float]) -> dict[str, float]:
+    """Median, quartiles (inclusive method) and extremes of per-round figures."""
+    import statistics
+
+    ordered = sorted(values)
+    q1, _, q3 = statistics.quantiles(ordered, n=4, method="inclusive") if len(ordered) > 1 else ordered * 3
+    return {
+        f"{name}_median": round(statistics.median(ordered), 3),
+        f"{name}_q1": round(q1, 3),
+        f"{name}_q3": round(q3, 3),
+        f"{name}_min": round(ordered[0], 3),
+        f"{name}_max": round(ordered[-1], 3),
+    }
+
+
+def overhead_rounds(llm, rounds: int, requests: int, tokens: int) -> list[dict[str, object]]:  # type: ignore[no-untyped-def]
+    """Each round: the same fresh requests through both sides, the first side alternating.
+
+    Fresh per round: new prompts (neither engine's prefix cache holds them from an earlier round), a new
+    batch, garbage collected before each side; the ratio is taken within the round (same machine state).
+    """
+    out = []
+    for index in range(rounds):
+        lines = [chat_line(i, tokens) for i in range((index + 1) * 10**6, (index + 1) * 10**6 + requests)]
+        sides = ("vllm", "backfill") if index % 2 else ("backfill", "vllm")
+        measured: dict[str, dict[str, float]] = {}
+        for side in sides:
+            gc.collect()
+            measured[side] = run_vllm(llm, lines) if side == "vllm" else run_backfill(lines)
+        backfill, bare = measured["backfill"], measured["vllm"]
+        a, b = backfill["tokens"] / backfill["seconds"], bare["tokens"] / bare["seconds"]
+        out.append(
+            {
+                "first": sides[0],
+                "backfill_tokens_per_s": a,
+                "vllm_tokens_per_s": b,
+                "ratio": a / b,
+                "submit_seconds": backfill["submit_seconds"],
+                "output_seconds": backfill["output_seconds"],
+            }
+        )
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--stragglers", type=int, default=256)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5, help="overhead rounds (sides alternate)")
     parser.add_argument("--sqlite", action="store_true", help="queue on the embedded SQLite file, not Postgres")
     parser.add_argument("--sweep", default="1,2,4,8,16,32,64", help="batch sizes for the throughput curve")
     args = parser.parse_args()
@@ -163,28 +219,17 @@ def main() -> int:
     database = None if args.sqlite else fresh_postgres()
     model_dir = prepare_env(database_url=database, max_num_seqs=args.max_num_seqs)
     llm = make_llm(model_dir, args.max_num_seqs)
-    lines = [chat_line(i, args.tokens) for i in range(args.requests)]
-    run_vllm(llm, lines[:64])  # warm both engines the same way
+    warm = [chat_line(i, args.tokens) for i in range(64)]
+    run_vllm(llm, warm)  # warm both engines the same way
     from worker.process import service
 
     service.get_runner("backfill-demo")
-    run_backfill([chat_line(i, 8) for i in range(64)])
+    run_backfill(warm)
 
-    rounds = []
-    overheads: list[tuple[float, float]] = []
-    for index in range(args.rounds):  # alternate which side goes first; report the median of per-round ratios
-        if index % 2:
-            bare = run_vllm(llm, lines)
-            backfill = run_backfill(lines)
-        else:
-            backfill = run_backfill(lines)
-            bare = run_vllm(llm, lines)
-        rounds.append((backfill["tokens"] / backfill["seconds"], bare["tokens"] / bare["seconds"]))
-        overheads.append((backfill["submit_seconds"], backfill["output_seconds"]))
-    ratios = sorted(a / b for a, b in rounds)
-    median_ratio = ratios[len(ratios) // 2]
-    best_backfill = max(r[0] for r in rounds)
-    best_bare = max(r[1] for r in rounds)
+    rounds = overhead_rounds(llm, args.rounds, args.requests, args.tokens)
+    ratios = [r["ratio"] for r in rounds]
+    best_backfill = max(r["backfill_tokens_per_s"] for r in rounds)
+    best_bare = max(r["vllm_tokens_per_s"] for r in rounds)
 
     mix = [chat_line(i, 1000 if i % 8 == 7 else 100) for i in range(args.stragglers)]
     continuous = run_backfill(mix)
@@ -197,13 +242,16 @@ def main() -> int:
         "requests": args.requests,
         "output_tokens_each": args.tokens,
         "max_num_seqs": args.max_num_seqs,
-        "rounds_tokens_per_s": [[round(a), round(b)] for a, b in rounds],
+        "omp": omp_settings(),
+        "rounds_tokens_per_s": [[round(r["backfill_tokens_per_s"]), round(r["vllm_tokens_per_s"])] for r in rounds],
+        "rounds_first_side": [r["first"] for r in rounds],
         "backfill_tokens_per_s": round(best_backfill),
         "vllm_generate_tokens_per_s": round(best_bare),
-        "throughput_ratio_median": round(median_ratio, 3),
+        "throughput_ratio_rounds": [round(x, 3) for x in ratios],
+        **spread("throughput_ratio", ratios),
         "throughput_ratio_best_vs_best": round(best_backfill / best_bare, 3),
-        "api_upload_and_enqueue_seconds": round(min(o[0] for o in overheads), 2),
-        "output_file_seconds": round(min(o[1] for o in overheads), 2),
+        "api_upload_and_enqueue_seconds": round(min(r["submit_seconds"] for r in rounds), 2),
+        "output_file_seconds": round(min(r["output_seconds"] for r in rounds), 2),
         "batch_size_sweep": [{"batch": p["batch"], "tokens_per_s": round(p["tokens_per_s"])} for p in sweep],
         "straggler_requests": len(mix),
         "straggler_slot_occupancy_while_queued": (

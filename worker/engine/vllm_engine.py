@@ -88,6 +88,7 @@ class VllmEngine:
         self._tasks = set(self._engine.get_supported_tasks())
         self._defaults: dict[str, Any] = self._model_config.get_diff_sampling_param()
         self._inflight: dict[str, InFlight] = {}
+        self._open_windows: dict[str, InFlight] = {}  # resumed, a stop string may span: what a step checks
         self._owner: dict[str, str] = {}  # engine request id -> our request id
         self._prefix_queries = 0  # prompt tokens of finished requests, and those the prefix cache served
         self._prefix_hits = 0
@@ -167,15 +168,10 @@ class VllmEngine:
             self._engine.abort_request(engine_ids)
 
     def stats(self) -> EngineStats:
-        """The scheduler's own counts of sequences (n>1 choices and embedding inputs count singly).
-
-        With the in-process engine (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) the LLMEngine holds an
-        InprocClient whose `engine_core` is the EngineCore itself; its scheduler's
-        `get_request_counts()` returns `(len(running), len(waiting) + len(kv_holding_waiting))`, the
-        same numbers vLLM exports as `vllm:num_requests_running` / `vllm:num_requests_waiting`.
-        Preempted sequences go back to `waiting`. With a multiprocess engine the scheduler lives in
-        another process, so we fall back to an estimate from what is in flight.
-        """
+        """The scheduler's own counts of sequences (n>1 choices and embedding inputs count singly): in-process
+        (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) the EngineCore's scheduler gives `(len(running), len(waiting) +
+        len(kv_holding_waiting))`, vLLM's `vllm:num_requests_running` / `_waiting` (preempted sequences wait
+        again); a multiprocess engine's scheduler is in another process: estimated from what is in flight."""
         core = getattr(self._engine.engine_core, "engine_core", None)
         extra: dict[str, Any] = {
             "requests_in_flight": len(self._inflight),
@@ -333,6 +329,8 @@ class VllmEngine:
             return server_error(rid, f"the engine could not accept the request: {error}")
         engine_ids = [engine_id for engine_id, _, _ in prepared]
         self._inflight[rid] = InFlight(rid, body, run, time.monotonic(), engine_ids, exact=exact, resume=resume)
+        if resume is not None and resume.window_open:
+            self._open_windows[rid] = self._inflight[rid]
         self._owner.update((engine_id, rid) for engine_id, _, _ in prepared)
         return None
 
@@ -380,8 +378,11 @@ class VllmEngine:
     def _boundary_stops(self, now: float) -> list[EngineResult]:
         """Resumed requests whose stop string, begun before the hand-back, completed in this step."""
         results: list[EngineResult] = []
-        for flight in [f for f in self._inflight.values() if f.resume is not None and f.resume.window_open]:
+        for rid, flight in list(self._open_windows.items()):
             assert flight.resume is not None
+            if self._inflight.get(rid) is not flight or not flight.resume.window_open:
+                del self._open_windows[rid]  # finished, lost, or past the point where a stop could span
+                continue
             new_ids = self._generated(flight.engine_ids[0])
             if boundary_stop(flight.resume, new_ids):
                 self.abort([flight.request_id])

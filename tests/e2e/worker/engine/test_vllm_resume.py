@@ -108,3 +108,21 @@ def test_a_stop_string_begun_before_the_interruption_still_stops_the_resumed_gen
         checkpoint = interrupted(engine, [fresh], steps)[fresh.request_id]
         resumed = EngineRequest(fresh.request_id, CHAT, original.body, checkpoint)
         assert answer(run(engine, [resumed])[fresh.request_id]) == reference, steps
+
+
+def test_a_step_checks_only_resumed_requests_a_stop_string_may_still_span(vllm_chat_engine: VllmEngine) -> None:
+    """The per-step boundary check visits the resumed requests whose stop string could still span the
+    hand-back, not every request in flight, and lets go of each once its window closes or it ends."""
+    engine = vllm_chat_engine
+    body = request("x", PROMPTS[0], stop=["@@@@"]).body
+    checkpoint = interrupted(engine, [EngineRequest("watched", CHAT, body)], 5)["watched"]
+    plain = [EngineRequest(f"plain-{i}", CHAT, body) for i in range(3)]
+    for item in [*plain, EngineRequest("watched", CHAT, body, checkpoint)]:
+        assert engine.add(item) is None
+    assert set(engine._open_windows) == {"watched"}
+    results = {}
+    while engine.has_unfinished():
+        results.update((result.request_id, result) for result in engine.step())
+    assert sorted(results) == ["plain-0", "plain-1", "plain-2", "watched"]
+    assert all(result.ok and result.completion_tokens == 48 for result in results.values())
+    assert engine._open_windows == {}

@@ -1,0 +1,229 @@
+"""Where the engine overhead goes: per-step time in vLLM vs in Backfill's code, and CPU by thread and process.
+
+The same job as bench/engine.py's overhead part (N chat requests, fixed output lengths, one warm in-process
+engine each side, same settings and OMP threads, in one process): Backfill's runner vs `LLM.generate`, with
+timers wrapped around vLLM's `LLMEngine.step` on both sides and around the runner's parts on Backfill's side.
+Per side: wall time, steps, ms per step inside vLLM's step and outside it (Backfill: the adapter's result
+building, the runner's top-up/admit/flush/renew), CPU seconds of each thread of this process and of the
+Postgres backends of this run's database. `--cprofile` adds the engine thread's hottest functions (a
+profiled round of its own: the profiler slows what it measures).
+
+Usage: .venv/bin/python bench/engine_profile.py [--requests 1000] [--tokens 64] [--rounds 2] [--cprofile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import io
+import json
+import pstats
+import sys
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._setup import OUT, chat_line, fresh_postgres, prepare_env
+
+
+class Clocks:
+    """Wall seconds and calls of wrapped callables (the engine thread's only; the I/O threads are not wrapped)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+
+    def wrap(self, owner: Any, attr: str, label: str) -> None:
+        inner: Callable[..., Any] = getattr(owner, attr)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self.seconds[label] += time.perf_counter() - started
+                self.calls[label] += 1
+
+        setattr(owner, attr, timed)
+
+    def unwrap(self, owner: Any, attrs: list[str]) -> None:
+        for attr in attrs:
+            owner.__dict__.pop(attr, None)
+
+
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds (user + system) of each thread of this process, by name (unnamed native threads: 'native')."""
+    import psutil
+
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    totals: dict[str, float] = defaultdict(float)
+    for t in psutil.Process().threads():
+        name = names.get(t.id, "native (OMP, tokenizer)")
+        totals["engine thread (main)" if name == "MainThread" else name] += t.user_time + t.system_time
+    return dict(totals)
+
+
+def postgres_cpu(database: str | None) -> float:
+    """CPU seconds of the Postgres backends serving this run's database (0 when not readable or on SQLite)."""
+    import psutil
+
+    if not database:
+        return 0.0
+    name = database.rsplit("/", 1)[-1]
+    total = 0.0
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if any(name in part for part in proc.info["cmdline"] or []):
+                times = proc.cpu_times()
+                total += times.user + times.system
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return total
+
+
+@contextmanager
+def cpu_of(database: str | None, into: dict[str, Any]) -> Iterator[None]:
+    threads, pg, started = thread_cpu(), postgres_cpu(database), time.perf_counter()
+    pauses: dict[str, float] = defaultdict(float)  # the cyclic garbage collector's pauses, any thread's
+    began: list[float] = [0.0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            began[0] = time.perf_counter()
+            return
+        pauses[f"gen{info['generation']}_seconds"] += time.perf_counter() - began[0]
+        pauses[f"gen{info['generation']}_collections"] += 1
+
+    gc.callbacks.append(on_gc)
+    try:
+        yield
+    finally:
+        gc.callbacks.remove(on_gc)
+    into["gc"] = {k: round(v, 4) for k, v in sorted(pauses.items())}
+    into["wall_s"] = time.perf_counter() - started
+    after = thread_cpu()
+    into["cpu_s"] = {k: round(after.get(k, 0.0) - threads.get(k, 0.0), 3) for k in sorted(after)}
+    into["cpu_s"]["postgres backends"] = round(postgres_cpu(database) - pg, 3)
+
+
+RUNNER_PARTS = ["_top_up", "_admit", "_flush", "_renew_if_due", "_collect_io", "_settle"]
+ENGINE_PARTS = ["step", "add", "stats", "has_unfinished"]
+
+
+def profile_backfill(lines: list[dict[str, Any]], database: str | None, profiler: cProfile.Profile | None) -> dict:
+    from bench.engine import run_backfill
+    from worker.process import service
+
+    runner = service.get_runner("backfill-demo")
+    engine, clocks = runner.engine, Clocks()
+    core = engine._engine  # type: ignore[attr-defined]  # the vLLM LLMEngine inside the adapter
+    clocks.wrap(core, "step", "vllm LLMEngine.step")
+    clocks.wrap(core, "add_request", "vllm add_request")
+    for attr in ENGINE_PARTS:
+        clocks.wrap(engine, attr, f"adapter {attr}")
+    for attr in RUNNER_PARTS:
+        clocks.wrap(runner, attr, f"runner {attr}")
+    clocks.wrap(runner, "run_for", "runner run_for")
+    measured: dict[str, Any] = {}
+    try:
+        with cpu_of(database, measured):
+            if profiler:
+                profiler.enable()
+            backfill = run_backfill(lines)
+            if profiler:
+                profiler.disable()
+    finally:
+        clocks.unwrap(core, ["step", "add_request"])
+        clocks.unwrap(engine, ENGINE_PARTS)
+        clocks.unwrap(runner, [*RUNNER_PARTS, "run_for"])
+    return summary("backfill", backfill, clocks, measured)
+
+
+def profile_bare(llm: Any, lines: list[dict[str, Any]], database: str | None) -> dict:
+    from bench.engine import run_vllm
+
+    clocks = Clocks()
+    clocks.wrap(llm.llm_engine, "step", "vllm LLMEngine.step")
+    clocks.wrap(llm.llm_engine, "add_request", "vllm add_request")
+    measured: dict[str, Any] = {}
+    try:
+        with cpu_of(database, measured):
+            bare = run_vllm(llm, lines)
+    finally:
+        clocks.unwrap(llm.llm_engine, ["step", "add_request"])
+    return summary("bare", bare, clocks, measured)
+
+
+def summary(side: str, run: dict[str, Any], clocks: Clocks, measured: dict[str, Any]) -> dict[str, Any]:
+    steps = clocks.calls["vllm LLMEngine.step"] or 1
+    vllm_s = clocks.seconds["vllm LLMEngine.step"]
+    per_step = {k: round(1000 * v / steps, 3) for k, v in sorted(clocks.seconds.items())}
+    return {
+        "side": side,
+        "tokens_per_s": round(run["tokens"] / run["seconds"]),
+        "clock_seconds": round(run["seconds"], 3),
+        "steps": steps,
+        "ms_per_step_wall": round(1000 * run["seconds"] / steps, 3),
+        "ms_per_step_in_vllm_step": round(1000 * vllm_s / steps, 3),
+        "ms_per_step_outside_vllm_step": round(1000 * (run["seconds"] - vllm_s) / steps, 3),
+        "ms_per_step_by_part": per_step,
+        "calls": dict(sorted(clocks.calls.items())),
+        **measured,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--cprofile", action="store_true", help="one more Backfill round under cProfile")
+    parser.add_argument("--flush-seconds", default="", help="e.g. 0.5,2: Backfill once per value each round")
+    args = parser.parse_args()
+    database = fresh_postgres()
+    model_dir = prepare_env(database_url=database, max_num_seqs=args.max_num_seqs)
+    from bench.engine import make_llm, omp_settings, run_backfill, run_vllm
+    from worker.feed import runner as runner_module
+
+    llm = make_llm(model_dir, args.max_num_seqs)
+    run_vllm(llm, [chat_line(i, 8) for i in range(64)])
+    run_backfill([chat_line(i, 8) for i in range(64)])
+    rows = []
+    for index in range(args.rounds):  # fresh prompts each round (no prefix cache carried over), sides alternating
+        lines = [chat_line(i, args.tokens) for i in range((index + 1) * 10**6, (index + 1) * 10**6 + args.requests)]
+        gc.collect()
+        first, second = ("bare", "backfill") if index % 2 else ("backfill", "bare")
+        for side in (first, second):
+            if side == "bare":
+                rows.append(profile_bare(llm, lines, database))
+            for flush in [float(x) for x in args.flush_seconds.split(",") if x] if side == "backfill" else []:
+                runner_module.FLUSH_SECONDS = flush  # the runner's result flush interval (worker/feed/runner.py)
+                rows.append({**profile_backfill(lines, database, None), "flush_seconds": flush})
+            if side == "backfill" and not args.flush_seconds:
+                rows.append(profile_backfill(lines, database, None))
+    result: dict[str, Any] = {"omp": omp_settings(), "rounds": rows}
+    if args.cprofile:
+        profiler = cProfile.Profile()
+        lines = [chat_line(i, args.tokens) for i in range(9 * 10**6, 9 * 10**6 + args.requests)]
+        result["cprofiled"] = profile_backfill(lines, database, profiler)
+        profiler.dump_stats(OUT / "engine_profile.prof")
+        for order, restrict in (("tottime", 30), ("cumulative", r"(worker|storage)/.*\.py")):
+            text = io.StringIO()
+            pstats.Stats(profiler, stream=text).sort_stats(order).print_stats(restrict, 40)
+            result[f"cprofile_{order}"] = text.getvalue().splitlines()
+    print(json.dumps(result, indent=2))
+    OUT.mkdir(exist_ok=True)
+    (OUT / "engine_profile.json").write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
