@@ -223,9 +223,13 @@ STORED = (
 )
 
 PACKED: list[int] = []  # bytes of every checkpoint chunk packed for a write (after the guard let it through)
+FIRST_FORMAT: list[int] = []  # what the same chunks take packed as the first version did (interleaved zlib)
 
 
 def _count_packed() -> None:
+    import zlib
+    from array import array
+
     from storage.queue import checkpoints
 
     pack = checkpoints.pack_tokens
@@ -233,6 +237,7 @@ def _count_packed() -> None:
     def counted(token_ids: Any) -> bytes:
         blob = pack(token_ids)
         PACKED.append(len(blob))
+        FIRST_FORMAT.append(len(zlib.compress(array("i", token_ids).tobytes(), 6)))
         return blob
 
     checkpoints.pack_tokens = counted
@@ -242,6 +247,7 @@ def overhead_run(requests: int, *, low: int, high: int, every_tokens: int) -> di
     """One fixed run to the end of the queue; the database's write counters over it."""
     os.environ["BACKFILL_CHECKPOINT_EVERY_TOKENS"] = str(every_tokens)
     PACKED.clear()
+    FIRST_FORMAT.clear()
     prepare()
     enqueue(requests, low=low, high=high, seed=11, prompt_tokens=0)
     engine, runner = _runner()
@@ -258,6 +264,7 @@ def overhead_run(requests: int, *, low: int, high: int, every_tokens: int) -> di
     figures: dict[str, Any] = {k: after[k] - before[k] for k in after}
     figures.update(own)
     figures.update(checkpoint_writes=len(PACKED), checkpoint_payload_bytes=sum(PACKED))
+    figures.update(checkpoint_payload_first_format_bytes=sum(FIRST_FORMAT))
     figures.update(
         every_tokens=every_tokens, wall_seconds=round(wall, 1), output_tokens=sum(s.tokens for s in engine.timeline)
     )
