@@ -8,12 +8,16 @@
             fresh database: with the default checkpoints and with BACKFILL_CHECKPOINT_EVERY_TOKENS=0 (only
             at hand-backs, today's write volume). Compared: the WAL the benchmark's database wrote (`WalMeter`,
             pg_walinspect: free of other work on the server; pg_stat_wal's cluster-wide bytes are reported
-            too), rows updated and inserted and transactions committed in it (pg_stat_database). Goal: checkpoints add <= 10 % to the write volume. Run twice: with
-            1,000-3,000-token outputs (`--low`/`--high`) and with 6,000-10,000 (`--long-low`/`--long-high`),
-            where rewriting a whole checkpoint at every write (its cost the square of the output) would show.
+            too), rows updated and inserted and transactions committed in it (pg_stat_database). Goal:
+            checkpoints add <= 10 % to the write volume. Run twice: with 1,000-3,000-token outputs
+            (`--low`/`--high`) and with 6,000-10,000 (`--long-low`/`--long-high`), where rewriting a whole
+            checkpoint at every write (its cost the square of the output) would show.
+  --ids     the token ids the fake generates: Zipf-distributed like a model's output (the default) or
+            uniform over a 128k vocabulary (the worst case for compression); see `_TokenIds`.
 
 Usage: .venv/bin/python bench/handback.py [--quick] [--requests 768] [--low 1000] [--high 3000]
                                           [--long-low 6000] [--long-high 10000] [--long-requests N] [--no-long]
+                                          [--no-short] [--ids zipf|uniform]
 """
 
 from __future__ import annotations
@@ -119,32 +123,62 @@ class WalMeter(threading.Thread):
             self.totals[key] += int(value)
 
 
+VOCAB = 128_256  # Llama 3's vocabulary
+ZIPF_EXPONENT = 1.0  # measured: see `_TokenIds`
+
+
+class _TokenIds:
+    """Real-looking token ids for the fake, whose own repeat and compress ~30x: per request, drawn with a seed of
+    its id and only ever extended, so that a request's ids only grow from one read to the next.
+
+    `uniform`: below 128,256, the worst case for the packing (17 bits of entropy a token, 2.1 bytes at least).
+    `zipf` (the default): the k-th most frequent id drawn with weight 1/k**1.0, the k-th id being the k-th most
+    frequent. Measured on English prose (Newton's Opticks, 567 KB, on disk with a dependency): rank-frequency
+    exponent 1.10 with a WordPiece tokenizer (all-MiniLM-L6-v2, 30,522 ids), 1.00 with byte-level BPE
+    tokenizers (Llama 3's kind) trained on other text (32k and 64k ids); their ids are in frequency order
+    (the median id of the 1,000 most frequent is 1,800-3,600), as rank = id has it. Independent draws have
+    no repeated phrases, so they pack worse than that text (2.1 bytes a token in the first format against
+    1.3-1.6 for the real sequence): a mildly pessimistic stand-in."""
+
+    def __init__(self, kind: str) -> None:
+        import itertools
+
+        self.kind = kind
+        self.cum = list(itertools.accumulate(1 / (k + 1) ** ZIPF_EXPONENT for k in range(VOCAB)))
+        self.drawn: dict[str, Any] = {}  # request id -> (its generator, its ids so far)
+
+    def extend(self, progress: dict[str, Any]) -> dict[str, Any]:
+        import random
+        from array import array
+
+        from worker.engine import Progress
+
+        out = {}
+        for rid, p in progress.items():
+            rng, ids = self.drawn.setdefault(rid, (random.Random(rid), array("i")))
+            if (more := len(p.token_ids) - len(ids)) > 0:
+                if self.kind == "uniform":
+                    ids.extend(rng.randrange(VOCAB) for _ in range(more))
+                else:
+                    ids.extend(rng.choices(range(VOCAB), cum_weights=self.cum, k=more))
+            out[rid] = Progress(ids[: len(p.token_ids)].tolist(), p.exact)
+        return out
+
+
+IDS = ["zipf"]  # the kind of ids the fake generates (--ids)
+
+
 def _runner() -> Any:
-    """The GPU-timed fake and a runner; the fake's token ids made real-looking (see `_random_ids`)."""
+    """The GPU-timed fake and a runner; the fake's token ids made real-looking (`_TokenIds`)."""
     from storage.settings import get_settings
     from worker.engine.factory import load_engine
     from worker.feed.runner import Runner
 
     settings = get_settings()
     engine = load_engine(settings, MODEL)
-    progress = engine.progress
-    engine.progress = lambda request_ids: _random_ids(progress(request_ids))
+    progress, ids = engine.progress, _TokenIds(IDS[0])
+    engine.progress = lambda request_ids: ids.extend(progress(request_ids))
     return engine, Runner(engine, model=MODEL, settings=settings)
-
-
-def _random_ids(progress: dict[str, Any]) -> dict[str, Any]:
-    """The fake's token ids repeat and compress ~30x; a model's do not (~3 bytes a token packed). Replace
-    them by ids drawn uniformly below 128,256 (Llama 3's vocabulary), seeded per request so that a
-    request's ids only grow from one read to the next: the worst case for the zlib-packed checkpoints."""
-    import random
-
-    from worker.engine import Progress
-
-    out = {}
-    for rid, p in progress.items():
-        rng = random.Random(rid)
-        out[rid] = Progress([rng.randrange(128_256) for _ in p.token_ids], p.exact)
-    return out
 
 
 def handback(tokens: int) -> dict[str, Any]:
@@ -189,9 +223,13 @@ STORED = (
 )
 
 PACKED: list[int] = []  # bytes of every checkpoint chunk packed for a write (after the guard let it through)
+FIRST_FORMAT: list[int] = []  # what the same chunks take packed as the first version did (interleaved zlib)
 
 
 def _count_packed() -> None:
+    import zlib
+    from array import array
+
     from storage.queue import checkpoints
 
     pack = checkpoints.pack_tokens
@@ -199,6 +237,7 @@ def _count_packed() -> None:
     def counted(token_ids: Any) -> bytes:
         blob = pack(token_ids)
         PACKED.append(len(blob))
+        FIRST_FORMAT.append(len(zlib.compress(array("i", token_ids).tobytes(), 6)))
         return blob
 
     checkpoints.pack_tokens = counted
@@ -208,6 +247,7 @@ def overhead_run(requests: int, *, low: int, high: int, every_tokens: int) -> di
     """One fixed run to the end of the queue; the database's write counters over it."""
     os.environ["BACKFILL_CHECKPOINT_EVERY_TOKENS"] = str(every_tokens)
     PACKED.clear()
+    FIRST_FORMAT.clear()
     prepare()
     enqueue(requests, low=low, high=high, seed=11, prompt_tokens=0)
     engine, runner = _runner()
@@ -224,6 +264,7 @@ def overhead_run(requests: int, *, low: int, high: int, every_tokens: int) -> di
     figures: dict[str, Any] = {k: after[k] - before[k] for k in after}
     figures.update(own)
     figures.update(checkpoint_writes=len(PACKED), checkpoint_payload_bytes=sum(PACKED))
+    figures.update(checkpoint_payload_first_format_bytes=sum(FIRST_FORMAT))
     figures.update(
         every_tokens=every_tokens, wall_seconds=round(wall, 1), output_tokens=sum(s.tokens for s in engine.timeline)
     )
@@ -285,8 +326,11 @@ def main() -> int:
     parser.add_argument("--long-high", type=int, default=10000)
     parser.add_argument("--long-requests", type=int, default=0, help="requests of the long-output pair (--requests)")
     parser.add_argument("--no-long", action="store_true", help="skip the long-output pair")
+    parser.add_argument("--no-short", action="store_true", help="skip the short-output pair")
     parser.add_argument("--tokens", type=int, default=520, help="generated tokens per sequence at the hand-back")
+    parser.add_argument("--ids", choices=["zipf", "uniform"], default="zipf", help="token ids drawn (`_TokenIds`)")
     args = parser.parse_args()
+    IDS[0] = args.ids
     if args.quick:
         args.requests, args.tokens, args.no_long = 384, 200, True
     OUT.mkdir(parents=True, exist_ok=True)
@@ -298,13 +342,15 @@ def main() -> int:
     _count_packed()
     back = handback(args.tokens)
     print(f"hand-back: {json.dumps(back)}", flush=True)
-    short = overhead(args.requests, low=args.low, high=args.high)
+    short = {} if args.no_short else overhead(args.requests, low=args.low, high=args.high)
     result = {
         "handback": back,
         **short,
         "checkpoint_interval_seconds": float(os.environ["BACKFILL_CHECKPOINT_INTERVAL_SECONDS"]),
+        "token_ids": args.ids,
     }
-    print(json.dumps({k: short[k] for k in RATIOS}), flush=True)
+    if short:
+        print(json.dumps({k: short[k] for k in RATIOS}), flush=True)
     if not args.no_long:
         result["long"] = overhead(args.long_requests or args.requests, low=args.long_low, high=args.long_high)
         print(json.dumps({f"{k}_long": result["long"][k] for k in RATIOS}), flush=True)

@@ -43,7 +43,7 @@ def handback_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
             "<= 2",
             seconds <= 2 and back["checkpointed_rows"] == back["in_flight"],
         ),
-        *overhead_rows(r, r, suffix=""),
+        *(overhead_rows(r, r, suffix="") if "on" in r else []),  # none with --no-short
     ]
     if long := r.get("long"):  # outputs of 6,000-10,000 tokens (bench/handback.py --long-low/--long-high)
         rows += overhead_rows(long, r, suffix="_long")
@@ -53,7 +53,8 @@ def handback_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
 def overhead_rows(pair: dict[str, Any], r: dict[str, Any], *, suffix: str) -> list[dict[str, Any]]:
     """What periodic checkpoints add to one pair of runs' database writes (bench/handback.py `overhead`)."""
     on, off, wal = pair["on"], pair["off"], pair["wal_overhead_ratio"]
-    label = f"x without (every {on['every_tokens']} tokens / {r['checkpoint_interval_seconds']:g} s)"
+    ids = r.get("token_ids", "uniform")  # bench/handback.py --ids (uniform before it had the choice)
+    label = f"x without (every {on['every_tokens']} tokens / {r['checkpoint_interval_seconds']:g} s, {ids} ids)"
     if "low" in pair:
         label += f", outputs {pair['low']}-{pair['high']} tokens"
     payload = pair["payload_overhead_ratio"]

@@ -14,8 +14,17 @@ A write carries the id of the claim its generation runs under (`Generated`) and 
 `claim_id` is still that one: each claim sets a new one, so the stored ids are always a prefix of the
 generation that appends to them, and a late write from an earlier holder never lands on a later one's.
 
-Packed compactly: little-endian int32 ids, zlib-compressed (about 2-3 bytes a token), never text. The chunks
-go when the row ends (`drop_ended`) or its generation restarts from token 0 (`restart`).
+A periodic checkpoint goes with a lease renewal (`save_renewing`, called by leases.py `renew`): the guarded
+UPDATE that moves a row's count also sets its lease's new expiry, so a checkpointing renewal writes one new
+version of the row, not two; the guards are the same (this worker's running row, the write's claim, the count
+it read), and a row whose checkpoint does not land is renewed by the plain renewal.
+
+Packed compactly, never as text: little-endian int32 ids, zlib-compressed, either interleaved (a plain zlib
+stream, the first version's only format: its first byte is 0x78) or byte plane by byte plane (a `PLANES`
+byte, then zlib of every id's low byte, then every second byte, ...), whichever is shorter (`pack_tokens`).
+Per token: ids uniform over a 128k vocabulary 2.3 bytes (2.8 interleaved; the entropy floor is 17 bits, 2.1
+bytes); Zipf-distributed ids (model output) about 1.7; tokenized English prose 1.3-1.5. The chunks go when the
+row ends (`drop_ended`) or its generation restarts from token 0 (`restart`).
 """
 
 from __future__ import annotations
@@ -38,21 +47,47 @@ from storage.queue.enqueue import ids_match
 log = logging.getLogger(__name__)
 
 
+PLANES = 0x01  # the format byte of byte-plane packing; a zlib stream never starts with it (its first is 0x78)
+
+
 def pack_tokens(token_ids: Sequence[int]) -> bytes:
-    """Token ids as zlib-compressed little-endian int32."""
-    packed = array("i", token_ids)
-    if sys.byteorder == "big":
-        packed.byteswap()
-    return zlib.compress(packed.tobytes(), 6)
+    """Token ids as zlib-compressed little-endian int32, byte plane by byte plane or interleaved: the shorter.
+
+    Byte planes (`PLANES`, then every id's low byte, every id's second byte, ...) compress the high bytes of
+    ids below 2**17 to almost nothing: 2.3 bytes a token instead of 2.8 on ids drawn uniformly from a 128k
+    vocabulary. Interleaved (the plain zlib stream the first version stored) keeps zlib's matches of repeated
+    runs of whole ids, which natural-language output has: on tokenized English text the two are within 5%
+    either way. Both are tried, the shorter is kept; `unpack_tokens` tells them apart by the first byte.
+    """
+    raw = _int32_le(token_ids)
+    interleaved = zlib.compress(raw, 6)
+    planes = bytes([PLANES]) + zlib.compress(b"".join(raw[k::4] for k in range(4)), 6)
+    return planes if len(planes) < len(interleaved) else interleaved
 
 
 def unpack_tokens(blob: bytes) -> list[int]:
-    """The token ids `pack_tokens` packed."""
+    """The token ids `pack_tokens` packed (either format)."""
+    if blob[:1] == bytes([PLANES]):
+        planes = zlib.decompress(blob[1:])
+        count = len(planes) // 4
+        raw = bytearray(len(planes))
+        for k in range(4):
+            raw[k::4] = planes[k * count : (k + 1) * count]
+        data = bytes(raw)
+    else:
+        data = zlib.decompress(blob)
     packed = array("i")
-    packed.frombytes(zlib.decompress(blob))
+    packed.frombytes(data)
     if sys.byteorder == "big":
         packed.byteswap()
     return packed.tolist()
+
+
+def _int32_le(token_ids: Sequence[int]) -> bytes:
+    packed = array("i", token_ids)
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return packed.tobytes()
 
 
 @dataclass(frozen=True)
@@ -66,8 +101,22 @@ class Generated:
 def save_checkpoints(session: Session, *, worker_id: str, checkpoints: Mapping[str, Generated]) -> set[str]:
     """Store the generated ids of rows this worker still runs (a periodic checkpoint); return the ids whose rows
     now hold them all."""
-    guard = (BatchRequest.status == lifecycle.REQ_RUNNING) & (BatchRequest.lease_owner == worker_id)
-    return _append(session, checkpoints, guard)
+    held, moved = _append(session, checkpoints, _held_by(worker_id))
+    return held | moved
+
+
+def save_renewing(
+    session: Session, *, worker_id: str, checkpoints: Mapping[str, Generated], lease_expires_at: float
+) -> set[str]:
+    """`save_checkpoints` inside a lease renewal: the UPDATE that moves a row's count also sets its lease's new
+    expiry (one row version instead of two); return the ids whose lease it renewed (storage/queue/leases.py
+    `renew` renews the others). The guards are `save_checkpoints`' own: only this worker's running rows, under
+    the write's claim, from the count it read."""
+    return _append(session, checkpoints, _held_by(worker_id), lease_expires_at=lease_expires_at)[1]
+
+
+def _held_by(worker_id: str) -> ColumnElement[bool]:
+    return (BatchRequest.status == lifecycle.REQ_RUNNING) & (BatchRequest.lease_owner == worker_id)
 
 
 def save_handed_back(session: Session, *, checkpoints: Mapping[str, Generated]) -> set[str]:
@@ -77,14 +126,18 @@ def save_handed_back(session: Session, *, checkpoints: Mapping[str, Generated]) 
     from whatever it found, and a late checkpoint must not change what a later claim continues from.
     """
     guard = (BatchRequest.status == lifecycle.REQ_QUEUED) & BatchRequest.lease_owner.is_(None)
-    return _append(session, checkpoints, guard)
+    held, moved = _append(session, checkpoints, guard)
+    return held | moved
 
 
-def _append(session: Session, checkpoints: Mapping[str, Generated], guard: Any) -> set[str]:
-    """Read each row's count, then move it to the ids' length where it is still that; add the new ids' chunks."""
+def _append(
+    session: Session, checkpoints: Mapping[str, Generated], guard: Any, *, lease_expires_at: float | None = None
+) -> tuple[set[str], set[str]]:
+    """Read each row's count, then move it to the ids' length where it is still that; add the new ids' chunks.
+    Return the ids whose rows held them all already, and those whose count this moved."""
     wanted = {rid: g for rid, g in checkpoints.items() if g.token_ids and g.claim_id}
     if not wanted:
-        return set()
+        return set(), set()
     same_claim = BatchRequest.claim_id == case({rid: g.claim_id for rid, g in wanted.items()}, value=BatchRequest.id)
     rows = session.execute(
         select(BatchRequest.id, BatchRequest.checkpoint_tokens).where(
@@ -94,7 +147,12 @@ def _append(session: Session, checkpoints: Mapping[str, Generated], guard: Any) 
     held = {rid for rid, count in rows if count == len(wanted[rid].token_ids)}
     since = {rid: count for rid, count in rows if count < len(wanted[rid].token_ids)}
     if not since:
-        return held
+        return held, set()
+    values: dict[str, Any] = {
+        "checkpoint_tokens": case({rid: len(wanted[rid].token_ids) for rid in since}, value=BatchRequest.id)
+    }
+    if lease_expires_at is not None:
+        values["lease_expires_at"] = lease_expires_at
     moved = set(
         session.scalars(
             update(BatchRequest)
@@ -104,7 +162,7 @@ def _append(session: Session, checkpoints: Mapping[str, Generated], guard: Any) 
                 same_claim,
                 BatchRequest.checkpoint_tokens == case(since, value=BatchRequest.id),
             )
-            .values(checkpoint_tokens=case({rid: len(wanted[rid].token_ids) for rid in since}, value=BatchRequest.id))
+            .values(**values)
             .returning(BatchRequest.id)
             .execution_options(synchronize_session=False)
         )
@@ -116,7 +174,7 @@ def _append(session: Session, checkpoints: Mapping[str, Generated], guard: Any) 
             if rid in moved
         ]
         session.execute(insert(CheckpointChunk), chunks)
-    return held | moved
+    return held, moved
 
 
 def load(session: Session, *, counts: Mapping[str, int]) -> dict[str, list[int]]:

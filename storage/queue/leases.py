@@ -20,7 +20,7 @@ from storage.batches.batches import add_counts_of
 from storage.clock import now_f
 from storage.finance.budgets import stop_over_budget
 from storage.models import BatchRequest
-from storage.queue.checkpoints import Generated, drop_ended, save_checkpoints
+from storage.queue.checkpoints import Generated, drop_ended, save_checkpoints, save_renewing
 from storage.queue.enqueue import ids_match, lock_batches_of
 from storage.queue.handback import hand_back_paused, not_paused
 from storage.settings import get_settings
@@ -41,22 +41,40 @@ class Outcome:
     cached_tokens: int = 0
 
 
-def renew(session: Session, *, worker_id: str, request_ids: list[str], lease_seconds: int) -> set[str]:
-    """Extend this worker's leases; return the ids it no longer holds (cancelled, expired, re-queued)."""
+def renew(
+    session: Session,
+    *,
+    worker_id: str,
+    request_ids: list[str],
+    lease_seconds: int,
+    checkpoints: Mapping[str, Generated] | None = None,
+) -> set[str]:
+    """Extend this worker's leases; return the ids it no longer holds (cancelled, expired, re-queued).
+
+    `checkpoints` (periodic ones, of rows among these) are stored on the way: a row whose count a checkpoint
+    moves gets its new expiry in that same UPDATE (`save_renewing`: one row version, not two), the rest here.
+    """
     if not request_ids:
+        return set()
+    expires = now_f() + lease_seconds
+    renewed: set[str] = set()
+    given = checkpoints or {}
+    if due := {rid: given[rid] for rid in set(request_ids) & set(given)}:
+        renewed = save_renewing(session, worker_id=worker_id, checkpoints=due, lease_expires_at=expires)
+    if not (rest := sorted(set(request_ids) - renewed)):
         return set()
     held = session.scalars(
         update(BatchRequest)
         .where(
-            ids_match(session, request_ids),
+            ids_match(session, rest),
             BatchRequest.status == lifecycle.REQ_RUNNING,
             BatchRequest.lease_owner == worker_id,
         )
-        .values(lease_expires_at=now_f() + lease_seconds)
+        .values(lease_expires_at=expires)
         .returning(BatchRequest.id)
         .execution_options(synchronize_session=False)
     )
-    return set(request_ids) - set(held)
+    return set(rest) - set(held)
 
 
 def take_back(session: Session, *, worker_id: str, request_ids: list[str], lease_seconds: int) -> set[str]:

@@ -66,6 +66,9 @@ class _Checkpoints:
     restarted: dict[str, str] = field(default_factory=dict)
 
 
+_Renewal = tuple[list[str], dict[str, Generated]]  # leases to renew; checkpoints stored with them
+
+
 @dataclass
 class _Flush:
     run_id: str
@@ -93,7 +96,7 @@ class QueueIO:
         self.model, self.worker_id, self.settings = model, worker_id, settings
         self.lease_seconds = settings.lease_seconds
         self.on_batch_done = on_batch_done
-        self._writes: queue.Queue[_Flush | _Checkpoints | list[str] | None] = queue.Queue(maxsize=MAX_PENDING)
+        self._writes: queue.Queue[_Flush | _Checkpoints | _Renewal | None] = queue.Queue(maxsize=MAX_PENDING)
         self._claims: queue.Queue[tuple[int, frozenset[str]] | None] = queue.Queue(maxsize=1)
         self._lock = threading.Lock()
         self._uncommitted: dict[int, frozenset[str]] = {}  # id(flush) -> its request ids, until committed
@@ -133,10 +136,11 @@ class QueueIO:
             self._uncommitted[id(flush)] = flush.ids
         self._writes.put(flush)
 
-    def renew(self, request_ids: list[str]) -> None:
-        """Queue a renewal of these leases (and those of every result not yet committed)."""
+    def renew(self, request_ids: list[str], checkpoints: dict[str, Generated] | None = None) -> None:
+        """Queue a renewal of these leases (and those of every result not yet committed), storing `checkpoints`
+        (periodic ones) in the same UPDATE of their rows (storage/queue/leases.py `renew`)."""
         self._check_open()
-        self._writes.put(list(request_ids))
+        self._writes.put((list(request_ids), dict(checkpoints or {})))
 
     def checkpoint(self, generated: dict[str, Generated], *, handed_back: bool = False) -> None:
         """Queue a checkpoint write; `handed_back`: of rows a pause took back (storage/queue/checkpoints.py)."""
@@ -235,7 +239,7 @@ class QueueIO:
 
     def _write_loop(self) -> None:
         while (item := self._writes.get()) is not None:
-            items: list[_Flush | _Checkpoints | list[str] | None] = [item]
+            items: list[_Flush | _Checkpoints | _Renewal | None] = [item]
             while isinstance(items[-1], _Flush) and len(items) < MAX_COALESCED:
                 try:  # flushes queued behind this one share its transaction (the database fell behind)
                     items.append(self._writes.get_nowait())
@@ -291,7 +295,8 @@ class QueueIO:
         if kept and (rerun := still_open(session, request_ids=sorted(kept))):
             save_handed_back(session, checkpoints={rid: kept[rid] for rid in rerun})
 
-    def _renew(self, request_ids: list[str]) -> None:
+    def _renew(self, renewal: _Renewal) -> None:
+        request_ids, due = renewal
         with self._lock:  # results waiting for their commit, rows waiting for the engine: held all the same
             waiting = set().union(*self._uncommitted.values()) if self._uncommitted else set()
             waiting |= {row.id for claimed in self._claimed for row in claimed.rows}
@@ -300,9 +305,12 @@ class QueueIO:
             return
         lease = self.lease_seconds
         with transaction() as session:
-            lost = renew(session, worker_id=self.worker_id, request_ids=held, lease_seconds=lease)
+            lost = renew(session, worker_id=self.worker_id, request_ids=held, lease_seconds=lease, checkpoints=due)
             if lost:  # re-queued under us while we still run them: ours again, the same try (docs/workers.md)
-                lost -= take_back(session, worker_id=self.worker_id, request_ids=sorted(lost), lease_seconds=lease)
+                back = take_back(session, worker_id=self.worker_id, request_ids=sorted(lost), lease_seconds=lease)
+                if due_back := {rid: due[rid] for rid in back & set(due)}:  # the renewal's guard missed them
+                    save_checkpoints(session, worker_id=self.worker_id, checkpoints=due_back)
+                lost -= back
             if lost:  # our own claimer may have leased them back meanwhile (a re-lease, see `request_claim`):
                 # still ours; reported lost, the runner would abort them and leave them leased to it unrun
                 lost = renew(session, worker_id=self.worker_id, request_ids=sorted(lost), lease_seconds=lease)

@@ -330,16 +330,15 @@ class Runner:
     def _renew_if_due(self) -> None:
         if time.monotonic() - self._last_renew >= RENEW_SECONDS:
             self._reconcile()
-        elif checkpoints := self.checkpoints.due(self.inflight):  # an interval shorter than the renewals'
-            self.io.checkpoint(checkpoints)
+        elif self.settings.checkpoint_interval_seconds < RENEW_SECONDS and (due := self.checkpoints.due(self.inflight)):
+            self.io.checkpoint(due)  # an interval shorter than the renewals'
 
     def _reconcile(self) -> None:
         """Renew every held lease; take back rows re-queued under us; abort what is gone (cancelled, re-leased)."""
         self._last_renew = time.monotonic()
         # On the writer thread, with rows a claim leased meanwhile; leases it finds lost come back via _collect_io.
-        self.io.renew(self.held())
-        if checkpoints := self.checkpoints.due(self.inflight):  # the crash bound: docs/workers.md
-            self.io.checkpoint(checkpoints)
+        # Periodic checkpoints (the crash bound: docs/workers.md) go with it, in the renewal's own row versions.
+        self.io.renew(self.held(), self.checkpoints.due(self.inflight))
 
     def _drop_lost(self, lost: set[str]) -> None:
         if lost:

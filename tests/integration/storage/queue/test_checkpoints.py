@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import pytest
 from sqlalchemy import delete, func, select, text, update
+from sqlalchemy.orm import Session
 
 from storage.batches.batches import cancel_batch
 from storage.batches.control import pause_batch, resume_batch
@@ -24,7 +25,7 @@ from storage.queue.checkpoints import (
     unpack_tokens,
 )
 from storage.queue.claim import ClaimedRequest, claim
-from storage.queue.leases import Outcome, record, release
+from storage.queue.leases import Outcome, record, release, renew
 from storage.queue.reaping import expire_overdue, release_worker_leases
 from storage.settings import get_settings
 from tests.conftest import Backend
@@ -143,7 +144,22 @@ def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 30.0) -
         time.sleep(0.02)
 
 
-def test_two_concurrent_writers_from_the_same_count_store_one_of_them_whole(backend: Backend) -> None:
+def _renewing(session: Session, *, worker_id: str, checkpoints: dict[str, Generated]) -> set[str]:
+    """A periodic checkpoint as a lease renewal stores it; the ids it stored."""
+    assert not renew(
+        session, worker_id=worker_id, request_ids=sorted(checkpoints), lease_seconds=60, checkpoints=checkpoints
+    )
+    return {
+        rid
+        for rid in checkpoints
+        if session.get(BatchRequest, rid, populate_existing=True).checkpoint_tokens == len(checkpoints[rid].token_ids)
+    }
+
+
+@pytest.mark.parametrize("second_write", ["save_checkpoints", "renew"])
+def test_two_concurrent_writers_from_the_same_count_store_one_of_them_whole(
+    backend: Backend, second_write: str
+) -> None:
     if backend.name != "postgres":
         pytest.skip("SQLite runs one writer at a time: the sequential cases above are the whole story")
     submit_job([chat(0)])
@@ -155,7 +171,8 @@ def test_two_concurrent_writers_from_the_same_count_store_one_of_them_whole(back
     def second_writer() -> None:  # reads the row's 0 tokens (the first write is not committed), then waits
         with transaction() as session:
             checkpoints = {rid: Generated(claim_id, [1] * 12)}
-            outcome["second"] = save_checkpoints(session, worker_id="w1", checkpoints=checkpoints)
+            write = save_checkpoints if second_write == "save_checkpoints" else _renewing
+            outcome["second"] = write(session, worker_id="w1", checkpoints=checkpoints)
 
     thread = threading.Thread(target=second_writer)
     thread.start()
@@ -173,6 +190,37 @@ def test_two_concurrent_writers_from_the_same_count_store_one_of_them_whole(back
         thread.join(timeout=30)
     assert outcome["second"] == set()  # its count moved meanwhile: nothing appended from a stale start
     assert _chunks(rid) == [(0, [1] * 10)] and _row(rid).checkpoint_tokens == 10
+
+
+def test_a_renewal_stores_due_checkpoints_in_the_row_versions_it_writes_anyway_under_the_same_guards(
+    backend: Backend,
+) -> None:
+    submit_job([chat(i) for i in range(4)])
+    claims = _claim("w1")
+    a, b, c = sorted(claims)
+    (other,) = _claim("w2", 1)
+    ids = [a, b, c, other]
+    due = {
+        a: Generated(claims[a], [1] * 5),  # lands
+        b: Generated("claim-of-an-earlier-run", [2] * 5),  # another claim's generation: never stored
+        other: Generated(claims[a], [3] * 5),  # another worker's row: neither renewed nor stored
+    }
+    updated = "SELECT pg_stat_get_xact_tuples_updated(CAST('batch_requests' AS regclass))"
+    with transaction() as session:
+        session.execute(update(BatchRequest).where(BatchRequest.id.in_(ids)).values(lease_expires_at=1.0))
+        before = session.scalar(text(updated)) if backend.name == "postgres" else 0
+        assert renew(session, worker_id="w1", request_ids=ids, lease_seconds=600, checkpoints=due) == {other}
+        if backend.name == "postgres":  # one new version per renewed row, the checkpoint's included
+            assert session.scalar(text(updated)) - before == 3
+        # a shorter write (the count moved past it) renews and stores nothing
+        assert not renew(session, worker_id="w1", request_ids=[a], lease_seconds=600, checkpoints={a: due[a]})
+    assert _chunks(a) == [(0, [1] * 5)] and _row(a).checkpoint_tokens == 5
+    assert _chunks(b) == [] and _row(b).checkpoint_tokens == 0 and _chunks(other) == []
+    assert all(_row(rid).lease_expires_at > 100 for rid in (a, b, c)) and _row(other).lease_expires_at == 1.0
+    with transaction() as session:  # the next write appends after the count, as `save_checkpoints` does
+        later = {a: Generated(claims[a], [1] * 5 + [4] * 3)}
+        assert not renew(session, worker_id="w1", request_ids=[a, b], lease_seconds=600, checkpoints=later)
+    assert _chunks(a) == [(0, [1] * 5), (5, [4] * 3)]
 
 
 def test_a_paused_request_keeps_the_tokens_its_worker_stores_after_losing_the_lease(backend: Backend) -> None:

@@ -210,9 +210,12 @@ def test_a_result_finished_as_its_batch_was_paused_keeps_its_tokens_for_the_resu
     assert [answer(row) for row in rows_of(batch_id)] == [uninterrupted(row) for row in rows]
 
 
+@pytest.mark.parametrize("interval", ["0.1", "2"])  # shorter than the 2 s renewals (written alone), or with them
 def test_a_long_generation_is_checkpointed_with_its_renewals_so_a_crash_loses_a_bounded_slice(
-    backend: Backend,
+    backend: Backend, monkeypatch: pytest.MonkeyPatch, interval: str
 ) -> None:
+    monkeypatch.setenv("BACKFILL_CHECKPOINT_INTERVAL_SECONDS", interval)
+    get_settings.cache_clear()
     batch_id = enqueue(1, max_tokens=10**6)
     engine = FakeEngine("fake-model", max_num_seqs=4, max_model_len=10**9, step_seconds=0.002)
     runner = Runner(engine, model="fake-model", settings=get_settings(), worker_id="w1")
@@ -222,6 +225,7 @@ def test_a_long_generation_is_checkpointed_with_its_renewals_so_a_crash_loses_a_
     assert row.status == "running" and len(stored_of(row)) == row.checkpoint_tokens
     generated = len(engine.progress([row.id])[row.id].token_ids)
     assert 8 <= row.checkpoint_tokens <= generated
+    assert row.lease_expires_at is not None and row.lease_expires_at > time.time()  # renewed all the same
 
 
 def chunks_of(request_id: str) -> list[tuple[int, int]]:
