@@ -168,7 +168,7 @@ def test_a_hand_back_right_after_a_pause_keeps_the_tokens_of_the_rows_the_pause_
     with transaction() as session:
         tenant_id = session.get(Batch, batch_id).tenant_id  # type: ignore[union-attr]
         pause_batch(session, tenant_id=tenant_id, batch_id=batch_id)
-    assert runner.hand_back(drain_seconds=0.0) == 0  # the pause re-queued them already
+    assert runner.hand_back(drain_seconds=0.0) == 3  # still its rows: the pause leaves them to their holder
     runner.close_io()
     rows = rows_of(batch_id)
     assert all(row.status == "queued" and row.lease_owner is None for row in rows)
