@@ -5,8 +5,9 @@ skips it (storage/queue/claim_order.py) at once, and each request running in an 
 worker, with the tokens it generated, at the worker's next lease renewal (storage/queue/handback.py), so the
 engine is free for other batches within one renewal and a resume before it lets the worker go on. Its
 completion window keeps running: a paused batch still expires. Priority (-100..100) orders non-urgent work:
-urgent-by-deadline first, then higher priority, then a fair share across tenants; the operator caps what each tenant may set. A background
-batch (`completion_window: "background"`) has no deadline: it runs only when no deadline work waits.
+urgent-by-deadline first, then higher priority, then a fair share across tenants; the operator caps what each
+tenant may set. A background batch (`completion_window: "background"`) has no deadline: it runs only when no
+deadline work waits.
 """
 
 from __future__ import annotations
