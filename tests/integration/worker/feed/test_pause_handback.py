@@ -173,3 +173,34 @@ def test_a_row_its_own_worker_leased_back_keeps_storing_its_checkpoints(backend:
         assert stored_of(row) == reference.progress([row.id])[row.id].token_ids
     assert other_worker_steps() == 60 - 40
     assert [row.completion_tokens for row in rows_of(batch_id)] == [60, 60]
+
+
+class ReapedThenPaused(ReapedMidway):
+    """As ReapedMidway, and pauses the batch inside the step that finishes its requests (the chaos suite's seed 59:
+    a result of a row its worker had leased back reached `record` paused)."""
+
+    def __init__(self, *, at: int, batch_id: str) -> None:
+        super().__init__(10**6, at=at)
+        self.batch_id = batch_id
+
+    def step(self) -> list[EngineResult]:
+        results = super().step()
+        if results:
+            control(self.batch_id, "pause")
+            self.stop.set()
+        return results
+
+
+def test_a_result_of_a_row_leased_back_that_its_pause_hands_back_keeps_its_tokens(backend: Backend) -> None:
+    batch_id = enqueue(2, max_tokens=30)
+    engine = ReapedThenPaused(at=5, batch_id=batch_id)
+    runner = Runner(engine, model="fake-model", settings=get_settings(), worker_id="w1")
+    engine.feeding = runner
+    runner.run_for(60.0, stop=engine.stop)  # `record` hands both back: a paused batch makes no progress
+    runner.close_io()
+    rows = rows_of(batch_id)
+    assert all(row.status == "queued" and row.response_body is None for row in rows)
+    assert [row.checkpoint_tokens for row in rows] == [29, 29]  # all but the last token, under the new claim
+    control(batch_id, "resume")
+    assert other_worker_steps() == 1
+    assert [answer(row) for row in rows_of(batch_id)] == [uninterrupted(row) for row in rows]
