@@ -143,7 +143,7 @@ def test_a_paused_batch_keeps_the_tokens_its_worker_had_generated(backend: Backe
     with transaction() as session:
         tenant_id = session.get(Batch, batch_id).tenant_id  # type: ignore[union-attr]
         pause_batch(session, tenant_id=tenant_id, batch_id=batch_id)
-    # The runner's next renewal finds the leases gone, stores what it generated and aborts them.
+    # The runner's next renewal finds the batch paused: it aborts the rows and hands them back with what it generated.
     wait_for(lambda: runner.run_for(0.5) is not None and not runner.inflight, "the runner to let the rows go")
     runner.close_io()
     rows = rows_of(batch_id)
