@@ -59,9 +59,7 @@ class Claimed:
 
 @dataclass
 class _Checkpoints:
-    """Generated token ids to store: of rows still leased (periodic), of rows the reaper took back, or with the
-    rows of paused batches `released` with them; or, with `restarted` (id -> claim), rows whose checkpoints to
-    drop: the engine restarted their generation."""
+    """Token ids to store (periodic; rows the reaper took back; with paused rows `released`), or to drop (`restarted`)."""
 
     generated: dict[str, Generated]
     handed_back: bool = False
@@ -154,9 +152,7 @@ class QueueIO:
 
     def release_paused(self, request_ids: list[str], generated: dict[str, Generated]) -> None:
         """Queue handing back rows of paused batches (aborted in the engine) with their tokens (`take_paused`)."""
-        self._check_open()
-        if request_ids:
-            self._writes.put(_Checkpoints(generated, handed_back=True, released=request_ids))
+        self._writes.put(_Checkpoints(generated, handed_back=True, released=request_ids))
 
     def restart(self, claims: dict[str, str]) -> None:
         """Queue dropping these rows' checkpoints (id -> its claim): the engine restarted their generation."""
@@ -207,8 +203,7 @@ class QueueIO:
         return lost
 
     def take_paused(self) -> set[str]:
-        """Ids a renewal found held by this worker in a paused batch since the last call: to hand back, with their
-        tokens (`release_paused`); their leases hold until then (storage/queue/handback.py)."""
+        """Ids a renewal found in a paused batch since the last call: to hand back (storage/queue/handback.py)."""
         with self._lock:
             paused, self._paused = self._paused, set()
         return paused
