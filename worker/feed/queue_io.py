@@ -59,7 +59,7 @@ class Claimed:
 
 @dataclass
 class _Checkpoints:
-    """Token ids to store (periodic; rows the reaper took back; with paused rows `released`), or to drop (`restarted`)."""
+    """Token ids to store (periodic; rows the reaper took back; with paused rows `released`), or drop (`restarted`)."""
 
     generated: dict[str, Generated]
     handed_back: bool = False
