@@ -1,11 +1,13 @@
 """Batch control (Backfill extensions): pause and resume, priority, and the background tier.
 
 A paused batch keeps its status (`in_progress`, which every SDK parses) and carries `paused_at`; the claim
-skips it (storage/queue/claim_order.py) and its requests running in an engine are handed back at once, so
-the engine is free for other batches within one lease renewal. Its completion window keeps running: a
-paused batch still expires. Priority (-100..100) orders non-urgent work: urgent-by-deadline first, then
-higher priority, then a fair share across tenants; the operator caps what each tenant may set. A background
-batch (`completion_window: "background"`) has no deadline: it runs only when no deadline work waits.
+skips it (storage/queue/claim_order.py) at once, and each request running in an engine is handed back by its
+worker, with the tokens it generated, at the worker's next lease renewal (storage/queue/handback.py), so the
+engine is free for other batches within one renewal and a resume before it lets the worker go on. Its
+completion window keeps running: a paused batch still expires. Priority (-100..100) orders non-urgent work:
+urgent-by-deadline first, then higher priority, then a fair share across tenants; the operator caps what each
+tenant may set. A background batch (`completion_window: "background"`) has no deadline: it runs only when no
+deadline work waits.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from storage.clock import now
 from storage.errors import BatchNotControllable, PriorityNotAllowed
 from storage.models import Batch
 from storage.protocols import OPENAI, Protocol
-from storage.queue.handback import hand_back_batch
 from storage.quotas import quota_of
 from storage.settings import Settings
 
@@ -48,12 +49,12 @@ def _controllable(session: Session, *, tenant_id: str, batch_id: str, protocol: 
 
 
 def pause_batch(session: Session, *, tenant_id: str, batch_id: str, protocol: Protocol = OPENAI) -> Batch:
-    """Stop claims for the batch and hand its running requests back to the queue; pausing twice is a no-op."""
+    """Stop claims for the batch; its workers hand its running requests back at their next lease renewal
+    (storage/queue/handback.py). Pausing twice is a no-op."""
     batch = _controllable(session, tenant_id=tenant_id, batch_id=batch_id, protocol=protocol, verb="pause")
     if batch.paused_at is None:
         batch.paused_at = now()
-        session.flush()  # the claim and `take_back` read `paused_at` from the table
-        hand_back_batch(session, batch_id=batch.id)
+        session.flush()  # the claim, the renewals, `take_back` and `record` read `paused_at` from the table
     return batch
 
 

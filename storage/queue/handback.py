@@ -1,8 +1,13 @@
-"""Handing a paused batch's running requests back to the queue.
+"""A paused batch's running requests go back to the queue through their worker.
 
-The rows lose their lease at once; their worker aborts them at its next lease renewal (within seconds) and
-drops any result it still produces (`record` stores a result only under the lease), so each request still
-ends in exactly one line. The interrupted try is given back: a pause is not a failure.
+A pause stops new claims of the batch at once (storage/queue/claim_order.py) and leaves each running row leased
+to its worker: the worker's next lease renewal (within seconds) finds the batch paused (`paused_of`), and the
+worker aborts the request and hands the row back with the tokens generated so far, in one transaction
+(`storage.queue.leases.release`). Until then no other worker can claim the row, so a resume inside that window
+simply lets the holder go on: a pause never has two workers decode the same request. A holder that died keeps
+the row only until its lease expires (the reaper re-queues it; a claim takes it after the resume). `record`
+stores no result of a paused batch: it hands such rows back unrecorded (`hand_back_paused`), so a paused batch
+makes no progress. A handed-back try is given back: a pause is not a failure.
 """
 
 from __future__ import annotations
@@ -12,30 +17,28 @@ from sqlalchemy.orm import Session
 
 from storage.batches import lifecycle
 from storage.models import Batch, BatchRequest
+from storage.queue.enqueue import ids_match
 
 
-def hand_back_batch(session: Session, *, batch_id: str) -> int:
-    """Re-queue the batch's running requests without using up an attempt; return how many."""
-    result = session.execute(
-        update(BatchRequest)
-        .where(BatchRequest.batch_id == batch_id, lifecycle.rows_moving(lifecycle.REQ_RUNNING, to=lifecycle.REQ_QUEUED))
-        .values(
-            status=lifecycle.REQ_QUEUED,
-            lease_owner=None,
-            lease_expires_at=None,
-            attempts=BatchRequest.attempts - 1,
-        )
-        .execution_options(synchronize_session=False)
+def paused_of(session: Session, *, worker_id: str, request_ids: list[str]) -> set[str]:
+    """The ids among these whose row this worker runs and whose batch is paused: it hands them back."""
+    if not request_ids:
+        return set()
+    query = select(BatchRequest.id).where(
+        ids_match(session, request_ids),
+        BatchRequest.status == lifecycle.REQ_RUNNING,
+        BatchRequest.lease_owner == worker_id,
+        ~not_paused(),
     )
-    return int(result.rowcount or 0)  # type: ignore[attr-defined]
+    return set(session.scalars(query))
 
 
 def hand_back_paused(session: Session, *, worker_id: str, request_ids: list[str]) -> set[str]:
     """Re-queue, unrecorded, those of this worker's running rows whose batch is paused; return their ids.
 
-    A claim that read the batch before a pause committed can lease rows just after the pause's hand-back;
-    their results must not land while the batch is paused. The caller holds the batches' locks (as `record`
-    does), so a pause cannot commit between this and the store."""
+    A holder that finished rows before its renewal noticed the pause, or a claim that read the batch before a
+    pause committed, has results for a paused batch: they must not land while it is paused. The caller holds
+    the batches' locks (as `record` does), so a pause cannot commit between this and the store."""
     if not request_ids:
         return set()
     result = session.scalars(

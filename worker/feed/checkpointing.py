@@ -10,7 +10,7 @@ saved or a restart threw away.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from storage.metrics.events import count_decode_tokens
 from storage.queue.checkpoints import Generated
@@ -66,6 +66,22 @@ class Checkpoints:
         count_decode_tokens(self.model, resumed=kept, discarded=stored - kept)
         self.stored[request_id] = stored if kept >= stored else 0
         return kept >= stored
+
+    def relet(self, request_id: str, *, claim_id: str, stored: Sequence[int]) -> bool:
+        """A request still in the engine (or finished, its result not yet handed over) was leased again by this
+        worker's claim (the reaper had re-queued it): its generation goes on under `claim_id`, whose writes are the
+        ones that land. False if the row's checkpoint (`stored`, another claim's) is not where this generation
+        began: the caller drops it, and this generation's next write stores it from token 0."""
+        if (ended := self.ended.get(request_id)) is not None:
+            self.ended[request_id] = Generated(claim_id, ended.token_ids)
+            return list(ended.token_ids[: len(stored)]) == list(stored)
+        if request_id not in self.claims:
+            return True  # not this runner's checkpoints (a result on its way to the database)
+        self.claims[request_id] = claim_id
+        progress = self.engine.progress([request_id]).get(request_id, Progress([], False))
+        extends = list(progress.token_ids[: len(stored)]) == list(stored)
+        self.stored[request_id] = len(stored) if extends else 0
+        return extends
 
     def finished(self, result: EngineResult) -> None:
         """A request finished: its tokens but the last, under its claim, wait with its result until stored, should a

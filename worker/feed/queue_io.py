@@ -38,6 +38,7 @@ from storage.metrics.events import count_decode_tokens
 from storage.queue.backlog import done_batches
 from storage.queue.checkpoints import Generated, restart, save_checkpoints, save_handed_back, still_open
 from storage.queue.claim import ClaimedRequest, claim
+from storage.queue.handback import paused_of
 from storage.queue.leases import Outcome, record, release, renew, take_back
 from storage.settings import Settings
 from worker.engine import EngineResult
@@ -58,12 +59,12 @@ class Claimed:
 
 @dataclass
 class _Checkpoints:
-    """Generated token ids to store: of rows still leased (periodic) or of rows a pause took back; or, with
-    `restarted` (id -> claim), rows whose checkpoints to drop: the engine restarted their generation."""
+    """Token ids to store (periodic; rows the reaper took back; with paused rows `released`), or drop (`restarted`)."""
 
     generated: dict[str, Generated]
     handed_back: bool = False
     restarted: dict[str, str] = field(default_factory=dict)
+    released: list[str] = field(default_factory=list)
 
 
 _Renewal = tuple[list[str], dict[str, Generated]]  # leases to renew; checkpoints stored with them
@@ -104,6 +105,7 @@ class QueueIO:
         self._claiming = False
         self._committed: deque[list[EngineResult]] = deque()
         self._lost: set[str] = set()
+        self._paused: set[str] = set()
         self._errors: deque[BaseException] = deque()
         self._closed = False
         self._threads = [
@@ -147,6 +149,10 @@ class QueueIO:
         self._check_open()
         if generated:
             self._writes.put(_Checkpoints(generated, handed_back))
+
+    def release_paused(self, request_ids: list[str], generated: dict[str, Generated]) -> None:
+        """Queue handing back rows of paused batches (aborted in the engine) with their tokens (`take_paused`)."""
+        self._writes.put(_Checkpoints(generated, handed_back=True, released=request_ids))
 
     def restart(self, claims: dict[str, str]) -> None:
         """Queue dropping these rows' checkpoints (id -> its claim): the engine restarted their generation."""
@@ -195,6 +201,12 @@ class QueueIO:
         with self._lock:
             lost, self._lost = self._lost, set()
         return lost
+
+    def take_paused(self) -> set[str]:
+        """Ids a renewal found in a paused batch since the last call: to hand back (storage/queue/handback.py)."""
+        with self._lock:
+            paused, self._paused = self._paused, set()
+        return paused
 
     def raise_failure(self) -> None:
         """Re-raise, on the engine thread, the first database error the threads met since the last call."""
@@ -314,8 +326,10 @@ class QueueIO:
             if lost:  # our own claimer may have leased them back meanwhile (a re-lease, see `request_claim`):
                 # still ours; reported lost, the runner would abort them and leave them leased to it unrun
                 lost = renew(session, worker_id=self.worker_id, request_ids=sorted(lost), lease_seconds=lease)
+            paused = paused_of(session, worker_id=self.worker_id, request_ids=sorted(set(held) - lost))
         with self._lock:
             self._lost |= lost - waiting  # not in the engine (yet, or any more): nothing to abort
+            self._paused |= paused - waiting  # results: `record` hands them back; claimed rows: the next renewal
 
     def _checkpoint(self, item: _Checkpoints) -> None:
         with transaction() as session:
@@ -325,7 +339,9 @@ class QueueIO:
             if not item.handed_back:
                 save_checkpoints(session, worker_id=self.worker_id, checkpoints=item.generated)
                 return
-            stored = save_handed_back(session, checkpoints=item.generated)
+            if item.released:  # of paused batches: back to the queue with their tokens, in one transaction
+                release(session, worker_id=self.worker_id, request_ids=item.released, checkpoints=item.generated)
+            stored = save_handed_back(session, checkpoints=item.generated)  # rows the reaper re-queued too
             rerun = still_open(session, request_ids=sorted(set(item.generated) - stored))  # claimed meanwhile
         count_decode_tokens(self.model, discarded=sum(len(item.generated[rid].token_ids) for rid in rerun))
 

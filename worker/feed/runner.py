@@ -166,7 +166,7 @@ class Runner:
             try:
                 with transaction() as session:  # the tokens go back with the rows, in one transaction
                     released = release(session, worker_id=self.worker_id, request_ids=left, checkpoints=checkpoints)
-                    save_handed_back(session, checkpoints=checkpoints)  # rows a pause took back unnoticed
+                    save_handed_back(session, checkpoints=checkpoints)  # rows the reaper re-queued unnoticed
             finally:
                 self.checkpoints.forget_all()
                 self._close_run()
@@ -230,8 +230,10 @@ class Runner:
             self._last_empty_claim = time.monotonic()
         restarted: dict[str, str] = {}
         for item in claimed:
-            if item.id in held:  # re-queued under us and claimed back: a re-lease of work already in the engine
-                continue  # (its generation runs under its first claim: its checkpoint writes are refused now)
+            if item.id in held:  # re-queued under us and claimed back: a re-lease of work already in the engine,
+                if not self.checkpoints.relet(item.id, claim_id=item.claim_id, stored=item.checkpoint):
+                    restarted[item.id] = item.claim_id  # which runs under the new claim from now on
+                continue
             earlier = item.checkpoint
             request = EngineRequest(request_id=item.id, url=item.url, body=item.body, resume_token_ids=earlier)
             rejected = self.engine.add(request)
@@ -342,7 +344,7 @@ class Runner:
 
     def _drop_lost(self, lost: set[str]) -> None:
         if lost:
-            log.info("aborting %d requests no longer leased (cancelled, expired or leased again)", len(lost))
+            log.info("aborting %d requests no longer leased or paused (cancelled, expired, leased again)", len(lost))
             self.engine.abort(sorted(lost & self.inflight))
             self.inflight -= lost
             self.checkpoints.forget(lost)
@@ -367,9 +369,13 @@ class Runner:
             self.committing.difference_update(result.request_id for result in results)
             self._probe_flushed(results)
         lost = self.io.take_lost() & self.inflight
-        if lost:  # a pause took these back: their tokens go with the rows while no one else has claimed them
+        if lost:  # the reaper re-queued these (of a paused batch): their tokens go with them while still unclaimed
             self.io.checkpoint(self.checkpoints.of(lost), handed_back=True)
         self._drop_lost(lost)
+        if paused := self.io.take_paused() & self.inflight:  # their batch was paused: hand them back, tokens and all
+            checkpoints = self.checkpoints.of(paused)
+            self._drop_lost(paused)
+            self.io.release_paused(sorted(paused), checkpoints)
         self.io.raise_failure()
 
     def close_io(self) -> None:

@@ -1,23 +1,24 @@
-"""Batch control in the claim (issue 20 §2, §3, §6): pause hands work back and stops claims, priority bands,
-the background tier behind every deadline; on SQLite and Postgres."""
+"""Batch control in the claim (issue 20 §2, §3, §6): pause stops claims and has each holder hand its work back,
+priority bands, the background tier behind every deadline; on SQLite and Postgres."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from storage.batches.control import pause_batch, resume_batch, set_priority
 from storage.batches.windows import BACKGROUND_DEADLINE
-from storage.clock import now
+from storage.clock import now, now_f
 from storage.db import transaction
 from storage.errors import BatchNotControllable, PriorityNotAllowed
 from storage.models import Batch, BatchRequest
 from storage.queue.claim import ClaimedRequest, claim
 from storage.queue.claim_order import ClaimOrder
-from storage.queue.leases import renew, take_back
-from storage.queue.reaping import expire_overdue
+from storage.queue.handback import paused_of
+from storage.queue.leases import release, renew, take_back
+from storage.queue.reaping import expire_overdue, release_expired_leases
 from storage.settings import Settings, get_settings
 from tests.conftest import Backend
 from tests.integration.jobs import chat, submit_job
@@ -90,7 +91,7 @@ def test_a_priority_above_the_tenant_cap_is_refused(backend: Backend, settings: 
         set_priority(session, settings, tenant_id=tenant_of(batch_id), batch_id=batch_id, priority=60)
 
 
-def test_a_paused_batch_is_handed_back_gets_no_claims_and_resumes(backend: Backend) -> None:
+def test_a_paused_batch_gets_no_claims_its_holder_hands_its_rows_back_and_it_resumes(backend: Backend) -> None:
     paused, _ = submit_job([chat(i) for i in range(8)], tenant="a", deadline=now() + 20 * HOUR)
     other, _ = submit_job([chat(i) for i in range(8)], tenant="b", deadline=now() + 21 * HOUR)
     running = [c.id for c in claim_some(4, worker="w1") if c.batch_id == paused]
@@ -99,13 +100,12 @@ def test_a_paused_batch_is_handed_back_gets_no_claims_and_resumes(backend: Backe
     with transaction() as session:
         pause_batch(session, tenant_id=tenant_of(paused), batch_id=paused)
         pause_batch(session, tenant_id=tenant_of(paused), batch_id=paused)  # idempotent
-    with transaction() as session:  # the worker's next renewal: lost, and not taken back
-        lost = renew(session, worker_id="w1", request_ids=running, lease_seconds=60)
-        retaken = take_back(session, worker_id="w1", request_ids=sorted(lost), lease_seconds=60)
-    after = claim_some(16, worker="w2")
-
-    assert set(lost) == set(running) and not retaken  # the engine drops them at its next renewal
-    assert {c.batch_id for c in after} == {other}  # no claim of the paused batch after the pause committed
+    assert {c.batch_id for c in claim_some(16, worker="w2")} == {other}  # no claim after the pause committed
+    with transaction() as session:  # the holder's next renewal: still its rows, to hand back
+        assert renew(session, worker_id="w1", request_ids=running, lease_seconds=60) == set()
+        assert paused_of(session, worker_id="w1", request_ids=running) == set(running)
+        assert paused_of(session, worker_id="w2", request_ids=running) == set()
+        release(session, worker_id="w1", request_ids=running)
     assert queued_of(paused) == 8  # handed back without using up a try
     with transaction() as session:
         attempts = session.scalars(select(BatchRequest.attempts).where(BatchRequest.batch_id == paused)).all()
@@ -113,6 +113,36 @@ def test_a_paused_batch_is_handed_back_gets_no_claims_and_resumes(backend: Backe
         resume_batch(session, tenant_id=tenant_of(paused), batch_id=paused)
         resume_batch(session, tenant_id=tenant_of(paused), batch_id=paused)  # idempotent
     assert {c.batch_id for c in claim_some(16, worker="w2")} == {paused}
+
+
+def test_rows_running_at_a_pause_stay_their_holders_through_a_resume(backend: Backend) -> None:
+    batch_id, _ = submit_job([chat(i) for i in range(4)], tenant="a", deadline=now() + 20 * HOUR)
+    running = [c.id for c in claim_some(2, worker="w1")]
+    with transaction() as session:
+        pause_batch(session, tenant_id=tenant_of(batch_id), batch_id=batch_id)
+    with transaction() as session:
+        resume_batch(session, tenant_id=tenant_of(batch_id), batch_id=batch_id)
+    with transaction() as session:  # the holder's renewal after the resume: nothing to hand back
+        assert renew(session, worker_id="w1", request_ids=running, lease_seconds=60) == set()
+        assert paused_of(session, worker_id="w1", request_ids=running) == set()
+    assert {c.id for c in claim_some(8, worker="w2")}.isdisjoint(running)  # only the two never started
+
+
+def test_a_paused_batchs_rows_whose_holder_died_go_back_at_lease_expiry_and_are_not_taken_back(
+    backend: Backend,
+) -> None:
+    batch_id, _ = submit_job([chat(i) for i in range(2)], tenant="a", deadline=now() + 20 * HOUR)
+    running = [c.id for c in claim_some(2, worker="w1")]
+    with transaction() as session:
+        pause_batch(session, tenant_id=tenant_of(batch_id), batch_id=batch_id)
+    with transaction() as session:
+        session.execute(update(BatchRequest).values(lease_expires_at=now_f() - 1))
+        assert release_expired_leases(session, max_attempts=3) == 2
+        assert take_back(session, worker_id="w1", request_ids=running, lease_seconds=60) == set()
+    assert claim_some(8, worker="w2") == []  # queued, and paused
+    with transaction() as session:
+        resume_batch(session, tenant_id=tenant_of(batch_id), batch_id=batch_id)
+    assert sorted(c.id for c in claim_some(8, worker="w2")) == sorted(running)
 
 
 def test_cancel_works_while_paused_and_an_ended_batch_cannot_be_paused(backend: Backend) -> None:
@@ -150,7 +180,7 @@ def test_the_reaper_never_expires_a_background_batch(backend: Backend) -> None:
 
 def test_a_claim_that_raced_the_pause_records_nothing_while_paused(backend: Backend) -> None:
     """Found by the chaos suite: a claim whose pick read the batch before the pause committed leased its rows
-    after the pause's hand-back, so their results landed while the batch was paused. They are handed back."""
+    after the pause, so their results landed while the batch was paused. They are handed back."""
     from storage.db import get_sessionmaker
     from storage.queue.leases import Outcome, record
 

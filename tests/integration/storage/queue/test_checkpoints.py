@@ -230,6 +230,8 @@ def test_a_paused_request_keeps_the_tokens_its_worker_stores_after_losing_the_le
     with transaction() as session:
         tenant_id = session.get(Batch, batch_id).tenant_id  # type: ignore[union-attr]
         pause_batch(session, tenant_id=tenant_id, batch_id=batch_id)
+    with transaction() as session:  # the reaper re-queues them (w1 looked gone); not taken back: paused
+        assert release_worker_leases(session, worker_ids=["w1"], max_attempts=5) == 2
     with transaction() as session:  # the worker's next renewal finds both leases gone and stores what it had
         checkpoints = {first: Generated(claims[first], [9] * 50), second: Generated(claims[second], [8] * 20)}
         assert save_handed_back(session, checkpoints=checkpoints) == {first, second}

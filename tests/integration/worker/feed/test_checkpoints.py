@@ -143,7 +143,7 @@ def test_a_paused_batch_keeps_the_tokens_its_worker_had_generated(backend: Backe
     with transaction() as session:
         tenant_id = session.get(Batch, batch_id).tenant_id  # type: ignore[union-attr]
         pause_batch(session, tenant_id=tenant_id, batch_id=batch_id)
-    # The runner's next renewal finds the leases gone, stores what it generated and aborts them.
+    # The runner's next renewal finds the batch paused: it aborts the rows and hands them back with what it generated.
     wait_for(lambda: runner.run_for(0.5) is not None and not runner.inflight, "the runner to let the rows go")
     runner.close_io()
     rows = rows_of(batch_id)
@@ -168,7 +168,7 @@ def test_a_hand_back_right_after_a_pause_keeps_the_tokens_of_the_rows_the_pause_
     with transaction() as session:
         tenant_id = session.get(Batch, batch_id).tenant_id  # type: ignore[union-attr]
         pause_batch(session, tenant_id=tenant_id, batch_id=batch_id)
-    assert runner.hand_back(drain_seconds=0.0) == 0  # the pause re-queued them already
+    assert runner.hand_back(drain_seconds=0.0) == 3  # still its rows: the pause leaves them to their holder
     runner.close_io()
     rows = rows_of(batch_id)
     assert all(row.status == "queued" and row.lease_owner is None for row in rows)
