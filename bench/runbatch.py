@@ -90,13 +90,13 @@ def run_batch(
     with subprocess.Popen(
         command,
         env={**(env or engine_env()), "PYTHONUNBUFFERED": "1"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,  # vLLM logs to stdout
         text=True,
         cwd=OUT,
     ) as proc:
-        assert proc.stderr is not None
-        for line in proc.stderr:
+        assert proc.stdout is not None
+        for line in proc.stdout:
             if ready is None and "Reading batch from" in line:
                 ready = time.perf_counter() - started
             tail.append(line)
