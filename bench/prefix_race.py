@@ -11,8 +11,9 @@ Sides, each in its own fresh process (nothing cached by one side helps another),
 settings: the demo model, float32, eager, `max_num_seqs`, `max_num_batched_tokens`, prefix caching on and the
 KV cache at `kv_cache_memory_bytes` (`VLLM_CPU_KVCACHE_SPACE` unset, since it would override that):
 - run-batch: `python -m vllm.entrypoints.openai.run_batch` once per job, in file order, as its users run
-  it. Its start-up (process start until it logs "Reading batch from") is measured on every run: the
-  race's ratio excludes it, a second ratio counts it.
+  it. Its work is read from its log on every run, from "Reading batch from" (engine up) to "Writing outputs
+  to" (every line answered): the race's ratio counts only that, a second ratio its whole walls (start-ups and
+  shut-downs).
 - Backfill: `backfill serve` (embedded default), already up; the clock runs from the first upload to the
   last output file downloaded, the jobs uploaded and created concurrently. With prefix ordering on (the
   default) and, as the control, off (`BACKFILL_PREFIX_ORDERING=false`).
@@ -30,6 +31,7 @@ import argparse
 import concurrent.futures as cf
 import json
 import random
+import sqlite3
 import sys
 import tempfile
 import time
@@ -90,8 +92,8 @@ def run_batch_side(model_dir: Path, files: list[Path], args: argparse.Namespace,
     runs, prompt, cached, ok = [], 0, 0, 0
     for path in files:
         run = run_batch(model_dir, path, args.max_num_seqs, extra=extra, env=race_env())
-        if run["startup_seconds"] is None:
-            raise RuntimeError("run-batch never logged 'Reading batch from': cannot take its start-up out")
+        if run["work_seconds"] is None:
+            raise RuntimeError("run-batch's log lacks 'Reading batch from' or 'Writing outputs to': no work time")
         for line in run.pop("output"):
             usage = ((line.get("response") or {}).get("body") or {}).get("usage") or {}
             prompt += usage.get("prompt_tokens") or 0
@@ -100,11 +102,10 @@ def run_batch_side(model_dir: Path, files: list[Path], args: argparse.Namespace,
         runs.append(run)
         print(json.dumps({"run_batch": {k: round(v, 2) for k, v in run.items() if k != "lines"}}), flush=True)
     walls = sum(r["seconds"] for r in runs)
-    startups = sum(r["startup_seconds"] for r in runs)
     return {
         "seconds_with_startups": round(walls, 2),
-        "startup_seconds": [round(r["startup_seconds"], 2) for r in runs],
-        "seconds": round(walls - startups, 2),
+        "startup_and_shutdown_seconds": [round(r["seconds"] - r["work_seconds"], 2) for r in runs],
+        "seconds": round(sum(r["work_seconds"] for r in runs), 2),
         "hit_rate": round(cached / prompt, 3) if prompt else 0.0,
         "prompt_tokens": prompt,
         "cached_tokens": cached,
@@ -145,6 +146,7 @@ def backfill_side(
         "ready_seconds": round(server.ready_seconds, 2),
         "seconds_with_startup": round(seconds + server.ready_seconds, 2),
         "job_finished_seconds": [round(job["finished_seconds"], 2) for job in jobs],
+        **engine_time(server.data / "backfill.db"),
         "hit_rate": round(cached / prompt, 3) if prompt else 0.0,
         "prompt_tokens": prompt,
         "cached_tokens": cached,
@@ -155,6 +157,20 @@ def backfill_side(
     }
     print(json.dumps({"backfill": result}), flush=True)
     return result
+
+
+def engine_time(database: Path) -> dict[str, float]:
+    """The server's engine runs (storage/models.py EngineRun): seconds inside `engine.step()`, steps, and the
+    mean sequences a step ran, to tell the engine's time from Backfill's own."""
+    with sqlite3.connect(database) as conn:
+        busy, steps, seqs = conn.execute(
+            "SELECT SUM(busy_seconds), SUM(steps), SUM(running_seq_steps) FROM engine_runs"
+        ).fetchone()
+    return {
+        "engine_busy_seconds": round(busy or 0.0, 2),
+        "engine_steps": int(steps or 0),
+        "mean_running_seqs": round((seqs or 0) / steps, 2) if steps else 0.0,
+    }
 
 
 def race(model_dir: Path, files: list[Path], args: argparse.Namespace, blocks: int) -> dict[str, Any]:

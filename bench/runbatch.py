@@ -59,8 +59,9 @@ def run_batch(
 ) -> dict[str, Any]:
     """vLLM's own batch runner, as a user would start it; wall time from process start to exit.
 
-    `startup_seconds` is the time until it logs "Reading batch from" (engine and endpoints up, about to submit
-    the file's lines): the wall without it is the run's work. `extra`: more of its arguments; `env`: its
+    `work_seconds` runs from its log's "Reading batch from" (engine and endpoints up, about to submit the file's
+    lines) to its "Writing outputs to" (every line answered; the file write that follows takes milliseconds):
+    the rest of the wall, `startup_seconds` before and the engine's shut-down after, is not the batch. `extra`: more of its arguments; `env`: its
     environment (default `engine_env()`)."""
     target = source.with_suffix(".vllm-out.jsonl")
     command = [
@@ -85,7 +86,7 @@ def run_batch(
         *extra,
     ]
     started = time.perf_counter()
-    ready = None
+    ready = written = None
     tail: deque[str] = deque(maxlen=60)
     with subprocess.Popen(
         command,
@@ -99,6 +100,8 @@ def run_batch(
         for line in proc.stdout:
             if ready is None and "Reading batch from" in line:
                 ready = time.perf_counter() - started
+            elif written is None and "Writing outputs to" in line:
+                written = time.perf_counter() - started
             tail.append(line)
         returncode = proc.wait()
     seconds = time.perf_counter() - started
@@ -106,7 +109,15 @@ def run_batch(
         raise RuntimeError("run_batch failed:\n" + "".join(tail)[-3000:])
     lines = [json.loads(line) for line in target.read_text().splitlines() if line.strip()]
     ok = sum(1 for line in lines if (line.get("response") or {}).get("status_code") == 200)
-    return {"seconds": seconds, "startup_seconds": ready, "lines": len(lines), "ok": ok, "output": lines}
+    work = written - ready if ready is not None and written is not None else None
+    return {
+        "seconds": seconds,
+        "startup_seconds": ready,
+        "work_seconds": work,
+        "lines": len(lines),
+        "ok": ok,
+        "output": lines,
+    }
 
 
 class Server:
