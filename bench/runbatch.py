@@ -24,6 +24,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +54,15 @@ def write_jsonl(path: Path, lines: list[dict[str, Any]]) -> Path:
     return path
 
 
-def run_batch(model_dir: Path, source: Path, max_num_seqs: int) -> dict[str, Any]:
-    """vLLM's own batch runner, as a user would start it; wall time from process start to exit."""
+def run_batch(
+    model_dir: Path, source: Path, max_num_seqs: int, *, extra: Sequence[str] = (), env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """vLLM's own batch runner, as a user would start it; wall time from process start to exit.
+
+    `work_seconds` runs from its log's "Reading batch from" (engine and endpoints up, about to submit the file's
+    lines) to its "Writing outputs to" (every line answered; the file write that follows takes milliseconds):
+    the rest of the wall, `startup_seconds` before and the engine's shut-down after, is not the batch. `extra`: more of its arguments; `env`: its
+    environment (default `engine_env()`)."""
     target = source.with_suffix(".vllm-out.jsonl")
     command = [
         sys.executable,
@@ -74,27 +83,69 @@ def run_batch(model_dir: Path, source: Path, max_num_seqs: int) -> dict[str, Any
         "--dtype",
         "float32",
         "--enforce-eager",
+        *extra,
     ]
     started = time.perf_counter()
-    done = subprocess.run(command, env=engine_env(), capture_output=True, text=True, cwd=OUT)
+    ready = written = None
+    tail: deque[str] = deque(maxlen=60)
+    with subprocess.Popen(
+        command,
+        env={**(env or engine_env()), "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,  # vLLM logs to stdout
+        text=True,
+        cwd=OUT,
+    ) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if ready is None and "Reading batch from" in line:
+                ready = time.perf_counter() - started
+            elif written is None and "Writing outputs to" in line:
+                written = time.perf_counter() - started
+            tail.append(line)
+        returncode = proc.wait()
     seconds = time.perf_counter() - started
-    if done.returncode != 0:
-        raise RuntimeError(f"run_batch failed:\n{done.stderr[-3000:]}")
+    if returncode != 0:
+        raise RuntimeError("run_batch failed:\n" + "".join(tail)[-3000:])
     lines = [json.loads(line) for line in target.read_text().splitlines() if line.strip()]
     ok = sum(1 for line in lines if (line.get("response") or {}).get("status_code") == 200)
-    return {"seconds": seconds, "lines": len(lines), "ok": ok}
+    work = written - ready if ready is not None and written is not None else None
+    return {
+        "seconds": seconds,
+        "startup_seconds": ready,
+        "work_seconds": work,
+        "lines": len(lines),
+        "ok": ok,
+        "output": lines,
+    }
 
 
 class Server:
     """`backfill serve` in its own process (embedded default), with one API key per tenant."""
 
-    def __init__(self, model_dir: Path, max_num_seqs: int, tenants: int) -> None:
+    def __init__(
+        self,
+        model_dir: Path,
+        max_num_seqs: int,
+        tenants: int,
+        *,
+        spec: dict[str, Any] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """`spec`: more of the model's registry entry (storage/registry.py); `env`: the server's environment
+        (default `engine_env()`)."""
         self.data = Path(tempfile.mkdtemp(prefix="runbatch-", dir=OUT))
         registry = {
-            MODEL: {"path": str(model_dir), "max_num_seqs": max_num_seqs, "max_model_len": 2048, "dtype": "float32"}
+            MODEL: {
+                "path": str(model_dir),
+                "max_num_seqs": max_num_seqs,
+                "max_model_len": 2048,
+                "dtype": "float32",
+                **(spec or {}),
+            }
         }
         self.env = {
-            **engine_env(),
+            **(env or engine_env()),
             "BACKFILL_DATA_DIR": str(self.data),
             "BACKFILL_MODELS": json.dumps(registry),
             "BACKFILL_LOG_LEVEL": "WARNING",
@@ -157,7 +208,14 @@ def run_job(client: openai.OpenAI, source: Path) -> dict[str, Any]:
     if batch.output_file_id:
         lines = [json.loads(line) for line in client.files.content(batch.output_file_id).text.splitlines() if line]
     ok = sum(1 for line in lines if line["response"]["status_code"] == 200)
-    return {"status": batch.status, "lines": len(lines), "ok": ok, "custom_ids": [line["custom_id"] for line in lines]}
+    usage = batch.usage.model_dump() if batch.usage else {}
+    return {
+        "status": batch.status,
+        "lines": len(lines),
+        "ok": ok,
+        "custom_ids": [line["custom_id"] for line in lines],
+        "usage": usage,
+    }
 
 
 def main() -> int:
@@ -183,7 +241,7 @@ def main() -> int:
 
     # 1. One big job, start-up counted on both sides; run-batch first (the cold page cache hits it, not us).
     vllm_big = run_batch(model_dir, big, args.max_num_seqs)
-    print(json.dumps({"run_batch_big": vllm_big}), flush=True)
+    print(json.dumps({"run_batch_big": {k: v for k, v in vllm_big.items() if k != "output"}}), flush=True)
     server = Server(model_dir, args.max_num_seqs, args.tenants)
     try:
         ours_big = run_job(server.client(0), big)

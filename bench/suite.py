@@ -56,6 +56,9 @@ FULL = {
     # `make bench ARGS="--only shared_sim"`.
     "shared_sim": ["bench/shared_sim.py", "--seconds", "30", "--rounds", "2"],
     "prefix": ["bench/prefix.py"],
+    # Issue 22 section 5: 4 tenants' prefix-heavy jobs, Backfill end to end vs run-batch once per job, a small and
+    # a large KV cache, prefix ordering on and off (~10 min): `make bench ARGS="--only prefix-race"`.
+    "prefix-race": ["bench/prefix_race.py"],
     # Issue 15 section 2: 1, 2, 4, 8 GPU-worker processes on one queue, then one killed (~2 min):
     # `make bench ARGS="--only workers"`.
     "workers": ["bench/workers.py"],
@@ -96,6 +99,7 @@ QUICK = {
     "shared": ["bench/shared.py", "--quick"],
     "shared_sim": ["bench/shared_sim.py", "--quick"],
     "prefix": ["bench/prefix.py", "--quick"],
+    "prefix-race": ["bench/prefix_race.py", "--quick"],
     "workers": ["bench/workers.py", "--quick"],
     "gpu-timed": ["bench/gpu_timed.py", "--quick"],
     "hostile-bodies": ["bench/hostile_bodies.py", "--quick"],
@@ -170,7 +174,7 @@ def main() -> int:
     parser.add_argument(
         "--only",
         default="",
-        help="comma-separated parts: engine,runbatch,ingest,queue,shared,shared_sim,prefix,gpu-timed,workers,"
+        help="comma-separated parts: engine,runbatch,ingest,queue,shared,shared_sim,prefix,prefix-race,gpu-timed,workers,"
         "hostile-bodies,handback,rolling-restart",
     )
     parser.add_argument("--no-write", action="store_true", help="print only; leave results.json and docs alone")
@@ -245,7 +249,8 @@ _PREFIXES = {
     "queue": ("queue_",),
     "shared": ("shared_online_", "shared_harvest_", "shared_batch_", "shared_slack_", "shared_bare_", "shared_tight_"),
     "shared_sim": ("shared_sim_",),
-    "prefix": ("prefix_",),
+    "prefix": ("prefix_cache_", "prefix_ordering_"),
+    "prefix-race": ("prefix_heavy_",),
     "workers": ("workers_",),
     "gpu-timed": ("gpu_timed_",),
     "hostile-bodies": ("hostile_",),

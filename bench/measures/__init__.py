@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from bench.measures.entry import entry
+from bench.measures.race import prefix_race_rows
 from bench.measures.resume import handback_rows, rolling_rows
 from bench.measures.timed import gpu_timed_measures, shared_sim_measures
 
@@ -180,6 +181,8 @@ def measures(parts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             entry("prefix_cache_hit_rate_without_ordering", r["hit_rate_off"], "share of prompt tokens"),
             entry("prefix_ordering_throughput_ratio", r["throughput_ratio_on_vs_off"], "x without ordering"),
         ]
+    if race := parts.get("prefix-race"):
+        rows += prefix_race_rows(race["result"])
     if gpu := parts.get("gpu-timed"):
         rows += gpu_timed_measures(gpu["result"])
     if queue := parts.get("queue"):
