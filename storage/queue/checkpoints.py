@@ -148,25 +148,19 @@ def _append(
     since = {rid: count for rid, count in rows if count < len(wanted[rid].token_ids)}
     if not since:
         return held, set()
-    values: dict[str, Any] = {
-        "checkpoint_tokens": case({rid: len(wanted[rid].token_ids) for rid in since}, value=BatchRequest.id)
-    }
-    if lease_expires_at is not None:
-        values["lease_expires_at"] = lease_expires_at
-    moved = set(
-        session.scalars(
-            update(BatchRequest)
-            .where(
-                ids_match(session, sorted(since)),
-                guard,
-                same_claim,
-                BatchRequest.checkpoint_tokens == case(since, value=BatchRequest.id),
-            )
-            .values(**values)
-            .returning(BatchRequest.id)
-            .execution_options(synchronize_session=False)
+    statement = (
+        update(BatchRequest)
+        .where(
+            ids_match(session, sorted(since)),
+            guard,
+            same_claim,
+            BatchRequest.checkpoint_tokens == case(since, value=BatchRequest.id),
         )
+        .values(checkpoint_tokens=case({rid: len(wanted[rid].token_ids) for rid in since}, value=BatchRequest.id))
     )
+    if lease_expires_at is not None:  # a renewal's checkpoint: the lease moves in the same row version
+        statement = statement.values(lease_expires_at=lease_expires_at)
+    moved = set(session.scalars(statement.returning(BatchRequest.id).execution_options(synchronize_session=False)))
     if moved:
         chunks = [
             {"request_id": rid, "start": start, "token_ids": pack_tokens(wanted[rid].token_ids[start:])}

@@ -140,7 +140,7 @@ class QueueIO:
 
     def renew(self, request_ids: list[str], checkpoints: dict[str, Generated] | None = None) -> None:
         """Queue a renewal of these leases (and those of every result not yet committed), storing `checkpoints`
-        (periodic ones) in the same UPDATE of their rows (storage/queue/leases.py `renew`)."""
+        (periodic ones) in the same write of their rows (storage/queue/leases.py `renew`)."""
         self._check_open()
         self._writes.put((list(request_ids), dict(checkpoints or {})))
 
