@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
@@ -15,6 +16,9 @@ import pytest
 from bench import vllm_server as server_process
 from tests.conftest import Backend, configure
 from tests.e2e.helpers import batch_line, read_file, submit
+
+if TYPE_CHECKING:
+    from worker.engine.http_engine import HttpEngine
 
 pytestmark = pytest.mark.vllm
 
@@ -106,24 +110,19 @@ def test_a_batch_harvested_beside_online_traffic_lands_every_line_once_and_onlin
     assert engine.budget.last is not None  # the budget was fed from the server's /metrics
 
 
-def test_with_a_latency_slack_the_budget_fits_the_servers_step_time_and_every_line_still_lands_once(
-    backend: Backend, vllm_server: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from storage.db import transaction
-    from storage.models import Batch
+def run_shared(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch, shared: dict[str, object], lines: list[dict[str, object]]
+) -> tuple[HttpEngine, str]:
+    """Run `lines` as one batch through the Runner and an HttpEngine with these shared-mode settings."""
     from storage.settings import get_settings
     from worker.engine.factory import load_engine
     from worker.engine.http_engine import HttpEngine
-    from worker.engine.shared_budget import slack_cap
     from worker.feed.runner import Runner
-    from worker.jobs.finalize import finalize_batch
 
-    shared = {"server_url": vllm_server, "poll_seconds": 0.1, "latency_slack": 0.1}
     registry = {"backfill-demo": {"path": "served-by-the-server", "max_num_seqs": MAX_NUM_SEQS, "shared": shared}}
     configure(monkeypatch, {**backend.env, "BACKFILL_MODELS": json.dumps(registry)})
     engine = load_engine(get_settings(), "backfill-demo")
     assert isinstance(engine, HttpEngine)
-    lines = [batch_line(i, max_tokens=64) for i in range(40)]
     batch_id = submit(lines)
     runner = Runner(engine, model="backfill-demo", settings=get_settings())
     try:
@@ -132,8 +131,32 @@ def test_with_a_latency_slack_the_budget_fits_the_servers_step_time_and_every_li
             assert time.monotonic() - started < 120, "the batch did not finish"
     finally:
         engine.close()
-    from storage.files.blobs import get_blob_store
+    return engine, batch_id
 
+
+def assert_every_line_once(batch_id: str, lines: list[dict[str, object]]) -> None:
+    from storage.db import transaction
+    from storage.files.blobs import get_blob_store
+    from storage.models import Batch
+    from worker.jobs.finalize import finalize_batch
+
+    assert finalize_batch(get_blob_store(), batch_id=batch_id) == "completed"
+    with transaction() as session:
+        batch = session.get(Batch, batch_id)
+        assert batch is not None
+        outputs, errors = read_file(batch.output_file_id), read_file(batch.error_file_id)
+    assert not errors
+    assert sorted(line["custom_id"] for line in outputs) == sorted(line["custom_id"] for line in lines)
+
+
+def test_with_a_latency_slack_the_budget_fits_the_servers_step_time_and_every_line_still_lands_once(
+    backend: Backend, vllm_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from worker.engine.shared_budget import slack_cap
+
+    lines = [batch_line(i, max_tokens=64) for i in range(40)]
+    shared = {"server_url": vllm_server, "poll_seconds": 0.1, "latency_slack": 0.1}
+    engine, batch_id = run_shared(backend, monkeypatch, shared, lines)
     # The server's own inter-token latency fed the step model, and the cap came from it.
     step = engine.budget.steps.fit()
     # The fixed part is clipped at 0 when the measured latencies are noisy (a CPU shared with the test): the
@@ -141,53 +164,21 @@ def test_with_a_latency_slack_the_budget_fits_the_servers_step_time_and_every_li
     assert step is not None and step[0] >= 0 and step[0] + step[1] > 0
     last = engine.budget.last
     assert last is not None and last.slack_cap == slack_cap(step, slack=0.1, online=last.online)
-    assert finalize_batch(get_blob_store(), batch_id=batch_id) == "completed"
-    with transaction() as session:
-        batch = session.get(Batch, batch_id)
-        assert batch is not None
-        outputs, errors = read_file(batch.output_file_id), read_file(batch.error_file_id)
-    assert not errors
-    assert sorted(line["custom_id"] for line in outputs) == sorted(line["custom_id"] for line in lines)
+    assert_every_line_once(batch_id, lines)
 
 
 def test_with_prefill_pacing_the_pace_follows_the_servers_steps_and_every_line_still_lands_once(
     backend: Backend, vllm_server: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from storage.db import transaction
-    from storage.files.blobs import get_blob_store
-    from storage.models import Batch
-    from storage.settings import get_settings
-    from worker.engine.factory import load_engine
-    from worker.engine.http_engine import HttpEngine
-    from worker.feed.runner import Runner
-    from worker.jobs.finalize import finalize_batch
-
-    shared = {"server_url": vllm_server, "poll_seconds": 0.1, "batch_prefill_tokens_per_step": 8}
-    registry = {"backfill-demo": {"path": "served-by-the-server", "max_num_seqs": MAX_NUM_SEQS, "shared": shared}}
-    configure(monkeypatch, {**backend.env, "BACKFILL_MODELS": json.dumps(registry)})
-    engine = load_engine(get_settings(), "backfill-demo")
-    assert isinstance(engine, HttpEngine)
     lines = [batch_line(i, max_tokens=32) for i in range(24)]
-    batch_id = submit(lines)
-    runner = Runner(engine, model="backfill-demo", settings=get_settings())
-    try:
-        started = time.monotonic()
-        while runner.run_for(5.0):
-            assert time.monotonic() - started < 120, "the batch did not finish"
-    finally:
-        engine.close()
+    shared = {"server_url": vllm_server, "poll_seconds": 0.1, "batch_prefill_tokens_per_step": 8}
+    engine, batch_id = run_shared(backend, monkeypatch, shared, lines)
     # The server's inter-token latency set the pace, and its prompt counts taught the estimate (the demo
     # model's tokenizer is not four characters a token).
     pacer = engine.budget.pacer
     assert pacer is not None and pacer.step_seconds is not None and pacer.step_seconds > 0
     assert pacer.tokens_per_char != 0.25
-    assert finalize_batch(get_blob_store(), batch_id=batch_id) == "completed"
-    with transaction() as session:
-        batch = session.get(Batch, batch_id)
-        assert batch is not None
-        outputs, errors = read_file(batch.output_file_id), read_file(batch.error_file_id)
-    assert not errors
-    assert sorted(line["custom_id"] for line in outputs) == sorted(line["custom_id"] for line in lines)
+    assert_every_line_once(batch_id, lines)
 
 
 def test_aborting_a_batch_request_frees_its_sequence_on_the_server(vllm_server: str) -> None:
