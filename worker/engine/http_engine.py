@@ -199,8 +199,11 @@ class HttpEngine:
         where another worker may take them)."""
         if self.budget.pacer is None:
             return self.budget.limit
-        sent = sum(1 for f in self._inflight.values() if not f.parked)
-        return min(self.budget.limit, sent + PACED_AHEAD)
+        return min(self.budget.limit, self._on_server() + PACED_AHEAD)
+
+    def _on_server(self) -> int:
+        """Our requests sent to the server and not yet answered (the rest are parked)."""
+        return sum(1 for f in self._inflight.values() if not f.parked)
 
     def set_urgent(self, urgent: bool) -> None:
         """Let work near its deadline take up to `urgent_extra_inflight` slots from online traffic."""
@@ -219,7 +222,7 @@ class HttpEngine:
     def _dispatch(self) -> None:
         """Send parked requests while fewer than the budget's limit are on the server (and, with prefill pacing,
         while the pacer has prompt tokens to spare; the urgent floor goes out regardless)."""
-        sent = len(self._inflight) - sum(1 for f in self._inflight.values() if f.parked)
+        sent = self._on_server()
         pacer, now = self.budget.pacer, time.monotonic()
         while self._parked and sent < self.budget.limit:
             if pacer is not None and sent >= self.budget.floor and not pacer.allows(now, busy=sent > 0):
