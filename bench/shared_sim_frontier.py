@@ -16,18 +16,20 @@ And the two denominators of the harvest ratio (docs/benchmarks.md):
 from __future__ import annotations
 
 import argparse
+import itertools
 import random
 import statistics
 from typing import Any
 
 from bench import sim_server
-from bench.sim_scheduler import SimRequest
+from bench.sim_scheduler import BLOCK_TOKENS, SimRequest
 from storage.planning.node import HARDWARE_PRESETS, LLAMA_70B_FP8
 from storage.planning.step_time import StepLoad, step_seconds
 
 GOAL_LATENCY = 1.10
 INFLIGHT = (1, 2, 4, 8, 16, 32, 64, 128)
 PACES = (0.5, 1, 2, 4, 8, 10, 12, 16, 32)  # batch prompt tokens per step
+STAGING = 4  # batch prompts staged at once (worker/engine/prefill_stage.py)
 
 
 def frontier(args: argparse.Namespace, seconds: float = 60.0) -> list[dict[str, Any]]:
@@ -105,9 +107,12 @@ def _virtual(
     seconds: float,
     batch_inflight: int = 0,
     prefill_tokens_per_step: float = 0.0,
+    stage_tokens: int = 0,
 ) -> dict[str, float]:
     """Online users at `rate` beside batch work held at `batch_inflight` requests, or paced at
-    `prefill_tokens_per_step` batch prompt tokens per step (a bucket refilled each step, one prompt deep)."""
+    `prefill_tokens_per_step` batch prompt tokens per step (a bucket refilled each step, one prompt deep); with
+    `stage_tokens`, each batch prompt is first sent as its prefixes of `stage_tokens`, 2x, ... tokens (1 output
+    token each, one at a time per prompt, `STAGING` prompts at once), paced per piece, over the prefix cache."""
     server = sim_server.build(
         served_name="virtual",
         hardware=args.hardware,
@@ -124,9 +129,43 @@ def _virtual(
     batch: list[SimRequest] = []
     prompt, batch_prompt = args.online_prompt_words + 2, args.batch_prompt_words + 2
 
-    def send(max_tokens: int, arrival: float) -> None:
-        batch.append(SimRequest(prompt_tokens=batch_prompt, max_tokens=max_tokens, priority=1_000_000, arrival=arrival))
-        sched.add(batch[-1])
+    prompts = itertools.count()
+
+    def send(max_tokens: int, arrival: float, upto: int = 0, hashes: tuple[int, ...] = ()) -> None:
+        tokens = upto or batch_prompt
+        hashes = hashes or tuple(hash(("prompt", next(prompts), i)) for i in range(batch_prompt // BLOCK_TOKENS))
+        request = SimRequest(tokens, max_tokens, priority=1_000_000, arrival=arrival)
+        request.block_hashes = hashes[: tokens // BLOCK_TOKENS]
+        batch.append(request)
+        sched.add(request)
+
+    staging: list[tuple[SimRequest | None, int, tuple[int, ...]]] = []  # (piece on the server, its end, hashes)
+    pieces: list[SimRequest] = []
+
+    def stage() -> float:
+        """Send each staged prompt's next piece (or itself, after its last) while the bucket allows; the tokens."""
+        spent = 0.0
+        while len(staging) < STAGING:
+            staging.append(
+                (None, 0, tuple(hash(("prompt", next(prompts), i)) for i in range(batch_prompt // BLOCK_TOKENS)))
+            )
+        for index, (piece, end, hashes) in enumerate(staging):
+            if (piece is not None and not piece.finished) or bucket - spent < 0:
+                continue
+            if end + stage_tokens < batch_prompt:
+                send(1, now, end + stage_tokens, hashes)
+                staging[index] = (batch[-1], end + stage_tokens, hashes)
+                pieces.append(batch[-1])
+                spent += stage_tokens
+            else:
+                send(args.batch_tokens, now, batch_prompt, hashes)
+                staging[index] = (
+                    None,
+                    0,
+                    tuple(hash(("prompt", next(prompts), i)) for i in range(batch_prompt // BLOCK_TOKENS)),
+                )
+                spent += batch_prompt - end
+        return spent
 
     # The first requests stand for a steady stream already running: their outputs are staggered (their remaining
     # lengths spread evenly), so the batch does not finish and prefill again in lockstep.
@@ -135,7 +174,9 @@ def _virtual(
     bucket = 0.0
     while now < seconds:
         batch = [b for b in batch if not b.finished]
-        if prefill_tokens_per_step:
+        if stage_tokens:
+            bucket -= stage()
+        elif prefill_tokens_per_step:
             while bucket >= 0 and len(batch) < args.max_num_seqs - args.headroom_seqs:
                 send(args.batch_tokens, now)
                 bucket -= batch_prompt
@@ -156,9 +197,10 @@ def _virtual(
     ttft = [u.first_token_at - u.arrival for u in done]  # type: ignore[operator]
     tpot = [(u.finished_at - u.first_token_at) / (u.max_tokens - 1) for u in done]  # type: ignore[operator]
     counters = sched.counters.generation_tokens
+    wasted = sum(1 for piece in pieces if piece.output_tokens)  # a piece's one token is not the batch's
     return {
         "ttft_p99": statistics.quantiles(ttft, n=100, method="inclusive")[98],
         "tpot_p99": statistics.quantiles(tpot, n=100, method="inclusive")[98],
         "online_tokens": counters["online"],
-        "batch_tokens": counters["batch"],
+        "batch_tokens": counters["batch"] - wasted,
     }

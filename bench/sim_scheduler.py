@@ -15,7 +15,10 @@ What it keeps from vLLM (vllm/v1/core/sched/scheduler.py, `--scheduling-policy p
   tokens it already produced again (recompute), and no waiting request is admitted in that step;
 - the step that prefills a prompt's last chunk yields its first token; every later step yields one more;
 - with `long_prefill_token_threshold`, one request's chunk is at most that many tokens while other requests are
-  running or waiting (vLLM's `--long-prefill-token-threshold`).
+  running or waiting (vLLM's `--long-prefill-token-threshold`);
+- automatic prefix caching (bench/sim_prefix_cache.py): a request that carries its prompt's block hashes starts
+  from the longest cached prefix of whole blocks and computes only the rest; finished requests' blocks stay
+  cached until the KV cache needs their room (LRU).
 
 The step's time: B decoding sequences attending to their own contexts (the formula's memory term takes
 B x KV x context; the mean context of this step's decoders is passed, which gives the same bytes), P prompt
@@ -35,10 +38,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from bench.sim_prefix_cache import BLOCK_TOKENS, PrefixCache
 from storage.planning.node import Hardware, ModelShape
 from storage.planning.step_time import StepLoad, step_seconds
 
-BLOCK_TOKENS = 16  # vLLM's default KV block: a request holds whole blocks
+__all__ = ["BLOCK_TOKENS", "SimCounters", "SimRequest", "SimScheduler", "StepPlan"]
 
 
 @dataclass(eq=False)
@@ -51,6 +55,7 @@ class SimRequest:
     arrival: float = 0.0
     stream: bool = False
     on_tokens: Callable[[SimRequest], None] | None = None  # called when it gets tokens or finishes
+    block_hashes: tuple[int, ...] = ()  # its prompt's full blocks (bench/sim_prefix_cache.py); (): never cached
     output_tokens: int = 0
     first_token_at: float | None = None
     finished_at: float | None = None
@@ -127,6 +132,9 @@ class SimScheduler:
         self._out = np.zeros(n, dtype=np.int64)  # output tokens so far
         self._max_out = np.zeros(n, dtype=np.int64)
         self._stream = np.zeros(n, dtype=bool)
+        self._hashes = np.zeros(n, dtype=np.int64)  # full prompt blocks with a hash
+        self._cached = np.zeros(n, dtype=np.int64)  # of those, the leading ones held in the prefix cache
+        self.prefix_cache = PrefixCache(self.kv_cache_blocks)
         self._preempted_this_step = False
         self._requests: list[SimRequest | None] = [None] * n
         self._waiting: list[tuple[int, float, int, SimRequest]] = []  # heap of (priority, arrival, serial, request)
@@ -185,6 +193,7 @@ class SimScheduler:
                 break
             self._preempt_one(slots)
         left = budget - int(tokens.sum())
+        self.prefix_cache.evict(self._blocks(self._computed[slots] + tokens))
         if not self._preempted_this_step:
             slots, tokens = self._admit(slots, tokens, left)
         self._preempted_this_step = False
@@ -202,6 +211,7 @@ class SimScheduler:
         live = self._serial[plan.slots] == plan.serials  # an abort during the step freed (or reused) a slot
         slots, tokens = plan.slots[live], plan.tokens[live]
         self._computed[slots] += tokens
+        self._cache_blocks(slots)
         ready = slots[self._computed[slots] >= self._target[slots]]
         self._out[ready] += 1
         out = self._out[ready]
@@ -248,16 +258,17 @@ class SimScheduler:
                 heapq.heappop(self._waiting)
                 continue
             target = request.prompt_tokens + request.output_tokens  # a preempted request recomputes its output
-            chunk = min(target, left)
+            hits = self.prefix_cache.lookup(request.block_hashes, target) if request.block_hashes else 0
+            chunk = min(target - hits * BLOCK_TOKENS, left)
             if self._chunk_cap(len(slots) + len(new_slots)):
                 chunk = min(chunk, self.long_prefill_token_threshold)
-            blocks = self._blocks(np.array([chunk]))
+            blocks = self._blocks(np.array([hits * BLOCK_TOKENS + chunk]))
             if used + blocks > self.kv_cache_blocks:
                 break
             heapq.heappop(self._waiting)
             self.waiting_count -= 1
             slot = free.pop(0)
-            self._take(slot, request, target)
+            self._take(slot, request, target, hits)
             new_slots.append(slot)
             new_tokens.append(chunk)
             left -= chunk
@@ -303,10 +314,13 @@ class SimScheduler:
         heapq.heappush(self._waiting, (request.priority, request.arrival, request.serial, request))
         self.waiting_count += 1
 
-    def _take(self, slot: int, request: SimRequest, target: int) -> None:
+    def _take(self, slot: int, request: SimRequest, target: int, hits: int) -> None:
         self._serial[slot] = request.serial
         self._target[slot] = target
-        self._computed[slot] = 0
+        self._computed[slot] = hits * BLOCK_TOKENS
+        self._hashes[slot] = len(request.block_hashes)
+        self._cached[slot] = hits
+        self.prefix_cache.hold(request.block_hashes[:hits])
         self._order[slot] = next(self._admitted)
         self._priority[slot] = request.priority
         self._arrival[slot] = request.arrival
@@ -320,9 +334,21 @@ class SimScheduler:
         request = self._requests[slot]
         if request is not None:
             request.slot = -1
+            self.prefix_cache.release(request.block_hashes[: self._cached[slot]])
+        self._cached[slot] = 0
         self._serial[slot] = -1
         self._computed[slot] = 0
         self._requests[slot] = None
+
+    def _cache_blocks(self, slots: np.ndarray) -> None:
+        """The prompt blocks these slots filled in this step join the prefix cache (held until the request ends)."""
+        full = np.minimum(self._computed[slots] // BLOCK_TOKENS, self._hashes[slots])
+        grew = full > self._cached[slots]
+        for slot, upto in zip(slots[grew].tolist(), full[grew].tolist(), strict=True):
+            request = self._requests[slot]
+            assert request is not None
+            self.prefix_cache.hold(request.block_hashes[self._cached[slot] : upto])
+            self._cached[slot] = upto
 
     @staticmethod
     def _blocks(tokens: np.ndarray) -> int:

@@ -8,16 +8,20 @@ bench/online_load.py talk to it as to a vLLM server started with `--scheduling-p
   per step that yielded tokens, the usage chunk with `stream_options.include_usage`, then `[DONE]`); the
   body's `priority` (default 0, smaller first) orders admission and preemption; a client that closes its
   connection aborts its request (its slot and KV blocks are free at the next step), as vLLM does;
-- `GET /v1/models` (the served name and `max_model_len`), `GET /health`;
+- `GET /v1/models` (the served name and `max_model_len`), `GET /health`, `POST /tokenize` (a chat's or a
+  prompt's token ids; `/v1/completions` takes a prompt of token ids too), `POST /reset_prefix_cache`;
+- automatic prefix caching, as vLLM V1 has it on by default (bench/sim_prefix_cache.py);
 - `GET /metrics`: `vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`,
   `vllm:inter_token_latency_seconds_sum`/`_count`, `vllm:num_preemptions_total`, `vllm:prompt_tokens_total`,
-  `vllm:generation_tokens_total`, in Prometheus text with vLLM's labels;
+  `vllm:generation_tokens_total`, `vllm:prefix_cache_queries_total`/`_hits_total` (tokens), in Prometheus
+  text with vLLM's labels;
 - `GET /sim/stats` (not vLLM's): the counters as JSON, with the CPU the scheduler spent per step;
   `POST /sim/online-timings`: the TTFT and TPOT of the online requests (priority <= 0) finished since the last
   call, on the server's own timeline (what the GPU did, without the HTTP hop and the client's clock).
 
 Tokens are counted as the fake engines count them: one per whitespace-separated word of each message, plus 2
-per message. Every request runs to its `max_tokens` (as with `ignore_eos`); the text is "x x x ...".
+per message (its role's marker and an end marker); a word's id is the same wherever it appears, so equal texts
+make equal prefixes. Every request runs to its `max_tokens` (as with `ignore_eos`); the text is "x x x ...".
 
 The steps run on a timeline anchored to the clock: step k ends at the start of the busy period plus the
 formula's times of steps 0..k, so a wake-up the event loop delivers late (this is a shared 2-core machine)
@@ -50,8 +54,9 @@ from starlette.routing import Route
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.sim_prefix_cache import block_hashes
 from bench.sim_scheduler import SimRequest, SimScheduler
-from bench.sim_wire import Reply, disconnected, prompt_words, read_body
+from bench.sim_wire import Reply, chat_token_ids, disconnected, read_body, token_ids
 from storage.planning.node import HARDWARE_PRESETS, LLAMA_70B_FP8, Hardware, ModelShape
 
 RESYNC_SECONDS = 0.05  # a stall longer than this moves the timeline instead of being caught up
@@ -119,16 +124,26 @@ class SimServer:
     async def chat(self, request: Request) -> Response:
         if (body := await read_body(request)) is None:
             return Response(status_code=499)
-        messages = body.get("messages") or []
-        prompt = sum(prompt_words(message.get("content")) + 2 for message in messages)
-        return await self._serve(request, body, prompt, chat=True)
+        return await self._serve(request, body, chat_token_ids(body.get("messages") or []), chat=True)
 
     async def completions(self, request: Request) -> Response:
         if (body := await read_body(request)) is None:
             return Response(status_code=499)
-        return await self._serve(request, body, prompt_words(body.get("prompt")), chat=False)
+        return await self._serve(request, body, token_ids(body.get("prompt")), chat=False)
 
-    async def _serve(self, request: Request, body: dict[str, Any], prompt: int, *, chat: bool) -> Response:
+    async def tokenize(self, request: Request) -> Response:
+        """vLLM's `POST /tokenize`: a chat's (`messages`) or a prompt's token ids, as the endpoints count them."""
+        body = await request.json()
+        ids = chat_token_ids(body["messages"]) if "messages" in body else token_ids(body.get("prompt"))
+        return JSONResponse({"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids})
+
+    async def reset_prefix_cache(self, _: Request) -> Response:
+        """vLLM's `POST /reset_prefix_cache` (a dev-mode endpoint there): forget the free cached blocks."""
+        self.scheduler.prefix_cache.reset()
+        return Response(status_code=200)
+
+    async def _serve(self, request: Request, body: dict[str, Any], ids: list[int], *, chat: bool) -> Response:
+        prompt = len(ids)
         room = self.max_model_len - prompt
         wanted = body.get("max_completion_tokens") or body.get("max_tokens") or (room if chat else 16)
         if room < 1 or wanted > room:
@@ -144,6 +159,7 @@ class SimServer:
             priority=int(body.get("priority") or 0),
             arrival=time.perf_counter(),
             stream=bool(body.get("stream")),
+            block_hashes=block_hashes(ids),
         )
         reply = Reply(self.served_name, chat=chat, prompt=prompt)
         if sim.stream:
@@ -221,12 +237,16 @@ class SimServer:
             ("# TYPE vllm:inter_token_latency_seconds histogram", None),
             ("vllm:inter_token_latency_seconds_sum", round(c.itl_seconds, 6)),
             ("vllm:inter_token_latency_seconds_count", c.itl_tokens),
+            ("# TYPE vllm:prefix_cache_queries counter", None),
+            ("vllm:prefix_cache_queries_total", s.prefix_cache.queries),
+            ("# TYPE vllm:prefix_cache_hits counter", None),
+            ("vllm:prefix_cache_hits_total", s.prefix_cache.hits),
         ]
         text = "\n".join(name if value is None else f"{name}{{{labels}}} {value}" for name, value in lines)
         return PlainTextResponse(text + "\n")
 
     async def stats(self, _: Request) -> Response:
-        c = self.scheduler.counters
+        s, c = self.scheduler, self.scheduler.counters
         return JSONResponse(
             {
                 "steps": c.steps,
@@ -234,6 +254,8 @@ class SimServer:
                 "prompt_tokens": c.prompt_tokens,
                 "generation_tokens": c.generation_tokens,
                 "preemptions": c.preemptions,
+                "prefix_cache_queries": s.prefix_cache.queries,
+                "prefix_cache_hits": s.prefix_cache.hits,
                 "finished": c.finished,
                 "aborted": c.aborted,
                 "scheduler_cpu_seconds": round(self.scheduler_cpu_seconds, 6),
@@ -265,6 +287,8 @@ class SimServer:
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/models", self.models),
+            Route("/tokenize", self.tokenize, methods=["POST"]),
+            Route("/reset_prefix_cache", self.reset_prefix_cache, methods=["POST"]),
             Route("/metrics", self.metrics),
             Route("/sim/stats", self.stats),
             Route("/sim/online-timings", self.timings, methods=["POST"]),

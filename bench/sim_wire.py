@@ -1,10 +1,11 @@
 """The OpenAI wire shapes the simulated server (bench/sim_server.py) answers with, and what it reads of a request:
 whole and streamed chat/text completions, the body (or None once the client left), the client's disconnect,
-and a prompt's tokens counted as the fake engines count them."""
+and a prompt's tokens counted as the fake engines count them (one per word, with stable ids)."""
 
 from __future__ import annotations
 
 import time
+import zlib
 from typing import Any
 
 import orjson
@@ -68,9 +69,27 @@ async def disconnected(request: Request) -> None:
 
 def prompt_words(content: Any) -> int:
     """Tokens of a prompt or message content, as the fake engines count them: whitespace-separated words."""
-    if isinstance(content, str):
-        return max(1, len(content.split()))
-    if isinstance(content, list):  # content parts, or a list of token ids
-        texts = [part.get("text", "") for part in content if isinstance(part, dict)]
-        return max(1, sum(len(text.split()) for text in texts)) if texts else max(1, len(content))
-    return 1
+    return len(token_ids(content))
+
+
+def token_ids(content: Any) -> list[int]:
+    """A prompt's or a message content's token ids: one per whitespace-separated word (at least one), the same
+    word always the same id; a list of integers is taken as token ids already."""
+    if isinstance(content, list) and content and all(isinstance(part, int) for part in content):
+        return list(content)
+    if isinstance(content, list):  # content parts
+        content = " ".join(part.get("text", "") for part in content if isinstance(part, dict))
+    words = content.split() if isinstance(content, str) else []
+    return [_word_id(word) for word in words] or [_word_id("")]
+
+
+def chat_token_ids(messages: list[dict[str, Any]]) -> list[int]:
+    """A chat's token ids: per message, its role's marker, its content's words and an end marker (2 + words)."""
+    ids: list[int] = []
+    for message in messages:
+        ids += [_word_id(f"<|{message.get('role')}|>"), *token_ids(message.get("content")), _word_id("<|end|>")]
+    return ids
+
+
+def _word_id(word: str) -> int:
+    return zlib.crc32(word.encode()) & 0x3FFFFFFF

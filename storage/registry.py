@@ -38,8 +38,22 @@ class SharedModeSpec(BaseModel):
     # mean inter-token latency (worker/engine/prefill_pace.py): prompts, not sequences, are what lengthen a
     # GPU's steps. None: no pacing.
     batch_prefill_tokens_per_step: float | None = Field(default=None, gt=0)
+    # Set (> 0, a multiple of the server's KV block size: 16 on a GPU, 128 on vLLM's CPU backend by default): send
+    # each batch prompt ahead of its request as pieces of this many more tokens, over the server's prefix cache,
+    # each paced (worker/engine/prefill_stage.py). Needs batch_prefill_tokens_per_step. 0: off.
+    batch_prefill_stage_tokens: int = Field(default=0, ge=0)
+    batch_prefill_stage_max_pieces: int = Field(default=64, ge=1)  # a longer prompt is sent whole
     max_attempts: int = Field(default=3, ge=1)
     request_timeout_seconds: float = Field(default=600, gt=0)
+
+    @model_validator(mode="after")
+    def _staging_paced(self) -> SharedModeSpec:
+        stage = self.batch_prefill_stage_tokens
+        if stage and stage % 16:
+            raise ValueError("batch_prefill_stage_tokens must be a multiple of 16 (whole KV blocks) or 0")
+        if stage and self.batch_prefill_tokens_per_step is None:
+            raise ValueError("batch_prefill_stage_tokens needs batch_prefill_tokens_per_step (the pieces' pace)")
+        return self
 
 
 class ModelSpec(BaseModel):

@@ -4,7 +4,8 @@ Nothing is loaded here: batch requests go over HTTP to a server started with `--
 priority`, each with `priority = batch_priority` (vLLM serves smaller values first; online clients send
 the default 0), so the server serves online requests first and preempts batch sequences when its KV cache
 runs short. A `DispatchBudget` (worker/engine/shared_budget.py), fed from the server's `/metrics`, decides how many
-batch requests may be on the server at once; the runner reads it through `dispatch_limit()`.
+batch requests may be on the server at once; the runner reads it through `dispatch_limit()`. Optionally, prompts
+are paced (worker/engine/prefill_pace.py) and staged through the server's prefix cache (prefill_stage.py).
 
 Threads: the runner calls every public method from its own thread; the HTTP calls and the metrics poll
 run on an asyncio loop in a background thread, and hand back what became of each call through a queue.
@@ -32,12 +33,13 @@ import httpx
 from storage.protocols import CHAT_URL
 from storage.registry import ModelSpec, SharedModeSpec
 from worker.engine import EngineRequest, EngineResult, EngineStats, Progress
+from worker.engine.http_wire import refusal, validate_body, wire_request
+from worker.engine.prefill_stage import STAGING_AHEAD, PaceGate, PrefillStager, Staging
 from worker.engine.shared_budget import DispatchBudget, MetricsError, parse_load
-from worker.engine.wire import parse_body
 from worker.engine.wire.anthropic import MessagesBody, message_from_chat_completion
 from worker.engine.wire.base import BodyError, server_error
-from worker.engine.wire.openai import Body, ChatBody, CompletionBody, EmbeddingBody, ResponsesBody
-from worker.engine.wire.openai_results import Choice, context_length_error, response_object
+from worker.engine.wire.openai import Body, ChatBody, CompletionBody, ResponsesBody
+from worker.engine.wire.openai_results import context_length_error, response_from_chat
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +70,8 @@ class _Flight:
     parked: bool = True
     messages: MessagesBody | None = None  # an Anthropic request, sent as chat and answered as a Message
     chars: int = 0  # the size of its body: the prefill pacer estimates its prompt tokens from it
+    staging: bool = False  # sent to the loop to be staged, its own request not yet past the pace gate
+    staged: Staging | None = None  # what staging did (the line's cached tokens leave the pieces' hits out)
 
 
 class HttpEngine:
@@ -93,6 +97,11 @@ class HttpEngine:
         self._thread = threading.Thread(target=self._loop.run_forever, name=f"http-engine-{model_name}", daemon=True)
         self._thread.start()
         self._client: httpx.AsyncClient = self._run(self._open(transport))
+        self.stager: PrefillStager | None = None  # staging: every piece and request paced on the loop, by its gate
+        if self.budget.pacer is not None and self.shared.batch_prefill_stage_tokens:
+            gate, stage = PaceGate(self.budget.pacer), self.shared.batch_prefill_stage_tokens
+            pieces = self.shared.batch_prefill_stage_max_pieces
+            self.stager = PrefillStager(self._client, self.base_url, gate, piece_tokens=stage, max_pieces=pieces)
         try:
             self.server_model = self.shared.server_model or self._run(self._served_model())
         except Exception:
@@ -108,7 +117,7 @@ class HttpEngine:
         try:
             if rid in self._inflight:
                 raise BodyError(f"request {rid!r} is already in flight", code="duplicate_request")
-            parsed = _validate(request.url, request.body)
+            parsed = validate_body(request.url, request.body)
             if not isinstance(parsed, MessagesBody):  # Anthropic's max_tokens stops at the context instead
                 self._check_cap(parsed, prompt_tokens=None)
         except BodyError as error:
@@ -117,7 +126,7 @@ class HttpEngine:
         if messages is not None:
             url, body = CHAT_URL, messages.chat_payload()
         else:
-            url, body = _wire(request.url, request.body, parsed)  # type: ignore[arg-type]
+            url, body = wire_request(request.url, request.body, parsed)  # type: ignore[arg-type]
         payload = {**body, "model": self.server_model, "priority": self.shared.batch_priority}
         flight_body = None if messages is not None else parsed
         flight = _Flight(rid, url, payload, time.monotonic(), body=flight_body, messages=messages)  # type: ignore[arg-type]
@@ -185,6 +194,10 @@ class HttpEngine:
             )
         if (pacer := self.budget.pacer) is not None:
             extra.update(prefill_tokens_per_s=pacer.tokens_per_s, tokens_per_char=round(pacer.tokens_per_char, 4))
+        if (stager := self.stager) is not None:
+            extra.update(
+                stage_pieces=stager.pieces, stage_piece_tokens=stager.piece_tokens_sent, stage_plain=stager.plain
+            )
         if (step := self.budget.steps.fit()) is not None:
             extra.update(step_fixed_ms=round(step[0] * 1000, 3), step_per_seq_ms=round(step[1] * 1000, 4))
         return EngineStats(running=len(self._inflight) - parked, waiting=parked, extra=extra)
@@ -221,10 +234,14 @@ class HttpEngine:
 
     def _dispatch(self) -> None:
         """Send parked requests while fewer than the budget's limit are on the server (and, with prefill pacing,
-        while the pacer has prompt tokens to spare; the urgent floor goes out regardless)."""
+        while the pacer has prompt tokens to spare; the urgent floor goes out regardless). With staging, the pace
+        gate on the loop paces each piece and request, and at most `STAGING_AHEAD` wait for it."""
         sent = self._on_server()
-        pacer, now = self.budget.pacer, time.monotonic()
+        pacer, now = self.budget.pacer if self.stager is None else None, time.monotonic()
+        staging = sum(f.staging and not f.parked for f in self._inflight.values()) if self.stager else 0
         while self._parked and sent < self.budget.limit:
+            if self.stager is not None and staging >= STAGING_AHEAD:
+                break
             if pacer is not None and sent >= self.budget.floor and not pacer.allows(now, busy=sent > 0):
                 break
             flight = self._inflight.get(self._parked.popleft())
@@ -232,6 +249,8 @@ class HttpEngine:
                 continue
             if pacer is not None:
                 pacer.spend(pacer.estimate(flight.chars), now)
+            flight.staging = self.stager is not None
+            staging += flight.staging
             flight.token, flight.parked = next(self._tokens), False
             flight.future = asyncio.run_coroutine_threadsafe(self._call(flight), self._loop)
             sent += 1
@@ -267,12 +286,24 @@ class HttpEngine:
         assert task is not None
         self._calls[token] = (time.monotonic(), rid, task)
         try:
-            result = await self._attempts(flight)
+            result = await (self._attempts(flight) if self.stager is None else self._staged(flight, self.stager))
         finally:
             self._calls.pop(token, None)
         if flight.messages is not None and result.ok:
             result.body = message_from_chat_completion(result.body, model=self.model_name, body=flight.messages)
         self._done.put((rid, token, result))
+
+    async def _staged(self, flight: _Flight, stager: PrefillStager) -> EngineResult:
+        """Stage the prompt's pieces, then send the request itself through the pace gate with the tokens left."""
+        staged = flight.staged = await stager.stage(flight.url, flight.payload)
+        known = staged.prompt_tokens
+        left = stager.gate.pacer.estimate(flight.chars) if known is None else known - staged.prefix_tokens
+        held = await stager.gate.enter(left)
+        flight.staging = False
+        try:
+            return await self._attempts(flight)
+        finally:
+            stager.gate.leave(held)
 
     async def _attempts(self, flight: _Flight) -> EngineResult:
         rid, last = flight.request_id, ""
@@ -298,7 +329,7 @@ class HttpEngine:
         if not isinstance(body, dict):
             raise _Retry(f"HTTP {status} with a JSON body that is not an object")
         if status >= 300:
-            return _refusal(rid, status, body)
+            return refusal(rid, status, body)
         reasons = {choice.get("finish_reason") for choice in body.get("choices", [])}
         if not reasons <= _GOOD_FINISH:  # e.g. "abort": the server dropped the sequence; run it again
             raise _Retry(f"the server ended the request early ({', '.join(sorted(map(str, reasons)))})")
@@ -307,12 +338,14 @@ class HttpEngine:
         prompt, completion = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
         # Reported when the server runs with --enable-prompt-tokens-details; 0 otherwise.
         cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        if (staged := flight.staged) is not None and staged.pieces:  # the pieces' own hits are not the line's
+            cached = staged.cached_before + max(0, cached - staged.prefix_tokens)
         try:
             self._check_cap(flight.body, prompt_tokens=prompt)  # the server clamps; OpenAI refuses (not billed)
         except BodyError as error:
             return error.to_result(rid)
         if isinstance(flight.body, ResponsesBody):
-            body = _as_response(flight.body, body, model=self.model_name, cached_tokens=cached)
+            body = response_from_chat(flight.body, body, model=self.model_name, cached_tokens=cached)
         elif "choices" in body and isinstance(usage, dict):
             usage["prompt_tokens_details"] = {**(usage.get("prompt_tokens_details") or {}), "cached_tokens": cached}
         return EngineResult(rid, status, body, prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached)
@@ -338,7 +371,7 @@ class HttpEngine:
             try:
                 response = await self._client.get(f"{self.base_url}/metrics", timeout=5)
                 response.raise_for_status()
-                decision = self.budget.update(parse_load(response.text), ours=len(self._calls))
+                decision = self.budget.update(parse_load(response.text), ours=self._ours_on_server())
                 if decision.yield_count:
                     self._yield(decision.yield_count)
                 self._metrics_failing = False
@@ -349,50 +382,14 @@ class HttpEngine:
                 self.budget.unreachable()
             await asyncio.sleep(self.shared.poll_seconds)
 
+    def _ours_on_server(self) -> int:
+        """Our calls, less those asking /tokenize or waiting at the pace gate (the server does not see them)."""
+        stager = self.stager
+        return len(self._calls) - (0 if stager is None else stager.tokenizing + stager.gate.waiting)
+
     def _yield(self, count: int) -> None:
         youngest = sorted(self._calls.items(), key=lambda item: item[1][0], reverse=True)[:count]
         for token, (_, rid, task) in youngest:
             if task.cancel():
                 self.yields += 1
                 self._done.put((rid, token, _YIELDED))
-
-
-def _validate(url: str, body: Any) -> Body | MessagesBody:
-    """The same strict checks as the in-process engine, so a line fails the same way in both modes."""
-    parsed = parse_body(url, body)
-    if isinstance(parsed, CompletionBody):
-        parsed.single_prompt()
-    elif isinstance(parsed, EmbeddingBody):
-        parsed.inputs()
-    return parsed
-
-
-def _wire(url: str, body: dict[str, Any], parsed: Body) -> tuple[str, dict[str, Any]]:
-    """Where a request goes and what it says: a Responses request runs as the chat request it amounts to."""
-    if isinstance(parsed, ResponsesBody):
-        return CHAT_URL, parsed.as_chat().model_dump(by_alias=True, exclude_none=True, exclude_defaults=True)
-    return url, body
-
-
-def _as_response(request: ResponsesBody, chat: dict[str, Any], *, model: str, cached_tokens: int) -> dict[str, Any]:
-    """The server's chat.completion answer to a Responses request, as a `response` object."""
-    first = (chat.get("choices") or [{}])[0]
-    usage = chat.get("usage") or {}
-    choice = Choice(
-        text=str((first.get("message") or {}).get("content") or ""),
-        finish_reason=str(first.get("finish_reason") or "stop"),
-        token_count=int(usage.get("completion_tokens") or 0),
-    )
-    prompt = int(usage.get("prompt_tokens") or 0)
-    return response_object(body=request, model=model, choice=choice, prompt_tokens=prompt, cached_tokens=cached_tokens)
-
-
-def _refusal(rid: str, status: int, body: dict[str, Any]) -> EngineResult:
-    """The server refused this one request (4xx): its error body becomes the line's error."""
-    found = body.get("error")
-    error: dict[str, Any] = found if isinstance(found, dict) else {}
-    message = str(error.get("message") or body)
-    code = error.get("code")
-    if not isinstance(code, str):  # vLLM puts the HTTP status here; keep OpenAI's string codes stable
-        code = "context_length_exceeded" if "context length" in message else "invalid_request"
-    return EngineResult(rid, status, body, error_code=code, error_message=message)

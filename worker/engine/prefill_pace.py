@@ -44,6 +44,7 @@ class PrefillPacer:
 
     tokens_per_step: float
     burst_seconds: float = BURST_SECONDS
+    burst_tokens: float | None = None  # set: what the bucket may save, in tokens (staged pieces: half a piece)
     tokens_per_char: float = 1 / CHARS_PER_TOKEN
     step_seconds: float | None = None  # the server's mean step (inter-token latency); None: not seen yet
     bucket: float = 0.0
@@ -84,5 +85,6 @@ class PrefillPacer:
     def _refill(self, now: float) -> None:
         rate = self.tokens_per_s
         if self._at is not None and rate is not None:
-            self.bucket = min(self.bucket + rate * (now - self._at), rate * self.burst_seconds)
+            cap = rate * self.burst_seconds if self.burst_tokens is None else self.burst_tokens
+            self.bucket = min(self.bucket + rate * (now - self._at), cap)
         self._at = now

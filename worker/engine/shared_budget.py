@@ -217,7 +217,9 @@ class DispatchBudget:
         self.steps = StepModel()
         self._warned_untimed = False
         per_step = knobs.batch_prefill_tokens_per_step
-        self.pacer = None if per_step is None else PrefillPacer(per_step)
+        # Staged pieces come k tokens at a time: saving more than half a piece would let two share a step.
+        burst = knobs.batch_prefill_stage_tokens / 2 or None
+        self.pacer = None if per_step is None else PrefillPacer(per_step, burst_tokens=burst)
 
     @property
     def floor(self) -> int:

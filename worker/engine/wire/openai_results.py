@@ -138,6 +138,21 @@ def response_object(
     }
 
 
+def response_from_chat(
+    request: ResponsesBody, chat: dict[str, Any], *, model: str, cached_tokens: int
+) -> dict[str, Any]:
+    """A server's chat.completion answer to a Responses request (run as chat), as a `response` object."""
+    first = (chat.get("choices") or [{}])[0]
+    usage = chat.get("usage") or {}
+    choice = Choice(
+        text=str((first.get("message") or {}).get("content") or ""),
+        finish_reason=str(first.get("finish_reason") or "stop"),
+        token_count=int(usage.get("completion_tokens") or 0),
+    )
+    prompt = int(usage.get("prompt_tokens") or 0)
+    return response_object(body=request, model=model, choice=choice, prompt_tokens=prompt, cached_tokens=cached_tokens)
+
+
 def chat_completion(
     *, response_id: str, model: str, choices: list[Choice], prompt_tokens: int, cached_tokens: int = 0
 ) -> dict[str, Any]:
