@@ -139,6 +139,8 @@ def harvest(
         "yields": extra.get("yields", 0),
         "batch_id": batch_id,
         "step_model": {k: extra.get(k) for k in ("step_fixed_ms", "step_per_seq_ms", "slack_cap")},
+        # Staged prefill (batch_prefill_stage_tokens): pieces sent (their one-token outputs are not in `tokens`).
+        "staging": {k: extra[k] for k in ("stage_pieces", "stage_piece_tokens", "stage_plain") if k in extra},
     }
 
 

@@ -15,6 +15,8 @@ Per online rate, sides that alternate in `--rounds` rounds replaying the same ar
            rounds measure a budget near its steady state, as a worker that runs all day has;
   paced    the same with `batch_prefill_tokens_per_step` (default 10): batch prompts paced to that many tokens per
            server step on average (worker/engine/prefill_pace.py);
+  staged   paced, and each batch prompt sent ahead as pieces of `--stage-tokens` (default 32) more tokens over the
+           server's prefix cache (`batch_prefill_stage_tokens`, worker/engine/prefill_stage.py);
   slack    (with --sides) the same with `latency_slack` (default 0.10): batch work capped by the step model it fits.
 Once, batch alone: the runner with every slot (headroom 0), no online users. The server runs with vLLM's
 `--long-prefill-token-threshold` 256 (above the online prompts, so their baseline is the flag-less server's).
@@ -118,6 +120,7 @@ def delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
         "online_tokens": after["generation_tokens"]["online"] - before["generation_tokens"]["online"],
         "batch_tokens": after["generation_tokens"]["batch"] - before["generation_tokens"]["batch"],
         "preemptions": after["preemptions"] - before["preemptions"],
+        "prefix_cache_hits": after["prefix_cache_hits"] - before["prefix_cache_hits"],
         "mean_step_ms": round(1e3 * busy / steps, 3) if steps else None,
         "scheduler_cpu_us_per_step": round(1e6 * cpu / steps, 1) if steps else None,
         "process_cpu_ms_per_step": round(
@@ -127,6 +130,12 @@ def delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
         else None,
         "stalls": after["stalls"] - before["stalls"],
     }
+
+
+def reset_prefix_cache(url: str) -> None:
+    import httpx
+
+    httpx.post(f"{url}/reset_prefix_cache", timeout=10).raise_for_status()
 
 
 def server_timings(url: str) -> list[dict[str, Any]]:
@@ -151,9 +160,12 @@ def run_side(
     knobs: dict[str, Any] = {"headroom_seqs": args.headroom_seqs, "poll_seconds": 0.2, "grow_step": args.grow_step}
     if side == "slack":
         knobs["latency_slack"] = args.latency_slack
-    if side == "paced":
+    if side in ("paced", "staged"):
         knobs["batch_prefill_tokens_per_step"] = args.prefill_tokens_per_step
+    if side == "staged":
+        knobs["batch_prefill_stage_tokens"] = args.stage_tokens
     use_shared_registry(url, args.max_num_seqs, **knobs)
+    reset_prefix_cache(url)  # the sides replay the same prompts: none may find another side's in the cache
     part = args.seconds / args.rounds
     proc = online(url, rate, part, seed, args)
     server_timings(url)  # forget what came before
@@ -236,6 +248,8 @@ def summarise_rate(rate: float, sides: dict[str, list[dict[str, Any]]]) -> dict[
             sum(run["harvest"]["tokens"] for run in runs) / sum(run["harvest"]["seconds"] for run in runs), 1
         )
         entry["yields"] = sum(run["harvest"]["yields"] for run in runs)
+        if staging := [run["harvest"].get("staging") for run in runs if run["harvest"].get("staging")]:
+            entry["staging"] = {key: sum(s[key] for s in staging) for key in staging[0]}
         entry["step_model"] = runs[-1]["harvest"]["step_model"]
         row[side] = entry
     return row
@@ -289,7 +303,7 @@ def main() -> int:
     parser.add_argument("--rates", default="2,8,24", help="online requests per second, comma-separated")
     parser.add_argument("--seconds", type=float, default=60.0, help="measured seconds per side and rate")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--sides", default="without,with,paced", help="also: slack (latency_slack)")
+    parser.add_argument("--sides", default="without,with,paced,staged", help="also: slack (latency_slack)")
     parser.add_argument("--online-tokens", type=int, default=64)
     parser.add_argument("--online-prompt-words", type=int, default=200)
     parser.add_argument("--batch-tokens", type=int, default=256)
@@ -300,6 +314,7 @@ def main() -> int:
     # server's without the flag; a 502-token batch prompt goes in two chunks (docs/shared-mode.md).
     parser.add_argument("--long-prefill-token-threshold", type=int, default=256, help="the server's (vLLM's knob)")
     parser.add_argument("--prefill-tokens-per-step", type=float, default=10.0, help="the paced side's budget knob")
+    parser.add_argument("--stage-tokens", type=int, default=32, help="the staged side's batch_prefill_stage_tokens")
     parser.add_argument("--headroom-seqs", type=int, default=2)
     # 8: the budget climbs to a 384-slot server's every slot in ~10 s of 0.2 s polls (the default 1 takes 76 s)
     parser.add_argument("--grow-step", type=int, default=8, help="budget knob: additive increase per poll")

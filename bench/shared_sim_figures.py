@@ -9,7 +9,8 @@ STYLES = {
     "without": ("without batch work", "--"),
     "with": ("with Backfill, default budget", "-"),
     "paced": ("Backfill, prefill paced", ":"),
-    "slack": ("Backfill, latency_slack", "-."),
+    "staged": ("Backfill, prefill paced and staged", "-."),
+    "slack": ("Backfill, latency_slack", "x:"),
 }
 
 

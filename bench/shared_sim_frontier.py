@@ -1,6 +1,8 @@
 """The frontier of bench/shared_sim.py: the GPU-timed server's scheduler on virtual time (no HTTP, no CPU noise),
 beside the same Poisson online users, with batch work held either at a constant number of requests in flight or
-paced at a number of batch prompt tokens per step (what worker/engine/prefill_pace.py does over HTTP). For each
+paced at a number of batch prompt tokens per step (what worker/engine/prefill_pace.py does over HTTP), or paced
+and staged, each prompt sent first as pieces of k more tokens over the prefix cache (worker/engine/prefill_stage.py;
+the pieces' one-token outputs are not counted as batch tokens). For each
 online rate: online p99 ratios (TTFT, TPOT) and batch tokens/s per point, and the best point of each family with
 both ratios <= 1.10.
 
@@ -30,6 +32,7 @@ GOAL_LATENCY = 1.10
 INFLIGHT = (1, 2, 4, 8, 16, 32, 64, 128)
 PACES = (0.5, 1, 2, 4, 8, 10, 12, 16, 32)  # batch prompt tokens per step
 STAGING = 4  # batch prompts staged at once (worker/engine/prefill_stage.py)
+STAGED = ((10, 16), (10, 32), (10, 64), (12, 32), (16, 32))  # (pace, piece tokens)
 
 
 def frontier(args: argparse.Namespace, seconds: float = 60.0) -> list[dict[str, Any]]:
@@ -42,6 +45,7 @@ def frontier(args: argparse.Namespace, seconds: float = 60.0) -> list[dict[str, 
         families = {
             "inflight": [{"batch_inflight": n} for n in (*INFLIGHT, args.max_num_seqs - args.headroom_seqs)],
             "paced": [{"prefill_tokens_per_step": p} for p in PACES],
+            "staged": [{"prefill_tokens_per_step": p, "stage_tokens": k} for p, k in STAGED],
         }
         for family, settings in families.items():
             points = []
@@ -203,4 +207,6 @@ def _virtual(
         "tpot_p99": statistics.quantiles(tpot, n=100, method="inclusive")[98],
         "online_tokens": counters["online"],
         "batch_tokens": counters["batch"] - wasted,
+        "pieces": len(pieces),
+        "prefix_cache_hits": sched.prefix_cache.hits,
     }

@@ -72,6 +72,7 @@ def shared_sim_measures(r: dict[str, Any]) -> list[dict[str, Any]]:
     rates = ", ".join(f"{row['online_rate_per_s']:g}" for row in r["rates"])
     for side, prefix, label in (
         ("paced", "shared_sim_", "prefill paced"),
+        ("staged", "shared_sim_staged_", "prefill paced and staged"),
         ("with", "shared_sim_default_", "default budget"),
         ("slack", "shared_sim_slack_", "latency_slack"),
     ):
@@ -93,11 +94,15 @@ def shared_sim_measures(r: dict[str, Any]) -> list[dict[str, Any]]:
             unit = f"x idle roofline capacity, smallest of {rates} online req/s ({label})"
             rows.append(entry(f"{prefix}harvest_ratio_vs_idle_roofline", old, unit))
     frontier = r.get("frontier", [])
-    for family, name in (("inflight", "shared_sim_frontier_"), ("paced", "shared_sim_frontier_paced_")):
+    families = (
+        ("inflight", "shared_sim_frontier_", "in-flight cap"),
+        ("paced", "shared_sim_frontier_paced_", "prefill pace"),
+        ("staged", "shared_sim_frontier_staged_", "staged prefill pace"),
+    )
+    for family, name, how in families:
         best = [row.get(f"best_{family}_within_goal", row.get("best_within_goal")) for row in frontier]
-        if not best or (family == "paced" and "paced" not in frontier[0]):
+        if not best or (family != "inflight" and family not in frontier[0]):
             continue
-        how = "in-flight cap" if family == "inflight" else "prefill pace"
         value = min((b["harvest_ratio"] if b else 0.0) for b in best)
         unit = f"x capacity within the goal: the most any {how} harvests with both p99 ratios <= 1.10 (virtual time)"
         rows.append(entry(f"{name}harvest_ratio_within_latency_goal", value, unit))

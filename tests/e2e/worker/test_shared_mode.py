@@ -181,6 +181,48 @@ def test_with_prefill_pacing_the_pace_follows_the_servers_steps_and_every_line_s
     assert_every_line_once(batch_id, lines)
 
 
+def prefix_cache_hits(url: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=5).text
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("vllm:prefix_cache_hits_total"))
+
+
+def test_with_staged_prefill_every_line_lands_once_and_the_server_reuses_each_piece_from_its_prefix_cache(
+    backend: Backend, vllm_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # ~600-token prompts, each opening with its own line number (no line shares a block with another); the CPU
+    # backend's KV block is 128 tokens, so the pieces are whole blocks of 128.
+    filler = " ".join(f"item{j} = compute(item{j - 1})" for j in range(1, 80))
+    lines = [batch_line(i, max_tokens=8) for i in range(6)]
+    for line in lines:
+        body = line["body"]
+        body["messages"] = [{"role": "user", "content": f"Line {line['custom_id']}: {filler}"}]  # type: ignore[index]
+    stage = {"batch_prefill_tokens_per_step": 1000, "batch_prefill_stage_tokens": 128}
+    hits_before = prefix_cache_hits(vllm_server)
+    engine, batch_id = run_shared(
+        backend, monkeypatch, {"server_url": vllm_server, "poll_seconds": 0.1, **stage}, lines
+    )
+    hits = prefix_cache_hits(vllm_server) - hits_before
+    assert_every_line_once(batch_id, lines)
+    extra = engine.stats().extra
+    prompts = line_prompt_tokens(batch_id)
+    assert min(prompts) > 3 * 128 and extra["stage_plain"] == 0
+    pieces = [(n - 1) // 128 for n in prompts]  # pieces of 128, 256, ... short of each prompt's end
+    assert extra["stage_pieces"] == sum(pieces)
+    # Piece j finds the j - 1 blocks of the piece before it, the request itself all m pieces' blocks.
+    assert hits >= sum(128 * m * (m + 1) // 2 for m in pieces)
+
+
+def line_prompt_tokens(batch_id: str) -> list[int]:
+    from storage.db import transaction
+    from storage.models import Batch
+
+    with transaction() as session:
+        batch = session.get(Batch, batch_id)
+        assert batch is not None
+        outputs = read_file(batch.output_file_id)
+    return [line["response"]["body"]["usage"]["prompt_tokens"] for line in outputs]
+
+
 def test_aborting_a_batch_request_frees_its_sequence_on_the_server(vllm_server: str) -> None:
     from storage.registry import ModelSpec, SharedModeSpec
     from worker.engine import EngineRequest

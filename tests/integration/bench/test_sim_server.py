@@ -104,3 +104,36 @@ def test_an_online_user_streams_one_chunk_per_step_and_the_usage(url: str) -> No
     assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
     ((ttft, tpot),) = httpx.post(f"{url}/sim/online-timings", timeout=5).json()  # on the server's own clock
     assert 0 < ttft < 1 and 0 < tpot < 0.1
+
+
+def test_staged_prompts_reach_the_simulated_servers_prefix_cache_and_answer_once(url: str) -> None:
+    """/tokenize and token-id prompts as vLLM has them: each piece finds the one before it cached."""
+    words = " ".join(f"w{j}" for j in range(98))  # 98 words + the message's 2 markers = 100 tokens
+    ids = httpx.post(f"{url}/tokenize", json={"messages": [{"role": "user", "content": words}]}, timeout=5).json()
+    assert ids["count"] == 100 and len(ids["tokens"]) == 100
+    as_prompt = httpx.post(f"{url}/tokenize", json={"prompt": words}, timeout=5).json()["tokens"]
+    assert as_prompt == ids["tokens"][1:-1]  # the same words, the same ids
+    hits = gauge(url, "vllm:prefix_cache_hits_total")
+    shared = SharedModeSpec(
+        server_url=url, poll_seconds=0.05, batch_prefill_tokens_per_step=1000, batch_prefill_stage_tokens=32
+    )
+    engine = HttpEngine("backfill-demo", ModelSpec(path="served-elsewhere", max_num_seqs=16, shared=shared))
+    try:
+        for i in range(2):
+            body = {"model": "m", "messages": [{"role": "user", "content": f"r{i} {words}"}], "max_tokens": 4}
+            assert engine.add(EngineRequest(f"r{i}", "/v1/chat/completions", body)) is None
+        results: list[EngineResult] = []
+        deadline = time.monotonic() + 20
+        while engine.has_unfinished():
+            assert time.monotonic() < deadline
+            results.extend(engine.step())
+        staged = engine.stats().extra["stage_pieces"]
+    finally:
+        engine.close()
+    assert sorted((r.request_id, r.prompt_tokens, r.completion_tokens) for r in results) == [
+        ("r0", 101, 4),
+        ("r1", 101, 4),
+    ]
+    assert staged == 2 * 3  # pieces of 32, 64 and 96 tokens
+    # per prompt: the pieces find 0, 32 and 64 tokens, the request itself 96
+    assert gauge(url, "vllm:prefix_cache_hits_total") - hits == 2 * (32 + 64 + 96)

@@ -44,6 +44,18 @@ def test_a_paced_batch_prefills_about_its_pace_in_prompt_tokens_per_step() -> No
     assert got["batch_tokens"] / seconds == pytest.approx(prompts_per_s * 256, rel=0.35)
 
 
+def test_a_staged_batch_sends_its_prompts_as_pieces_over_the_prefix_cache_and_harvests_as_much_as_paced() -> None:
+    seconds = 5.0
+    paced = _virtual(args(), 8.0, seconds, prefill_tokens_per_step=10)
+    staged = _virtual(args(), 8.0, seconds, prefill_tokens_per_step=10, stage_tokens=32)
+    assert paced["pieces"] == 0 and paced["prefix_cache_hits"] == 0
+    # 502-token prompts: 15 pieces each (32 .. 480), each finding the one before it cached, then the request itself.
+    prompts = staged["pieces"] / 15
+    assert staged["prefix_cache_hits"] == pytest.approx(prompts * (sum(range(0, 480, 32)) + 480), rel=0.1)
+    # The pieces' one-token outputs are not harvest: the same pace takes about the same batch tokens.
+    assert staged["batch_tokens"] == pytest.approx(paced["batch_tokens"], rel=0.15)
+
+
 def test_the_measures_name_the_paced_budget_the_headline_and_report_both_harvest_readings() -> None:
     side = {
         "online_ttft_p99_ratio_worst": 1.08,
