@@ -94,3 +94,25 @@ def test_the_measures_name_the_paced_budget_the_headline_and_report_both_harvest
     assert rows["shared_sim_frontier_paced_harvest_ratio_within_latency_goal"]["value"] == 0.17
     assert rows["shared_sim_frontier_harvest_ratio_within_latency_goal"]["value"] == 0.0
     assert rows["shared_sim_capacity_within_latency_goal"]["value"] == 2235.0
+
+
+def test_with_a_staged_side_the_headline_is_the_staged_budget_and_the_paced_one_is_named_paced() -> None:
+    side = {
+        "online_ttft_p99_ratio_worst": 1.3,
+        "online_tpot_p99_ratio_worst": 1.06,
+        "server_clock_ttft_p99_ratio_worst": 1.3,
+        "server_clock_tpot_p99_ratio_worst": 1.06,
+        "harvest_ratio": 0.8,
+    }
+    staged = {**side, "online_ttft_p99_ratio_worst": 1.09, "online_tpot_p99_ratio_worst": 1.03}
+    result = {
+        "rates": [{"online_rate_per_s": 8.0}],
+        "summary": {"paced": side, "staged": staged},
+        "batch_alone": {"tokens_per_s": 18000.0, "server": {"scheduler_cpu_us_per_step": 40.0}},
+    }
+    rows = {row["name"]: row for row in shared_sim_measures(result)}
+    assert rows["shared_sim_online_ttft_p99_ratio_worst"]["value"] == 1.09
+    assert "prefill paced and staged" in rows["shared_sim_online_ttft_p99_ratio_worst"]["unit"]
+    assert rows["shared_sim_harvest_ratio"]["met"] is True  # 0.8 of the capacity, both p99s within 1.10x
+    assert rows["shared_sim_paced_online_ttft_p99_ratio_worst"]["value"] == 1.3
+    assert rows["shared_sim_paced_harvest_ratio"]["met"] is False
