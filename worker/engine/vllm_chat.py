@@ -1,11 +1,12 @@
 """Chat prompts for the vLLM adapter, rendered directly: the model's chat template and tokenizer, called once each.
 
 vLLM's renderer (`render_chat`) parses the messages, resolves the template's content format and kwargs,
-renders, tokenizes through Hugging Face's `__call__`, checks lengths and builds the engine input: ~0.3-0.4 ms
-of Python per request on the engine's thread (bench/engine_profile.py), time in which a CPU engine's cores and
-a GPU both wait. A `ChatBody`'s conversation is plain text turns (`conversation()`), and for those the same
-prompt is the template rendered with `add_generation_prompt` and its text encoded without special tokens, as
-`LLM.chat()` does: a fraction of that. `DirectChat.probe` checks it at start on a few conversations against the
+renders, tokenizes through Hugging Face's `__call__`, checks lengths and builds the engine input, all on the
+engine's thread, where a CPU engine's cores and a GPU both wait for it. A `ChatBody`'s conversation is plain
+text turns (`conversation()`), and for those the same prompt is the template rendered with
+`add_generation_prompt` and its text encoded without special tokens, as `LLM.chat()` does: `add()` went from
+0.37-0.41 to 0.28 ms per request on the demo model (bench/engine_profile.py, vLLM's own `add_request` ~0.1 ms
+of it). `DirectChat.probe` checks it at start on a few conversations against the
 renderer (text, token ids and the engine input's fields); on any difference the adapter keeps the renderer.
 A prompt near the context length goes through the renderer too, so its length checks and error messages stay
 vLLM's. Nothing here imports vLLM.
