@@ -115,9 +115,18 @@ def run_backfill(lines: list[dict[str, object]]) -> dict[str, float]:
 
 
 def make_llm(model_dir: Path, max_num_seqs: int):  # type: ignore[no-untyped-def]
+    """The bare side's engine, with the adapter's settings: `LLM` would default to 4,096 batched tokens per step
+    on CPU, the adapter's `LLMEngine` (as `vllm serve`) to 2,048, so the bare side is given 2,048 too."""
     from vllm import LLM
 
-    return LLM(model=str(model_dir), enforce_eager=True, max_num_seqs=max_num_seqs, max_model_len=2048, dtype="float32")
+    return LLM(
+        model=str(model_dir),
+        enforce_eager=True,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=2048,
+        max_model_len=2048,
+        dtype="float32",
+    )
 
 
 def run_vllm(llm, lines: list[dict[str, object]], *, chunk: int | None = None) -> dict[str, float]:  # type: ignore[no-untyped-def]
@@ -176,20 +185,45 @@ def spread(name: str, values: list[float]) -> dict[str, float]:
     }
 
 
-def overhead_rounds(llm, rounds: int, requests: int, tokens: int) -> list[dict[str, object]]:  # type: ignore[no-untyped-def]
+def foreign_cpu_seconds(database: str | None) -> float:
+    """CPU seconds the machine has been busy outside this process and this run's Postgres backends, so far."""
+    import psutil
+
+    from bench.engine_profile import postgres_cpu
+
+    machine = psutil.cpu_times()
+    busy = sum(machine) - machine.idle - getattr(machine, "iowait", 0.0) - getattr(machine, "guest", 0.0)
+    own = psutil.Process().cpu_times()
+    return busy - own.user - own.system - postgres_cpu(database)
+
+
+def overhead_rounds(
+    llm, rounds: int, requests: int, tokens: int, database: str | None = None
+) -> list[dict[str, object]]:  # type: ignore[no-untyped-def]
     """Each round: the same fresh requests through both sides, the first side alternating.
 
     Fresh per round: new prompts (neither engine's prefix cache holds them from an earlier round), a new
     batch, garbage collected before each side; the ratio is taken within the round (same machine state).
+    Each side also records the share of the machine's cores that other processes kept busy meanwhile: on a
+    shared machine one side of a round can run beside another job (round 1 of 5d3254d's run read 0.575 against
+    0.82-0.91 in the others; the same bench and warm-up on the same commit later read 0.933 in round 1, and
+    in another run a Backfill side fell to 0.467 of the bare side run just before it, in round 3), and this
+    tells such a round from a slow Backfill.
     """
+    import os
+
     out = []
     for index in range(rounds):
         lines = [chat_line(i, tokens) for i in range((index + 1) * 10**6, (index + 1) * 10**6 + requests)]
         sides = ("vllm", "backfill") if index % 2 else ("backfill", "vllm")
         measured: dict[str, dict[str, float]] = {}
+        foreign: dict[str, float] = {}
         for side in sides:
             gc.collect()
+            other, started = foreign_cpu_seconds(database), time.perf_counter()
             measured[side] = run_vllm(llm, lines) if side == "vllm" else run_backfill(lines)
+            core_seconds = (time.perf_counter() - started) * (os.cpu_count() or 1)
+            foreign[side] = (foreign_cpu_seconds(database) - other) / core_seconds
         backfill, bare = measured["backfill"], measured["vllm"]
         a, b = backfill["tokens"] / backfill["seconds"], bare["tokens"] / bare["seconds"]
         out.append(
@@ -200,6 +234,7 @@ def overhead_rounds(llm, rounds: int, requests: int, tokens: int) -> list[dict[s
                 "ratio": a / b,
                 "submit_seconds": backfill["submit_seconds"],
                 "output_seconds": backfill["output_seconds"],
+                "foreign_cpu_share": [foreign["backfill"], foreign["vllm"]],
             }
         )
     return out
@@ -226,7 +261,7 @@ def main() -> int:
     service.get_runner("backfill-demo")
     run_backfill(warm)
 
-    rounds = overhead_rounds(llm, args.rounds, args.requests, args.tokens)
+    rounds = overhead_rounds(llm, args.rounds, args.requests, args.tokens, database)
     ratios = [r["ratio"] for r in rounds]
     best_backfill = max(r["backfill_tokens_per_s"] for r in rounds)
     best_bare = max(r["vllm_tokens_per_s"] for r in rounds)
@@ -245,6 +280,8 @@ def main() -> int:
         "omp": omp_settings(),
         "rounds_tokens_per_s": [[round(r["backfill_tokens_per_s"]), round(r["vllm_tokens_per_s"])] for r in rounds],
         "rounds_first_side": [r["first"] for r in rounds],
+        # [Backfill, bare]: the share of the cores other processes kept busy during each side (noise, not overhead)
+        "rounds_foreign_cpu_share": [[round(x, 3) for x in r["foreign_cpu_share"]] for r in rounds],  # type: ignore[attr-defined]
         "backfill_tokens_per_s": round(best_backfill),
         "vllm_generate_tokens_per_s": round(best_bare),
         "throughput_ratio_rounds": [round(x, 3) for x in ratios],

@@ -18,6 +18,7 @@ from typing import Any
 from storage.protocols import EMBEDDINGS_URL
 from storage.registry import ModelSpec
 from worker.engine import EngineRequest, EngineResult, EngineStats, Progress, error_result
+from worker.engine.vllm_chat import Conversation, DirectChat
 from worker.engine.vllm_outputs import InFlight, invalid_result, result_of
 from worker.engine.vllm_process import forget_import_tracebacks, set_env_defaults
 from worker.engine.vllm_resume import (
@@ -94,9 +95,11 @@ class VllmEngine:
         self._prefix_hits = 0
         self._renderer = self._engine.renderer
         self._tokenizer: Any = None  # a generating model's (an embedding model has none to decode with)
+        self._direct: DirectChat | None = None  # chat prompts without the renderer's overhead (vllm_chat.py)
         if "generate" in self._tasks:
             self._tokenizer = self._engine.get_tokenizer()
             self._renderer.warmup(self._chat_params())
+            self._direct = DirectChat.probe(self._tokenizer, max_model_len=self._max_model_len, render=self._render)
 
     # -- the Engine protocol ---------------------------------------------------------------------
 
@@ -218,12 +221,8 @@ class VllmEngine:
 
         # What LLM.chat() passes for a plain Hugging Face tokenizer; `continue_final` answers by continuing
         # a final assistant turn (Anthropic's prefill) instead of starting a new one.
-        kwargs = {
-            "add_generation_prompt": not continue_final,
-            "continue_final_message": continue_final,
-            "tools": None,
-            "tokenize": False,
-        }
+        kwargs: dict[str, Any] = {"add_generation_prompt": not continue_final, "continue_final_message": continue_final}
+        kwargs |= {"tools": None, "tokenize": False}
         return ChatParams(chat_template=None, chat_template_content_format="auto", chat_template_kwargs=kwargs)
 
     def _prepare(
@@ -242,11 +241,16 @@ class VllmEngine:
             params = PoolingParams(task="embed", dimensions=body.dimensions)
             return [(f"{rid}#{i}", self._render_plain(item), params) for i, item in enumerate(body.inputs())]
         if isinstance(body, ChatBody):
-            # The template writes BOS itself, so the tokenizer adds no special tokens (as in LLM.chat()).
-            _, (prompt,) = self._renderer.render_chat([body.conversation()], self._chat_params())
+            conversation = body.conversation()
+            prompt = (self._direct and self._direct.render(conversation)) or self._render(conversation)
         else:
             prompt = self._render_plain(body.single_prompt())
         return [(rid, prompt, self._sampling_params(body, len(prompt["prompt_token_ids"])))]
+
+    def _render(self, conversation: Conversation) -> Any:
+        # The template writes BOS itself, so the tokenizer adds no special tokens (as in LLM.chat()).
+        _, (prompt,) = self._renderer.render_chat([conversation], self._chat_params())
+        return prompt
 
     def _render_plain(self, item: str | list[int]) -> Any:
         from vllm.renderers.inputs.preprocess import parse_model_prompt
@@ -338,15 +342,12 @@ class VllmEngine:
 
     def _finish(self, flight: InFlight, now: float) -> EngineResult:
         try:
-            result = self._result(flight)
+            result = result_of(flight, model_name=self.model_name, tokenizer=self._tokenizer, tally=self._tally_prefix)
         except Exception as error:  # one bad sequence must not take the batch down
             logger.exception("building the result of %s failed", flight.request_id)
             result = server_error(flight.request_id, f"the engine failed on this request: {error}")
         result.engine_seconds = now - flight.started
         return result
-
-    def _result(self, flight: InFlight) -> EngineResult:
-        return result_of(flight, model_name=self.model_name, tokenizer=self._tokenizer, tally=self._tally_prefix)
 
     def _tally_prefix(self, prompt_tokens: int, cached_tokens: int) -> None:
         self._prefix_queries += prompt_tokens

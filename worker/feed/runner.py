@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 FLUSH_SECONDS = 0.5
 FLUSH_RESULTS = 256
+RUN_WRITE_SECONDS = 2.0  # counters alone (no result to store) are written this often, or by a forced flush
 RENEW_SECONDS = 2.0
 IDLE_CLAIM_SECONDS = 0.5
 SAMPLE_SECONDS = 0.25
@@ -84,6 +85,7 @@ class Runner:
         self._run_started = now_f()
         self._run_written = False
         self._last_flush = time.monotonic()
+        self._last_run_write = time.monotonic()
         self._last_renew = time.monotonic()
         self._last_empty_claim = 0.0
         self._last_sample = 0.0
@@ -288,7 +290,8 @@ class Runner:
         if not (force or due):
             return
         self._last_flush = time.monotonic()
-        if not self.pending and not self._dirty:
+        stale = force or time.monotonic() - self._last_run_write >= RUN_WRITE_SECONDS
+        if not self.pending and not (self._dirty and stale):
             return
         self._dirty = False
         results = list(self.pending)
@@ -357,7 +360,7 @@ class Runner:
         self.committing.update(result.request_id for result in results)
         kept = self.checkpoints.kept(results)  # the tokens of results a pause may hand back unstored
         self.io.submit(run_id=self.run_id, write_run=self._run_writer(), outcomes=outcomes, results=results, kept=kept)
-        self._run_written = True
+        self._run_written, self._last_run_write = True, time.monotonic()
         if wait:
             self._collect_io(wait=True)
 

@@ -285,3 +285,27 @@ def test_closing_one_engine_leaves_another_in_the_same_process_running(
     other.close()
     results, _ = run_all(vllm_chat_engine, [chat("after")])
     assert results["after"].status_code == 200 and results["after"].body["usage"]["completion_tokens"] == 4
+
+
+def test_chat_prompts_rendered_directly_are_the_ones_vllms_renderer_gives(vllm_chat_engine: VllmEngine) -> None:
+    """worker/engine/vllm_chat.py: the demo model's template takes the direct path, token for token the same."""
+    direct = vllm_chat_engine._direct
+    assert direct is not None
+    conversations = [
+        [{"role": "user", "content": "Write a function number 7 that adds two numbers."}],
+        [{"role": "system", "content": " Be brief.\n\n"}, {"role": "user", "content": "<|eos|> and <|user|> typed in"}],
+        [
+            {"role": "user", "content": "Première question: 2+2 ?"},
+            {"role": "assistant", "content": "4"},
+            {"role": "user", "content": "中文 \t emoji 🎉"},
+        ],
+        [{"role": "user", "content": ""}],
+    ]
+    for conversation in conversations:
+        got, expected = direct.render(conversation), vllm_chat_engine._render(conversation)
+        assert got is not None
+        assert {k: v for k, v in got.items() if k != "arrival_time"} == {
+            k: v for k, v in expected.items() if k != "arrival_time"
+        }
+    assert direct.render([{"role": "tool", "content": "42"}]) is None  # the renderer decides other roles
+    assert direct.render([{"role": "user", "content": "word " * 1100}]) is None  # and prompts near the context
