@@ -32,6 +32,7 @@ import concurrent.futures as cf
 import json
 import random
 import sqlite3
+import subprocess
 import sys
 import tempfile
 import time
@@ -126,7 +127,7 @@ def backfill_side(
     env = {**race_env(), "BACKFILL_PREFIX_ORDERING": "true" if ordering else "false"}
     server = Server(model_dir, args.max_num_seqs, len(files), spec=spec, env=env)
     try:
-        started = time.perf_counter()
+        started, wall = time.perf_counter(), time.time()
 
         def one(tenant: int) -> dict[str, Any]:
             done = run_job(server.client(tenant), files[tenant])
@@ -146,7 +147,7 @@ def backfill_side(
         "ready_seconds": round(server.ready_seconds, 2),
         "seconds_with_startup": round(seconds + server.ready_seconds, 2),
         "job_finished_seconds": [round(job["finished_seconds"], 2) for job in jobs],
-        **engine_time(server.data / "backfill.db"),
+        **engine_time(server.data / "backfill.db", started_wall=wall),
         "hit_rate": round(cached / prompt, 3) if prompt else 0.0,
         "prompt_tokens": prompt,
         "cached_tokens": cached,
@@ -159,24 +160,46 @@ def backfill_side(
     return result
 
 
-def engine_time(database: Path) -> dict[str, float]:
+def engine_time(database: Path, *, started_wall: float) -> dict[str, float]:
     """The server's engine runs (storage/models.py EngineRun): seconds inside `engine.step()`, steps, and the
-    mean sequences a step ran, to tell the engine's time from Backfill's own."""
+    mean sequences a step ran, to tell the engine's time from Backfill's own; and from the rows, when the first
+    line reached the engine and the last result was stored, in seconds from the first upload."""
     with sqlite3.connect(database) as conn:
         busy, steps, seqs = conn.execute(
             "SELECT SUM(busy_seconds), SUM(steps), SUM(running_seq_steps) FROM engine_runs"
         ).fetchone()
+        first, last = conn.execute(
+            "SELECT MIN(finished_at - engine_seconds), MAX(finished_at) FROM batch_requests"
+        ).fetchone()
     return {
+        "first_line_in_engine_seconds": round((first or started_wall) - started_wall, 2),
+        "last_result_stored_seconds": round((last or started_wall) - started_wall, 2),
         "engine_busy_seconds": round(busy or 0.0, 2),
         "engine_steps": int(steps or 0),
         "mean_running_seqs": round((seqs or 0) / steps, 2) if steps else 0.0,
     }
 
 
+def ideal_side(model_dir: Path, files: list[Path], args: argparse.Namespace, kv_bytes: int) -> dict[str, Any]:
+    """The ceiling: bare `LLM.generate` on every line, prefix-sorted (bench/prefix_ideal.py, a fresh process)."""
+    command = [sys.executable, str(Path(__file__).with_name("prefix_ideal.py")), "--model", str(model_dir)]
+    command += ["--kv-bytes", str(kv_bytes), "--max-num-seqs", str(args.max_num_seqs)]
+    command += ["--max-num-batched-tokens", str(args.max_num_batched_tokens), "--rounds", str(args.ideal_rounds)]
+    done = subprocess.run([*command, *map(str, files)], env=race_env(), capture_output=True, text=True, cwd=OUT)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("IDEAL ")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError("prefix_ideal.py failed:\n" + (done.stdout + done.stderr)[-3000:])
+    result: dict[str, Any] = json.loads(lines[-1].removeprefix("IDEAL "))
+    print(json.dumps({"ideal": {k: v for k, v in result.items() if k != "rounds"}}), flush=True)
+    return result
+
+
 def race(model_dir: Path, files: list[Path], args: argparse.Namespace, blocks: int) -> dict[str, Any]:
-    """One KV size: run-batch, Backfill with prefix ordering, and (the control) without."""
+    """One KV size: run-batch, Backfill with prefix ordering, and (the control) without; with `--ideal`, the
+    ceiling too (bare `LLM.generate`, every line at once, prefix-sorted)."""
     kv_bytes = blocks * BLOCK_TOKENS * KV_BYTES_PER_TOKEN
     vllm = run_batch_side(model_dir, files, args, kv_bytes)
+    ideal = ideal_side(model_dir, files, args, kv_bytes) if args.ideal else None
     on = backfill_side(model_dir, files, args, kv_bytes, ordering=True)
     off = backfill_side(model_dir, files, args, kv_bytes, ordering=False) if args.control else None
     result: dict[str, Any] = {
@@ -188,6 +211,10 @@ def race(model_dir: Path, files: list[Path], args: argparse.Namespace, blocks: i
         "speedup_startups_counted": round(vllm["seconds_with_startups"] / on["seconds_with_startup"], 3),
         "all_ok": vllm["all_ok"] and on["all_ok"],
     }
+    if ideal is not None:
+        result["ideal"] = ideal
+        result["ideal_speedup"] = round(vllm["seconds"] / ideal["sorted"]["seconds"], 3)
+        result["backfill_share_of_ideal"] = round(ideal["sorted"]["seconds"] / on["seconds"], 3)
     if off is not None:
         result["backfill_ordering_off"] = off
         result["speedup_ordering_off"] = round(vllm["seconds"] / off["seconds"], 3)
@@ -208,6 +235,8 @@ def main() -> int:
     parser.add_argument("--large-kv-blocks", type=int, default=640, help="blocks of 128 tokens: holds them all")
     parser.add_argument("--kv", default="small,large", help="which KV sizes to race: small,large")
     parser.add_argument("--no-control", dest="control", action="store_false", help="skip prefix ordering off")
+    parser.add_argument("--ideal", action="store_true", help="also bare LLM.generate, prefix-sorted: the ceiling")
+    parser.add_argument("--ideal-rounds", type=int, default=1)
     parser.add_argument("--seed", type=int, default=20261202)
     args = parser.parse_args()
     if args.quick:

@@ -1,9 +1,8 @@
 """The vLLM adapter: the only module that imports vLLM.
 
-One in-process v1 `LLMEngine`, loaded once and kept warm, fed continuously: `add()` renders and submits
-a request at once, `step()` runs one scheduler iteration and hands back whatever finished in it. vLLM's
-scheduler does the continuous batching; this module only translates OpenAI bodies in and out.
-Not thread-safe: call it from one thread.
+One in-process v1 `LLMEngine`, loaded once and kept warm, fed continuously: `add()` renders and submits a request
+at once, `step()` runs one scheduler iteration and hands back whatever finished in it. vLLM's scheduler does the
+continuous batching; this module only translates OpenAI bodies in and out. Not thread-safe: call it from one thread.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from storage.registry import ModelSpec
 from worker.engine import EngineRequest, EngineResult, EngineStats, Progress, error_result
 from worker.engine.vllm_chat import Conversation, DirectChat
 from worker.engine.vllm_outputs import InFlight, invalid_result, result_of
-from worker.engine.vllm_process import forget_import_tracebacks, set_env_defaults
+from worker.engine.vllm_process import close_at_exit, forget_import_tracebacks, set_env_defaults
 from worker.engine.vllm_resume import (
     EndedHere,
     Resume,
@@ -44,8 +43,7 @@ _open_lock = threading.Lock()
 
 
 def _guard_parallel_state() -> None:
-    """vLLM's in-process shutdown (our close, or a collected engine's) ends by tearing down the parallel state
-    every engine of the process shares: while another engine is open (a second model's, a test's) it stays."""
+    """vLLM's in-process shutdown tears down the parallel state all engines share: kept while another is open."""
     from vllm.v1.engine import core as vllm_core
 
     core: Any = vllm_core  # its module global is what shutdown() calls
@@ -81,6 +79,7 @@ class VllmEngine:
         self._engine = LLMEngine.from_engine_args(args)
         with _open_lock:
             _open[0] += 1
+        close_at_exit(self)
         self.load_seconds = time.monotonic() - started
         self.model_name = model_name
         self.max_num_seqs: int = self._engine.vllm_config.scheduler_config.max_num_seqs
@@ -91,8 +90,8 @@ class VllmEngine:
         self._inflight: dict[str, InFlight] = {}
         self._open_windows: dict[str, InFlight] = {}  # resumed, a stop string may span: what a step checks
         self._owner: dict[str, str] = {}  # engine request id -> our request id
-        self._prefix_queries = 0  # prompt tokens of finished requests, and those the prefix cache served
-        self._prefix_hits = 0
+        self._prefix_queries = self._prefix_hits = 0  # prompt tokens of finished requests; those the cache served
+        self.closed = False
         self._renderer = self._engine.renderer
         self._tokenizer: Any = None  # a generating model's (an embedding model has none to decode with)
         self._direct: DirectChat | None = None  # chat prompts without the renderer's overhead (vllm_chat.py)
@@ -171,10 +170,9 @@ class VllmEngine:
             self._engine.abort_request(engine_ids)
 
     def stats(self) -> EngineStats:
-        """The scheduler's own counts of sequences (n>1 choices and embedding inputs count singly): in-process
-        (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) the EngineCore's scheduler gives `(len(running), len(waiting) +
-        len(kv_holding_waiting))`, vLLM's `vllm:num_requests_running` / `_waiting` (preempted sequences wait
-        again); a multiprocess engine's scheduler is in another process: estimated from what is in flight."""
+        """The scheduler's own counts of sequences (n>1 choices and embedding inputs count singly): in-process,
+        vLLM's `vllm:num_requests_running` / `_waiting` (preempted sequences wait again); a multiprocess engine's
+        (`VLLM_ENABLE_V1_MULTIPROCESSING=1`) scheduler is in another process: estimated from what is in flight."""
         core = getattr(self._engine.engine_core, "engine_core", None)
         extra: dict[str, Any] = {
             "requests_in_flight": len(self._inflight),
@@ -204,10 +202,12 @@ class VllmEngine:
 
     def close(self) -> None:
         """Abort everything and release the engine's workers."""
-        self.abort(list(self._inflight))
-        with _open_lock:
-            _open[0] -= 1
-        self._engine.engine_core.shutdown()
+        if not self.closed:  # once: a switch closes it, then the exit hook (vllm_process.close_at_exit) finds it closed
+            self.closed = True
+            self.abort(list(self._inflight))
+            with _open_lock:
+                _open[0] -= 1
+            self._engine.engine_core.shutdown()
 
     # -- requests in ---------------------------------------------------------------------------
 

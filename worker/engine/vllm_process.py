@@ -1,13 +1,18 @@
 """What an in-process vLLM engine needs of its process before vLLM is imported (no vLLM import here).
 
 `set_env_defaults` sets the variables vLLM reads at import (in-process engine, no usage stats, every core, a
-KV cache size CPU start-up insists on); `forget_import_tracebacks` lets the first engine of a process be freed.
+KV cache size CPU start-up insists on); `forget_import_tracebacks` lets the first engine of a process be freed;
+`close_at_exit` lets a process whose engine core is a child process exit.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
+import weakref
+from collections.abc import Callable
+from typing import Any
 
 from storage.registry import ModelSpec
 
@@ -32,3 +37,22 @@ def forget_import_tracebacks() -> None:
             for value in list(vars(module).values()):
                 if isinstance(value, BaseException):
                     value.__traceback__ = None
+
+
+def close_at_exit(engine: Any) -> Callable[[], None]:
+    """Close `engine` (its `close()`, unless `closed`) when the process exits, if it is still alive then.
+
+    A multiprocess engine core (`VLLM_ENABLE_V1_MULTIPROCESSING=1`, a deployment's choice) is a child process that
+    stops only when told. vLLM tells it from a `weakref.finalize`, whose exit hook runs after multiprocessing's when
+    vLLM was imported after multiprocessing; multiprocessing's joins the child first, forever (`backfill serve`
+    hung on SIGTERM). A hook registered now runs before both. Held weakly: a closed engine can still be freed.
+    """
+    ref = weakref.ref(engine)
+
+    def close() -> None:
+        alive = ref()
+        if alive is not None and not alive.closed:
+            alive.close()
+
+    atexit.register(close)
+    return close
