@@ -196,13 +196,13 @@ class Server:
         self.proc.wait(60)
 
 
-def run_job(client: openai.OpenAI, source: Path) -> dict[str, Any]:
-    """Upload → batch → poll → download the output file; return counts."""
+def run_job(client: openai.OpenAI, source: Path, *, poll_seconds: float = 0.1) -> dict[str, Any]:
+    """Upload → batch → poll every `poll_seconds` → download the output file; return counts."""
     with source.open("rb") as handle:
         uploaded = client.files.create(file=(source.name, handle), purpose="batch")
     batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
     while batch.status not in {"completed", "failed", "expired", "cancelled"}:
-        time.sleep(0.1)
+        time.sleep(poll_seconds)
         batch = client.batches.retrieve(batch.id)
     lines = []
     if batch.output_file_id:

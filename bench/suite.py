@@ -58,7 +58,7 @@ FULL = {
     "prefix": ["bench/prefix.py"],
     # Issue 22 section 5: 4 tenants' prefix-heavy jobs, Backfill end to end vs run-batch once per job, a small and
     # a large KV cache, prefix ordering on and off (~10 min): `make bench ARGS="--only prefix-race"`.
-    "prefix-race": ["bench/prefix_race.py"],
+    "prefix-race": ["bench/prefix_race.py", "--ideal"],
     # Issue 15 section 2: 1, 2, 4, 8 GPU-worker processes on one queue, then one killed (~2 min):
     # `make bench ARGS="--only workers"`.
     "workers": ["bench/workers.py"],

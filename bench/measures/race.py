@@ -41,6 +41,20 @@ def prefix_race_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
             ),
             entry(f"prefix_heavy_run_batch_seconds{suffix}", race["run_batch"]["seconds"], "s (start-ups excluded)"),
         ]
+        if race.get("ideal") is not None:
+            rows += [
+                entry(
+                    f"prefix_heavy_ideal_speedup_vs_run_batch{suffix}",
+                    race["ideal_speedup"],
+                    "x run-batch: bare LLM.generate on every line at once, prefix-sorted (the ceiling of any scheduler"
+                    " on this engine and these settings)",
+                ),
+                entry(
+                    f"prefix_heavy_backfill_share_of_ideal{suffix}",
+                    race["backfill_share_of_ideal"],
+                    "x the ceiling's speed (its seconds / Backfill's end-to-end seconds)",
+                ),
+            ]
         if (off := race.get("backfill_ordering_off")) is not None:
             rows += [
                 entry(

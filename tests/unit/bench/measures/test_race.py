@@ -50,3 +50,16 @@ def test_a_race_without_the_control_or_the_large_cache_leaves_their_rows_out() -
     rows = by_name(measures(result(small=race(3.0, control=False))))
     assert "prefix_heavy_speedup_ordering_off" not in rows
     assert not any(name.endswith("_large_kv") for name in rows)
+
+
+def test_the_ceiling_rows_come_with_an_ideal_run_and_carry_no_goal() -> None:
+    with_ideal = race(1.2) | {
+        "ideal": {"sorted": {"seconds": 8.0}},
+        "ideal_speedup": 1.5,
+        "backfill_share_of_ideal": 0.8,
+    }
+    rows = by_name(measures(result(large=with_ideal)))
+    assert rows["prefix_heavy_ideal_speedup_vs_run_batch_large_kv"]["value"] == 1.5
+    assert rows["prefix_heavy_backfill_share_of_ideal_large_kv"]["value"] == 0.8
+    assert rows["prefix_heavy_ideal_speedup_vs_run_batch_large_kv"]["goal"] is None
+    assert "prefix_heavy_ideal_speedup_vs_run_batch" not in by_name(measures(result(small=race(3.0))))
