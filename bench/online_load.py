@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import statistics
@@ -57,12 +58,17 @@ async def _online_request(client: Any, url: str, index: int, tokens: int, words:
     if first is None or last is None:
         return {"ok": False, "status": 200}
     tpot = (last - first) / (completion_tokens - 1) if completion_tokens > 1 else None
-    return {"ok": True, "ttft": first - sent, "tpot": tpot, "tokens": completion_tokens}
+    # `sent` and `first` on the machine's monotonic clock, as the simulated server stamps its own (bench/shared_sim_tail.py)
+    return {"ok": True, "ttft": first - sent, "tpot": tpot, "tokens": completion_tokens, "sent": sent, "first": first}
 
 
 async def _online_load(
-    url: str, rate: float, seconds: float, tokens: int, seed: int, words: int = 0
+    url: str, rate: float, seconds: float, tokens: int, seed: int, words: int = 0, wait: Any = None
 ) -> list[dict[str, Any]]:
+    """The arrivals; with `wait` (a blocking callable, e.g. reading the parent's go), one untimed request first,
+    then `wait()`, then the timed arrivals: a fresh process's first request pays its cold start (lazy imports, a
+    new connection: 20-30 ms against ~10 ms for the rest), which made every round's first user the slowest and,
+    at 2-8 req/s, the p99 itself (bench/shared_sim_tail.py shows it as the request's way in)."""
     import httpx
 
     rng = random.Random(seed)
@@ -73,6 +79,10 @@ async def _online_load(
         at += rng.expovariate(rate)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+        if wait is not None:
+            with contextlib.suppress(httpx.HTTPError):
+                await _online_request(client, url, -1, 1, words)
+            await asyncio.get_running_loop().run_in_executor(None, wait)
         start = time.perf_counter()
 
         async def one(index: int, offset: float) -> dict[str, Any]:
@@ -192,9 +202,11 @@ def main() -> int:
 
 
 def run_online_child(args: argparse.Namespace) -> int:
-    """Wait for the parent's go on stdin, run the arrivals, print the figures as one JSON list."""
-    sys.stdin.readline()
-    load = _online_load(args.online_load, args.rate, args.seconds, args.online_tokens, args.seed, args.prompt_words)
+    """Warm up (one untimed request), wait for the parent's go on stdin, run the arrivals, print the figures as one
+    JSON list."""
+    load = _online_load(
+        args.online_load, args.rate, args.seconds, args.online_tokens, args.seed, args.prompt_words, sys.stdin.readline
+    )
     rows = asyncio.run(load)
     print(json.dumps(rows))
     return 0

@@ -18,7 +18,11 @@ Per online rate, sides that alternate in `--rounds` rounds replaying the same ar
   staged   paced, and each batch prompt sent ahead as pieces of `--stage-tokens` (default 32) more tokens over the
            server's prefix cache (`batch_prefill_stage_tokens`, worker/engine/prefill_stage.py);
   slack    (with --sides) the same with `latency_slack` (default 0.10): batch work capped by the step model it fits.
-Once, batch alone: the runner with every slot (headroom 0), no online users. The server runs with vLLM's
+`staged16` (any `staged<k>`) is staged with pieces of k tokens. With `--reference-rounds` N, the sides other than
+`without` and the staged ones run in the first N rounds only (reference points, not the headline). The paced and
+staged sides warm up `--paced-warm-seconds` (3: no budget to climb), the others `--warm-seconds`. Each load
+generator sends one untimed request before the round starts (bench/online_load.py: a fresh process's first
+request is 20-30 ms slower, and was every round's slowest). Once, batch alone: the runner with every slot (headroom 0), no online users. The server runs with vLLM's
 `--long-prefill-token-threshold` 256 (above the online prompts, so their baseline is the flag-less server's).
 
 Measures: online p99 (and p50) TTFT and TPOT with ÷ without, worst over rates (goal <= 1.10); the harvest
@@ -26,7 +30,9 @@ ratio = batch tokens Backfill recorded ÷ the capacity within the latency goal o
 tokens/s the formula allows beside these users with their TTFT step and mean step within 1.10x
 (bench/shared_sim_frontier.py `capacity_within_goal`; goal >= 0.70); and, as before, ÷ the idle roofline
 capacity = the formula's tokens/s at full batch for the batch job's shape (`estimate_job`, 384 slots) x the wall
-- the online tokens the server produced meanwhile. Each with its spread over rounds.
+- the online tokens the server produced meanwhile. Each with its spread over rounds, and the TTFT p99 ratio with a
+bootstrap interval (bench/shared_sim_summary.py). The server's trace of every side and round (each step's make-up,
+each online request's times) is saved with the run: bench/shared_sim_tail.py says which requests made the tail.
 
 The frontier: the same scheduler on virtual time (no HTTP, no CPU noise), for each rate, with batch work held at a
 constant number of requests in flight, or paced at a number of prompt tokens per step: each point's p99 ratios
@@ -54,9 +60,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import sim_server
 from bench._setup import OUT, fresh_postgres, plot_dir
-from bench.online_load import RAW, SERVED_NAME, collect, figures, go, start_online_load
+from bench.online_load import RAW, SERVED_NAME, collect, go, start_online_load
 from bench.shared import MODEL, harvest, use_shared_registry
 from bench.shared_sim_frontier import capacity_within_goal, frontier
+from bench.shared_sim_summary import summarise_rate, summary
 from storage.planning.node import HARDWARE_PRESETS, LLAMA_70B_FP8
 from storage.planning.step_time import estimate_job
 
@@ -146,6 +153,17 @@ def server_timings(url: str) -> list[dict[str, Any]]:
     return [{"ok": True, "ttft": ttft, "tpot": tpot} for ttft, tpot in pairs]
 
 
+def trace(url: str) -> dict[str, Any]:
+    """The server's steps and online requests since the last call (bench/shared_sim_tail.py reads them)."""
+    import httpx
+
+    data: dict[str, Any] = httpx.post(f"{url}/sim/trace", timeout=30).json()
+    return data
+
+
+TRACES: dict[str, list[dict[str, Any]]] = {}  # "side@rate": per round, the server's trace
+
+
 def online(url: str, rate: float, seconds: float, seed: int, args: argparse.Namespace) -> Any:
     proc = start_online_load(url, rate, seconds, args.online_tokens, seed, prompt_words=args.online_prompt_words)
     if args.nice:
@@ -160,25 +178,28 @@ def run_side(
     knobs: dict[str, Any] = {"headroom_seqs": args.headroom_seqs, "poll_seconds": 0.2, "grow_step": args.grow_step}
     if side == "slack":
         knobs["latency_slack"] = args.latency_slack
-    if side in ("paced", "staged"):
+    if side == "paced" or side.startswith("staged"):
         knobs["batch_prefill_tokens_per_step"] = args.prefill_tokens_per_step
-    if side == "staged":
-        knobs["batch_prefill_stage_tokens"] = args.stage_tokens
+    if side.startswith("staged"):  # "staged16": pieces of 16 tokens, "staged": of --stage-tokens
+        knobs["batch_prefill_stage_tokens"] = int(side.removeprefix("staged") or args.stage_tokens)
     use_shared_registry(url, args.max_num_seqs, **knobs)
     reset_prefix_cache(url)  # the sides replay the same prompts: none may find another side's in the cache
     part = args.seconds / args.rounds
     proc = online(url, rate, part, seed, args)
     server_timings(url)  # forget what came before
+    trace(url)
     before = stats(url)
     run = None
     if side == "without":
         go(proc)
         time.sleep(part)
     else:
-        run = harvest(part, lines, online=proc, warm_seconds=args.warm_seconds)
+        paced = side == "paced" or side.startswith("staged")  # no budget to climb: steady in a second or two
+        run = harvest(part, lines, online=proc, warm_seconds=args.paced_warm_seconds if paced else args.warm_seconds)
     rows = collect(proc, f"{side}@{rate}")
     server = delta(stats(url), before)
     out: dict[str, Any] = {"online": rows, "server": server, "server_online": server_timings(url)}
+    TRACES.setdefault(f"{side}@{rate:g}", []).append({**trace(url), "client": rows})
     if run is not None:
         # Idle capacity over the measured wall: the roofline's full-batch tokens/s less what online took.
         idle = args.capacity * run["seconds"] - sum(r.get("tokens", 0) for r in rows if r["ok"])
@@ -201,6 +222,8 @@ def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
         sides: dict[str, list[dict[str, Any]]] = {side: [] for side in args.sides}
         for round_ in range(args.rounds):
             for side in args.sides:
+                if round_ >= args.reference_rounds and side != "without" and not side.startswith("staged"):
+                    continue  # a reference side (default budget, paced alone): fewer rounds
                 sides[side].append(run_side(url, side, rate, (args.seed + index) * 100 + round_, lines, args))
         rows.append(summarise_rate(rate, sides))
     return {
@@ -209,93 +232,11 @@ def measure(url: str, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def summarise_rate(rate: float, sides: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """Pooled figures per side, p99/p50 ratios against `without` (pooled and per round), harvest ratios."""
-    without = sides["without"]
-    row: dict[str, Any] = {"online_rate_per_s": rate}
-    base = figures([r for run in without for r in run["online"]])
-    row["without"] = {
-        **base,
-        "server": [run["server"] for run in without],
-        "server_clock": figures([r for run in without for r in run["server_online"]]),
-    }
-    for side, runs in sides.items():
-        if side == "without":
-            continue
-        got = figures([r for run in runs for r in run["online"]])
-        per_round = [figures(run["online"]) for run in runs]
-        base_rounds = [figures(run["online"]) for run in without]
-        entry: dict[str, Any] = {**got, "server": [run["server"] for run in runs]}
-        for key in ("ttft_p99_ms", "tpot_p99_ms", "ttft_p50_ms", "tpot_p50_ms"):
-            entry[f"{key[:-3]}_ratio"] = _ratio(got[key], base[key])
-            entry[f"{key[:-3]}_ratio_rounds"] = [
-                _ratio(g[key], b[key]) for g, b in zip(per_round, base_rounds, strict=True)
-            ]
-        mine = figures([r for run in runs for r in run["server_online"]])
-        theirs = figures([r for run in without for r in run["server_online"]])
-        entry["server_clock"] = {
-            **{
-                f"{k[:-3]}_ratio": _ratio(mine[k], theirs[k])
-                for k in ("ttft_p99_ms", "tpot_p99_ms", "ttft_p50_ms", "tpot_p50_ms")
-            },
-            "with": mine,
-            "without": theirs,
-        }
-        entry["harvest_ratio_rounds"] = [run["harvest_ratio"] for run in runs]
-        entry["harvest_ratio"] = _pooled_harvest(runs, "within_goal_tokens")
-        entry["harvest_ratio_vs_idle_roofline"] = _pooled_harvest(runs, "idle_tokens")
-        entry["batch_tokens_per_s"] = round(
-            sum(run["harvest"]["tokens"] for run in runs) / sum(run["harvest"]["seconds"] for run in runs), 1
-        )
-        entry["yields"] = sum(run["harvest"]["yields"] for run in runs)
-        if staging := [run["harvest"].get("staging") for run in runs if run["harvest"].get("staging")]:
-            entry["staging"] = {key: sum(s[key] for s in staging) for key in staging[0]}
-        entry["step_model"] = runs[-1]["harvest"]["step_model"]
-        row[side] = entry
-    return row
-
-
-def _pooled_harvest(runs: list[dict[str, Any]], capacity: str) -> float | None:
-    """Batch tokens over a capacity (`idle_tokens` or `within_goal_tokens`), the rounds added up."""
-    idle = sum(run[capacity] for run in runs)
-    return round(sum(run["harvest"]["tokens"] for run in runs) / idle, 4) if idle > 0 else None
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return round(a / b, 3) if a is not None and b else None
-
-
 # -- the run ---------------------------------------------------------------------------------------------
 
 
-def summary(result: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    """The headline figures: worst p99 ratios over rates and the smallest harvest ratio, per Backfill side."""
-    out: dict[str, Any] = {}
-    for side in (s for s in args.sides if s != "without"):
-        rows = [row[side] for row in result["rates"]]
-        out[side] = {
-            "online_ttft_p99_ratio_worst": max(r["ttft_p99_ratio"] or 0 for r in rows),
-            "online_tpot_p99_ratio_worst": max(r["tpot_p99_ratio"] or 0 for r in rows),
-            "online_ttft_p50_ratio_worst": max(r["ttft_p50_ratio"] or 0 for r in rows),
-            "online_tpot_p50_ratio_worst": max(r["tpot_p50_ratio"] or 0 for r in rows),
-            "harvest_ratio": min(r["harvest_ratio"] or 0 for r in rows),
-            "harvest_ratio_vs_idle_roofline": min(r["harvest_ratio_vs_idle_roofline"] or 0 for r in rows),
-            "server_clock_ttft_p99_ratio_worst": max(r["server_clock"]["ttft_p99_ratio"] or 0 for r in rows),
-            "server_clock_tpot_p99_ratio_worst": max(r["server_clock"]["tpot_p99_ratio"] or 0 for r in rows),
-            "ttft_p99_ratio_rounds": {
-                row["online_rate_per_s"]: row[side]["ttft_p99_ratio_rounds"] for row in result["rates"]
-            },
-            "tpot_p99_ratio_rounds": {
-                row["online_rate_per_s"]: row[side]["tpot_p99_ratio_rounds"] for row in result["rates"]
-            },
-            "harvest_ratio_rounds": {
-                row["online_rate_per_s"]: row[side]["harvest_ratio_rounds"] for row in result["rates"]
-            },
-        }
-    return out
-
-
-def main() -> int:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The run's settings (with `argv` None, the command line's; [] gives the defaults)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--quick", action="store_true", help="two rates, one round of 10 s, a 20 s frontier: ~4 minutes"
@@ -303,7 +244,12 @@ def main() -> int:
     parser.add_argument("--rates", default="2,8,24", help="online requests per second, comma-separated")
     parser.add_argument("--seconds", type=float, default=60.0, help="measured seconds per side and rate")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--sides", default="without,with,paced,staged", help="also: slack (latency_slack)")
+    parser.add_argument(
+        "--reference-rounds", type=int, default=0, help="rounds of the sides other than without/staged (0: all)"
+    )
+    parser.add_argument(
+        "--sides", default="without,with,paced,staged", help="also: slack (latency_slack), staged<k> (pieces of k)"
+    )
     parser.add_argument("--online-tokens", type=int, default=64)
     parser.add_argument("--online-prompt-words", type=int, default=200)
     parser.add_argument("--batch-tokens", type=int, default=256)
@@ -320,20 +266,32 @@ def main() -> int:
     parser.add_argument("--grow-step", type=int, default=8, help="budget knob: additive increase per poll")
     parser.add_argument("--latency-slack", type=float, default=0.10)
     parser.add_argument("--warm-seconds", type=float, default=10.0, help="Backfill runs this long before users come")
+    parser.add_argument("--paced-warm-seconds", type=float, default=3.0, help="the same for paced and staged sides")
     parser.add_argument("--nice", type=int, default=-10, help="niceness of the server and the online users (0: none)")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--no-frontier", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.quick:
         args.rates, args.seconds, args.rounds = "2,24", 10.0, 1
     args.rates = [float(r) for r in args.rates.split(",")]
     args.sides = args.sides.split(",")
+    args.reference_rounds = args.reference_rounds or args.rounds
     args.hardware = HARDWARE
     if "without" not in args.sides:
         parser.error("--sides must include without (the ratios' denominator)")
     args.capacity = capacity_tokens_per_s(args)
     # Enough queued work that the runner never runs dry: every Backfill side at the full batch's rate, twice.
     args.backlog = int(2 * args.capacity * (args.seconds / args.rounds + args.warm_seconds + 5) / args.batch_tokens)
+    return args
+
+
+def default_args(**overrides: Any) -> argparse.Namespace:
+    """The defaults, as bench/shared_sim_tail.py's virtual runs use them."""
+    return argparse.Namespace(**{**vars(parse([])), **overrides})
+
+
+def main() -> int:
+    args = parse()
     prepare()
     extra = ["--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens", str(args.max_num_batched_tokens)]
     extra += ["--long-prefill-token-threshold", str(args.long_prefill_token_threshold)]
@@ -363,7 +321,7 @@ def main() -> int:
     print(
         json.dumps({"summary": result["summary"], "frontier": result["frontier"], "setup": result["setup"]}, indent=2)
     )
-    (OUT / "shared_sim.json").write_text(json.dumps({"result": result, "online_requests": RAW}))
+    (OUT / "shared_sim.json").write_text(json.dumps({"result": result, "online_requests": RAW, "traces": TRACES}))
     from bench.shared_sim_figures import plot_cdfs
 
     plot_cdfs(RAW, args.rates, plot_dir() / "shared-sim-cdf.png")

@@ -24,7 +24,7 @@ import statistics
 from typing import Any
 
 from bench import sim_server
-from bench.sim_scheduler import BLOCK_TOKENS, SimRequest
+from bench.sim_scheduler import BLOCK_TOKENS, SimRequest, StepTrace
 from storage.planning.node import HARDWARE_PRESETS, LLAMA_70B_FP8
 from storage.planning.step_time import StepLoad, step_seconds
 
@@ -70,6 +70,15 @@ def frontier(args: argparse.Namespace, seconds: float = 60.0) -> list[dict[str, 
     return rows
 
 
+def run_virtual(
+    args: argparse.Namespace, rate: float, seconds: float, **batch: Any
+) -> tuple[list[StepTrace], list[dict[str, Any]]]:
+    """One virtual run's trace (bench/shared_sim_tail.py): every step's make-up and the online users' times."""
+    keep: dict[str, Any] = {}
+    _virtual(args, rate, seconds, **batch, keep=keep)
+    return keep["steps"], keep["online"]
+
+
 def capacity_within_goal(args: argparse.Namespace, rate: float, goal: float = GOAL_LATENCY) -> float:
     """Batch output tokens/s the roofline allows beside `rate` online users with both of their steps within `goal`:
     the step carrying one online prompt (TTFT) and the mean step (TPOT), batch prefill spread evenly."""
@@ -112,11 +121,13 @@ def _virtual(
     batch_inflight: int = 0,
     prefill_tokens_per_step: float = 0.0,
     stage_tokens: int = 0,
+    keep: dict[str, Any] | None = None,
 ) -> dict[str, float]:
     """Online users at `rate` beside batch work held at `batch_inflight` requests, or paced at
     `prefill_tokens_per_step` batch prompt tokens per step (a bucket refilled each step, one prompt deep); with
     `stage_tokens`, each batch prompt is first sent as its prefixes of `stage_tokens`, 2x, ... tokens (1 output
-    token each, one at a time per prompt, `STAGING` prompts at once), paced per piece, over the prefix cache."""
+    token each, one at a time per prompt, `STAGING` prompts at once), paced per piece, over the prefix cache.
+    `keep` (a dict) receives the scheduler's trace: `steps` and the online users' `online` times."""
     server = sim_server.build(
         served_name="virtual",
         hardware=args.hardware,
@@ -125,6 +136,7 @@ def _virtual(
         long_prefill_token_threshold=args.long_prefill_token_threshold,
     )
     sched, rng, now = server.scheduler, random.Random(args.seed), 0.0
+    sched.trace = None if keep is None else []
     arrivals, at = [], rng.expovariate(rate)
     while at < seconds:
         arrivals.append(at)
@@ -198,6 +210,11 @@ def _virtual(
         sched.complete(plan, now)
         bucket = min(bucket + prefill_tokens_per_step, prefill_tokens_per_step)
     done = [u for u in users if u.finished_at is not None and u.first_token_at is not None]
+    if keep is not None:
+        keep["steps"], keep["online"] = (
+            sched.trace,
+            [{"arrival": u.arrival, "first_token": u.first_token_at} for u in done],
+        )
     ttft = [u.first_token_at - u.arrival for u in done]  # type: ignore[operator]
     tpot = [(u.finished_at - u.first_token_at) / (u.max_tokens - 1) for u in done]  # type: ignore[operator]
     counters = sched.counters.generation_tokens

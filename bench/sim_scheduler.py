@@ -42,7 +42,7 @@ from bench.sim_prefix_cache import BLOCK_TOKENS, PrefixCache
 from storage.planning.node import Hardware, ModelShape
 from storage.planning.step_time import StepLoad, step_seconds
 
-__all__ = ["BLOCK_TOKENS", "SimCounters", "SimRequest", "SimScheduler", "StepPlan"]
+__all__ = ["BLOCK_TOKENS", "SimCounters", "SimRequest", "SimScheduler", "StepPlan", "StepTrace"]
 
 
 @dataclass(eq=False)
@@ -85,6 +85,22 @@ class StepPlan:
     def empty(self) -> bool:
         """Nothing to run (no request holds a slot or could be admitted)."""
         return not len(self.slots)
+
+
+@dataclass(frozen=True)
+class StepTrace:
+    """One completed step's make-up (kept while `SimScheduler.trace` is a list): when it ended, how long it took,
+    and what it carried by kind (a batch request with `max_tokens` 1 counts as a staged piece)."""
+
+    end: float
+    seconds: float
+    batch_seconds: float  # what its batch work added: `seconds` less the same step's online part alone (or 0)
+    online_prompts: int
+    online_prefill: int
+    online_decodes: int
+    piece_prefill: int
+    batch_prefill: int
+    batch_decodes: int
 
 
 @dataclass
@@ -142,6 +158,7 @@ class SimScheduler:
         self._admitted = itertools.count()
         self.waiting_count = 0  # live requests in the heap (aborted ones leave lazily)
         self.counters = SimCounters()
+        self.trace: list[StepTrace] | None = None  # a list: every completed step's make-up is appended to it
 
     # -- requests in and out -------------------------------------------------------------------
 
@@ -208,6 +225,8 @@ class SimScheduler:
         counters.steps += 1
         counters.busy_seconds += plan.seconds
         counters.prompt_tokens += int(plan.load.prefill_tokens)
+        if self.trace is not None:
+            self.trace.append(self._trace(plan, end))
         live = self._serial[plan.slots] == plan.serials  # an abort during the step freed (or reused) a slot
         slots, tokens = plan.slots[live], plan.tokens[live]
         self._computed[slots] += tokens
@@ -295,6 +314,30 @@ class SimScheduler:
         )
         seconds = step_seconds(self.shape, self.hardware, context, load) if len(slots) else 0.0
         return StepPlan(slots, self._serial[slots].copy(), tokens, load, context, seconds)
+
+    def _trace(self, plan: StepPlan, end: float) -> StepTrace:
+        """What a step carried, by kind: online and batch prompt tokens (staged pieces, one-token batch requests,
+        apart), prompts, decodes. Read before `complete` moves the counts on."""
+        slots, tokens = plan.slots, plan.tokens
+        computed = self._computed[slots]
+        prefill = ~((computed >= self._target[slots] - 1) & (computed > 0))
+        batch = self._priority[slots] > 0
+        piece = batch & (self._max_out[slots] == 1)
+        online = StepLoad(
+            decode_seqs=int((~prefill & ~batch).sum()), prefill_tokens=int(tokens[prefill & ~batch].sum())
+        )
+        return StepTrace(
+            end=end,
+            seconds=plan.seconds,
+            batch_seconds=plan.seconds
+            - (step_seconds(self.shape, self.hardware, plan.context, online) if online.tokens else 0),
+            online_prompts=int((prefill & ~batch).sum()),
+            online_prefill=int(tokens[prefill & ~batch].sum()),
+            online_decodes=int((~prefill & ~batch).sum()),
+            piece_prefill=int(tokens[prefill & piece].sum()),
+            batch_prefill=int(tokens[prefill & batch & ~piece].sum()),
+            batch_decodes=int((~prefill & batch).sum()),
+        )
 
     def _preempt_one(self, slots: np.ndarray) -> None:
         """Free the running request with the largest (priority, arrival) and queue it again (recompute)."""

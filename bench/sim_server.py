@@ -17,7 +17,9 @@ bench/online_load.py talk to it as to a vLLM server started with `--scheduling-p
   text with vLLM's labels;
 - `GET /sim/stats` (not vLLM's): the counters as JSON, with the CPU the scheduler spent per step;
   `POST /sim/online-timings`: the TTFT and TPOT of the online requests (priority <= 0) finished since the last
-  call, on the server's own timeline (what the GPU did, without the HTTP hop and the client's clock).
+  call, on the server's own timeline (what the GPU did, without the HTTP hop and the client's clock);
+  `POST /sim/trace`: every step's make-up and the online requests' times since the last call (the first call
+  starts keeping them; bench/shared_sim_tail.py reads them).
 
 Tokens are counted as the fake engines count them: one per whitespace-separated word of each message, plus 2
 per message (its role's marker and an end marker); a word's id is the same wherever it appears, so equal texts
@@ -38,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import os
 import subprocess
 import sys
@@ -84,6 +87,7 @@ class SimServer:
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self.online_timings: list[tuple[float, float | None]] = []  # (TTFT, TPOT) of finished online requests
+        self.online_trace: list[dict[str, float]] | None = None  # once /sim/trace was asked: online requests' times
 
     # -- the step loop ----------------------------------------------------------------------------
 
@@ -183,7 +187,7 @@ class SimServer:
         ready = asyncio.Event()
         sim.on_tokens = lambda _: ready.set()
         self.submit(sim)
-        sent = 0
+        sent, first_sent = 0, 0.0
         try:
             while sim.finished_at is None:
                 await ready.wait()
@@ -191,6 +195,7 @@ class SimServer:
                 count = sim.output_tokens - sent
                 if count > 0:
                     last = sim.finished_at is not None
+                    first_sent = first_sent or time.perf_counter()
                     yield reply.chunk(count, first=sent == 0, finish="length" if last else None)
                     sent += count
             if include_usage:
@@ -200,14 +205,23 @@ class SimServer:
             if sim.finished_at is None:
                 self.scheduler.abort(sim)
             else:
-                self._record(sim)
+                self._record(sim, first_sent)
 
-    def _record(self, sim: SimRequest) -> None:
+    def _record(self, sim: SimRequest, first_sent: float = 0.0) -> None:
         """Keep an online request's TTFT and TPOT on the server's own timeline (no HTTP, no client in them)."""
         if sim.priority > 0 or sim.first_token_at is None or sim.finished_at is None:
             return
         tpot = (sim.finished_at - sim.first_token_at) / (sim.output_tokens - 1) if sim.output_tokens > 1 else None
         self.online_timings.append((sim.first_token_at - sim.arrival, tpot))
+        if self.online_trace is not None:  # `first_sent`: its first chunk left (the event loop's delay after the step)
+            self.online_trace.append(
+                {"arrival": sim.arrival, "first_token": sim.first_token_at, "first_sent": first_sent}
+            )
+
+    async def trace(self, _: Request) -> Response:
+        """The steps and the online requests finished since the last call (the first call starts keeping them)."""
+        (steps, self.scheduler.trace), (online, self.online_trace) = (self.scheduler.trace, []), (self.online_trace, [])
+        return JSONResponse({"steps": [dataclasses.astuple(step) for step in steps or []], "online": online or []})
 
     async def timings(self, _: Request) -> Response:
         """The online requests finished since the last call (and forget them): [[ttft, tpot], ...] in seconds."""
@@ -292,6 +306,7 @@ class SimServer:
             Route("/metrics", self.metrics),
             Route("/sim/stats", self.stats),
             Route("/sim/online-timings", self.timings, methods=["POST"]),
+            Route("/sim/trace", self.trace, methods=["POST"]),
             Route("/health", self.health),
         ]
         return Starlette(routes=routes, lifespan=lifespan)

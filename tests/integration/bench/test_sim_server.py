@@ -12,6 +12,7 @@ import httpx
 import pytest
 import uvicorn
 
+from bench.sim_scheduler import StepTrace
 from bench.sim_server import build
 from storage.registry import ModelSpec, SharedModeSpec
 from tests.conftest import free_port
@@ -137,3 +138,24 @@ def test_staged_prompts_reach_the_simulated_servers_prefix_cache_and_answer_once
     assert staged == 2 * 3  # pieces of 32, 64 and 96 tokens
     # per prompt: the pieces find 0, 32 and 64 tokens, the request itself 96
     assert gauge(url, "vllm:prefix_cache_hits_total") - hits == 2 * (32 + 64 + 96)
+
+
+def test_the_trace_keeps_each_step_and_each_online_request_once_asked(url: str) -> None:
+    httpx.post(f"{url}/sim/trace", timeout=5)  # the first call starts keeping them
+    body = {"model": SERVED, "messages": [{"role": "user", "content": "one two three"}], "max_tokens": 4}
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json={**body, "stream": True}, timeout=20) as response:
+        assert [line for line in response.iter_lines() if line == "data: [DONE]"]
+    trace = httpx.post(f"{url}/sim/trace", timeout=5).json()
+    ((user),) = trace["online"]
+    assert user["arrival"] < user["first_token"] <= user["first_sent"]  # on this machine's monotonic clock
+    assert user["first_sent"] <= time.perf_counter()
+    steps = [StepTrace(*step) for step in trace["steps"]]
+    assert len(steps) >= 4  # its prompt's step, then three decodes
+    (prefill,) = [step for step in steps if step.end == user["first_token"]]  # the step that gave its first token
+    assert (prefill.online_prompts, prefill.online_prefill, prefill.piece_prefill, prefill.batch_seconds) == (
+        1,
+        5,
+        0,
+        0,
+    )
+    assert httpx.post(f"{url}/sim/trace", timeout=5).json() == {"steps": [], "online": []}  # each call forgets

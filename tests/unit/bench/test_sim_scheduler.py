@@ -174,3 +174,33 @@ def test_a_long_prefill_threshold_caps_each_prompts_chunk_while_others_share_the
     for request in pair:
         sched.add(request)
     assert clock.step().tokens.tolist() == [1, 64, 64]  # the decode, then a 64-token chunk of each prompt
+
+
+def test_a_traced_step_tells_online_prompts_staged_pieces_and_batch_decodes_apart() -> None:
+    sched = scheduler()
+    sched.trace = []
+    batch = SimRequest(prompt_tokens=32, max_tokens=5, priority=BATCH)
+    sched.add(batch)
+    clock = Clock(sched)
+    clock.step()  # the batch request's prompt (a batch chunk) and its first token
+    online = SimRequest(prompt_tokens=200, max_tokens=3, priority=0, arrival=clock.now)
+    piece = SimRequest(prompt_tokens=32, max_tokens=1, priority=BATCH, arrival=clock.now)  # a staged piece
+    sched.add(online)
+    sched.add(piece)
+    plan = clock.step()
+    first, second = sched.trace
+    assert (first.batch_prefill, first.piece_prefill, first.online_prompts) == (32, 0, 0)
+    assert first.batch_seconds == first.seconds  # batch work alone: all of it is the batch's
+    assert (second.online_prompts, second.online_prefill, second.online_decodes) == (1, 200, 0)
+    assert (second.piece_prefill, second.batch_prefill, second.batch_decodes) == (32, 0, 1)
+    assert second.end == clock.now and second.seconds == plan.seconds
+    alone = step_seconds(LLAMA_70B_FP8, H100, plan.context, StepLoad(prefill_tokens=200))
+    assert second.batch_seconds == pytest.approx(plan.seconds - alone)  # compute-bound: the 33 batch tokens' share
+    assert second.batch_seconds > 0
+
+
+def test_without_a_trace_list_nothing_is_kept() -> None:
+    sched = scheduler()
+    sched.add(SimRequest(prompt_tokens=10, max_tokens=2))
+    Clock(sched).step()
+    assert sched.trace is None
