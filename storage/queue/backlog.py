@@ -34,8 +34,18 @@ def batch_done(session: Session, *, batch_id: str) -> bool:
 
 
 def done_batches(session: Session, *, batch_ids: Iterable[str]) -> list[str]:
-    """Those of `batch_ids` that are done (`batch_done`), in the order given."""
-    return [batch_id for batch_id in batch_ids if batch_done(session, batch_id=batch_id)]
+    """Those of `batch_ids` that are done (`batch_done`), in the order given: one statement for them all, which
+    stops at a batch's first open request instead of counting them (a results commit asks after each flush)."""
+    wanted = list(batch_ids)
+    if not wanted:
+        return []
+    still_open = (
+        select(BatchRequest.id)
+        .where(BatchRequest.batch_id == Batch.id, BatchRequest.status.in_(lifecycle.REQ_OPEN))
+        .exists()
+    )
+    done = set(session.scalars(select(Batch.id).where(Batch.id.in_(wanted), ~still_open)))
+    return [batch_id for batch_id in wanted if batch_id in done]
 
 
 def batches_ready_to_finalize(session: Session) -> list[str]:

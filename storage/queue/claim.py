@@ -7,11 +7,11 @@ chunks end to end (storage/queue/checkpoints.py): only that claim's generation a
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import ColumnElement, Select, exists, false, select, update
 from sqlalchemy.orm import Session
 
 from storage.batches import lifecycle
@@ -92,6 +92,7 @@ def _lease(
     """Mark the picked rows running under this worker's lease and read them back in one statement; then read
     their checkpoints."""
     claim_id = new_id("claim_")
+    postgres = session.get_bind().dialect.name == "postgresql"
     rows = session.execute(
         update(BatchRequest)
         # Still queued: SQLite's pick locks nothing, so a cancel or expiry may have ended a row since.
@@ -111,6 +112,7 @@ def _lease(
             BatchRequest.body,
             BatchRequest.deadline,
             BatchRequest.attempts,
+            _capped() if postgres else false(),
             BatchRequest.checkpoint_tokens,
         )
         .execution_options(synchronize_session=False)
@@ -119,24 +121,31 @@ def _lease(
     # Under the lease just taken: no checkpoint write can land meanwhile.
     stored = checkpoints.load(session, counts={row[0]: row[-1] for row in rows})
     claimed = [
-        ClaimedRequest(rid, batch_id, tenant, url, body, deadline, deadline <= urgent_before, attempts, (), claim_id)
-        for rid, batch_id, tenant, url, body, deadline, attempts, _ in rows
+        ClaimedRequest(
+            rid, batch_id, tenant, url, body, deadline, deadline <= urgent_before, attempts, (), claim_id, bool(capped)
+        )
+        for rid, batch_id, tenant, url, body, deadline, attempts, capped, _ in rows
     ]
     claimed = [replace(item, checkpoint=tuple(stored[item.id])) if item.id in stored else item for item in claimed]
-    if capped := _capped_batches(session, {item.batch_id for item in claimed}):
-        claimed = [replace(item, capped=True) if item.batch_id in capped else item for item in claimed]
+    if not postgres and (capped_ids := set(session.scalars(_capped_batches(item.batch_id for item in claimed)))):
+        claimed = [replace(item, capped=True) if item.batch_id in capped_ids else item for item in claimed]
     claimed.sort(key=lambda item: order[item.id])  # `ids` is already in claim order
     return claimed
 
 
-def _capped_batches(session: Session, batch_ids: set[str]) -> set[str]:
-    """The batches among these with a spend cap, or whose tenant has a monthly budget."""
-    if not batch_ids:
-        return set()
-    query = (
-        select(Batch.id)
-        .join(Tenant, Tenant.id == Batch.tenant_id)
-        .where(Batch.id.in_(sorted(batch_ids)))
-        .where(Batch.max_cost_micro_usd.is_not(None) | Tenant.monthly_budget_micro_usd.is_not(None))
+_CAPPED = Batch.max_cost_micro_usd.is_not(None) | Tenant.monthly_budget_micro_usd.is_not(None)
+
+
+def _capped() -> ColumnElement[bool]:
+    """Per leased row, read in the lease's own statement (Postgres): its batch has a spend cap or its tenant a
+    monthly budget. SQLite's RETURNING names no other table, so there `_capped_batches` asks afterwards."""
+    return exists(
+        select(Batch.id).join(Tenant, Tenant.id == Batch.tenant_id).where(Batch.id == BatchRequest.batch_id, _CAPPED)
     )
-    return set(session.scalars(query))
+
+
+def _capped_batches(batch_ids: Iterable[str]) -> Select[str]:
+    """The batches among these with a spend cap, or whose tenant has a monthly budget."""
+    return (
+        select(Batch.id).join(Tenant, Tenant.id == Batch.tenant_id).where(Batch.id.in_(sorted(set(batch_ids))), _CAPPED)
+    )

@@ -4,6 +4,7 @@ lock order shared by every queue statement."""
 from __future__ import annotations
 
 from contextlib import ExitStack
+from dataclasses import dataclass
 from typing import Any, cast
 
 import orjson
@@ -16,7 +17,7 @@ from sqlalchemy.orm import Session
 from storage.batches import lifecycle
 from storage.ids import IdPool
 from storage.lines.reader import ParsedLine
-from storage.models import Batch, BatchRequest
+from storage.models import Batch, BatchRequest, Tenant
 from storage.planning.shapes import request_size
 
 
@@ -33,14 +34,39 @@ def id_array(ids: list[str]) -> Any:
     return func.string_to_array(literal(",".join(ids), String), literal(",", String))
 
 
-def lock_batches_of(session: Session, *, request_ids: list[str]) -> None:
+@dataclass(frozen=True)
+class LockedBatches:
+    """What `lock_batches_of` read of the batches it locked: which are paused, and which have a spend cap or a
+    tenant with a monthly budget. Exact on Postgres, where the lock keeps both as read until commit; SQLite's
+    lock is no lock (its write lock comes with the first write), so there every batch may be either."""
+
+    paused: frozenset[str]
+    capped: frozenset[str]
+
+
+def lock_batches_of(session: Session, *, request_ids: list[str]) -> LockedBatches:
     """Lock the batches of these requests, in id order, before touching the requests themselves.
 
     Every transaction that changes both a batch and its requests takes the batch first (cancel, expiry,
-    finalize, recording results), so they can wait on each other but never deadlock.
+    finalize, recording results), so they can wait on each other but never deadlock. The same statement reads
+    what a results transaction needs to know of them (`LockedBatches`): most have nothing paused or capped,
+    and then the statements that handle those cases can be left out.
     """
     batch_ids = select(BatchRequest.batch_id).where(ids_match(session, request_ids)).distinct()
-    session.execute(select(Batch.id).where(Batch.id.in_(batch_ids)).order_by(Batch.id).with_for_update()).all()
+    capped = Batch.max_cost_micro_usd.is_not(None) | Tenant.monthly_budget_micro_usd.is_not(None)
+    rows = session.execute(
+        select(Batch.id, Batch.paused_at.is_not(None), capped)
+        .outerjoin(Tenant, Tenant.id == Batch.tenant_id)
+        .where(Batch.id.in_(batch_ids))
+        .order_by(Batch.id)
+        .with_for_update(of=Batch)  # the batches only: a tenant's row is never locked here
+    ).all()
+    if session.get_bind().dialect.name != "postgresql":
+        every = frozenset(row[0] for row in rows)
+        return LockedBatches(paused=every, capped=every)
+    return LockedBatches(
+        paused=frozenset(row[0] for row in rows if row[1]), capped=frozenset(row[0] for row in rows if row[2])
+    )
 
 
 _COPY_COLUMNS = (

@@ -99,8 +99,21 @@ def take_back(session: Session, *, worker_id: str, request_ids: list[str], lease
     return set(retaken)
 
 
+@dataclass(frozen=True)
+class Recorded:
+    """What `record_outcomes` did: {batch_id: results stored + requests a spend cap ended}, and which results landed."""
+
+    batches: dict[str, int]
+    stored: frozenset[str]
+
+
 def record(session: Session, *, worker_id: str, run_id: str, outcomes: list[Outcome]) -> dict[str, int]:
-    """Store finished requests this worker still holds; return {batch_id: results stored}.
+    """Store finished requests this worker still holds; return {batch_id: results stored} (`record_outcomes`)."""
+    return record_outcomes(session, worker_id=worker_id, run_id=run_id, outcomes=outcomes).batches
+
+
+def record_outcomes(session: Session, *, worker_id: str, run_id: str, outcomes: list[Outcome]) -> Recorded:
+    """Store finished requests this worker still holds; say which landed and which batches they changed.
 
     A result for a row that was cancelled, expired or re-leased meanwhile is dropped, so each request
     ends in exactly one line however often it ran; one for a row of a paused batch is dropped and the row
@@ -108,27 +121,30 @@ def record(session: Session, *, worker_id: str, run_id: str, outcomes: list[Outc
     `lock_batches_of`), then one UPDATE stores every result the lease check lets through and reports which rows took it.
     A batch whose spend cap is now reached has its queued requests ended (`stop_over_budget`); those
     batches (their tenant's others too) are in the answer, so a caller finalizes any with nothing open.
+    The lock tells which batches are paused or capped: with none, those two steps send no statement.
     """
     if not outcomes:
-        return {}
+        return Recorded({}, frozenset())
     ids = [o.request_id for o in outcomes]
-    lock_batches_of(session, request_ids=ids)
-    if paused := hand_back_paused(session, worker_id=worker_id, request_ids=ids):
+    locked = lock_batches_of(session, request_ids=ids)
+    if locked.paused and (paused := hand_back_paused(session, worker_id=worker_id, request_ids=ids)):
         outcomes = [o for o in outcomes if o.request_id not in paused]
         if not outcomes:
-            return {}
+            return Recorded({}, frozenset())
     if session.get_bind().dialect.name == "postgresql":
-        stored = _store_json(session, worker_id=worker_id, run_id=run_id, outcomes=outcomes)
+        stored = _store_json(session, worker_id=worker_id, run_id=run_id, outcomes=outcomes)  # drops checkpoints too
     else:
         stored = _store_executemany(session, worker_id=worker_id, run_id=run_id, outcomes=outcomes)
-    drop_ended(session, request_ids=[o.request_id for o in outcomes])  # their checkpoints resume nothing now
+        drop_ended(session, request_ids=[o.request_id for o in outcomes])  # their checkpoints resume nothing now
     counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    for batch_id, status in stored:
+    for _, batch_id, status in stored:
         counts[batch_id][0 if status == lifecycle.REQ_COMPLETED else 1] += 1
     add_counts_of(session, {batch_id: (completed, failed) for batch_id, (completed, failed) in counts.items()})
     stored_counts = {batch_id: completed + failed for batch_id, (completed, failed) in counts.items()}
-    stopped = stop_over_budget(session, get_settings(), batch_ids=stored_counts)  # spend caps: budgets.py
-    return {batch_id: stored_counts.get(batch_id, 0) + stopped.get(batch_id, 0) for batch_id in stored_counts | stopped}
+    capped = [batch_id for batch_id in stored_counts if batch_id in locked.capped]
+    stopped = stop_over_budget(session, get_settings(), batch_ids=capped)  # spend caps: budgets.py
+    batches = {b: stored_counts.get(b, 0) + stopped.get(b, 0) for b in stored_counts | stopped}
+    return Recorded(batches, frozenset(row[0] for row in stored))
 
 
 # A result moves a running row to completed or failed, checked against the table once, here: both statements
@@ -144,8 +160,11 @@ def _final_status(outcome: Outcome) -> str:
 # second one, a JSON array zipped to the rows by position: json_to_recordset would decode a body's escapes
 # and refuse "\u0000" (which a model can emit), while json_array_elements hands each element over as json,
 # verbatim.
+# The same statement deletes the checkpoint chunks of the rows it ended (`drop_ended`'s work: nothing resumes
+# them now); every other path that ends a row drops its own (storage/queue/batch_rows.py, reaping.py).
 _STORE_JSON = text(
     """
+    WITH stored AS (
     UPDATE batch_requests AS r SET
         status = v.status, response_status = v.code, response_body = b.body,
         error_code = v.error_code, error_message = v.error_message, prompt_tokens = v.prompt,
@@ -157,7 +176,11 @@ _STORE_JSON = text(
         )) WITH ORDINALITY AS v(id, status, code, error_code, error_message, prompt, completion, cached, seconds, n),
         json_array_elements(CAST(:bodies AS json)) WITH ORDINALITY AS b(body, n)
     WHERE b.n = v.n AND r.id = v.id AND r.status = :from_status AND r.lease_owner = :worker_id
-    RETURNING r.batch_id, r.status
+    RETURNING r.id, r.batch_id, r.status
+    ), dropped AS (
+    DELETE FROM checkpoint_chunks AS c USING stored AS s WHERE c.request_id = s.id
+    )
+    SELECT id, batch_id, status FROM stored
     """
 )
 
@@ -236,7 +259,7 @@ def _store_executemany(session: Session, *, worker_id: str, run_id: str, outcome
     )
     return list(
         session.execute(
-            select(BatchRequest.batch_id, BatchRequest.status).where(
+            select(BatchRequest.id, BatchRequest.batch_id, BatchRequest.status).where(
                 BatchRequest.id.in_([o.request_id for o in outcomes]),
                 BatchRequest.run_id == run_id,
                 BatchRequest.finished_at == finished,

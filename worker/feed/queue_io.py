@@ -4,9 +4,9 @@ On an 8x H100 node a decode step of a 70B model takes 4-22 ms; a claim or a resu
 engine's thread (tens of ms on a loaded database) would leave the GPU idle for that long (bench/gpu_timed.py).
 The runner hands that work to two threads of its own (its only path: there is no inline one):
 
-* the writer commits each flush (results under the lease check, the engine run's counters), renews
-  leases and stores checkpoints, in the order they were handed over, from a bounded queue: when the database
-  falls behind, `submit` blocks and the engine waits; nothing piles up without limit;
+* the writer commits each flush (results under the lease check, the engine run's counters), renews leases and
+  stores checkpoints, in the order handed over, from a bounded queue: when the database falls behind, `submit`
+  blocks and the engine waits; nothing piles up without limit;
 * the claimer leases the next rows while the engine steps; at most one claim is outstanding.
 
 Exactly-once is the database's lease check: a result counts only once its transaction commits (`record`
@@ -39,7 +39,7 @@ from storage.queue.backlog import done_batches
 from storage.queue.checkpoints import Generated, restart, save_checkpoints, save_handed_back, still_open
 from storage.queue.claim import ClaimedRequest, claim
 from storage.queue.handback import paused_of
-from storage.queue.leases import Outcome, record, release, renew, take_back
+from storage.queue.leases import Outcome, record_outcomes, release, renew, take_back
 from storage.settings import Settings
 from worker.engine import EngineResult
 
@@ -95,8 +95,7 @@ class QueueIO:
         on_batch_done: Callable[[str], None] | None = None,
     ) -> None:
         self.model, self.worker_id, self.settings = model, worker_id, settings
-        self.lease_seconds = settings.lease_seconds
-        self.on_batch_done = on_batch_done
+        self.lease_seconds, self.on_batch_done = settings.lease_seconds, on_batch_done
         self._writes: queue.Queue[_Flush | _Checkpoints | _Renewal | None] = queue.Queue(maxsize=MAX_PENDING)
         self._claims: queue.Queue[tuple[int, frozenset[str]] | None] = queue.Queue(maxsize=1)
         self._lock = threading.Lock()
@@ -284,15 +283,16 @@ class QueueIO:
     def _commit(self, flushes: list[_Flush]) -> None:
         """One transaction: each run's latest counters, then every result under the lease check."""
         latest = {flush.run_id: flush.write_run for flush in flushes}  # counters are cumulative: last wins
-        touched: set[str] = set()
+        touched, stored = set[str](), set[str]()
         with transaction() as session:
             for write_run in latest.values():
                 write_run(session)
             for run_id in latest:
                 outcomes = [o for flush in flushes if flush.run_id == run_id for o in flush.outcomes]
-                touched |= set(record(session, worker_id=self.worker_id, run_id=run_id, outcomes=outcomes))
+                recorded = record_outcomes(session, worker_id=self.worker_id, run_id=run_id, outcomes=outcomes)
+                touched, stored = touched | set(recorded.batches), stored | recorded.stored
             done = done_batches(session, batch_ids=sorted(touched))
-            self._keep_handed_back(session, {rid: g for flush in flushes for rid, g in flush.kept.items()})
+            self._keep_handed_back(session, {r: g for f in flushes for r, g in f.kept.items() if r not in stored})
         with self._lock:
             self._committed.extend(flush.results for flush in flushes)
         for batch_id in done:
@@ -301,9 +301,9 @@ class QueueIO:
 
     @staticmethod
     def _keep_handed_back(session: Session, kept: dict[str, Generated]) -> None:
-        """Results whose rows a pause took back before they were stored (`record` dropped them): their tokens
-        go with the queued row as its checkpoint, all but the last, so the next run decodes only that one
-        again (an end of sequence or a stop, never past it) instead of the whole generation."""
+        """Results a pause took back before they were stored (`kept`: those `record` did not store): their tokens but
+        the last go with the queued row as its checkpoint, so the next run decodes only that one again (an end of
+        sequence or a stop, never past it) instead of the whole generation."""
         if kept and (rerun := still_open(session, request_ids=sorted(kept))):
             save_handed_back(session, checkpoints={rid: kept[rid] for rid in rerun})
 

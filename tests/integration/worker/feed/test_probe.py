@@ -117,10 +117,10 @@ def test_every_result_s_claim_to_commit_latency_is_observed_while_later_results_
         records.append(1)
         if len(records) == 1:  # bounded: if the runner waits for this commit first, the test shows it below
             second_handed_over.wait(timeout=10)
-        return leases.record(*args, **kwargs)
+        return leases.record_outcomes(*args, **kwargs)
 
     monkeypatch.setattr(runner.io, "submit", counted_submit)
-    monkeypatch.setattr(queue_io, "record", first_record_waits_for_the_second_flush)
+    monkeypatch.setattr(queue_io, "record_outcomes", first_record_waits_for_the_second_flush)
     while runner.run_for(5.0):
         pass
     runner.close_io()

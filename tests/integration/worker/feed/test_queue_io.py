@@ -78,13 +78,13 @@ def test_a_writer_failure_mid_run_surfaces_and_its_requests_run_again_once(
     batch_id = enqueue(30, max_tokens=3)
     calls: list[int] = []
 
-    def second_commit_fails(session: Any, **kwargs: Any) -> dict[str, int]:
+    def second_commit_fails(session: Any, **kwargs: Any) -> results.Recorded:
         calls.append(len(kwargs["outcomes"]))
         if len(calls) == 2:
             raise RuntimeError("the database went away mid-commit")
-        return results.record(session, **kwargs)
+        return results.record_outcomes(session, **kwargs)
 
-    monkeypatch.setattr(queue_io, "record", second_commit_fails)
+    monkeypatch.setattr(queue_io, "record_outcomes", second_commit_fails)
     runner = make_runner()
     with pytest.raises(RuntimeError, match="went away"):  # raised on the engine's thread, as inline
         run_until_idle(runner)
@@ -108,12 +108,12 @@ def test_a_worker_that_dies_before_its_writer_commits_loses_nothing_and_its_late
     batch_id = enqueue(12, max_tokens=2)
     gate = threading.Event()
 
-    def stalled_for_w1(session: Any, **kwargs: Any) -> dict[str, int]:
+    def stalled_for_w1(session: Any, **kwargs: Any) -> results.Recorded:
         if kwargs["worker_id"] == "w1":
             gate.wait(30)  # w1's writer hangs before its first commit (say its connection froze)
-        return results.record(session, **kwargs)
+        return results.record_outcomes(session, **kwargs)
 
-    monkeypatch.setattr(queue_io, "record", stalled_for_w1)
+    monkeypatch.setattr(queue_io, "record_outcomes", stalled_for_w1)
     dying = make_runner("w1")
     serving = threading.Thread(target=dying.run_for, args=(3.0,), daemon=True)
     serving.start()
