@@ -65,3 +65,54 @@ def test_other_roles_and_prompts_near_the_context_go_to_the_renderer() -> None:
     # "^<user>" + text + "<assistant>" is 18 + len(text) ids; 8 short of the 200-token context is the limit.
     assert direct.render([{"role": "user", "content": "x" * 174}]) is not None
     assert direct.render([{"role": "user", "content": "x" * 175}]) is None
+
+
+class Encoding:
+    def __init__(self, ids: list[int]) -> None:
+        self.ids = ids
+
+
+class Backend:
+    """A Rust tokenizer stand-in (`backend_tokenizer`): counts its calls; `shift` makes its ids differ."""
+
+    def __init__(self, *, shift: int = 0) -> None:
+        self.shift = shift
+        self.calls = 0
+
+    def encode(self, text: str, *, add_special_tokens: bool) -> Encoding:
+        assert not add_special_tokens
+        self.calls += 1
+        return Encoding([ord(c) + self.shift for c in text])
+
+
+class WithBackend(Tokenizer):
+    def __init__(self, backend: Backend) -> None:
+        super().__init__()
+        self.backend_tokenizer = backend
+        self.encoded = 0
+
+    def encode(self, text: str, *, add_special_tokens: bool) -> list[int]:
+        self.encoded += 1
+        return super().encode(text, add_special_tokens=add_special_tokens)
+
+
+def test_a_backend_tokenizer_that_matches_encodes_every_prompt_on_the_calling_thread() -> None:
+    backend = Backend()
+    tokenizer = WithBackend(backend)
+    direct = DirectChat.probe(tokenizer, max_model_len=2048, render=renderer(Tokenizer()))
+    assert direct is not None
+    before = (backend.calls, tokenizer.encoded)
+    got = direct.render([{"role": "user", "content": "Hi"}])
+    assert got is not None and got["prompt_token_ids"] == [ord(c) for c in "^<user>Hi<assistant>"]
+    assert (backend.calls, tokenizer.encoded) == (before[0] + 1, before[1])  # the backend's, not the wrapper's
+
+
+def test_a_backend_tokenizer_that_differs_leaves_the_tokenizers_own_encode() -> None:
+    backend = Backend(shift=1)
+    tokenizer = WithBackend(backend)
+    direct = DirectChat.probe(tokenizer, max_model_len=2048, render=renderer(Tokenizer()))
+    assert direct is not None  # still direct: the tokenizer's `encode` matches
+    calls = backend.calls
+    got = direct.render([{"role": "user", "content": "Hi"}])
+    assert got is not None and got["prompt_token_ids"] == [ord(c) for c in "^<user>Hi<assistant>"]
+    assert backend.calls == calls
