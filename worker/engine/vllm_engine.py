@@ -262,8 +262,7 @@ class VllmEngine:
     def _sampling_params(
         self, body: ChatBody | CompletionBody, prompt_tokens: int, *, top_k: int | None = None, clamp: bool = False
     ) -> Any:
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+        from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
         # No cap asked: the generation config's default, else the rest of the context (as vLLM's server);
         # a cap beyond the context is refused with OpenAI's 400 (`output_budget`).
@@ -290,6 +289,7 @@ class VllmEngine:
             "ignore_eos": body.ignore_eos,
             "logprobs": body.logprob_count(),
             "output_kind": RequestOutputKind.FINAL_ONLY,
+            "skip_clone": True,  # built per request: vLLM need not deep-copy it at add_request (as its server)
         }
         for name in ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty"):
             if (value := getattr(body, name)) is not None:
