@@ -33,7 +33,7 @@ DOC = ROOT / "docs" / "benchmarks.md"
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 
 FULL = {
-    "engine": ["bench/engine.py", "--requests", "1000", "--tokens", "64", "--stragglers", "256"],
+    "engine": ["bench/engine.py", "--requests", "1000", "--tokens", "64", "--stragglers", "256", "--rounds", "9"],
     "runbatch": ["bench/runbatch.py", "--big", "5000", "--jobs", "20", "--per-job", "50", "--tokens", "32"],
     "ingest": ["bench/ingest.py", "--lines", "50000", "--line-bytes", "4000", "--upload-rounds", "3"],
     "queue": ["bench/pg_queue.py", "--requests", "50000", "--workers", "1,2,4,8"],

@@ -27,7 +27,9 @@ def measures(parts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                 e.get("throughput_ratio_rounds"),
                 "x bare LLM.generate, each round (first side alternating; "
                 f"min {e.get('throughput_ratio_min')}, q1 {e.get('throughput_ratio_q1')}, "
-                f"q3 {e.get('throughput_ratio_q3')}, max {e.get('throughput_ratio_max')})",
+                f"q3 {e.get('throughput_ratio_q3')}, max {e.get('throughput_ratio_max')}; "
+                f"the median's bootstrap 5-95% interval {e.get('throughput_ratio_median_low')}"
+                f"-{e.get('throughput_ratio_median_high')})",
             ),
             entry("engine_backfill_output_tokens_per_s", e["backfill_tokens_per_s"], "tokens/s"),
             entry("engine_vllm_generate_output_tokens_per_s", e["vllm_generate_tokens_per_s"], "tokens/s"),
