@@ -26,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._setup import OUT, chat_line, fresh_postgres, plot_dir, prepare_env
+from bench.round_stats import spread
 
 _API: list[object] = []
 
@@ -170,41 +171,6 @@ def omp_settings() -> dict[str, object]:
     return {"torch_threads": torch.get_num_threads(), **{name: os.environ.get(name) for name in names}}
 
 
-def spread(name: str, values: list[float]) -> dict[str, float]:
-    """Median, quartiles (inclusive method) and extremes of per-round figures."""
-    import statistics
-
-    ordered = sorted(values)
-    q1, _, q3 = statistics.quantiles(ordered, n=4, method="inclusive") if len(ordered) > 1 else ordered * 3
-    low, high = median_interval(ordered)
-    return {
-        f"{name}_median": round(statistics.median(ordered), 3),
-        f"{name}_median_low": round(low, 3),
-        f"{name}_median_high": round(high, 3),
-        f"{name}_q1": round(q1, 3),
-        f"{name}_q3": round(q3, 3),
-        f"{name}_min": round(ordered[0], 3),
-        f"{name}_max": round(ordered[-1], 3),
-    }
-
-
-def median_interval(values: list[float], *, resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
-    """A bootstrap 5-95% interval of the median of `values` (seeded: the same rounds give the same interval).
-
-    On a noisy machine one round's ratio moves by more than the goal's margin (0.75-1.12 in one quiet run of
-    2026-12-02), so the median of a few rounds comes with how far another run of them could land.
-    """
-    import random
-    import statistics
-
-    if len(values) < 2:
-        return (values[0], values[0]) if values else (float("nan"), float("nan"))
-    pick = random.Random(seed).choices
-    ordered = sorted(values)  # the interval depends on the rounds, not on their order
-    medians = sorted(statistics.median(pick(ordered, k=len(ordered))) for _ in range(resamples))
-    return medians[int(0.05 * resamples)], medians[int(0.95 * resamples) - 1]
-
-
 def foreign_cpu_seconds(database: str | None) -> float:
     """CPU seconds the machine has been busy outside this process and this run's Postgres backends, so far."""
     import psutil
@@ -232,18 +198,30 @@ def overhead_rounds(
     """
     import os
 
+    from bench.engine_profile import Clocks
+    from worker.process import service
+
+    engines = {"vllm": llm.llm_engine, "backfill": service.get_runner("backfill-demo").engine._engine}  # type: ignore[attr-defined]
     out = []
     for index in range(rounds):
         lines = [chat_line(i, tokens) for i in range((index + 1) * 10**6, (index + 1) * 10**6 + requests)]
         sides = ("vllm", "backfill") if index % 2 else ("backfill", "vllm")
         measured: dict[str, dict[str, float]] = {}
         foreign: dict[str, float] = {}
+        outside: dict[str, float] = {}
         for side in sides:
             gc.collect()
+            clocks = Clocks()  # vLLM's own LLMEngine.step, timed on both sides
+            clocks.wrap(engines[side], "step", "step")
             other, started = foreign_cpu_seconds(database), time.perf_counter()
-            measured[side] = run_vllm(llm, lines) if side == "vllm" else run_backfill(lines)
+            try:
+                measured[side] = run_vllm(llm, lines) if side == "vllm" else run_backfill(lines)
+            finally:
+                clocks.unwrap(engines[side], ["step"])
             core_seconds = (time.perf_counter() - started) * (os.cpu_count() or 1)
             foreign[side] = (foreign_cpu_seconds(database) - other) / core_seconds
+            steps = clocks.calls["step"] or 1
+            outside[side] = 1000 * (measured[side]["seconds"] - clocks.seconds["step"]) / steps
         backfill, bare = measured["backfill"], measured["vllm"]
         a, b = backfill["tokens"] / backfill["seconds"], bare["tokens"] / bare["seconds"]
         out.append(
@@ -255,6 +233,8 @@ def overhead_rounds(
                 "submit_seconds": backfill["submit_seconds"],
                 "output_seconds": backfill["output_seconds"],
                 "foreign_cpu_share": [foreign["backfill"], foreign["vllm"]],
+                # ms per engine step spent outside vLLM's LLMEngine.step (rendering, results, the runner's loop)
+                "outside_step_ms": [outside["backfill"], outside["vllm"]],
             }
         )
     return out
@@ -307,6 +287,10 @@ def main() -> int:
         "throughput_ratio_rounds": [round(x, 3) for x in ratios],
         **spread("throughput_ratio", ratios),
         "throughput_ratio_best_vs_best": round(best_backfill / best_bare, 3),
+        # Per engine step, the wall time outside vLLM's own LLMEngine.step: [Backfill, bare] each round, and
+        # Backfill's extra (the part of the overhead that does not depend on how fast the machine steps).
+        "rounds_outside_step_ms": [[round(x, 3) for x in r["outside_step_ms"]] for r in rounds],  # type: ignore[attr-defined]
+        **spread("outside_step_ms_extra", [r["outside_step_ms"][0] - r["outside_step_ms"][1] for r in rounds]),  # type: ignore[index]
         "api_upload_and_enqueue_seconds": round(min(r["submit_seconds"] for r in rounds), 2),
         "output_file_seconds": round(min(r["output_seconds"] for r in rounds), 2),
         "batch_size_sweep": [{"batch": p["batch"], "tokens_per_s": round(p["tokens_per_s"])} for p in sweep],

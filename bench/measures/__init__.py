@@ -31,6 +31,13 @@ def measures(parts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                 f"the median's bootstrap 5-95% interval {e.get('throughput_ratio_median_low')}"
                 f"-{e.get('throughput_ratio_median_high')})",
             ),
+            entry(
+                "engine_overhead_ms_per_step_outside_vllm_extra",
+                e.get("outside_step_ms_extra_median"),
+                "ms per engine step outside vLLM's LLMEngine.step, Backfill minus bare (median of rounds; "
+                f"interval {e.get('outside_step_ms_extra_median_low')}-{e.get('outside_step_ms_extra_median_high')}; "
+                f"[Backfill, bare] each round {e.get('rounds_outside_step_ms')})",
+            ),
             entry("engine_backfill_output_tokens_per_s", e["backfill_tokens_per_s"], "tokens/s"),
             entry("engine_vllm_generate_output_tokens_per_s", e["vllm_generate_tokens_per_s"], "tokens/s"),
             entry("engine_api_upload_and_enqueue_seconds", e["api_upload_and_enqueue_seconds"], "s"),

@@ -1,8 +1,8 @@
-"""The engine benchmark's round summary: the median with its bootstrap interval (bench/engine.py)."""
+"""Per-round summaries: the median with its bootstrap interval (bench/round_stats.py)."""
 
 from __future__ import annotations
 
-from bench.engine import median_interval, spread
+from bench.round_stats import median_interval, spread
 
 
 def test_interval_brackets_the_median_and_widens_with_the_scatter() -> None:
