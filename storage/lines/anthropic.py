@@ -184,6 +184,9 @@ def _params_problem(where: str, params: dict[str, Any]) -> str | None:
     messages = params.get("messages")
     if not isinstance(messages, list) or not messages:
         return f"{where}.params.messages: Field required (a non-empty list of messages)"
+    for index, message in enumerate(messages):  # as long as the request's bytes allow (line_max_bytes)
+        if not isinstance(message, dict):
+            return f"{where}.params.messages.{index}: must be an object with role and content"
     return None
 
 

@@ -91,6 +91,17 @@ def test_every_bad_request_is_named_by_index_in_one_error() -> None:
         assert expected in message
 
 
+def test_a_message_that_is_not_an_object_fails_the_create_as_the_schema_says() -> None:
+    """Found by `make fuzz`: a message given as a list was accepted (200), against the create body's schema."""
+    ok = {"role": "user", "content": "hi"}
+    with pytest.raises(InvalidRequest) as caught:
+        read({"requests": [request("a", messages=[ok, ["user", "hi"]]), request("b", messages=["hi"]), request("c")]})
+    message = caught.value.message
+    assert "2 invalid requests (indices 0-1)" in message
+    assert "requests.0.params.messages.1: must be an object with role and content" in message
+    assert "requests.1.params.messages.0: must be an object" in message
+
+
 def test_only_the_first_problems_are_spelled_out_but_every_index_is_listed() -> None:
     with pytest.raises(InvalidRequest) as caught:
         read({"requests": [request(f"bad id {i}") for i in range(30)] + [request("fine")] + [request("bad id 99")]})
