@@ -73,6 +73,11 @@ class Engine(Protocol):
         """Submit a request; return an error result at once if its body cannot run (never raise)."""
         ...
 
+    def prepare(self, requests: Collection[EngineRequest]) -> None:
+        """Work ahead on requests about to be `add`ed, on another thread (the runner's claimer), so that `add` on
+        the engine's thread has less to do; may do nothing. Never raises: `add` reports what is wrong."""
+        ...
+
     def step(self) -> list[EngineResult]:
         """Run one engine iteration and return the requests that finished in it."""
         ...

@@ -160,6 +160,9 @@ class FakeEngine:
         """True while any request is waiting or running."""
         return bool(self._waiting or self._running)
 
+    def prepare(self, requests: Collection[EngineRequest]) -> None:
+        """Nothing to render ahead."""
+
     def dispatch_limit(self) -> int | None:
         """No budget: the runner fills every slot."""
         return None

@@ -218,6 +218,9 @@ class HttpEngine:
         """Our requests sent to the server and not yet answered (the rest are parked)."""
         return sum(1 for f in self._inflight.values() if not f.parked)
 
+    def prepare(self, requests: Collection[EngineRequest]) -> None:
+        """Nothing to render ahead: the server renders."""
+
     def set_urgent(self, urgent: bool) -> None:
         """Let work near its deadline take up to `urgent_extra_inflight` slots from online traffic."""
         self.budget.set_urgent(urgent)

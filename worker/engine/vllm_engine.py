@@ -7,6 +7,7 @@ continuous batching; this module only translates OpenAI bodies in and out. Not t
 
 from __future__ import annotations
 
+import copy
 import gc
 import logging
 import threading
@@ -17,18 +18,11 @@ from typing import Any
 from storage.protocols import EMBEDDINGS_URL
 from storage.registry import ModelSpec
 from worker.engine import EngineRequest, EngineResult, EngineStats, Progress, error_result
+from worker.engine.vllm_ahead import Ahead, AheadRenders
 from worker.engine.vllm_chat import Conversation, DirectChat
-from worker.engine.vllm_outputs import InFlight, invalid_result, result_of
+from worker.engine.vllm_outputs import InFlight, generated_ids, invalid_result, result_of
 from worker.engine.vllm_process import close_at_exit, forget_import_tracebacks, set_env_defaults
-from worker.engine.vllm_resume import (
-    EndedHere,
-    Resume,
-    boundary_stop,
-    exact_params,
-    new_resume,
-    resumed_params,
-    stream_decoder,
-)
+from worker.engine.vllm_resume import EndedHere, Resume, boundary_stop, continue_from, exact_params
 from worker.engine.wire import parse_body
 from worker.engine.wire.anthropic import MessagesBody
 from worker.engine.wire.base import BodyError, server_error
@@ -95,10 +89,14 @@ class VllmEngine:
         self._renderer = self._engine.renderer
         self._tokenizer: Any = None  # a generating model's (an embedding model has none to decode with)
         self._direct: DirectChat | None = None  # chat prompts without the renderer's overhead (vllm_chat.py)
+        self._ahead: AheadRenders | None = None  # chat requests the claimer's thread renders (vllm_ahead.py)
         if "generate" in self._tasks:
             self._tokenizer = self._engine.get_tokenizer()
             self._renderer.warmup(self._chat_params())
             self._direct = DirectChat.probe(self._tokenizer, max_model_len=self._max_model_len, render=self._render)
+            own = copy.deepcopy(self._tokenizer)  # the other thread's: a tokenizer is never shared between threads
+            if ahead := DirectChat.probe(own, max_model_len=self._max_model_len, render=self._render):
+                self._ahead = AheadRenders(ahead, self._render_ahead, capacity=16 * self.max_num_seqs)
 
     # -- the Engine protocol ---------------------------------------------------------------------
 
@@ -107,6 +105,9 @@ class VllmEngine:
         from vllm.exceptions import VLLMClientError
 
         rid = request.request_id
+        ahead = self._ahead.take(rid) if self._ahead is not None else None
+        if ahead is not None and not request.resume_token_ids and rid not in self._inflight:
+            return self._submit(rid, ahead.body, ahead.run, ahead.prepared, exact=ahead.exact)
         try:
             if rid in self._inflight:
                 raise BodyError(f"request {rid!r} is already in flight", code="duplicate_request")
@@ -117,7 +118,7 @@ class VllmEngine:
             exact = not isinstance(run, EmbeddingBody) and restart_reason(run) is None and exact_params(prepared[0][2])
             resume = None
             if exact and request.resume_token_ids:
-                prepared, resume = self._resumed(prepared[0], list(request.resume_token_ids))
+                prepared, resume = continue_from(prepared[0], list(request.resume_token_ids), self._tokenizer)
         except BodyError as error:
             return error.to_result(rid)
         except (VLLMClientError, ValueError, TypeError, LookupError) as error:
@@ -126,6 +127,11 @@ class VllmEngine:
             logger.exception("rendering request %s failed", rid)
             return error_result(rid, 400, f"could not render the request: {error}", code="invalid_value")
         return self._submit(rid, body, run, prepared, exact=exact, resume=resume)
+
+    def prepare(self, requests: Collection[EngineRequest]) -> None:
+        """Render plain chat requests ahead, on the calling thread (the runner's claimer), off the engine's."""
+        if self._ahead is not None:
+            self._ahead.prepare(requests)
 
     def step(self) -> list[EngineResult]:
         """Run one engine iteration; return the requests that finished in it."""
@@ -154,7 +160,9 @@ class VllmEngine:
             if flight is None or isinstance(flight.run, EmbeddingBody):
                 continue
             earlier = flight.resume.token_ids if flight.resume is not None else []
-            answer[rid] = Progress(earlier + self._generated(flight.engine_ids[0]), flight.exact)
+            answer[rid] = Progress(
+                earlier + generated_ids(self._engine.output_processor, flight.engine_ids[0]), flight.exact
+            )
         return answer
 
     def abort(self, request_ids: list[str]) -> None:
@@ -251,6 +259,16 @@ class VllmEngine:
         # The template writes BOS itself, so the tokenizer adds no special tokens (as in LLM.chat()).
         _, (prompt,) = self._renderer.render_chat([conversation], self._chat_params())
         return prompt
+
+    def _render_ahead(self, request: EngineRequest, direct: DirectChat) -> Ahead | None:
+        """What `add` builds of a plain chat request, built on another thread with that thread's `direct`."""
+        body = parse_body(request.url, request.body)
+        run = None if isinstance(body, MessagesBody) else engine_body(body)
+        if not isinstance(run, ChatBody) or (prompt := direct.render(run.conversation())) is None:
+            return None
+        params = self._sampling_params(run, len(prompt["prompt_token_ids"]))
+        exact = restart_reason(run) is None and exact_params(params)
+        return Ahead(body, run, [(request.request_id, prompt, params)], exact=exact)
 
     def _render_plain(self, item: str | list[int]) -> Any:
         from vllm.renderers.inputs.preprocess import parse_model_prompt
@@ -355,27 +373,6 @@ class VllmEngine:
 
     # -- resuming from a checkpoint (worker/engine/vllm_resume.py) ---------------------------------
 
-    def _resumed(self, prepared: tuple[str, Any, Any], earlier: list[int]) -> tuple[list[tuple[str, Any, Any]], Resume]:
-        """The prompt followed by the tokens generated before, as the prompt of the rest of the generation."""
-        engine_id, prompt, params = prepared
-        if params.max_tokens is not None:
-            earlier = earlier[: params.max_tokens - 1]  # at least one token is left to generate
-        original = list(prompt["prompt_token_ids"])
-        continued = {key: value for key, value in prompt.items() if key != "prompt"}
-        continued["prompt_token_ids"] = original + earlier
-        decode = stream_decoder(self._tokenizer, original)
-        resume = new_resume(earlier, prompt_tokens=len(original), params=params, decode=decode)
-        return [(engine_id, continued, resumed_params(params, len(earlier)))], resume
-
-    def _generated(self, engine_id: str) -> list[int]:
-        """The token ids vLLM's output processor holds for this request (its detokenizer keeps them all)."""
-        processor = self._engine.output_processor
-        for internal in processor.external_req_ids.get(engine_id, ()):
-            state = processor.request_states.get(internal)
-            if state is not None and state.detokenizer is not None:
-                return list(state.detokenizer.output_token_ids)
-        return []
-
     def _boundary_stops(self, now: float) -> list[EngineResult]:
         """Resumed requests whose stop string, begun before the hand-back, completed in this step."""
         results: list[EngineResult] = []
@@ -384,7 +381,7 @@ class VllmEngine:
             if self._inflight.get(rid) is not flight or not flight.resume.window_open:
                 del self._open_windows[rid]  # finished, lost, or past the point where a stop could span
                 continue
-            new_ids = self._generated(flight.engine_ids[0])
+            new_ids = generated_ids(self._engine.output_processor, flight.engine_ids[0])
             if boundary_stop(flight.resume, new_ids):
                 self.abort([flight.request_id])
                 flight.done[flight.engine_ids[0]] = EndedHere(new_ids)

@@ -100,3 +100,12 @@ def invalid_result(rid: str, error: Exception) -> EngineResult:
     message = str(error)
     code = "context_length_exceeded" if "context length" in message else "invalid_value"
     return error_result(rid, 400, message, code=code, param=getattr(error, "parameter", None))
+
+
+def generated_ids(output_processor: Any, engine_id: str) -> list[int]:
+    """The token ids vLLM's output processor holds for this request so far (its detokenizer keeps them all)."""
+    for internal in output_processor.external_req_ids.get(engine_id, ()):
+        state = output_processor.request_states.get(internal)
+        if state is not None and state.detokenizer is not None:
+            return list(state.detokenizer.output_token_ids)
+    return []

@@ -105,6 +105,21 @@ def new_resume(token_ids: list[int], *, prompt_tokens: int, params: Any, decode:
     )
 
 
+def continue_from(
+    prepared: tuple[str, Any, Any], earlier: list[int], tokenizer: Any
+) -> tuple[list[tuple[str, Any, Any]], Resume]:
+    """The prompt followed by the tokens generated before, as the prompt of the rest of the generation."""
+    engine_id, prompt, params = prepared
+    if params.max_tokens is not None:
+        earlier = earlier[: params.max_tokens - 1]  # at least one token is left to generate
+    original = list(prompt["prompt_token_ids"])
+    continued = {key: value for key, value in prompt.items() if key != "prompt"}
+    continued["prompt_token_ids"] = original + earlier
+    decode = stream_decoder(tokenizer, original)
+    resume = new_resume(earlier, prompt_tokens=len(original), params=params, decode=decode)
+    return [(engine_id, continued, resumed_params(params, len(earlier)))], resume
+
+
 def _spanning_match(resume: Resume, text: str) -> tuple[int, str] | None:
     """The first stop string (in the order given, as vLLM checks them) found in `text` beyond the part
     the earlier run already searched: its position and the string."""

@@ -7,7 +7,8 @@ The runner hands that work to two threads of its own (its only path: there is no
 * the writer commits each flush (results under the lease check, the engine run's counters), renews leases and
   stores checkpoints, in the order handed over, from a bounded queue: when the database falls behind, `submit`
   blocks and the engine waits; nothing piles up without limit;
-* the claimer leases the next rows while the engine steps; at most one claim is outstanding.
+* the claimer leases the next rows while the engine steps, at most one claim outstanding, and has the engine
+  render them ahead (`on_claimed`: `Engine.prepare`, worker/engine/vllm_ahead.py).
 
 Exactly-once is the database's lease check: a result counts only once its transaction commits (`record`
 stores it only while this worker holds the lease). Until then its id stays in every renewal, so its lease
@@ -93,9 +94,10 @@ class QueueIO:
         worker_id: str,
         settings: Settings,
         on_batch_done: Callable[[str], None] | None = None,
+        on_claimed: Callable[[list[ClaimedRequest]], None] = lambda rows: None,
     ) -> None:
         self.model, self.worker_id, self.settings = model, worker_id, settings
-        self.lease_seconds, self.on_batch_done = settings.lease_seconds, on_batch_done
+        self.lease_seconds, self.on_batch_done, self.on_claimed = settings.lease_seconds, on_batch_done, on_claimed
         self._writes: queue.Queue[_Flush | _Checkpoints | _Renewal | None] = queue.Queue(maxsize=MAX_PENDING)
         self._claims: queue.Queue[tuple[int, frozenset[str]] | None] = queue.Queue(maxsize=1)
         self._lock = threading.Lock()
@@ -360,6 +362,7 @@ class QueueIO:
                         settings=self.settings,
                         held=held,
                     )
+                self.on_claimed(rows)  # before the engine thread takes them: its engine renders them ahead
             except Exception as error:
                 log.exception("runner claim failed")
                 with self._lock:
@@ -383,18 +386,3 @@ class QueueIO:
             log.info("released %d claimed requests the runner of %s never started", released, self.model)
         except Exception:  # the database is away: their leases expire and the reaper re-queues them
             log.exception("could not release %d claimed requests of %s", len(ids), self.model)
-
-
-def outcome_of(result: EngineResult) -> Outcome:
-    """What the database stores of one engine result."""
-    return Outcome(
-        request_id=result.request_id,
-        status_code=result.status_code,
-        body=result.body,
-        prompt_tokens=result.prompt_tokens,
-        completion_tokens=result.completion_tokens,
-        engine_seconds=result.engine_seconds,
-        error_code=result.error_code,
-        error_message=result.error_message,
-        cached_tokens=result.cached_tokens,
-    )

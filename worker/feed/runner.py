@@ -34,10 +34,11 @@ from storage.queue.checkpoints import save_handed_back
 from storage.queue.claim import ClaimedRequest
 from storage.queue.leases import release
 from storage.settings import Settings
-from worker.engine import Engine, EngineRequest, EngineResult
+from worker.engine import Engine, EngineResult
 from worker.feed.checkpointing import Checkpoints
 from worker.feed.probe import RunnerProbe
-from worker.feed.queue_io import QueueIO, outcome_of
+from worker.feed.queue_io import QueueIO
+from worker.feed.rows import engine_request, outcome_of, rendering_ahead
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +94,11 @@ class Runner:
         self._dirty = False
         self._queue_backlog = False
         self.checkpoints = Checkpoints(engine, model=model, settings=settings)  # worker/feed/checkpointing.py
-        # Claims, result commits and lease renewals on threads of their own, off the engine's; `close_io` stops them.
-        self.io = QueueIO(model=model, worker_id=self.worker_id, settings=settings, on_batch_done=on_batch_done)
+        # Claims (rows rendered ahead), commits and lease renewals on threads of their own; `close_io` stops them.
+        ahead = rendering_ahead(engine)
+        self.io = QueueIO(
+            model=model, worker_id=self.worker_id, settings=settings, on_batch_done=on_batch_done, on_claimed=ahead
+        )
 
     @property
     def models(self) -> list[str]:
@@ -236,9 +240,7 @@ class Runner:
                 if not self.checkpoints.relet(item.id, claim_id=item.claim_id, stored=item.checkpoint):
                     restarted[item.id] = item.claim_id  # which runs under the new claim from now on
                 continue
-            earlier = item.checkpoint
-            request = EngineRequest(request_id=item.id, url=item.url, body=item.body, resume_token_ids=earlier)
-            rejected = self.engine.add(request)
+            rejected = self.engine.add(engine_request(item))
             if rejected is not None:
                 self.pending.append(rejected)
             else:
@@ -247,7 +249,7 @@ class Runner:
                     self.urgent.add(item.id)
                 if item.capped:
                     self.capped.add(item.id)
-                if not self.checkpoints.admitted(item.id, claim_id=item.claim_id, stored=len(earlier)):
+                if not self.checkpoints.admitted(item.id, claim_id=item.claim_id, stored=len(item.checkpoint)):
                     restarted[item.id] = item.claim_id
         self.io.restart(restarted)  # queued before any write of their new tokens
         self._signal_urgency()
@@ -306,15 +308,13 @@ class Runner:
         self._hand_over(results, wait=force)
 
     def _probe_flushed(self, results: list[EngineResult]) -> None:
-        engine = self.engine
-        stats, slots = engine.stats(), engine.max_num_seqs
         self.probe.flushed(
             results,
             run_id=self.run_id,
             counters=self.counters,
             inflight=set(self.held()) | self.committing,  # in the engine, finished and not yet committed
-            stats=stats,
-            slots=slots,
+            stats=self.engine.stats(),
+            slots=self.engine.max_num_seqs,
         )
 
     def _run_writer(self) -> Callable[[Session], None]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+from collections.abc import Collection
 
 import pytest
 from sqlalchemy import func, select
@@ -18,6 +20,7 @@ from storage.queue.reaping import release_expired_leases
 from storage.settings import get_settings
 from tests.conftest import Backend
 from tests.factories import make_batch, make_tenant
+from worker.engine import EngineRequest, EngineResult
 from worker.engine.fake import FakeEngine
 from worker.feed.runner import Runner
 from worker.jobs.finalize import finalize_batch
@@ -173,3 +176,30 @@ def test_runner_tells_the_engine_while_work_near_its_deadline_is_in_flight(backe
     assert statuses(tight) == {"completed": 4}
     assert engine.signals[0] is True and engine.signals[-1] is False  # borrowed, then given back
     assert not runner.urgent
+
+
+class _PreparedAheadEngine(FakeEngine):
+    """The fake engine recording which thread `prepare`d each request, and which had been when `add`ed."""
+
+    def __init__(self) -> None:
+        super().__init__("fake-model", max_num_seqs=4, max_model_len=10**9)
+        self.prepared_on: dict[str, str] = {}
+        self.added: dict[str, bool] = {}
+
+    def prepare(self, requests: Collection[EngineRequest]) -> None:
+        self.prepared_on.update((r.request_id, threading.current_thread().name) for r in requests)
+
+    def add(self, request: EngineRequest) -> EngineResult | None:
+        self.added[request.request_id] = request.request_id in self.prepared_on
+        return super().add(request)
+
+
+def test_the_claimer_thread_has_every_claimed_row_prepared_before_the_engine_thread_adds_it(backend: Backend) -> None:
+    batch_id = enqueue(12)
+    engine = _PreparedAheadEngine()
+    runner = Runner(engine, model="fake-model", settings=get_settings(), worker_id="w1")
+    while runner.run_for(2.0):
+        pass
+    assert statuses(batch_id) == {"completed": 12}
+    assert len(engine.added) == 12 and all(engine.added.values())  # rendered ahead, each of them
+    assert set(engine.prepared_on.values()) == {"queue-claimer-fake-model"}  # off the engine's thread

@@ -1,0 +1,83 @@
+"""Requests rendered ahead, on the claimer's thread, so that the engine's thread only submits them.
+
+Rendering a chat request (its template, the tokenizer, its `SamplingParams`) took ~0.2 ms of the engine thread's
+time per engine step (docs/benchmarks.md, stop 31): on a GPU node that is time the GPU waits between steps. The
+runner's claimer thread now renders the rows of each claim before handing them over (`Engine.prepare`), with a
+`DirectChat` on a tokenizer of its own (a deep copy, probed like the engine's): the engine thread's tokenizer is
+never shared with another thread, so Hugging Face's "Already borrowed" cannot arise. What cannot be rendered
+ahead (another endpoint, a resumed request, a body that fails, a prompt near the context length) is rendered
+by `add` on the engine's thread as before, and its errors reported from there. Nothing here imports vLLM.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from typing import Any
+
+from worker.engine import EngineRequest
+from worker.engine.vllm_chat import DirectChat
+
+logger = logging.getLogger(__name__)
+
+Prepared = list[tuple[str, Any, Any]]  # (engine request id, engine input, sampling params) per engine request
+
+
+@dataclass
+class Ahead:
+    """One request rendered ahead: what `add` would have built from its body."""
+
+    body: Any  # the parsed body (worker/engine/wire)
+    run: Any  # what the engine runs of it
+    prepared: Prepared
+    exact: bool  # a resume from its tokens gives what running on would
+
+
+Build = Callable[[EngineRequest, DirectChat], Ahead | None]
+
+
+class AheadRenders:
+    """Renders requests on one other thread (`prepare`) and hands them to the engine's thread (`take`).
+
+    Holds at most `capacity` renders: one for a row that never reaches `add` (claimed back while still in the
+    engine, or released at close) is dropped oldest-first, and such a row, if it comes back, is rendered by `add`.
+    """
+
+    def __init__(self, direct: DirectChat, build: Build, *, capacity: int) -> None:
+        self._direct, self._build, self._capacity = direct, build, capacity
+        self._ready: OrderedDict[str, Ahead] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def prepare(self, requests: Collection[EngineRequest]) -> None:
+        """Render what can be rendered ahead; called from one thread at a time (the runner's claimer)."""
+        for request in requests:
+            if request.resume_token_ids:
+                continue
+            try:
+                ahead = self._build(request, self._direct)
+            except Exception:  # `add` renders it again and reports what is wrong with it, on the engine's thread
+                logger.debug("request %s left for the engine thread to render", request.request_id, exc_info=True)
+                continue
+            if ahead is None:
+                continue
+            with self._lock:
+                self._ready[request.request_id] = ahead
+                while len(self._ready) > self._capacity:
+                    self._ready.popitem(last=False)
+
+    def take(self, request_id: str) -> Ahead | None:
+        """The render of `request_id`, once (None: not rendered ahead); it arrives now, as `add` would have it."""
+        with self._lock:
+            ahead = self._ready.pop(request_id, None)
+        if ahead is not None:
+            for _, prompt, _ in ahead.prepared:
+                prompt["arrival_time"] = time.time()
+        return ahead
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._ready)

@@ -1,0 +1,38 @@
+"""A queue row as the engine's request, and an engine result as the row's outcome: the runner's two translations."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from storage.queue.claim import ClaimedRequest
+from storage.queue.leases import Outcome
+from worker.engine import Engine, EngineRequest, EngineResult
+
+
+def engine_request(row: ClaimedRequest) -> EngineRequest:
+    """What the engine runs of a leased row (after its checkpoint's tokens, if it has one)."""
+    return EngineRequest(request_id=row.id, url=row.url, body=row.body, resume_token_ids=row.checkpoint)
+
+
+def rendering_ahead(engine: Engine) -> Callable[[list[ClaimedRequest]], None]:
+    """The claimer thread's hook: the engine renders a claim's rows before the engine thread takes them in."""
+
+    def prepare(rows: list[ClaimedRequest]) -> None:
+        engine.prepare([engine_request(row) for row in rows if not row.checkpoint])
+
+    return prepare
+
+
+def outcome_of(result: EngineResult) -> Outcome:
+    """What the database stores of one engine result."""
+    return Outcome(
+        request_id=result.request_id,
+        status_code=result.status_code,
+        body=result.body,
+        prompt_tokens=result.prompt_tokens,
+        completion_tokens=result.completion_tokens,
+        engine_seconds=result.engine_seconds,
+        error_code=result.error_code,
+        error_message=result.error_message,
+        cached_tokens=result.cached_tokens,
+    )
