@@ -9,6 +9,7 @@ Postgres backends of this run's database. `--cprofile` adds the engine thread's 
 profiled round of its own: the profiler slows what it measures).
 
 Usage: .venv/bin/python bench/engine_profile.py [--requests 1000] [--tokens 64] [--rounds 2] [--cprofile]
+       [--ahead on,off] (Backfill with and without the claimer thread rendering ahead, alternating)
 """
 
 from __future__ import annotations
@@ -117,12 +118,16 @@ RUNNER_PARTS = ["_top_up", "_admit", "_flush", "_renew_if_due", "_collect_io", "
 ENGINE_PARTS = ["step", "add", "stats", "has_unfinished"]
 
 
-def profile_backfill(lines: list[dict[str, Any]], database: str | None, profiler: cProfile.Profile | None) -> dict:
+def profile_backfill(
+    lines: list[dict[str, Any]], database: str | None, profiler: cProfile.Profile | None, *, ahead: bool = True
+) -> dict:
     from bench.engine import run_backfill
     from worker.process import service
 
     runner = service.get_runner("backfill-demo")
     engine, clocks = runner.engine, Clocks()
+    renders = engine._ahead  # type: ignore[attr-defined]  # the claimer thread's renders (worker/engine/vllm_ahead.py)
+    engine._ahead = renders if ahead else None  # type: ignore[attr-defined]  # off: add() renders on this thread
     core = engine._engine  # type: ignore[attr-defined]  # the vLLM LLMEngine inside the adapter
     clocks.wrap(core, "step", "vllm LLMEngine.step")
     clocks.wrap(core, "add_request", "vllm add_request")
@@ -143,6 +148,7 @@ def profile_backfill(lines: list[dict[str, Any]], database: str | None, profiler
         clocks.unwrap(core, ["step", "add_request"])
         clocks.unwrap(engine, ENGINE_PARTS)
         clocks.unwrap(runner, [*RUNNER_PARTS, "run_for"])
+        engine._ahead = renders  # type: ignore[attr-defined]
     return summary("backfill", backfill, clocks, measured)
 
 
@@ -179,6 +185,19 @@ def summary(side: str, run: dict[str, Any], clocks: Clocks, measured: dict[str, 
     }
 
 
+def backfill_variants(lines: list[dict[str, Any]], database: str | None, flush_seconds: str, ahead: str) -> list[dict]:
+    """Backfill's side once per flush interval and rendering-ahead setting asked for."""
+    from worker.feed import runner as runner_module
+
+    rows = []
+    flushes = [{"flush_seconds": float(x)} for x in flush_seconds.split(",") if x] or [{}]
+    for variant in [{**flush, "ahead": value} for flush in flushes for value in ahead.split(",")]:
+        if "flush_seconds" in variant:  # the runner's result flush interval (worker/feed/runner.py)
+            runner_module.FLUSH_SECONDS = variant["flush_seconds"]
+        rows.append({**profile_backfill(lines, database, None, ahead=variant["ahead"] == "on"), **variant})
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=1000)
@@ -187,11 +206,11 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--cprofile", action="store_true", help="one more Backfill round under cProfile")
     parser.add_argument("--flush-seconds", default="", help="e.g. 0.5,2: Backfill once per value each round")
+    parser.add_argument("--ahead", default="on", help="on,off: Backfill with and without rendering ahead each round")
     args = parser.parse_args()
     database = fresh_postgres()
     model_dir = prepare_env(database_url=database, max_num_seqs=args.max_num_seqs)
     from bench.engine import make_llm, omp_settings, run_backfill, run_vllm
-    from worker.feed import runner as runner_module
 
     llm = make_llm(model_dir, args.max_num_seqs)
     run_vllm(llm, [chat_line(i, 8) for i in range(64)])
@@ -204,11 +223,8 @@ def main() -> int:
         for side in (first, second):
             if side == "bare":
                 rows.append(profile_bare(llm, lines, database))
-            for flush in [float(x) for x in args.flush_seconds.split(",") if x] if side == "backfill" else []:
-                runner_module.FLUSH_SECONDS = flush  # the runner's result flush interval (worker/feed/runner.py)
-                rows.append({**profile_backfill(lines, database, None), "flush_seconds": flush})
-            if side == "backfill" and not args.flush_seconds:
-                rows.append(profile_backfill(lines, database, None))
+            if side == "backfill":
+                rows.extend(backfill_variants(lines, database, args.flush_seconds, args.ahead))
     result: dict[str, Any] = {"omp": omp_settings(), "rounds": rows}
     if args.cprofile:
         profiler = cProfile.Profile()

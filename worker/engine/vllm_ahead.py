@@ -43,13 +43,16 @@ Build = Callable[[EngineRequest, DirectChat], Ahead | None]
 class AheadRenders:
     """Renders requests on one other thread (`prepare`) and hands them to the engine's thread (`take`).
 
-    Holds at most `capacity` renders: one for a row that never reaches `add` (claimed back while still in the
-    engine, or released at close) is dropped oldest-first, and such a row, if it comes back, is rendered by `add`.
+    The engine thread takes a claim's rows in the order they were prepared, so a render still held when a later
+    one is taken belongs to a row that did not reach `add` (claimed back while still in the engine): it is
+    dropped then. At most `capacity` renders are held (oldest dropped first). A row whose render was dropped is
+    rendered by `add` if it comes back.
     """
 
     def __init__(self, direct: DirectChat, build: Build, *, capacity: int) -> None:
         self._direct, self._build, self._capacity = direct, build, capacity
-        self._ready: OrderedDict[str, Ahead] = OrderedDict()
+        self._ready: OrderedDict[str, tuple[int, Ahead]] = OrderedDict()  # request id -> (its order, its render)
+        self._prepared = 0
         self._lock = threading.Lock()
 
     def prepare(self, requests: Collection[EngineRequest]) -> None:
@@ -65,14 +68,17 @@ class AheadRenders:
             if ahead is None:
                 continue
             with self._lock:
-                self._ready[request.request_id] = ahead
+                self._prepared += 1
+                self._ready[request.request_id] = (self._prepared, ahead)
                 while len(self._ready) > self._capacity:
                     self._ready.popitem(last=False)
 
     def take(self, request_id: str) -> Ahead | None:
         """The render of `request_id`, once (None: not rendered ahead); it arrives now, as `add` would have it."""
         with self._lock:
-            ahead = self._ready.pop(request_id, None)
+            order, ahead = self._ready.pop(request_id, (0, None))
+            while self._ready and next(iter(self._ready.values()))[0] < order:  # passed over: never to be taken
+                self._ready.popitem(last=False)
         if ahead is not None:
             for _, prompt, _ in ahead.prepared:
                 prompt["arrival_time"] = time.time()

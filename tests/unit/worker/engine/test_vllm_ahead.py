@@ -62,3 +62,11 @@ def test_renders_no_one_takes_are_dropped_oldest_first_beyond_capacity() -> None
     assert len(ahead) == 3
     assert ahead.take("r0") is None and ahead.take("r1") is None
     assert all(ahead.take(f"r{i}") is not None for i in (2, 3, 4))
+
+
+def test_renders_passed_over_by_a_later_take_are_dropped() -> None:
+    ahead = renders()
+    ahead.prepare([request(f"r{i}") for i in range(4)])  # the engine thread skips r0 and r1 (still in the engine)
+    assert ahead.take("r2") is not None
+    assert len(ahead) == 1 and ahead.take("r0") is None and ahead.take("r1") is None
+    assert ahead.take("r3") is not None
