@@ -4,9 +4,10 @@ Rendering a chat request (its template, the tokenizer, its `SamplingParams`) too
 time per engine step (docs/benchmarks.md, stop 31): on a GPU node that is time the GPU waits between steps. The
 runner's claimer thread now renders the rows of each claim before handing them over (`Engine.prepare`), with a
 `DirectChat` on a tokenizer of its own (a deep copy, probed like the engine's): the engine thread's tokenizer is
-never shared with another thread, so Hugging Face's "Already borrowed" cannot arise. What cannot be rendered
-ahead (another endpoint, a resumed request, a body that fails, a prompt near the context length) is rendered
-by `add` on the engine's thread as before, and its errors reported from there. Nothing here imports vLLM.
+never shared with another thread, so Hugging Face's "Already borrowed" cannot arise. Chat requests (Responses
+too) and Anthropic messages without a prefill are rendered ahead; what is not (completions, embeddings, a
+prefill, a resumed request, a body that fails, a prompt near the context length) is rendered by `add` on the
+engine's thread as before, and its errors reported from there. Nothing here imports vLLM.
 """
 
 from __future__ import annotations

@@ -129,7 +129,7 @@ class VllmEngine:
         return self._submit(rid, body, run, prepared, exact=exact, resume=resume)
 
     def prepare(self, requests: Collection[EngineRequest]) -> None:
-        """Render plain chat requests ahead, on the calling thread (the runner's claimer), off the engine's."""
+        """Render chat requests ahead, on the calling thread (the runner's claimer), off the engine's."""
         if self._ahead is not None:
             self._ahead.prepare(requests)
 
@@ -261,12 +261,14 @@ class VllmEngine:
         return prompt
 
     def _render_ahead(self, request: EngineRequest, direct: DirectChat) -> Ahead | None:
-        """What `add` builds of a plain chat request, built on another thread with that thread's `direct`."""
+        """What `add` builds of a chat request or an Anthropic one without a prefill (its answer starts a new turn,
+        as the direct path renders it), built on another thread with that thread's `direct`."""
         body = parse_body(request.url, request.body)
-        run = None if isinstance(body, MessagesBody) else engine_body(body)
+        run = (None if body.prefill else body.as_chat()) if isinstance(body, MessagesBody) else engine_body(body)
         if not isinstance(run, ChatBody) or (prompt := direct.render(run.conversation())) is None:
             return None
-        params = self._sampling_params(run, len(prompt["prompt_token_ids"]))
+        top_k, clamp = (body.top_k, True) if isinstance(body, MessagesBody) else (None, False)  # as `_prepare`
+        params = self._sampling_params(run, len(prompt["prompt_token_ids"]), top_k=top_k, clamp=clamp)
         exact = restart_reason(run) is None and exact_params(params)
         return Ahead(body, run, [(request.request_id, prompt, params)], exact=exact)
 

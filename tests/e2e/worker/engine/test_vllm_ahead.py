@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from storage.protocols import MESSAGES_URL as MESSAGES
 from tests.e2e.worker.engine.test_vllm_engine import CHAT, chat, run_all
 from worker.engine import EngineRequest
 from worker.engine.vllm_engine import VllmEngine
@@ -34,19 +35,40 @@ def test_a_chat_rendered_ahead_answers_as_one_rendered_by_add(vllm_chat_engine: 
         assert got.body["usage"] == expected.body["usage"]
 
 
+def message(rid: str, *, prefill: bool = False) -> EngineRequest:
+    turns = [{"role": "user", "content": [{"type": "text", "text": "Name a river."}, {"type": "text", "text": "One."}]}]
+    turns += [{"role": "assistant", "content": "The"}] if prefill else []
+    body = {"model": "m", "max_tokens": 6, "system": "Be terse.", "messages": turns, "temperature": 0, "top_k": 5}
+    return EngineRequest(rid, MESSAGES, body)
+
+
+def test_an_anthropic_message_rendered_ahead_answers_as_one_rendered_by_add(vllm_chat_engine: VllmEngine) -> None:
+    engine = vllm_chat_engine
+    engine.prepare([message("m-ahead"), message("p-ahead", prefill=True)])
+    requests = [message("m-ahead"), message("m-plain"), message("p-ahead", prefill=True)]
+    results, _ = run_all(engine, [*requests, message("p-plain", prefill=True)])
+    for name in ("m", "p"):  # a prefill continues the assistant's turn: rendered by add, on the engine's thread
+        got, expected = results[f"{name}-ahead"], results[f"{name}-plain"]
+        assert got.status_code == expected.status_code == 200, got.body
+        assert got.body["content"] == expected.body["content"] and got.body["usage"] == expected.body["usage"]
+        assert got.body["stop_reason"] == expected.body["stop_reason"]
+
+
 def test_add_submits_what_was_rendered_ahead_without_rendering_again(
     vllm_chat_engine: VllmEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     engine = vllm_chat_engine
-    engine.prepare([greedy("pre", "salt")])
+    engine.prepare([greedy("pre", "salt"), message("pre-message")])
 
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("the engine thread rendered")
 
     monkeypatch.setattr(engine, "_direct", None)
     monkeypatch.setattr(engine, "_render", broken)
-    results, _ = run_all(engine, [greedy("pre", "salt"), greedy("not-pre", "salt")])
+    monkeypatch.setattr(engine._renderer, "render_chat", broken)  # the Anthropic path's renderer
+    results, _ = run_all(engine, [greedy("pre", "salt"), greedy("not-pre", "salt"), message("pre-message")])
     assert results["pre"].status_code == 200 and results["pre"].completion_tokens == 8
+    assert results["pre-message"].status_code == 200 and results["pre-message"].completion_tokens == 6
     assert results["not-pre"].status_code == 400  # rendered by add: the broken renderer
 
 
