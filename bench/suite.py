@@ -77,6 +77,9 @@ FULL = {
     # Issue 21 item 8: a rolling restart of 4 GPU-timed workers mid-batch (SIGTERM, then kill -9 as the control):
     # decode tokens discarded, lost and duplicated custom_ids (~5 min): `make bench ARGS="--only rolling-restart"`.
     "rolling-restart": ["bench/rolling_restart.py"],
+    # Issue 22 section 7: rendering ahead on a GPU-shaped engine thread, what the claimer's renders cost it through
+    # the GIL (~4 min): `make bench ARGS="--only render-ahead"`.
+    "render-ahead": ["bench/render_ahead.py", "--rounds", "3"],
 }
 DEFAULT_PARTS = ("engine", "runbatch", "ingest", "queue")
 QUICK = {
@@ -106,6 +109,7 @@ QUICK = {
     "hostile-bodies": ["bench/hostile_bodies.py", "--quick"],
     "handback": ["bench/handback.py", "--quick"],
     "rolling-restart": ["bench/rolling_restart.py", "--quick"],
+    "render-ahead": ["bench/render_ahead.py", "--steps", "200", "--rounds", "1"],
 }
 OUTPUTS = {part: f"{part}.json" for part in FULL}
 
@@ -257,6 +261,7 @@ _PREFIXES = {
     "hostile-bodies": ("hostile_",),
     "handback": ("handback_", "checkpoint_"),
     "rolling-restart": ("rolling_", "resume_discarded_"),
+    "render-ahead": ("render_ahead_",),
 }
 
 

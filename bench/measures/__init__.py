@@ -214,7 +214,30 @@ def measures(parts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         rows += handback_rows(handback["result"])
     if rolling := parts.get("rolling-restart"):
         rows += rolling_rows(rolling["result"])
+    if ahead := parts.get("render-ahead"):
+        rows += _render_ahead_rows(ahead)
     return rows
+
+
+def _render_ahead_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 22 section 7: a GPU-shaped engine thread's time beyond its GPU waits, by where requests are rendered."""
+    s, a = r["summary"], r["args"]
+    shape = (
+        f"{a['gpu_ms']} ms GPU waits, {a['host_ms']} ms of its own work, {a['per_step']} {a['words']}-word chat "
+        f"request(s) a step, claims of {a['claim']}; median of {a['rounds']} rounds"
+    )
+    ms = "ms a step beyond the GPU wait over no rendering"
+    return [
+        entry("render_ahead_engine_thread_ms_extra", s["ahead"]["ms_extra_over_none"], f"{ms} ({shape})"),
+        entry("render_ahead_burst_engine_thread_ms_extra", s["ahead-burst"]["ms_extra_over_none"], f"{ms}, no yield"),
+        entry("render_ahead_inline_engine_thread_ms_extra", s["inline"]["ms_extra_over_none"], f"{ms}, in add"),
+        entry(
+            "render_ahead_engine_thread_p99_ms",
+            s["ahead"]["ms_p99_median"],
+            f"ms beyond the GPU wait, p99 step (no rendering {s['none']['ms_p99_median']}, in add "
+            f"{s['inline']['ms_p99_median']}, ahead without the yield {s['ahead-burst']['ms_p99_median']})",
+        ),
+    ]
 
 
 def _hostile_rows(h: dict[str, Any]) -> list[dict[str, Any]]:
