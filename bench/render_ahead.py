@@ -60,8 +60,17 @@ def run_side(engine: Any, side: str, args: argparse.Namespace, first: int) -> di
 
     from worker.engine import vllm_ahead
 
-    no_yield = SimpleNamespace(time=time.time, sleep=lambda _: None)  # `prepare` without its time.sleep(0)
-    vllm_ahead.time = no_yield if side == "ahead-burst" else time  # type: ignore[assignment]
+    if side != "ahead-burst":
+        return steps(engine, side, args, first)
+    vllm_ahead.time = SimpleNamespace(time=time.time, sleep=lambda _: None)  # type: ignore[assignment]
+    try:  # `prepare` without its time.sleep(0)
+        return steps(engine, side, args, first)
+    finally:
+        vllm_ahead.time = time  # type: ignore[assignment]
+
+
+def steps(engine: Any, side: str, args: argparse.Namespace, first: int) -> dict[str, Any]:
+    """One side: `args.steps` GPU-shaped steps of the engine thread, the claimer rendering ahead if `side` says."""
     gpu, host = args.gpu_ms / 1000, args.host_ms / 1000
     stop, wanted = threading.Event(), threading.Semaphore(0)
     taken, missed, claimed = [0], [0], [first]
@@ -106,6 +115,24 @@ def run_side(engine: Any, side: str, args: argparse.Namespace, first: int) -> di
         "ms_beyond_gpu_p99": round(ms[int(len(ms) * 0.99)], 4),
         "ms_beyond_gpu_max": round(ms[-1], 4),
         **({"rendered_ahead": taken[0], "not_ready": missed[0]} if side.startswith("ahead") else {}),
+    }
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per side: the median over rounds of the mean and p99 time beyond the GPU wait, and the mean's extra over
+    the side with no rendering."""
+
+    def median(side: str, key: str) -> float:
+        return statistics.median(r[key] for r in rows if r["side"] == side)
+
+    floor = median("none", "ms_beyond_gpu_mean")
+    return {
+        side: {
+            "ms_beyond_gpu_mean_median": median(side, "ms_beyond_gpu_mean"),
+            "ms_extra_over_none": round(median(side, "ms_beyond_gpu_mean") - floor, 4),
+            "ms_p99_median": median(side, "ms_beyond_gpu_p99"),
+        }
+        for side in SIDES
     }
 
 
@@ -156,17 +183,7 @@ def main() -> int:
         for side in SIDES if index % 2 == 0 else SIDES[::-1]:
             rows.append({"round": index, **run_side(engine, side, args, first)})
             first += 10 * args.steps * args.per_step
-    floor = statistics.median(r["ms_beyond_gpu_mean"] for r in rows if r["side"] == "none")
-    summary = {
-        side: {
-            "ms_beyond_gpu_mean_median": statistics.median(r["ms_beyond_gpu_mean"] for r in rows if r["side"] == side),
-            "ms_extra_over_none": round(
-                statistics.median(r["ms_beyond_gpu_mean"] for r in rows if r["side"] == side) - floor, 4
-            ),
-            "ms_p99_median": statistics.median(r["ms_beyond_gpu_p99"] for r in rows if r["side"] == side),
-        }
-        for side in SIDES
-    }
+    summary = summarize(rows)
     result = {"args": vars(args), "summary": summary, "rounds": rows}
     print(json.dumps(result, indent=2))
     OUT.mkdir(exist_ok=True)

@@ -115,6 +115,35 @@ def test_chat_completions_and_embeddings_batches_complete(live: LiveServer) -> N
         assert len(parsed.data[0].embedding) == 384
 
 
+def test_chat_lines_are_rendered_off_the_engine_thread_and_bad_ones_still_fail_with_their_line(
+    live: LiveServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """worker/engine/vllm_ahead.py through the SDK: the claimer renders each chat line, `add` only submits it."""
+    from worker.engine.vllm_ahead import AheadRenders
+
+    taken: set[str] = set()
+    take = AheadRenders.take
+
+    def spy(self: AheadRenders, request_id: str) -> Any:
+        ahead = take(self, request_id)
+        if ahead is not None:
+            taken.add(request_id)
+        return ahead
+
+    monkeypatch.setattr(AheadRenders, "take", spy)
+    client = live.client(make_key("acme"))
+    lines = [chat(i, max_tokens=6, ignore_eos=True, temperature=0) for i in range(12)]
+    lines += [chat(50, temperature=-3), chat(51, max_tokens=10**6)]
+    done = run(client, lines)
+    assert done.status == "completed" and done.request_counts.completed == 12
+    assert len(taken) == 12  # every good line rendered ahead by the claimer
+    outputs = {line["custom_id"]: line["response"]["body"] for line in read_lines(client, done.output_file_id)}
+    assert all(body["usage"]["completion_tokens"] == 6 for body in outputs.values())
+    errors = {line["custom_id"]: line["response"] for line in read_lines(client, done.error_file_id)}
+    assert set(errors) == {"c50", "c51"} and all(r["status_code"] == 400 for r in errors.values())
+    assert errors["c51"]["body"]["error"]["code"] == "context_length_exceeded"
+
+
 def test_two_tenants_share_the_engine(live: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:
     # Fair share is a claim-order promise, not a finish-order one: with every sequence in the engine at once
     # both jobs may end in the same step (issue 19 bug 9). Claims find nothing until both jobs are queued
