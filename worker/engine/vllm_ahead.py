@@ -79,6 +79,7 @@ class AheadRenders:
                 continue
             with self._lock:
                 self._prepared += 1
+                self._ready.pop(request.request_id, None)  # a row rendered again goes to the end, in order
                 self._ready[request.request_id] = (self._prepared, ahead)
                 while len(self._ready) > self._capacity:
                     self._ready.popitem(last=False)

@@ -70,3 +70,13 @@ def test_renders_passed_over_by_a_later_take_are_dropped() -> None:
     assert ahead.take("r2") is not None
     assert len(ahead) == 1 and ahead.take("r0") is None and ahead.take("r1") is None
     assert ahead.take("r3") is not None
+
+
+def test_a_row_rendered_again_takes_its_new_place_so_renders_it_passed_are_dropped() -> None:
+    ahead = renders()
+    ahead.prepare([request("r0"), request("r1"), request("r2")])
+    ahead.prepare([request("r0", content="again")])  # r0 claimed back, then claimed again after r2
+    assert ahead.take("r2") is not None  # passes r1 (never to be taken), not r0's newer render
+    assert len(ahead) == 1
+    got = ahead.take("r0")
+    assert got is not None and got.prepared[0][1]["prompt_token_ids"] == [ord(c) for c in "again"]
