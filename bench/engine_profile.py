@@ -5,7 +5,8 @@ engine each side, same settings and OMP threads, in one process): Backfill's run
 timers wrapped around vLLM's `LLMEngine.step` on both sides and around the runner's parts on Backfill's side.
 Per side: wall time, steps, ms per step inside vLLM's step and outside it (Backfill: the adapter's result
 building, the runner's top-up/admit/flush/renew), CPU seconds of each thread of this process and of the
-Postgres backends of this run's database. `--cprofile` adds the engine thread's hottest functions (a
+Postgres backends of this run's database, and the shape of the steps each side ran (`step_shapes`: the same work
+a step on both sides means a gap in the time a step takes is not the batch's composition). `--cprofile` adds the engine thread's hottest functions (a
 profiled round of its own: the profiler slows what it measures).
 
 Usage: .venv/bin/python bench/engine_profile.py [--requests 1000] [--tokens 64] [--rounds 2] [--cprofile]
@@ -57,6 +58,49 @@ class Clocks:
     def unwrap(self, owner: Any, attrs: list[str]) -> None:
         for attr in attrs:
             owner.__dict__.pop(attr, None)
+
+
+class Shapes:
+    """What each engine step carried, from vLLM's scheduler: sequences, tokens, and prompt tokens among them.
+
+    Two sides whose steps carry the same work are slower or faster for the time each step takes, not for how the
+    runner composed the batch (stop 33: the in-step gap is the I/O threads' interference, not composition)."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[int, int, int]] = []  # (sequences, tokens, prompt tokens) per step that ran
+
+    def wrap(self, llm_engine: Any) -> Callable[[], None]:
+        scheduler = llm_engine.engine_core.engine_core.scheduler  # the in-process engine core's scheduler
+        inner = scheduler.schedule
+
+        def schedule(*args: Any, **kwargs: Any) -> Any:
+            out = inner(*args, **kwargs)
+            tokens = out.num_scheduled_tokens  # request id -> tokens this step (1: a decode)
+            if out.total_num_scheduled_tokens:
+                self.steps.append(
+                    (len(tokens), out.total_num_scheduled_tokens, sum(n for n in tokens.values() if n > 1))
+                )
+            return out
+
+        scheduler.schedule = schedule
+        return lambda: scheduler.__dict__.pop("schedule", None)
+
+    def summary(self) -> dict[str, float]:
+        return step_shapes(self.steps)
+
+
+def step_shapes(steps: list[tuple[int, int, int]]) -> dict[str, float]:
+    """Steps, those carrying prompt tokens, prompt tokens in all, and sequences a step (mean and at its most)."""
+    if not steps:
+        return {"steps": 0}
+    return {
+        "steps": len(steps),
+        "steps_with_prompt_tokens": sum(1 for _, _, prompt in steps if prompt),
+        "prompt_tokens": sum(prompt for _, _, prompt in steps),
+        "tokens": sum(tokens for _, tokens, _ in steps),
+        "sequences_per_step_mean": round(sum(seqs for seqs, _, _ in steps) / len(steps), 2),
+        "steps_at_most_sequences": sum(1 for seqs, _, _ in steps if seqs == max(s for s, _, _ in steps)),
+    }
 
 
 def thread_cpu() -> dict[str, float]:
@@ -136,6 +180,8 @@ def profile_backfill(
     for attr in RUNNER_PARTS:
         clocks.wrap(runner, attr, f"runner {attr}")
     clocks.wrap(runner, "run_for", "runner run_for")
+    shapes = Shapes()
+    unwrap_shapes = shapes.wrap(core)
     measured: dict[str, Any] = {}
     try:
         with cpu_of(database, measured):
@@ -149,7 +195,8 @@ def profile_backfill(
         clocks.unwrap(engine, ENGINE_PARTS)
         clocks.unwrap(runner, [*RUNNER_PARTS, "run_for"])
         engine._ahead = renders  # type: ignore[attr-defined]
-    return summary("backfill", backfill, clocks, measured)
+        unwrap_shapes()
+    return {**summary("backfill", backfill, clocks, measured), "step_shapes": shapes.summary()}
 
 
 def profile_bare(llm: Any, lines: list[dict[str, Any]], database: str | None) -> dict:
@@ -158,13 +205,16 @@ def profile_bare(llm: Any, lines: list[dict[str, Any]], database: str | None) ->
     clocks = Clocks()
     clocks.wrap(llm.llm_engine, "step", "vllm LLMEngine.step")
     clocks.wrap(llm.llm_engine, "add_request", "vllm add_request")
+    shapes = Shapes()
+    unwrap_shapes = shapes.wrap(llm.llm_engine)
     measured: dict[str, Any] = {}
     try:
         with cpu_of(database, measured):
             bare = run_vllm(llm, lines)
     finally:
         clocks.unwrap(llm.llm_engine, ["step", "add_request"])
-    return summary("bare", bare, clocks, measured)
+        unwrap_shapes()
+    return {**summary("bare", bare, clocks, measured), "step_shapes": shapes.summary()}
 
 
 def summary(side: str, run: dict[str, Any], clocks: Clocks, measured: dict[str, Any]) -> dict[str, Any]:
