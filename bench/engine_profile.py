@@ -93,13 +93,14 @@ def step_shapes(steps: list[tuple[int, int, int]]) -> dict[str, float]:
     """Steps, those carrying prompt tokens, prompt tokens in all, and sequences a step (mean and at its most)."""
     if not steps:
         return {"steps": 0}
+    most = max(seqs for seqs, _, _ in steps)
     return {
         "steps": len(steps),
         "steps_with_prompt_tokens": sum(1 for _, _, prompt in steps if prompt),
         "prompt_tokens": sum(prompt for _, _, prompt in steps),
         "tokens": sum(tokens for _, tokens, _ in steps),
         "sequences_per_step_mean": round(sum(seqs for seqs, _, _ in steps) / len(steps), 2),
-        "steps_at_most_sequences": sum(1 for seqs, _, _ in steps if seqs == max(s for s, _, _ in steps)),
+        "steps_at_most_sequences": sum(1 for seqs, _, _ in steps if seqs == most),
     }
 
 
