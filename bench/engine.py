@@ -26,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._setup import OUT, chat_line, fresh_postgres, plot_dir, prepare_env
+from bench.engine_figures import plot_occupancy, plot_rounds, plot_sweep
 from bench.round_stats import spread
 
 _API: list[object] = []
@@ -306,63 +307,12 @@ def main() -> int:
     print(json.dumps(result, indent=2))
     OUT.mkdir(exist_ok=True)
     (OUT / "engine.json").write_text(json.dumps({"result": result, "straggler_samples": continuous["samples"]}))
-    plot_occupancy(continuous["samples"], args.max_num_seqs)  # type: ignore[arg-type]
-    plot_sweep(sweep, best_backfill, best_bare, args.max_num_seqs)
+    plot_occupancy(continuous["samples"], args.max_num_seqs, plot_dir() / "straggler-occupancy.png")  # type: ignore[arg-type]
+    plot_sweep(sweep, best_backfill, best_bare, args.max_num_seqs, plot_dir() / "throughput-vs-batch.png")
+    plot_rounds(result, plot_dir() / "engine-overhead-rounds.png")
     del llm
     gc.collect()
     return 0
-
-
-def plot_occupancy(samples: list[tuple[float, int, int]], max_num_seqs: int) -> None:
-    """Running and waiting sequences over time for the straggler mix: docs/straggler-occupancy.png."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    if not samples:
-        return
-    start = samples[0][0]
-    times = [t - start for t, _, _ in samples]
-    fig, ax = plt.subplots(figsize=(8, 3.5))
-    ax.step(times, [r for _, r, _ in samples], where="post", label="running sequences")
-    ax.step(
-        times, [w for _, _, w in samples], where="post", label="waiting (in the engine, +1 while the queue has more)"
-    )
-    ax.axhline(max_num_seqs, color="grey", linestyle="--", linewidth=1, label=f"max_num_seqs = {max_num_seqs}")
-    ax.set_xlabel("seconds")
-    ax.set_ylabel("sequences")
-    ax.set_title("Straggler mix (7x100 + 1x1,000 tokens per 8): the running batch stays full")
-    ax.legend(loc="lower left", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(plot_dir() / "straggler-occupancy.png", dpi=110)
-
-
-def plot_sweep(
-    sweep: list[dict[str, float]], backfill_tokens_per_s: float, bare_tokens_per_s: float, max_num_seqs: int
-) -> None:
-    """Output tokens/s against the number of sequences decoding together: docs/throughput-vs-batch.png."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.5, 3.8))
-    ax.plot(
-        [p["batch"] for p in sweep], [p["tokens_per_s"] for p in sweep], marker="o", label="bare vLLM (LLM.generate)"
-    )
-    ax.scatter(
-        [max_num_seqs], [bare_tokens_per_s], color="C0", marker="s", zorder=3, label="bare vLLM, 1,000-request job"
-    )
-    ax.scatter([max_num_seqs], [backfill_tokens_per_s], color="C3", zorder=3, label="Backfill, the same job")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("requests decoding together (batch size; the sweep sends exactly that many)")
-    ax.set_ylabel("output tokens/s")
-    ax.set_title("Demo model on 2 CPU cores: throughput grows with the batch")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(plot_dir() / "throughput-vs-batch.png", dpi=110)
 
 
 if __name__ == "__main__":

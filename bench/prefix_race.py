@@ -20,7 +20,8 @@ KV cache at `kv_cache_memory_bytes` (`VLLM_CPU_KVCACHE_SPACE` unset, since it wo
 Two KV sizes: `small` (`--small-kv-blocks` blocks of 128 tokens, fewer than the prompts need) and `large`
 (holds every prompt and the running sequences). Hit rate = prompt tokens served from the prefix cache ÷
 prompt tokens (Backfill: the batches' `usage.input_tokens_details.cached_tokens`; run-batch: its lines'
-`usage.prompt_tokens_details.cached_tokens`, `--enable-prompt-tokens-details`).
+`usage.prompt_tokens_details.cached_tokens`, `--enable-prompt-tokens-details`). Plot: docs/prefix-race.png
+(bench/prefix_race_figures.py: each side's seconds beside the goal's wall and the ceiling, per KV size).
 
 Usage: .venv/bin/python bench/prefix_race.py [--quick] [--kv small,large] [--no-control] [--distinct-prompts]
 """
@@ -41,8 +42,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._setup import OUT
+from bench._setup import OUT, plot_dir
 from bench.prefix import BLOCK_TOKENS, KV_BYTES_PER_TOKEN, make_prompts
+from bench.prefix_race_figures import plot_race
 from bench.runbatch import MODEL, Server, engine_env, run_batch, run_job, write_jsonl
 
 
@@ -273,6 +275,7 @@ def main() -> int:
     }
     print(json.dumps(result, indent=2))
     (OUT / "prefix-race.json").write_text(json.dumps({"result": result}))
+    plot_race(result, plot_dir() / "prefix-race.png")
     return 0
 
 
