@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-RATIO_GOAL = 0.95
+from bench.measures import ENGINE_OVERHEAD_RATIO_GOAL as RATIO_GOAL
 
 
 def rounds_series(result: dict[str, Any]) -> dict[str, Any]:
@@ -45,7 +45,11 @@ def plot_rounds(result: dict[str, Any], path: Path) -> None:
     speed.plot(x, s["bare_tokens_per_s"], marker="s", color="C0", label="bare LLM.generate")
     speed.plot(x, s["backfill_tokens_per_s"], marker="o", color="C1", label="Backfill\n(API to output file)")
     speed.set_ylabel("output tokens/s")
-    speed.set_title("Engine overhead, 1,000 requests x 64 tokens a round, sides alternating (issue 22 §7)", fontsize=10)
+    speed.set_title(
+        f"Engine overhead, {result['requests']:,} requests x {result['output_tokens_each']} tokens a round, sides"
+        " alternating (issue 22 §7)",
+        fontsize=10,
+    )
     speed.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     for first, marker, color in (("backfill", "o", "C4"), ("vllm", "s", "C5")):
         picked = [(r, v) for r, v, f in zip(x, s["ratio"], s["first"], strict=True) if f == first]
@@ -70,6 +74,7 @@ def plot_rounds(result: dict[str, Any], path: Path) -> None:
         ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def plot_occupancy(samples: list[tuple[float, int, int]], max_num_seqs: int, path: Path) -> None:

@@ -13,6 +13,8 @@ from bench.measures.race import prefix_race_rows
 from bench.measures.resume import handback_rows, rolling_rows
 from bench.measures.timed import gpu_timed_measures, shared_sim_measures
 
+ENGINE_OVERHEAD_RATIO_GOAL = 0.95  # issue 22 §7: Backfill ÷ bare LLM.generate, median of the rounds (and its plot)
+
 
 def measures(parts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """Turn each benchmark's JSON into entries; a goal's `met` is computed here, never typed in."""
@@ -21,7 +23,13 @@ def measures(parts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         e = engine["result"]
         ratio = e["throughput_ratio_median"]
         rows += [
-            entry("engine_overhead_throughput_ratio", ratio, "x bare LLM.generate (median)", ">= 0.95", ratio >= 0.95),
+            entry(
+                "engine_overhead_throughput_ratio",
+                ratio,
+                "x bare LLM.generate (median)",
+                f">= {ENGINE_OVERHEAD_RATIO_GOAL}",
+                ratio >= ENGINE_OVERHEAD_RATIO_GOAL,
+            ),
             entry(
                 "engine_overhead_throughput_ratio_rounds",
                 e.get("throughput_ratio_rounds"),

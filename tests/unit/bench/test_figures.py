@@ -13,6 +13,8 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 def _engine_result() -> dict[str, Any]:
     return {
+        "requests": 1000,
+        "output_tokens_each": 64,
         "rounds_tokens_per_s": [[900, 1000], [1100, 1000], [950, 1000]],
         "rounds_first_side": ["backfill", "vllm", "backfill"],
         "throughput_ratio_rounds": [0.9, 1.1, 0.95],
