@@ -15,15 +15,11 @@ from collections import deque
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
-from storage.protocols import EMBEDDINGS_URL
 from worker.engine import EngineRequest, EngineResult, EngineStats, Progress
 from worker.engine.decode_ledger import DecodeLedger
-from worker.engine.wire import parse_body
-from worker.engine.wire.anthropic import MessagesBody, anthropic_message, anthropic_stop
+from worker.engine.generation import Generated, Generation, Output, output_budget
+from worker.engine.wire import Parsed, parse
 from worker.engine.wire.base import BodyError, server_error
-from worker.engine.wire.openai import Body, ChatBody, CompletionBody, EmbeddingBody
-from worker.engine.wire.openai_results import Choice, embedding_list, engine_body, generated_body, output_budget
-from worker.engine.wire.resume import restart_reason
 
 _WORDS = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit")
 EMBEDDING_DIMENSIONS = 8
@@ -32,8 +28,7 @@ EMBEDDING_DIMENSIONS = 8
 @dataclass
 class _Sequence:
     request_id: str
-    body: Body | MessagesBody
-    run: ChatBody | CompletionBody | EmbeddingBody  # what the engine runs (Responses and Messages as chat)
+    parsed: Parsed  # what runs (`parsed.generation`) and how its output is answered
     prompt_tokens: int
     tokens_to_decode: int
     added_at: float
@@ -44,9 +39,13 @@ class _Sequence:
     start: int = -1  # where its first choice starts in the word list (computed at its first token)
     resumed: int = 0  # tokens it continued from (a checkpoint): prompt to the engine, output to the user
 
+    @property
+    def generation(self) -> Generation:
+        return self.parsed.generation
+
     def decode_one(self) -> None:
         """One more token: the fake's next id depends only on the request and the position."""
-        if isinstance(self.run, EmbeddingBody):
+        if self.generation.kind == "embed":
             self.decoded += 1
             return
         if self.start < 0:
@@ -87,15 +86,14 @@ class FakeEngine:
         try:
             if request.request_id in self._live:
                 raise BodyError(f"request {request.request_id!r} is already in flight", code="duplicate_request")
-            body = parse_body(request.url, request.body)
-            sequence = self._sequence(request.request_id, request.url, body)
+            sequence = self._sequence(request.request_id, request.url, parse(request.url, request.body))
             if request.resume_token_ids and sequence.exact:  # continue where the checkpoint left off
                 resumed = list(request.resume_token_ids)[: sequence.tokens_to_decode - 1]
                 sequence.token_ids, sequence.decoded, sequence.resumed = resumed, len(resumed), len(resumed)
             self._waiting.append(sequence)
             self._live.add(request.request_id)
-            if self.ledger is not None and not isinstance(sequence.run, EmbeddingBody):
-                self.ledger.begin(request.request_id, resumed=sequence.resumed, choices=sequence.run.n)
+            if self.ledger is not None and sequence.generation.kind != "embed":
+                self.ledger.begin(request.request_id, resumed=sequence.resumed, choices=sequence.generation.sampling.n)
         except BodyError as error:
             return error.to_result(request.request_id)
         return None
@@ -175,124 +173,66 @@ class FakeEngine:
         if self.ledger is not None:
             self.ledger.close()
 
-    def _sequence(self, request_id: str, url: str, body: Body | MessagesBody) -> _Sequence:
-        wanted = "pooling" if url == EMBEDDINGS_URL else "generate"
+    def _sequence(self, request_id: str, url: str, parsed: Parsed) -> _Sequence:
+        generation = parsed.generation
+        wanted = "pooling" if generation.kind == "embed" else "generate"
         if wanted != self.runner:
             raise BodyError(f"model {self.model_name!r} does not serve {url}", code="unsupported_endpoint", param="url")
-        if isinstance(body, MessagesBody):  # Anthropic: decode up to max_tokens or the context, never a 400
-            chat = body.as_chat()
-            prompt_tokens = sum(_count_tokens(m["content"]) + 2 for m in chat.conversation())
-            room = self.max_model_len - prompt_tokens
-            if room < 1:
-                raise BodyError(
-                    f"This model's maximum context length is {self.max_model_len} tokens, "
-                    f"but the prompt has {prompt_tokens} tokens, leaving no room for output.",
-                    code="context_length_exceeded",
-                    param="messages",
-                )
-            sequence = _Sequence(request_id, body, chat, prompt_tokens, min(body.max_tokens, room), time.monotonic())
-            sequence.exact = restart_reason(chat) is None
-            sequence.cached_tokens = self._cached_prefix_tokens(chat.conversation()[:-1])
-            return sequence
-        run = engine_body(body)
-        if isinstance(run, EmbeddingBody):
-            prompt_tokens = sum(_count_tokens(item) for item in run.inputs())
-            return _Sequence(request_id, body, run, prompt_tokens, 1, time.monotonic())
-        if isinstance(run, ChatBody):
-            prompt_tokens = sum(_count_tokens(m["content"]) + 2 for m in run.conversation())
+        if generation.kind == "embed":
+            prompt_tokens = sum(_count_tokens(item) for item in generation.inputs)
+            return _Sequence(request_id, parsed, prompt_tokens, 1, time.monotonic())
+        if generation.kind == "chat":
+            prompt_tokens = sum(_count_tokens(text) + 2 for text in generation.turn_texts())
         else:
-            prompt_tokens = _count_tokens(run.single_prompt())
-        limit = output_budget(run, prompt_tokens=prompt_tokens, max_model_len=self.max_model_len, default=16)
-        if run.min_tokens > limit:
+            assert generation.prompt is not None
+            prompt_tokens = _count_tokens(generation.prompt)
+        limit = output_budget(generation, prompt_tokens=prompt_tokens, max_model_len=self.max_model_len, default=16)
+        if generation.sampling.min_tokens > limit:
             raise BodyError("min_tokens must not exceed max_tokens", code="invalid_value", param="min_tokens")
-        sequence = _Sequence(request_id, body, run, prompt_tokens, limit, time.monotonic())
-        sequence.exact = restart_reason(run) is None
-        if isinstance(run, ChatBody):
-            sequence.cached_tokens = self._cached_prefix_tokens(run.conversation()[:-1])
+        sequence = _Sequence(request_id, parsed, prompt_tokens, limit, time.monotonic())
+        sequence.exact = generation.restart_reason() is None
+        if generation.kind == "chat":
+            sequence.cached_tokens = self._cached_prefix_tokens(generation)
         return sequence
 
-    def _cached_prefix_tokens(self, prefix: list[dict[str, str]]) -> int:
-        """Tokens of a chat prefix an earlier request already had (then "cached"), else 0 (now remembered)."""
+    def _cached_prefix_tokens(self, generation: Generation) -> int:
+        """Tokens of a chat prefix (all but the last message) an earlier request already had (then "cached"),
+        else 0 (now remembered)."""
+        prefix = generation.messages[:-1]
         if not prefix:
             return 0
         key = hashlib.sha256(repr(prefix).encode()).hexdigest()
         if key not in self._cached_prefixes:
             self._cached_prefixes.add(key)
             return 0
-        return sum(_count_tokens(m["content"]) + 2 for m in prefix)
+        return sum(_count_tokens(text) + 2 for text in generation.turn_texts()[:-1])
 
     def _result(self, sequence: _Sequence) -> EngineResult:
-        rid, body, run = sequence.request_id, sequence.body, sequence.run
+        rid, generation = sequence.request_id, sequence.generation
+        output = Output(
+            rid,
+            response_id=hashlib.sha256(rid.encode()).hexdigest()[:24],
+            prompt_tokens=sequence.prompt_tokens,
+            cached_tokens=sequence.cached_tokens,
+            engine_seconds=time.monotonic() - sequence.added_at,
+        )
         if rid in self.fail_request_ids:
-            result = server_error(rid, "the fake engine was told to fail this request")
-        elif isinstance(run, EmbeddingBody):
-            vectors = [_vector(item) for item in run.inputs()]
-            response = embedding_list(
-                model=self.model_name,
-                vectors=vectors,
-                encoding_format=run.encoding_format,
-                prompt_tokens=sequence.prompt_tokens,
-            )
-            result = EngineResult(rid, 200, response, prompt_tokens=sequence.prompt_tokens)
-        elif isinstance(body, MessagesBody):
-            result = self._message(sequence, body)
-        else:
-            result = self._completion(sequence, run)
-        if result.ok and sequence.exact:
-            result.token_ids = list(sequence.token_ids)
-        result.engine_seconds = time.monotonic() - sequence.added_at
-        return result
-
-    def _message(self, sequence: _Sequence, body: MessagesBody) -> EngineResult:
-        """Anthropic's Message: the fake decodes to its limit, so it stops on max_tokens (or the context)."""
-        count = sequence.tokens_to_decode
-        stop = anthropic_stop(finish_reason="length", matched=None, output_tokens=count, max_tokens=body.max_tokens)
-        message = anthropic_message(
-            message_id=hashlib.sha256(sequence.request_id.encode()).hexdigest()[:24],
-            model=self.model_name,
-            text=_words(sequence.token_ids),
-            stop=stop,
-            prompt_tokens=sequence.prompt_tokens,
-            output_tokens=count,
-            cached_tokens=sequence.cached_tokens,
-        )
-        return EngineResult(
-            sequence.request_id,
-            200,
-            message,
-            prompt_tokens=sequence.prompt_tokens,
-            completion_tokens=count,
-            cached_tokens=sequence.cached_tokens,
-        )
-
-    def _completion(self, sequence: _Sequence, body: ChatBody | CompletionBody) -> EngineResult:
-        count = sequence.tokens_to_decode
-        choices = [
-            Choice(
-                text=_words(sequence.token_ids) if index == 0 else _text(sequence.request_id, index, count),
-                finish_reason="length",
-                token_count=count,
-            )
-            for index in range(body.n)
-        ]
-        response_id = hashlib.sha256(sequence.request_id.encode()).hexdigest()[:24]
-        assert not isinstance(sequence.body, MessagesBody)  # Messages are answered by `_message`
-        response = generated_body(
-            sequence.body,
-            response_id=response_id,
-            model=self.model_name,
-            choices=choices,
-            prompt_tokens=sequence.prompt_tokens,
-            cached_tokens=sequence.cached_tokens,
-        )
-        return EngineResult(
-            sequence.request_id,
-            200,
-            response,
-            prompt_tokens=sequence.prompt_tokens,
-            completion_tokens=count * body.n,
-            cached_tokens=sequence.cached_tokens,
-        )
+            output.error = server_error(rid, "the fake engine was told to fail this request")
+        elif generation.kind == "embed":
+            output.vectors = [_vector(item) for item in generation.inputs]
+        else:  # the fake decodes to its limit: every sequence stops on its length
+            count = sequence.tokens_to_decode
+            output.sequences = [
+                Generated(
+                    text=_words(sequence.token_ids) if index == 0 else _text(rid, index, count),
+                    token_count=count,
+                    finish_reason="length",
+                )
+                for index in range(generation.sampling.n)
+            ]
+            if sequence.exact:
+                output.checkpoint = list(sequence.token_ids)
+        return sequence.parsed.answer(output, self.model_name)
 
 
 def _count_tokens(item: str | list[int]) -> int:

@@ -30,16 +30,14 @@ from typing import Any
 
 import httpx
 
-from storage.protocols import CHAT_URL
 from storage.registry import ModelSpec, SharedModeSpec
 from worker.engine import EngineRequest, EngineResult, EngineStats, Progress
-from worker.engine.http_wire import refusal, validate_body, wire_request
+from worker.engine.generation import Generation, context_length_error
+from worker.engine.http_wire import output_of, refusal, server_request
 from worker.engine.prefill_stage import STAGING_AHEAD, PaceGate, PrefillStager, Staging
 from worker.engine.shared_budget import DispatchBudget, MetricsError, parse_load
-from worker.engine.wire.anthropic import MessagesBody, message_from_chat_completion
+from worker.engine.wire import Parsed, parse
 from worker.engine.wire.base import BodyError, server_error
-from worker.engine.wire.openai import Body, ChatBody, CompletionBody, ResponsesBody
-from worker.engine.wire.openai_results import context_length_error, response_from_chat
 
 log = logging.getLogger(__name__)
 
@@ -61,14 +59,13 @@ class _Flight:
     """A request the runner handed us: its payload, its current send (token) and whether it waits to be sent."""
 
     request_id: str
-    url: str  # where it goes: a Responses request goes to the server's chat endpoint
+    url: str  # the server's endpoint the generation amounts to (http_wire.server_request)
     payload: dict[str, Any]
     added: float
-    body: Body | None = None  # as parsed here: decides the answer's shape and the context check
+    parsed: Parsed  # what runs and how the server's answer becomes the line's
     token: int = -1
     future: concurrent.futures.Future[None] | None = None
     parked: bool = True
-    messages: MessagesBody | None = None  # an Anthropic request, sent as chat and answered as a Message
     chars: int = 0  # the size of its body: the prefill pacer estimates its prompt tokens from it
     staging: bool = False  # sent to the loop to be staged, its own request not yet past the pace gate
     staged: Staging | None = None  # what staging did (the line's cached tokens leave the pieces' hits out)
@@ -117,19 +114,13 @@ class HttpEngine:
         try:
             if rid in self._inflight:
                 raise BodyError(f"request {rid!r} is already in flight", code="duplicate_request")
-            parsed = validate_body(request.url, request.body)
-            if not isinstance(parsed, MessagesBody):  # Anthropic's max_tokens stops at the context instead
-                self._check_cap(parsed, prompt_tokens=None)
+            parsed = parse(request.url, request.body)
+            self._check_cap(parsed.generation, prompt_tokens=None)
         except BodyError as error:
             return error.to_result(rid)
-        messages = parsed if isinstance(parsed, MessagesBody) else None
-        if messages is not None:
-            url, body = CHAT_URL, messages.chat_payload()
-        else:
-            url, body = wire_request(request.url, request.body, parsed)  # type: ignore[arg-type]
+        url, body = server_request(parsed.generation)
         payload = {**body, "model": self.server_model, "priority": self.shared.batch_priority}
-        flight_body = None if messages is not None else parsed
-        flight = _Flight(rid, url, payload, time.monotonic(), body=flight_body, messages=messages)  # type: ignore[arg-type]
+        flight = _Flight(rid, url, payload, time.monotonic(), parsed)
         if self.budget.pacer is not None:
             flight.chars = len(json.dumps(payload.get("messages") or payload.get("prompt") or payload))
         self._inflight[rid] = flight
@@ -292,8 +283,6 @@ class HttpEngine:
             result = await (self._attempts(flight) if self.stager is None else self._staged(flight, self.stager))
         finally:
             self._calls.pop(token, None)
-        if flight.messages is not None and result.ok:
-            result.body = message_from_chat_completion(result.body, model=self.model_name, body=flight.messages)
         self._done.put((rid, token, result))
 
     async def _staged(self, flight: _Flight, stager: PrefillStager) -> EngineResult:
@@ -336,37 +325,29 @@ class HttpEngine:
         reasons = {choice.get("finish_reason") for choice in body.get("choices", [])}
         if not reasons <= _GOOD_FINISH:  # e.g. "abort": the server dropped the sequence; run it again
             raise _Retry(f"the server ended the request early ({', '.join(sorted(map(str, reasons)))})")
-        body["model"] = self.model_name
         usage = body.get("usage") or {}
-        prompt, completion = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+        prompt = int(usage.get("prompt_tokens") or 0)
         # Reported when the server runs with --enable-prompt-tokens-details; 0 otherwise.
         cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
         if (staged := flight.staged) is not None and staged.pieces:  # the pieces' own hits are not the line's
             cached = staged.cached_before + max(0, cached - staged.prefix_tokens)
+        generation = flight.parsed.generation
         try:
-            self._check_cap(flight.body, prompt_tokens=prompt)  # the server clamps; OpenAI refuses (not billed)
+            self._check_cap(generation, prompt_tokens=prompt)  # the server clamps; OpenAI refuses (not billed)
         except BodyError as error:
             return error.to_result(rid)
-        if isinstance(flight.body, ResponsesBody):
-            body = response_from_chat(flight.body, body, model=self.model_name, cached_tokens=cached)
-        elif "choices" in body and isinstance(usage, dict):
-            usage["prompt_tokens_details"] = {**(usage.get("prompt_tokens_details") or {}), "cached_tokens": cached}
-        return EngineResult(rid, status, body, prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached)
+        output = output_of(rid, generation, body, cached_tokens=cached)
+        return flight.parsed.answer(output, self.model_name)
 
-    def _check_cap(self, body: Body | None, *, prompt_tokens: int | None) -> None:
-        """Refuse an output cap the context cannot hold: alone at `add`, with the prompt once the server counted it."""
-        run = body.as_chat() if isinstance(body, ResponsesBody) else body
-        if self.max_model_len is None or not isinstance(run, (ChatBody, CompletionBody)):
+    def _check_cap(self, generation: Generation, *, prompt_tokens: int | None) -> None:
+        """Refuse an output cap the context cannot hold: alone at `add`, with the prompt once the server counted it
+        (a clamping limit stops at the context's end instead, as the server does)."""
+        limit = generation.limit
+        if self.max_model_len is None or generation.kind == "embed" or limit.clamp or limit.requested is None:
             return
-        requested = run.requested_output()
-        if requested is None or requested[0] + (prompt_tokens or 0) <= self.max_model_len:
+        if limit.requested + (prompt_tokens or 0) <= self.max_model_len:
             return
-        raise context_length_error(
-            max_model_len=self.max_model_len,
-            prompt_tokens=prompt_tokens,
-            requested=requested,
-            chat=isinstance(run, ChatBody),
-        )
+        raise context_length_error(generation, max_model_len=self.max_model_len, prompt_tokens=prompt_tokens)
 
     async def _poll_metrics(self) -> None:
         """Feed the budget from /metrics; give slots back (cancel the youngest calls) when it says so."""

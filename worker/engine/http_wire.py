@@ -1,33 +1,127 @@
-"""What the shared-mode HTTP engine (worker/engine/http_engine.py) sends a server and what it makes of a refusal:
-a batch line's body checked as the in-process engine checks it, the request it becomes on the wire, and a 4xx
-answer as the line's error."""
+"""What the shared-mode HTTP engine (worker/engine/http_engine.py) sends a vLLM server and makes of its answers:
+a neutral `Generation` as the request of the server's OpenAI endpoint it amounts to, the server's answer as a
+neutral `Output` (the line's wire module answers it, as it answers the in-process engine's), a 4xx as the line's
+error."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from storage.protocols import CHAT_URL
+from storage.protocols import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL
 from worker.engine import EngineResult
-from worker.engine.wire import parse_body
-from worker.engine.wire.anthropic import MessagesBody
-from worker.engine.wire.openai import Body, CompletionBody, EmbeddingBody, ResponsesBody
+from worker.engine.generation import Generated, Generation, Output, TokenLogprob
 
 
-def validate_body(url: str, body: Any) -> Body | MessagesBody:
-    """The same strict checks as the in-process engine, so a line fails the same way in both modes."""
-    parsed = parse_body(url, body)
-    if isinstance(parsed, CompletionBody):
-        parsed.single_prompt()
-    elif isinstance(parsed, EmbeddingBody):
-        parsed.inputs()
-    return parsed
+def server_request(generation: Generation) -> tuple[str, dict[str, Any]]:
+    """Where a generation goes on the server and what it says there (vLLM takes top_k, min_tokens, ignore_eos,
+    a prefill's continue_final_message and structured outputs as extras)."""
+    if generation.kind == "embed":
+        payload: dict[str, Any] = {"input": list(generation.inputs), "encoding_format": "float"}
+        if generation.dimensions is not None:
+            payload["dimensions"] = generation.dimensions
+        return EMBEDDINGS_URL, payload
+    if generation.kind == "chat":
+        url, payload = CHAT_URL, {"messages": list(generation.messages)}
+        if generation.continue_final:
+            payload.update(add_generation_prompt=False, continue_final_message=True)
+    else:
+        url, payload = COMPLETIONS_URL, {"prompt": generation.prompt}
+    limit = generation.limit.requested or generation.limit.default
+    if limit is not None:
+        payload["max_tokens"] = limit
+    payload.update(_sampling(generation))
+    if (constraint := generation.constraint) is not None:
+        schema = {"json": constraint.json_schema} if constraint.json_schema is not None else {"json_object": True}
+        payload["structured_outputs"] = schema
+    return url, payload
 
 
-def wire_request(url: str, body: dict[str, Any], parsed: Body) -> tuple[str, dict[str, Any]]:
-    """Where a request goes and what it says: a Responses request runs as the chat request it amounts to."""
-    if isinstance(parsed, ResponsesBody):
-        return CHAT_URL, parsed.as_chat().model_dump(by_alias=True, exclude_none=True, exclude_defaults=True)
-    return url, body
+def _sampling(generation: Generation) -> dict[str, Any]:
+    sampling, fields = generation.sampling, {}
+    for name in ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty"):
+        if (value := getattr(sampling, name)) is not None:
+            fields[name] = value
+    if sampling.n != 1:
+        fields["n"] = sampling.n
+    if sampling.top_k:
+        fields["top_k"] = sampling.top_k
+    if sampling.stop:
+        fields["stop"] = list(sampling.stop)
+    if sampling.min_tokens:
+        fields["min_tokens"] = sampling.min_tokens
+    if sampling.ignore_eos:
+        fields["ignore_eos"] = True
+    if sampling.logit_bias:
+        fields["logit_bias"] = {str(token): bias for token, bias in sampling.logit_bias.items()}
+    if sampling.logprobs is not None:
+        chat = generation.kind == "chat"
+        fields.update(
+            {"logprobs": True, "top_logprobs": sampling.logprobs} if chat else {"logprobs": sampling.logprobs}
+        )
+    return fields
+
+
+def output_of(request_id: str, generation: Generation, answer: dict[str, Any], *, cached_tokens: int) -> Output:
+    """The server's answer to `server_request(generation)` as a neutral output."""
+    usage = answer.get("usage") or {}
+    prompt = int(usage.get("prompt_tokens") or 0)
+    output = Output(request_id, response_id=_response_id(answer), prompt_tokens=prompt, cached_tokens=cached_tokens)
+    if generation.kind == "embed":
+        output.vectors = [list(item.get("embedding") or []) for item in answer.get("data") or []]
+        return output
+    choices = sorted(answer.get("choices") or [], key=lambda choice: int(choice.get("index") or 0))
+    counts = _split(int(usage.get("completion_tokens") or 0), len(choices))
+    output.sequences = [
+        Generated(
+            text=_text(choice, chat=generation.kind == "chat"),
+            token_count=count,
+            finish_reason=str(choice.get("finish_reason") or "stop"),
+            matched=choice.get("stop_reason"),
+            logprobs=_logprobs(choice.get("logprobs"), chat=generation.kind == "chat"),
+        )
+        for choice, count in zip(choices, counts, strict=True)
+    ]
+    return output
+
+
+def _response_id(answer: dict[str, Any]) -> str:
+    found = str(answer.get("id") or "")
+    return found.split("-", 1)[1] if "-" in found else found
+
+
+def _split(total: int, parts: int) -> list[int]:
+    """A total count over `parts` sequences (the server counts tokens per request, not per choice)."""
+    if parts <= 1:
+        return [total] * parts
+    share, extra = divmod(total, parts)
+    return [share + (1 if index < extra else 0) for index in range(parts)]
+
+
+def _text(choice: dict[str, Any], *, chat: bool) -> str:
+    if chat:
+        return str((choice.get("message") or {}).get("content") or "")
+    return str(choice.get("text") or "")
+
+
+def _logprobs(found: Any, *, chat: bool) -> list[TokenLogprob] | None:
+    """A server's chat or completion logprobs, back in neutral form."""
+    if not isinstance(found, dict):
+        return None
+    if chat:
+        return [
+            TokenLogprob(str(item.get("token")), float(item.get("logprob") or 0.0), _ranked(item.get("top_logprobs")))
+            for item in found.get("content") or []
+        ]
+    tokens, values = found.get("tokens") or [], found.get("token_logprobs") or []
+    tops = list(found.get("top_logprobs") or []) + [None] * len(tokens)
+    return [
+        TokenLogprob(str(token), float(value or 0.0), list((top or {}).items()))
+        for token, value, top in zip(tokens, values, tops, strict=False)
+    ]
+
+
+def _ranked(tops: Any) -> list[tuple[str, float]]:
+    return [(str(top.get("token")), float(top.get("logprob") or 0.0)) for top in tops or []]
 
 
 def refusal(rid: str, status: int, body: dict[str, Any]) -> EngineResult:

@@ -39,8 +39,7 @@ Prepared = list[tuple[str, Any, Any]]  # (engine request id, engine input, sampl
 class Ahead:
     """One request rendered ahead: what `add` would have built from its body."""
 
-    body: Any  # the parsed body (worker/engine/wire)
-    run: Any  # what the engine runs of it
+    parsed: Any  # the line as its wire module read it (worker/engine/wire.Parsed)
     prepared: Prepared
     exact: bool  # a resume from its tokens gives what running on would
 

@@ -2,7 +2,8 @@
 
 One in-process v1 `LLMEngine`, loaded once and kept warm, fed continuously: `add()` renders and submits a request
 at once, `step()` runs one scheduler iteration and hands back whatever finished in it. vLLM's scheduler does the
-continuous batching; this module only translates OpenAI bodies in and out. Not thread-safe: call it from one thread.
+continuous batching; this module only turns neutral generations (worker/engine/generation.py, read off each line
+by its protocol's wire module) into vLLM's inputs and vLLM's outputs back. Not thread-safe: call it from one thread.
 """
 
 from __future__ import annotations
@@ -15,20 +16,16 @@ import time
 from collections.abc import Collection
 from typing import Any
 
-from storage.protocols import EMBEDDINGS_URL
 from storage.registry import ModelSpec
 from worker.engine import EngineRequest, EngineResult, EngineStats, Progress, error_result
+from worker.engine.generation import Generation, output_budget
 from worker.engine.vllm_ahead import Ahead, AheadRenders
 from worker.engine.vllm_chat import Conversation, DirectChat
 from worker.engine.vllm_outputs import InFlight, generated_ids, invalid_result, result_of
 from worker.engine.vllm_process import close_at_exit, forget_import_tracebacks, set_env_defaults
 from worker.engine.vllm_resume import EndedHere, Resume, boundary_stop, continue_from, exact_params
-from worker.engine.wire import parse_body
-from worker.engine.wire.anthropic import MessagesBody
+from worker.engine.wire import Parsed, parse
 from worker.engine.wire.base import BodyError, server_error
-from worker.engine.wire.openai import Body, ChatBody, CompletionBody, EmbeddingBody
-from worker.engine.wire.openai_results import engine_body, output_budget
-from worker.engine.wire.resume import restart_reason
 
 logger = logging.getLogger(__name__)
 
@@ -107,15 +104,15 @@ class VllmEngine:
         rid = request.request_id
         ahead = self._ahead.take(rid) if self._ahead is not None else None
         if ahead is not None and not request.resume_token_ids and rid not in self._inflight:
-            return self._submit(rid, ahead.body, ahead.run, ahead.prepared, exact=ahead.exact)
+            return self._submit(rid, ahead.parsed, ahead.prepared, exact=ahead.exact)
         try:
             if rid in self._inflight:
                 raise BodyError(f"request {rid!r} is already in flight", code="duplicate_request")
-            body = parse_body(request.url, request.body)
-            self._check_endpoint(request.url)
-            run = body.as_chat() if isinstance(body, MessagesBody) else engine_body(body)
-            prepared = self._prepare(rid, body if isinstance(body, MessagesBody) else run)
-            exact = not isinstance(run, EmbeddingBody) and restart_reason(run) is None and exact_params(prepared[0][2])
+            parsed = parse(request.url, request.body)
+            generation = parsed.generation
+            self._check_kind(generation, request.url)
+            prepared = self._prepare(rid, generation)
+            exact = generation.restart_reason() is None and exact_params(prepared[0][2])
             resume = None
             if exact and request.resume_token_ids:
                 prepared, resume = continue_from(prepared[0], list(request.resume_token_ids), self._tokenizer)
@@ -126,7 +123,7 @@ class VllmEngine:
         except Exception as error:  # a template or tokenizer failure on this body alone
             logger.exception("rendering request %s failed", rid)
             return error_result(rid, 400, f"could not render the request: {error}", code="invalid_value")
-        return self._submit(rid, body, run, prepared, exact=exact, resume=resume)
+        return self._submit(rid, parsed, prepared, exact=exact, resume=resume)
 
     def prepare(self, requests: Collection[EngineRequest]) -> None:
         """Render chat requests ahead, on the calling thread (the runner's claimer), off the engine's."""
@@ -157,7 +154,7 @@ class VllmEngine:
         answer: dict[str, Progress] = {}
         for rid in request_ids:
             flight = self._inflight.get(rid)
-            if flight is None or isinstance(flight.run, EmbeddingBody):
+            if flight is None or flight.parsed.generation.kind == "embed":
                 continue
             earlier = flight.resume.token_ids if flight.resume is not None else []
             answer[rid] = Progress(
@@ -219,8 +216,8 @@ class VllmEngine:
 
     # -- requests in ---------------------------------------------------------------------------
 
-    def _check_endpoint(self, url: str) -> None:
-        wanted = "embed" if url == EMBEDDINGS_URL else "generate"
+    def _check_kind(self, generation: Generation, url: str) -> None:
+        wanted = "embed" if generation.kind == "embed" else "generate"
         if wanted not in self._tasks:
             raise BodyError(f"model {self.model_name!r} does not serve {url}", code="unsupported_endpoint", param="url")
 
@@ -233,44 +230,44 @@ class VllmEngine:
         kwargs |= {"tools": None, "tokenize": False}
         return ChatParams(chat_template=None, chat_template_content_format="auto", chat_template_kwargs=kwargs)
 
-    def _prepare(
-        self, rid: str, body: ChatBody | CompletionBody | EmbeddingBody | MessagesBody
-    ) -> list[tuple[str, Any, Any]]:
-        """(engine id, rendered prompt, params) for each engine request this body becomes."""
-        if isinstance(body, MessagesBody):  # Anthropic Messages run on the chat path
-            chat = body.as_chat()
-            params = self._chat_params(continue_final=body.prefill)
-            _, (prompt,) = self._renderer.render_chat([chat.conversation()], params)
-            sampling = self._sampling_params(chat, len(prompt["prompt_token_ids"]), top_k=body.top_k, clamp=True)
-            return [(rid, prompt, sampling)]
-        if isinstance(body, EmbeddingBody):
+    def _prepare(self, rid: str, generation: Generation) -> list[tuple[str, Any, Any]]:
+        """(engine id, rendered prompt, params) for each engine request this generation becomes."""
+        if generation.kind == "embed":
             from vllm import PoolingParams
 
-            params = PoolingParams(task="embed", dimensions=body.dimensions)
-            return [(f"{rid}#{i}", self._render_plain(item), params) for i, item in enumerate(body.inputs())]
-        if isinstance(body, ChatBody):
-            conversation = body.conversation()
-            prompt = (self._direct and self._direct.render(conversation)) or self._render(conversation)
+            params = PoolingParams(task="embed", dimensions=generation.dimensions)
+            return [(f"{rid}#{i}", self._render_plain(item), params) for i, item in enumerate(generation.inputs)]
+        if generation.kind == "chat":
+            turns = None if generation.continue_final else generation.plain_turns()
+            prompt = (self._direct and turns is not None and self._direct.render(turns)) or self._render_chat(
+                generation
+            )
         else:
-            prompt = self._render_plain(body.single_prompt())
-        return [(rid, prompt, self._sampling_params(body, len(prompt["prompt_token_ids"])))]
+            assert generation.prompt is not None
+            prompt = self._render_plain(generation.prompt)
+        return [(rid, prompt, self._sampling_params(generation, len(prompt["prompt_token_ids"])))]
+
+    def _render_chat(self, generation: Generation) -> Any:
+        # The template writes BOS itself, so the tokenizer adds no special tokens (as in LLM.chat()).
+        params = self._chat_params(continue_final=generation.continue_final)
+        _, (prompt,) = self._renderer.render_chat([list(generation.messages)], params)
+        return prompt
 
     def _render(self, conversation: Conversation) -> Any:
-        # The template writes BOS itself, so the tokenizer adds no special tokens (as in LLM.chat()).
         _, (prompt,) = self._renderer.render_chat([conversation], self._chat_params())
         return prompt
 
     def _render_ahead(self, request: EngineRequest, direct: DirectChat) -> Ahead | None:
-        """What `add` builds of a chat request or an Anthropic one without a prefill (its answer starts a new turn,
-        as the direct path renders it), built on another thread with that thread's `direct`."""
-        body = parse_body(request.url, request.body)
-        run = (None if body.prefill else body.as_chat()) if isinstance(body, MessagesBody) else engine_body(body)
-        if not isinstance(run, ChatBody) or (prompt := direct.render(run.conversation())) is None:
+        """What `add` builds of a chat request whose answer starts a new turn (no prefill) and whose messages are
+        plain text (as the direct path renders them), built on another thread with that thread's `direct`."""
+        parsed = parse(request.url, request.body)
+        generation = parsed.generation
+        turns = generation.plain_turns() if generation.kind == "chat" and not generation.continue_final else None
+        if turns is None or (prompt := direct.render(turns)) is None:
             return None
-        top_k, clamp = (body.top_k, True) if isinstance(body, MessagesBody) else (None, False)  # as `_prepare`
-        params = self._sampling_params(run, len(prompt["prompt_token_ids"]), top_k=top_k, clamp=clamp)
-        exact = restart_reason(run) is None and exact_params(params)
-        return Ahead(body, run, [(request.request_id, prompt, params)], exact=exact)
+        params = self._sampling_params(generation, len(prompt["prompt_token_ids"]))
+        exact = generation.restart_reason() is None and exact_params(params)
+        return Ahead(parsed, [(request.request_id, prompt, params)], exact=exact)
 
     def _render_plain(self, item: str | list[int]) -> Any:
         from vllm.renderers.inputs.preprocess import parse_model_prompt
@@ -279,50 +276,39 @@ class VllmEngine:
         (prompt,) = self._renderer.render_cmpl([parse_model_prompt(self._model_config, raw)])
         return prompt
 
-    def _sampling_params(
-        self, body: ChatBody | CompletionBody, prompt_tokens: int, *, top_k: int | None = None, clamp: bool = False
-    ) -> Any:
+    def _sampling_params(self, generation: Generation, prompt_tokens: int) -> Any:
         from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
-        # No cap asked: the generation config's default, else the rest of the context (as vLLM's server);
-        # a cap beyond the context is refused with OpenAI's 400 (`output_budget`).
-        # Anthropic's `max_tokens` (clamp) instead stops at the context: `model_context_window_exceeded`.
+        # No cap asked: the generation config's default, else the rest of the context (as vLLM's server); a cap
+        # beyond the context is refused with OpenAI's 400, or stops at the context when the limit clamps
+        # (Anthropic's max_tokens: `model_context_window_exceeded`).
         default = self._defaults.get("max_tokens")
-        if clamp:
-            room = self._max_model_len - prompt_tokens
-            if room < 1:
-                raise BodyError(
-                    f"This model's maximum context length is {self._max_model_len} tokens, "
-                    f"but the prompt has {prompt_tokens} tokens, leaving no room for output.",
-                    code="context_length_exceeded",
-                    param="messages",
-                )
-            limit = min(body.output_limit() or room, room)
-        else:
-            limit = output_budget(body, prompt_tokens=prompt_tokens, max_model_len=self._max_model_len, default=default)
+        limit = output_budget(
+            generation, prompt_tokens=prompt_tokens, max_model_len=self._max_model_len, default=default
+        )
+        sampling = generation.sampling
         values: dict[str, Any] = {
             **{k: v for k, v in self._defaults.items() if k != "max_tokens"},
-            "n": body.n,
+            "n": sampling.n,
             "max_tokens": limit,
-            "min_tokens": body.min_tokens,
-            "stop": body.stop_list(),
-            "ignore_eos": body.ignore_eos,
-            "logprobs": body.logprob_count(),
+            "min_tokens": sampling.min_tokens,
+            "stop": list(sampling.stop),
+            "ignore_eos": sampling.ignore_eos,
+            "logprobs": sampling.logprobs,
             "output_kind": RequestOutputKind.FINAL_ONLY,
             "skip_clone": True,  # built per request: vLLM need not deep-copy it at add_request (as its server)
         }
         for name in ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty"):
-            if (value := getattr(body, name)) is not None:
+            if (value := getattr(sampling, name)) is not None:
                 values[name] = value
-        if top_k:  # Anthropic's top_k (0: off)
-            values["top_k"] = top_k
-        if body.logit_bias:
-            values["logit_bias"] = {int(token): bias for token, bias in body.logit_bias.items()}
-        if body.response_format is not None and body.response_format.type != "text":
-            schema = body.response_format.json_schema
+        if sampling.top_k:  # 0 or None: off
+            values["top_k"] = sampling.top_k
+        if sampling.logit_bias:
+            values["logit_bias"] = dict(sampling.logit_bias)
+        if (constraint := generation.constraint) is not None:
             values["structured_outputs"] = (
-                StructuredOutputsParams(json=schema.schema_)
-                if body.response_format.type == "json_schema" and schema is not None
+                StructuredOutputsParams(json=constraint.json_schema)
+                if constraint.json_schema is not None
                 else StructuredOutputsParams(json_object=True)
             )
         return SamplingParams(**values)
@@ -330,8 +316,7 @@ class VllmEngine:
     def _submit(
         self,
         rid: str,
-        body: Body | MessagesBody,
-        run: ChatBody | CompletionBody | EmbeddingBody,
+        parsed: Parsed,
         prepared: list[tuple[str, Any, Any]],
         *,
         exact: bool = False,
@@ -352,7 +337,7 @@ class VllmEngine:
             logger.exception("engine refused request %s", rid)
             return server_error(rid, f"the engine could not accept the request: {error}")
         engine_ids = [engine_id for engine_id, _, _ in prepared]
-        self._inflight[rid] = InFlight(rid, body, run, time.monotonic(), engine_ids, exact=exact, resume=resume)
+        self._inflight[rid] = InFlight(rid, parsed, time.monotonic(), engine_ids, exact=exact, resume=resume)
         if resume is not None and resume.window_open:
             self._open_windows[rid] = self._inflight[rid]
         self._owner.update((engine_id, rid) for engine_id, _, _ in prepared)

@@ -1,4 +1,5 @@
-"""What a finished vLLM request becomes: one OpenAI or Anthropic response body, with its token counts.
+"""What a finished vLLM request becomes: a neutral `Output` (its sequences or vectors and token counts), answered
+by the line's wire module.
 
 Works on vLLM's output objects and the tokenizer it is handed; nothing here imports vLLM (only
 `worker/engine/vllm_engine.py` does).
@@ -12,21 +13,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from worker.engine import EngineResult, error_result
-from worker.engine.vllm_choices import choice_of, message_of
+from worker.engine.generation import Output
+from worker.engine.vllm_choices import generated_of
 from worker.engine.vllm_resume import Resume, stitch
-from worker.engine.wire.anthropic import MessagesBody
+from worker.engine.wire import Parsed
 from worker.engine.wire.base import server_error
-from worker.engine.wire.openai import Body, ChatBody, CompletionBody, EmbeddingBody
-from worker.engine.wire.openai_results import embedding_list, generated_body
 
 
 @dataclass
 class InFlight:
-    """A submitted request: its parsed body, what the engine runs for it, and the engine requests it fanned out to."""
+    """A submitted request: what it runs and how it is answered, and the engine requests it fanned out to."""
 
     request_id: str
-    body: Body | MessagesBody
-    run: ChatBody | CompletionBody | EmbeddingBody  # what runs (Responses and Messages as chat)
+    parsed: Parsed
     started: float
     engine_ids: list[str]
     done: dict[str, Any] = field(default_factory=dict)
@@ -40,59 +39,28 @@ def result_of(flight: InFlight, *, model_name: str, tokenizer: Any, tally: Calla
     problem = next((o.error for o in outputs if getattr(o, "error", None) is not None), None)
     if problem is not None:
         return server_error(flight.request_id, f"the engine failed on this request: {problem.message}")
-    body, run = flight.body, flight.run
+    generation = flight.parsed.generation
     prompt_tokens = sum(len(o.prompt_token_ids or ()) for o in outputs)
     cached_tokens = sum(getattr(o, "num_cached_tokens", None) or 0 for o in outputs)
     if flight.resume is not None:  # the earlier tokens were prompt to vLLM; to the user they are output
         prompt_tokens = flight.resume.prompt_tokens
         cached_tokens = min(cached_tokens, prompt_tokens)
     tally(prompt_tokens, cached_tokens)
-    if isinstance(run, EmbeddingBody):
-        vectors = [o.outputs.data.float().tolist() for o in outputs]
-        response = embedding_list(
-            model=model_name,
-            vectors=vectors,
-            encoding_format=run.encoding_format,
-            prompt_tokens=prompt_tokens,
-        )
-        return EngineResult(flight.request_id, 200, response, prompt_tokens=prompt_tokens, cached_tokens=cached_tokens)
+    output = Output(flight.request_id, response_id=uuid.uuid4().hex, prompt_tokens=prompt_tokens)
+    output.cached_tokens = cached_tokens
+    if generation.kind == "embed":
+        output.vectors = [o.outputs.data.float().tolist() for o in outputs]
+        return flight.parsed.answer(output, model_name)
     completions: list[Any] = sorted(outputs[0].outputs, key=lambda c: c.index)
     if flight.resume is not None:
         completions = [stitch(flight.resume, c) for c in completions]
     if any(c.finish_reason not in ("stop", "length") for c in completions):
         reasons = sorted({str(c.finish_reason) for c in completions})
         return server_error(flight.request_id, f"the engine ended the request early ({', '.join(reasons)})")
-    kept = list(completions[0].token_ids) if flight.exact else []  # a checkpoint, if a pause beats the record
-    if isinstance(body, MessagesBody):
-        message = message_of(
-            flight.request_id,
-            body,
-            completions[0],
-            model_name,
-            prompt_tokens=prompt_tokens,
-            cached=cached_tokens,
-        )
-        message.token_ids = kept
-        return message
-    choices = [choice_of(c, run, tokenizer) for c in completions]
-    response = generated_body(
-        body,
-        response_id=uuid.uuid4().hex,
-        model=model_name,
-        choices=choices,
-        prompt_tokens=prompt_tokens,
-        cached_tokens=cached_tokens,
-    )
-    completion_tokens = sum(choice.token_count for choice in choices)
-    return EngineResult(
-        flight.request_id,
-        200,
-        response,
-        prompt_tokens=prompt_tokens,
-        completion_tokens=completion_tokens,
-        cached_tokens=cached_tokens,
-        token_ids=kept,
-    )
+    logprobs = generation.sampling.logprobs is not None
+    output.sequences = [generated_of(c, tokenizer, logprobs=logprobs) for c in completions]
+    output.checkpoint = list(completions[0].token_ids) if flight.exact else []  # if a pause beats the record
+    return flight.parsed.answer(output, model_name)
 
 
 def invalid_result(rid: str, error: Exception) -> EngineResult:

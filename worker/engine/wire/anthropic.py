@@ -1,19 +1,21 @@
 """Anthropic Messages (/v1/messages) request bodies in, Anthropic `Message` bodies out.
 
-An Anthropic Message Batch request's `params`, run on the chat path of every engine (`as_chat()`, or
-`chat_payload()` for a vLLM server) and answered as Anthropic's `Message` (`anthropic_message`). What the
+An Anthropic Message Batch request's `params`, run as a neutral chat `Generation` by every engine and answered
+as Anthropic's `Message` (`message_reply`). What the
 engine cannot do (tools, images, thinking, streaming) is refused per request: it becomes an `errored`
 result with `invalid_request_error`, never a failed batch.
 """
 
 from __future__ import annotations
 
+import uuid
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator
 
-from worker.engine.wire.base import TYPE_TAGS, BodyError, Strict
-from worker.engine.wire.openai import ChatBody, ChatMessage
+from worker.engine import EngineResult
+from worker.engine.generation import Generation, Output, OutputLimit, Sampling
+from worker.engine.wire.base import TYPE_TAGS, BodyError, Reply, Strict
 
 MAX_MESSAGES_STOP_SEQUENCES = 64
 MAX_METADATA_USER_ID_CHARS = 256
@@ -108,29 +110,53 @@ class MessagesBody(Strict):
         head = [{"role": "system", "content": "\n".join(system)}] if system else []
         return head + [{"role": role, "content": "\n".join(parts)} for role, parts in turns]
 
-    def as_chat(self) -> ChatBody:
-        """The same request as a chat body (already validated here, so it is built, not re-validated)."""
-        turns: list[dict[str, Any]] = list(self.conversation())
-        messages = [ChatMessage.model_construct(**turn) for turn in turns]
-        return ChatBody.model_construct(
-            messages=messages,
-            max_tokens=self.max_tokens,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            stop=list(self.stop_sequences or []),
+    def generation(self) -> Generation:
+        """What an engine runs for these Messages: a chat that stops at the context's end rather than refusing
+        a `max_tokens` it cannot hold, continuing a final assistant turn (a prefill)."""
+        return Generation(
+            kind="chat",
+            messages=tuple(self.conversation()),
+            continue_final=self.prefill,
+            limit=OutputLimit(requested=self.max_tokens, name="max_tokens", clamp=True),
+            sampling=Sampling(
+                temperature=self.temperature,
+                top_p=self.top_p,
+                top_k=self.top_k or None,
+                stop=tuple(self.stop_sequences or ()),
+            ),
         )
 
-    def chat_payload(self) -> dict[str, Any]:
-        """The request for a vLLM server's /v1/chat/completions (vLLM takes top_k and prefill as extras)."""
-        payload: dict[str, Any] = {"messages": self.conversation(), "max_tokens": self.max_tokens}
-        for name in ("temperature", "top_p", "top_k"):
-            if (value := getattr(self, name)) is not None:
-                payload[name] = value
-        if self.stop_sequences:
-            payload["stop"] = list(self.stop_sequences)
-        if self.prefill:
-            payload.update(add_generation_prompt=False, continue_final_message=True)
-        return payload
+
+def message_reply(body: MessagesBody) -> Reply:
+    """Anthropic's `Message` for an engine's output: its text, why it stopped, its usage."""
+
+    def reply(output: Output, model: str) -> EngineResult:
+        sequence = output.sequences[0]
+        stop = anthropic_stop(
+            finish_reason=sequence.finish_reason,
+            matched=sequence.matched,
+            output_tokens=sequence.token_count,
+            max_tokens=body.max_tokens,
+        )
+        message = anthropic_message(
+            message_id=output.response_id or uuid.uuid4().hex[:24],
+            model=model,
+            text=sequence.text,
+            stop=stop,
+            prompt_tokens=output.prompt_tokens,
+            output_tokens=sequence.token_count,
+            cached_tokens=output.cached_tokens,
+        )
+        return EngineResult(
+            output.request_id,
+            200,
+            message,
+            prompt_tokens=output.prompt_tokens,
+            completion_tokens=sequence.token_count,
+            cached_tokens=output.cached_tokens,
+        )
+
+    return reply
 
 
 def parse_messages_body(body: Any) -> MessagesBody:
@@ -207,26 +233,3 @@ def anthropic_message(
             "cache_read_input_tokens": cached,
         },
     }
-
-
-def message_from_chat_completion(completion: dict[str, Any], *, model: str, body: MessagesBody) -> dict[str, Any]:
-    """A vLLM server's chat.completion answer to `chat_payload()`, as Anthropic's `Message`."""
-    choice = (completion.get("choices") or [{}])[0]
-    usage = completion.get("usage") or {}
-    output_tokens = int(usage.get("completion_tokens") or 0)
-    details = usage.get("prompt_tokens_details") or {}
-    stop = anthropic_stop(
-        finish_reason=str(choice.get("finish_reason")),
-        matched=choice.get("stop_reason"),
-        output_tokens=output_tokens,
-        max_tokens=body.max_tokens,
-    )
-    return anthropic_message(
-        message_id=str(completion.get("id") or "").removeprefix("chatcmpl-"),
-        model=model,
-        text=str((choice.get("message") or {}).get("content") or ""),
-        stop=stop,
-        prompt_tokens=int(usage.get("prompt_tokens") or 0),
-        output_tokens=output_tokens,
-        cached_tokens=int(details.get("cached_tokens") or 0),
-    )

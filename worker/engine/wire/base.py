@@ -1,4 +1,4 @@
-"""What every wire format shares: the per-request body error and the strict base model.
+"""What every wire format shares: the per-request body error, the strict base model, a parsed line.
 
 Parsing is strict on purpose: a batch runs unattended, so a field we would silently ignore (`tools`,
 `stream: true`, a typo) becomes a 400 on that one line instead of a surprising answer.
@@ -6,23 +6,38 @@ Parsing is strict on purpose: a batch runs unattended, so a field we would silen
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from pydantic import BaseModel, ConfigDict
 
 from worker.engine import EngineResult, error_result
+from worker.engine.generation import BodyError, Generation, Output
+
+__all__ = ["TYPE_TAGS", "BodyError", "Parsed", "Reply", "Strict", "server_error"]
+
+Reply = Callable[[Output, str], EngineResult]  # (an engine's output, the served model's name) -> the line's answer
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """A batch line as its wire module read it: what the engine runs, and how its output becomes the answer."""
+
+    generation: Generation
+    reply: Reply
+
+    def answer(self, output: Output, model: str) -> EngineResult:
+        """The line's result: the answer in its protocol's shape (or the engine's error), with the run's time and
+        the checkpoint a hand-back would keep."""
+        result = output.error if output.error is not None else self.reply(output, model)
+        result.engine_seconds = output.engine_seconds
+        if result.ok:
+            result.token_ids = list(output.checkpoint)
+        return result
+
 
 # Union members add their type name to a validation error's `loc` ("prompt.str"); messages name the field path.
 TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "function-after"}
-
-
-class BodyError(Exception):
-    """A body that cannot run: it becomes one error result, never an exception out of `add()`."""
-
-    def __init__(self, message: str, *, code: str, param: str | None = None, status_code: int = 400) -> None:
-        super().__init__(message)
-        self.message, self.code, self.param, self.status_code = message, code, param, status_code
-
-    def to_result(self, request_id: str) -> EngineResult:
-        return error_result(request_id, self.status_code, self.message, code=self.code, param=self.param)
 
 
 def server_error(request_id: str, message: str) -> EngineResult:

@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from storage.protocols import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, RESPONSES_URL
+from worker.engine.generation import Constraint, Generation, OutputLimit, Sampling
 from worker.engine.wire.base import TYPE_TAGS, BodyError, Strict
 
 MAX_CHOICES = 16  # `n`; each choice is a whole sequence in the engine
@@ -95,6 +96,43 @@ class _SamplingBody(Strict):
     def stop_list(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
+    def logprob_count(self) -> int | None:
+        """How many logprobs per token the engine must return (None: none)."""
+        return None
+
+    def sampling(self) -> Sampling:
+        """How to sample, in the engine's neutral terms."""
+        bias = None
+        if self.logit_bias:
+            try:
+                bias = {int(token): value for token, value in self.logit_bias.items()}
+            except ValueError:
+                raise BodyError(
+                    "logit_bias keys must be token ids (integers)", code="invalid_value", param="logit_bias"
+                ) from None
+        return Sampling(
+            n=self.n,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            seed=self.seed,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            logit_bias=bias,
+            min_tokens=self.min_tokens,
+            ignore_eos=self.ignore_eos,
+            stop=tuple(self.stop_list()),
+            logprobs=self.logprob_count(),
+        )
+
+    def constraint(self) -> Constraint | None:
+        """The answer's required shape (`response_format`), if any."""
+        fmt = self.response_format
+        if fmt is None or fmt.type == "text":
+            return None
+        if fmt.type == "json_schema" and fmt.json_schema is not None:
+            return Constraint(json_schema=fmt.json_schema.schema_)
+        return Constraint(json_object=True)
+
 
 class ChatBody(_SamplingBody):
     messages: list[ChatMessage] = Field(min_length=1)
@@ -120,6 +158,17 @@ class ChatBody(_SamplingBody):
     def logprob_count(self) -> int | None:
         """How many logprobs per token the engine must return (None: none)."""
         return (self.top_logprobs or 0) if self.logprobs else None
+
+    def generation(self) -> Generation:
+        """What an engine runs for this chat request."""
+        requested = self.requested_output()
+        return Generation(
+            kind="chat",
+            messages=tuple(self.conversation()),
+            limit=OutputLimit(requested=requested[0], name=requested[1]) if requested else OutputLimit(),
+            sampling=self.sampling(),
+            constraint=self.constraint(),
+        )
 
 
 class CompletionBody(_SamplingBody):
@@ -147,6 +196,16 @@ class CompletionBody(_SamplingBody):
     def logprob_count(self) -> int | None:
         return self.logprobs
 
+    def generation(self) -> Generation:
+        """What an engine runs for this completion request: one prompt, 16 tokens unless asked (OpenAI's)."""
+        return Generation(
+            kind="text",
+            prompt=self.single_prompt(),
+            limit=OutputLimit(requested=self.max_tokens, name="max_tokens", default=16),
+            sampling=self.sampling(),
+            constraint=self.constraint(),
+        )
+
 
 class EmbeddingBody(Strict):
     input: str | list[str] | list[int] | list[list[int]]
@@ -165,6 +224,10 @@ class EmbeddingBody(Strict):
         if not items or any(len(item) == 0 for item in items):
             raise BodyError("input must not be empty", code="invalid_value", param="input")
         return items
+
+    def generation(self) -> Generation:
+        """One vector per input."""
+        return Generation(kind="embed", inputs=tuple(self.inputs()), dimensions=self.dimensions)
 
 
 class _InputPart(Strict):
@@ -255,6 +318,10 @@ class ResponsesBody(Strict):
         chat = ChatBody.model_validate(fields)
         chat._limit_field = "max_output_tokens"
         return chat
+
+    def generation(self) -> Generation:
+        """What an engine runs: the chat request this amounts to."""
+        return self.as_chat().generation()
 
 
 Body = ChatBody | CompletionBody | EmbeddingBody | ResponsesBody

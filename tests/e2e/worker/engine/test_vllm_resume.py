@@ -15,7 +15,7 @@ from storage.queue.checkpoints import pack_tokens, unpack_tokens
 from worker.engine import EngineRequest, EngineResult
 from worker.engine.vllm_engine import VllmEngine
 from worker.engine.vllm_resume import stream_decoder
-from worker.engine.wire.openai import ChatBody
+from worker.engine.wire import parse
 
 pytestmark = pytest.mark.vllm
 
@@ -84,7 +84,7 @@ def spanning_stop(engine: VllmEngine, prompt: str) -> tuple[str, int]:
     assert result.ok
     probe = EngineRequest("probe-ids", CHAT, request("x", prompt).body)
     ids = list(interrupted(engine, [probe], 40)["probe-ids"])
-    rendered = engine._prepare("ids", ChatBody.model_validate(probe.body))[0][1]["prompt_token_ids"]
+    rendered = engine._prepare("ids", parse(probe.url, probe.body).generation)[0][1]["prompt_token_ids"]
     decode = stream_decoder(engine._tokenizer, rendered)  # the text vLLM would show for these ids
     for k in range(2, len(ids) - 1):
         old, full = decode(ids[:k]), decode(ids[: k + 1])

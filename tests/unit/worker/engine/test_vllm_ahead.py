@@ -24,7 +24,7 @@ def build(req: EngineRequest, direct: Any) -> Ahead | None:
     if content == "later":
         return None  # left for `add`
     prompt = {"prompt_token_ids": [ord(c) for c in content], "arrival_time": 0.0}
-    return Ahead(req.body, req.body, [(req.request_id, prompt, {"max_tokens": 4})], exact=True)
+    return Ahead(req.body, [(req.request_id, prompt, {"max_tokens": 4})], exact=True)
 
 
 class Tokenizer:

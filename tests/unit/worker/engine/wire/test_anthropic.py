@@ -14,7 +14,8 @@ from storage.protocols import MESSAGES_URL
 from worker.engine import EngineRequest
 from worker.engine.fake import FakeEngine
 from worker.engine.wire import parse_body
-from worker.engine.wire.anthropic import MessagesBody, anthropic_message, anthropic_stop, message_from_chat_completion
+from worker.engine.generation import Generated, Output
+from worker.engine.wire.anthropic import MessagesBody, anthropic_message, anthropic_stop, message_reply
 from worker.engine.wire.base import BodyError
 
 
@@ -56,23 +57,21 @@ def test_system_and_text_blocks_become_one_chat_conversation_with_consecutive_tu
     assert not body.prefill
 
 
-def test_the_chat_body_carries_the_sampling_parameters_and_any_number_of_stop_sequences() -> None:
+def test_the_generation_carries_the_sampling_parameters_and_any_number_of_stop_sequences() -> None:
     stops = [f"END{i}" for i in range(8)]  # more than OpenAI's four
     body = parse(temperature=0.2, top_p=0.9, top_k=40, stop_sequences=stops, metadata={"user_id": "u-1"})
-    chat = body.as_chat()
-    assert (chat.max_tokens, chat.temperature, chat.top_p, chat.stop_list()) == (16, 0.2, 0.9, stops)
-    assert chat.conversation() == [{"role": "user", "content": "Hello"}]
-    payload = body.chat_payload()
-    assert payload["top_k"] == 40 and payload["stop"] == stops and "continue_final_message" not in payload
+    generation = body.generation()
+    sampling = generation.sampling
+    assert (generation.limit.requested, generation.limit.clamp) == (16, True)  # stops at the context's end
+    assert (sampling.temperature, sampling.top_p, sampling.top_k, list(sampling.stop)) == (0.2, 0.9, 40, stops)
+    assert list(generation.messages) == [{"role": "user", "content": "Hello"}] and not generation.continue_final
 
 
 def test_a_final_assistant_turn_is_continued_not_answered() -> None:
     body = parse(
         messages=[{"role": "user", "content": "Name a colour"}, {"role": "assistant", "content": "The colour is"}]
     )
-    assert body.prefill
-    payload = body.chat_payload()
-    assert payload["continue_final_message"] is True and payload["add_generation_prompt"] is False
+    assert body.prefill and body.generation().continue_final
 
 
 @pytest.mark.parametrize(
@@ -161,25 +160,20 @@ def test_an_empty_answer_has_no_content_blocks_as_anthropic_sends_it() -> None:
     assert Message.model_validate(body).content == []
 
 
-def test_a_servers_chat_completion_becomes_a_message_with_the_matched_stop_string() -> None:
-    completion = {
-        "id": "chatcmpl-42",
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": "abc"},
-                "finish_reason": "stop",
-                "stop_reason": "END",
-            }
-        ],
-        "usage": {"prompt_tokens": 20, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 16}},
-    }
-    message = Message.model_validate(
-        message_from_chat_completion(completion, model="mine", body=parse(stop_sequences=["END"]))
+def test_an_output_that_a_stop_string_ended_becomes_a_message_naming_it() -> None:
+    output = Output(
+        "r1",
+        response_id="42",
+        sequences=[Generated("abc", token_count=2, finish_reason="stop", matched="END")],
+        prompt_tokens=20,
+        cached_tokens=16,
     )
+    result = message_reply(parse(stop_sequences=["END"]))(output, "mine")
+    message = Message.model_validate(result.body)
     assert message.model == "mine" and message.id == "msg_42"
     assert (message.stop_reason, message.stop_sequence) == ("stop_sequence", "END")
     assert (message.usage.input_tokens, message.usage.cache_read_input_tokens) == (4, 16)
+    assert (result.prompt_tokens, result.completion_tokens, result.cached_tokens) == (20, 2, 16)
 
 
 def test_the_fake_engine_answers_a_messages_request_with_a_message() -> None:

@@ -1,0 +1,243 @@
+"""What an engine runs and what it hands back, in no protocol's words: the seam between wire formats and engines.
+
+A batch line's body is turned into a `Generation` by its protocol's wire module (worker/engine/wire/), and an
+engine's `Output` into the line's answer by the same module; engines see only these two. A `Generation` says
+what to compute: a chat (messages as chat templates take them: role and content, and later tool calls and
+images), a text completion, or embeddings; how to sample; how long an answer may be; what shape it must have. An
+`Output` says what was computed: each sequence's text, token ids, why it stopped and its logprobs, or the vectors,
+and the token counts. Nothing here names a protocol or imports vLLM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from worker.engine import EngineResult, EngineStats, Progress, error_result
+
+Kind = Literal["chat", "text", "embed"]
+
+
+class BodyError(Exception):
+    """A body that cannot run: it becomes one error result, never an exception out of `add()`."""
+
+    def __init__(self, message: str, *, code: str, param: str | None = None, status_code: int = 400) -> None:
+        super().__init__(message)
+        self.message, self.code, self.param, self.status_code = message, code, param, status_code
+
+    def to_result(self, request_id: str) -> EngineResult:
+        return error_result(request_id, self.status_code, self.message, code=self.code, param=self.param)
+
+
+Message = dict[str, Any]  # {"role": ..., "content": str | list of parts}, as a Hugging Face chat template takes it
+
+
+@dataclass(frozen=True)
+class OutputLimit:
+    """How long an answer may be: what the body asked for, in which field, and what happens at the context's end."""
+
+    requested: int | None = None  # None: not asked
+    name: str = "max_tokens"  # the body's field that asked (error messages name it)
+    clamp: bool = False  # stop at the context's end instead of refusing a cap the context cannot hold
+    default: int | None = None  # when nothing was asked: this (16 for legacy completions), else the model's default
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How to sample: vLLM's SamplingParams in neutral names (None: the model's default)."""
+
+    n: int = 1
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None  # 0 or None: off
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[int, float] | None = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop: tuple[str, ...] = ()
+    logprobs: int | None = None  # alternatives per token to report (0: the chosen token's own); None: no logprobs
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """The shape an answer must have (structured output): a JSON schema, or any JSON object."""
+
+    json_schema: dict[str, Any] | None = None
+    json_object: bool = False
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One request for an engine, whatever protocol it came in: see the module docstring."""
+
+    kind: Kind
+    limit: OutputLimit = OutputLimit()
+    sampling: Sampling = Sampling()
+    messages: tuple[Message, ...] = ()  # chat
+    continue_final: bool = False  # chat: the answer continues the final assistant message (a prefill)
+    constraint: Constraint | None = None
+    prompt: str | list[int] | None = None  # text: a string or token ids
+    inputs: tuple[str | list[int], ...] = ()  # embed: one vector each
+    dimensions: int | None = None  # embed
+
+    @property
+    def where(self) -> str:
+        """The body's field holding the prompt, for error messages."""
+        return "messages" if self.kind == "chat" else "prompt"
+
+    def plain_turns(self) -> list[dict[str, str]] | None:
+        """The chat as role + text turns when every message is only that (the direct render path), else None."""
+        turns = []
+        for message in self.messages:
+            content = message.get("content")
+            if set(message) != {"role", "content"} or not isinstance(content, str):
+                return None
+            turns.append({"role": str(message["role"]), "content": content})
+        return turns
+
+    def turn_texts(self) -> list[str]:
+        """Each message's text (text parts joined): what a model-free engine counts tokens of."""
+        texts = []
+        for message in self.messages:
+            content = message.get("content")
+            if isinstance(content, list):
+                content = "\n".join(str(part.get("text") or "") for part in content if isinstance(part, dict))
+            texts.append(str(content or ""))
+        return texts
+
+    def restart_reason(self) -> str | None:
+        """Why this generation cannot resume exactly from its generated token ids (it restarts from its prompt),
+        or None if it can. Resuming submits the prompt and the tokens generated so far as the new prompt; the next
+        token's distribution stays the same for greedy and unseeded sampling, but not with penalties over output
+        tokens (resumed tokens count as prompt), a seeded generator's position, several choices in one request,
+        logprobs (not kept with a checkpoint) or structured output (its grammar would restart)."""
+        sampling = self.sampling
+        if self.kind == "embed":
+            return "embeddings"
+        if sampling.n > 1:
+            return "n > 1"
+        if sampling.presence_penalty or sampling.frequency_penalty:
+            return "presence or frequency penalty"
+        if sampling.seed is not None:
+            return "seeded sampling"
+        if sampling.logprobs is not None:
+            return "logprobs"
+        if self.constraint is not None:
+            return "structured output"
+        return None
+
+
+@dataclass
+class TokenLogprob:
+    """One generated token's logprob and the alternatives ranked best first (the chosen one among them)."""
+
+    token: str
+    logprob: float
+    top: list[tuple[str, float]]
+
+
+@dataclass
+class Generated:
+    """One generated sequence."""
+
+    text: str
+    token_count: int
+    finish_reason: str  # "stop" (end of sequence or a stop string) or "length"
+    matched: str | int | None = None  # the stop string (or token id) that ended it, if one did
+    logprobs: list[TokenLogprob] | None = None
+
+
+@dataclass
+class Output:
+    """What an engine computed for one request; `error` set instead when it failed (an error line)."""
+
+    request_id: str
+    response_id: str = ""  # the answer's id (engines that must be deterministic derive it from the request)
+    sequences: list[Generated] = field(default_factory=list)
+    vectors: list[list[float]] = field(default_factory=list)
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens served from the engine's prefix cache
+    engine_seconds: float = 0.0
+    checkpoint: list[int] = field(default_factory=list)  # the generated ids, when a resume from them is exact
+    error: EngineResult | None = None
+
+    @classmethod
+    def failed(cls, error: EngineResult) -> Output:
+        return cls(request_id=error.request_id, error=error)
+
+
+class GenerationEngine(Protocol):
+    """An engine on the neutral side of the seam; worker/engine/wired.py puts the runner's Engine protocol on it.
+
+    The same calls as `worker.engine.Engine`, but `add` takes a `Generation` and `step` returns `Output`s."""
+
+    model_name: str
+    max_num_seqs: int
+
+    def add(self, request_id: str, generation: Generation, *, resume: tuple[int, ...] = ()) -> EngineResult | None:
+        """Submit a generation; an error result at once if it cannot run (never raise)."""
+        ...
+
+    def prepare(self, items: Collection[tuple[str, Generation]]) -> None:
+        """Work ahead (on the runner's claimer thread) on generations about to be added; may do nothing."""
+        ...
+
+    def step(self) -> list[Output]: ...
+
+    def progress(self, request_ids: Collection[str]) -> dict[str, Progress]: ...
+
+    def abort(self, request_ids: list[str]) -> None: ...
+
+    def stats(self) -> EngineStats: ...
+
+    def has_unfinished(self) -> bool: ...
+
+    def dispatch_limit(self) -> int | None: ...
+
+    def set_urgent(self, urgent: bool) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def output_budget(generation: Generation, *, prompt_tokens: int, max_model_len: int, default: int | None = None) -> int:
+    """The output cap to run with: what the body asked for, else its default, else `default` (the model's), else
+    the rest of the context. A prompt that leaves no room is a 400 (`context_length_exceeded`); a cap beyond the
+    context too, as OpenAI and vLLM's server answer, unless the limit clamps (Anthropic's max_tokens then stops
+    at the context's end, `model_context_window_exceeded`)."""
+    limit = generation.limit
+    room = max_model_len - prompt_tokens
+    if room < 1:
+        raise BodyError(
+            f"This model's maximum context length is {max_model_len} tokens, "
+            f"but the prompt has {prompt_tokens} tokens, leaving no room for output.",
+            code="context_length_exceeded",
+            param=generation.where,
+        )
+    if limit.clamp:
+        return min(limit.requested or room, room)
+    if limit.requested is not None and limit.requested > room:
+        raise context_length_error(generation, max_model_len=max_model_len, prompt_tokens=prompt_tokens)
+    if limit.requested is not None:
+        return limit.requested
+    return min(limit.default or default or room, room)
+
+
+def context_length_error(generation: Generation, *, max_model_len: int, prompt_tokens: int | None) -> BodyError:
+    """OpenAI's 400 for a prompt plus an output cap longer than the model's context (prompt None: not counted)."""
+    limit, name = generation.limit.requested or 0, generation.limit.name
+    chat = generation.kind == "chat"
+    where = "in the messages" if chat else "in your prompt"
+    asked = (
+        f"{prompt_tokens + limit} tokens ({prompt_tokens} {where}, {limit} in the completion)"
+        if prompt_tokens is not None
+        else f"{limit} tokens in the completion alone"
+    )
+    return BodyError(
+        f"This model's maximum context length is {max_model_len} tokens. However, you requested {asked}. "
+        f"Please reduce the length of the {'messages' if chat else 'prompt'} or completion.",
+        code="context_length_exceeded",
+        param=name,
+    )
