@@ -13,9 +13,14 @@ from anthropic.types import Message
 from storage.protocols import MESSAGES_URL
 from worker.engine import EngineRequest
 from worker.engine.fake import FakeEngine
-from worker.engine.wire import parse_body
 from worker.engine.generation import Generated, Output
-from worker.engine.wire.anthropic import MessagesBody, anthropic_message, anthropic_stop, message_reply
+from worker.engine.wire.anthropic import (
+    MessagesBody,
+    anthropic_message,
+    anthropic_stop,
+    message_reply,
+    parse_messages_body,
+)
 from worker.engine.wire.base import BodyError
 
 
@@ -24,14 +29,14 @@ def params(**extra: Any) -> dict[str, Any]:
 
 
 def parse(**extra: Any) -> MessagesBody:
-    body = parse_body(MESSAGES_URL, params(**extra))
+    body = parse_messages_body(params(**extra))
     assert isinstance(body, MessagesBody)
     return body
 
 
 def refused(**extra: Any) -> BodyError:
     with pytest.raises(BodyError) as caught:
-        parse_body(MESSAGES_URL, params(**extra))
+        parse_messages_body(params(**extra))
     return caught.value
 
 
@@ -106,7 +111,7 @@ def test_missing_max_tokens_reads_as_anthropic_says_it() -> None:
     body = params()
     del body["max_tokens"]
     with pytest.raises(BodyError, match="max_tokens: Field required"):
-        parse_body(MESSAGES_URL, body)
+        parse_messages_body(body)
 
 
 def test_parameters_at_their_off_value_run() -> None:

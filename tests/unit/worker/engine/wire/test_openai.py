@@ -15,9 +15,9 @@ from openai.types.responses import Response
 
 from worker.engine import EngineRequest, EngineResult
 from worker.engine.fake import FakeEngine
-from worker.engine.wire import parse_body
 from worker.engine.wire.base import BodyError
 from worker.engine.wire.openai import ChatBody, ResponsesBody
+from worker.engine.wire.openai import parse_openai_body as parse_body
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

@@ -15,7 +15,7 @@ from pydantic import Field, ValidationError, field_validator
 
 from worker.engine import EngineResult
 from worker.engine.generation import Generation, Output, OutputLimit, Sampling
-from worker.engine.wire.base import TYPE_TAGS, BodyError, Reply, Strict
+from worker.engine.wire.base import TYPE_TAGS, BodyError, Parsed, Reply, Strict
 
 MAX_MESSAGES_STOP_SEQUENCES = 64
 MAX_METADATA_USER_ID_CHARS = 256
@@ -157,6 +157,12 @@ def message_reply(body: MessagesBody) -> Reply:
         )
 
     return reply
+
+
+def parse_messages(body: Any) -> Parsed:
+    """An Anthropic request's `params` as what an engine runs and how it is answered; BodyError if it cannot run."""
+    parsed = parse_messages_body(body)
+    return Parsed(parsed.generation(), message_reply(parsed))
 
 
 def parse_messages_body(body: Any) -> MessagesBody:
