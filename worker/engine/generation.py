@@ -16,7 +16,7 @@ from typing import Any, Literal, Protocol
 
 from worker.engine import EngineResult, EngineStats, Progress, error_result
 
-Kind = Literal["chat", "text", "embed"]
+Kind = Literal["chat", "text", "embed", "classify"]
 
 
 class BodyError(Exception):
@@ -70,6 +70,41 @@ class Constraint:
 
 
 @dataclass(frozen=True)
+class Tool:
+    """A function the model may call: its name, what it does, and a JSON schema of its arguments."""
+
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+    strict: bool = False  # the arguments must match `parameters` (enforced with structured outputs)
+
+    def template_form(self) -> dict[str, Any]:
+        """The tool as chat templates take it (`tools=` of `apply_chat_template`)."""
+        function: dict[str, Any] = {"name": self.name, "parameters": self.parameters}
+        if self.description:
+            function["description"] = self.description
+        return {"type": "function", "function": function}
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    """Whether the model may (`auto`), must not (`none`), must (`required`) call a tool, or must call `name`."""
+
+    mode: Literal["auto", "none", "required", "named"] = "auto"
+    name: str | None = None
+    parallel: bool = True  # several calls in one answer
+
+
+@dataclass(frozen=True)
+class Reasoning:
+    """Thinking before answering, on a model that can: on or off, and a hard limit on its tokens."""
+
+    enabled: bool = True
+    budget_tokens: int | None = None  # at the budget the thinking is closed and the answer follows
+    effort: str | None = None  # "minimal", "low", "medium", "high": what the request asked, for the template
+
+
+@dataclass(frozen=True)
 class Generation:
     """One request for an engine, whatever protocol it came in: see the module docstring."""
 
@@ -80,8 +115,11 @@ class Generation:
     continue_final: bool = False  # chat: the answer continues the final assistant message (a prefill)
     constraint: Constraint | None = None
     prompt: str | list[int] | None = None  # text: a string or token ids
-    inputs: tuple[str | list[int], ...] = ()  # embed: one vector each
+    inputs: tuple[str | list[int], ...] = ()  # embed and classify: one vector (or set of scores) each
     dimensions: int | None = None  # embed
+    tools: tuple[Tool, ...] = ()  # chat: functions the model may call (the chat template renders them)
+    tool_choice: ToolChoice = ToolChoice()
+    reasoning: Reasoning | None = None  # chat: None is the model's default
 
     @property
     def where(self) -> str:
@@ -89,7 +127,10 @@ class Generation:
         return "messages" if self.kind == "chat" else "prompt"
 
     def plain_turns(self) -> list[dict[str, str]] | None:
-        """The chat as role + text turns when every message is only that (the direct render path), else None."""
+        """The chat as role + text turns when every message is only that and nothing else goes to the template
+        (no tools, no reasoning switch): the direct render path. Else None."""
+        if self.tools or self.reasoning is not None:
+            return None
         turns = []
         for message in self.messages:
             content = message.get("content")
@@ -140,14 +181,26 @@ class TokenLogprob:
 
 
 @dataclass
+class ToolCall:
+    """A call of one of the request's tools that the model's answer holds: its id, the tool, its arguments."""
+
+    id: str
+    name: str
+    arguments: str  # JSON text
+
+
+@dataclass
 class Generated:
-    """One generated sequence."""
+    """One generated sequence: its answer text (reasoning and tool calls taken out of it) and what else it holds."""
 
     text: str
     token_count: int
-    finish_reason: str  # "stop" (end of sequence or a stop string) or "length"
+    finish_reason: str  # "stop" (end of sequence or a stop string), "length", or "tool_calls"
     matched: str | int | None = None  # the stop string (or token id) that ended it, if one did
     logprobs: list[TokenLogprob] | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    reasoning: str | None = None  # the thinking before the answer, on a reasoning model
+    reasoning_tokens: int = 0  # of token_count
 
 
 @dataclass
@@ -158,6 +211,7 @@ class Output:
     response_id: str = ""  # the answer's id (engines that must be deterministic derive it from the request)
     sequences: list[Generated] = field(default_factory=list)
     vectors: list[list[float]] = field(default_factory=list)
+    scores: list[dict[str, float]] = field(default_factory=list)  # classify: each input's label probabilities
     prompt_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens served from the engine's prefix cache
     engine_seconds: float = 0.0
