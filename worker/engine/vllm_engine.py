@@ -18,9 +18,9 @@ from typing import Any
 
 from storage.registry import ModelSpec
 from worker.engine import EngineRequest, EngineResult, EngineStats, Progress, error_result
-from worker.engine.generation import Generation, output_budget
-from worker.engine.vllm_ahead import Ahead, AheadRenders
-from worker.engine.vllm_chat import Conversation, DirectChat
+from worker.engine.vllm_ahead import AheadRenders
+from worker.engine.vllm_chat import DirectChat
+from worker.engine.vllm_inputs import VllmInputs
 from worker.engine.vllm_outputs import InFlight, generated_ids, invalid_result, result_of
 from worker.engine.vllm_process import close_at_exit, forget_import_tracebacks, set_env_defaults
 from worker.engine.vllm_resume import EndedHere, Resume, boundary_stop, continue_from, exact_params
@@ -43,8 +43,8 @@ def _guard_parallel_state() -> None:
         core.cleanup_dist_env_and_memory = lambda *a, **k: gc.collect() if _open[0] else teardown(*a, **k)
 
 
-class VllmEngine:
-    """The Engine protocol on an in-process vLLM v1 LLMEngine."""
+class VllmEngine(VllmInputs):
+    """The Engine protocol on an in-process vLLM v1 LLMEngine (its inputs built by `VllmInputs`)."""
 
     def __init__(self, model_name: str, spec: ModelSpec) -> None:
         set_env_defaults(spec)
@@ -213,105 +213,6 @@ class VllmEngine:
             with _open_lock:
                 _open[0] -= 1
             self._engine.engine_core.shutdown()
-
-    # -- requests in ---------------------------------------------------------------------------
-
-    def _check_kind(self, generation: Generation, url: str) -> None:
-        wanted = "embed" if generation.kind == "embed" else "generate"
-        if wanted not in self._tasks:
-            raise BodyError(f"model {self.model_name!r} does not serve {url}", code="unsupported_endpoint", param="url")
-
-    def _chat_params(self, *, continue_final: bool = False) -> Any:
-        from vllm.renderers import ChatParams
-
-        # What LLM.chat() passes for a plain Hugging Face tokenizer; `continue_final` answers by continuing
-        # a final assistant turn (Anthropic's prefill) instead of starting a new one.
-        kwargs: dict[str, Any] = {"add_generation_prompt": not continue_final, "continue_final_message": continue_final}
-        kwargs |= {"tools": None, "tokenize": False}
-        return ChatParams(chat_template=None, chat_template_content_format="auto", chat_template_kwargs=kwargs)
-
-    def _prepare(self, rid: str, generation: Generation) -> list[tuple[str, Any, Any]]:
-        """(engine id, rendered prompt, params) for each engine request this generation becomes."""
-        if generation.kind == "embed":
-            from vllm import PoolingParams
-
-            params = PoolingParams(task="embed", dimensions=generation.dimensions)
-            return [(f"{rid}#{i}", self._render_plain(item), params) for i, item in enumerate(generation.inputs)]
-        if generation.kind == "chat":
-            turns = None if generation.continue_final else generation.plain_turns()
-            prompt = (self._direct and turns is not None and self._direct.render(turns)) or self._render_chat(
-                generation
-            )
-        else:
-            assert generation.prompt is not None
-            prompt = self._render_plain(generation.prompt)
-        return [(rid, prompt, self._sampling_params(generation, len(prompt["prompt_token_ids"])))]
-
-    def _render_chat(self, generation: Generation) -> Any:
-        # The template writes BOS itself, so the tokenizer adds no special tokens (as in LLM.chat()).
-        params = self._chat_params(continue_final=generation.continue_final)
-        _, (prompt,) = self._renderer.render_chat([list(generation.messages)], params)
-        return prompt
-
-    def _render(self, conversation: Conversation) -> Any:
-        _, (prompt,) = self._renderer.render_chat([conversation], self._chat_params())
-        return prompt
-
-    def _render_ahead(self, request: EngineRequest, direct: DirectChat) -> Ahead | None:
-        """What `add` builds of a chat request whose answer starts a new turn (no prefill) and whose messages are
-        plain text (as the direct path renders them), built on another thread with that thread's `direct`."""
-        parsed = parse(request.url, request.body)
-        generation = parsed.generation
-        turns = generation.plain_turns() if generation.kind == "chat" and not generation.continue_final else None
-        if turns is None or (prompt := direct.render(turns)) is None:
-            return None
-        params = self._sampling_params(generation, len(prompt["prompt_token_ids"]))
-        exact = generation.restart_reason() is None and exact_params(params)
-        return Ahead(parsed, [(request.request_id, prompt, params)], exact=exact)
-
-    def _render_plain(self, item: str | list[int]) -> Any:
-        from vllm.renderers.inputs.preprocess import parse_model_prompt
-
-        raw = {"prompt": item} if isinstance(item, str) else {"prompt_token_ids": list(item)}
-        (prompt,) = self._renderer.render_cmpl([parse_model_prompt(self._model_config, raw)])
-        return prompt
-
-    def _sampling_params(self, generation: Generation, prompt_tokens: int) -> Any:
-        from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
-
-        # No cap asked: the generation config's default, else the rest of the context (as vLLM's server); a cap
-        # beyond the context is refused with OpenAI's 400, or stops at the context when the limit clamps
-        # (Anthropic's max_tokens: `model_context_window_exceeded`).
-        default = self._defaults.get("max_tokens")
-        limit = output_budget(
-            generation, prompt_tokens=prompt_tokens, max_model_len=self._max_model_len, default=default
-        )
-        sampling = generation.sampling
-        values: dict[str, Any] = {
-            **{k: v for k, v in self._defaults.items() if k != "max_tokens"},
-            "n": sampling.n,
-            "max_tokens": limit,
-            "min_tokens": sampling.min_tokens,
-            "stop": list(sampling.stop),
-            "ignore_eos": sampling.ignore_eos,
-            "logprobs": sampling.logprobs,
-            "output_kind": RequestOutputKind.FINAL_ONLY,
-            "skip_clone": True,  # built per request: vLLM need not deep-copy it at add_request (as its server)
-        }
-        for name in ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty"):
-            if (value := getattr(sampling, name)) is not None:
-                values[name] = value
-        if sampling.top_k:  # 0 or None: off
-            values["top_k"] = sampling.top_k
-        if sampling.logit_bias:
-            values["logit_bias"] = dict(sampling.logit_bias)
-        if (constraint := generation.constraint) is not None:
-            values["structured_outputs"] = (
-                StructuredOutputsParams(json=constraint.json_schema)
-                if constraint.json_schema is not None
-                else StructuredOutputsParams(json_object=True)
-            )
-        return SamplingParams(**values)
 
     def _submit(
         self,
