@@ -77,7 +77,9 @@ def _training_text() -> Iterator[str]:
             return
 
 
-def _train_tokenizer():  # type: ignore[no-untyped-def]
+def _train_tokenizer(extra_special_tokens: tuple[str, ...] = ()):  # type: ignore[no-untyped-def]
+    """The demo models' byte-level BPE tokenizer (`extra_special_tokens`: more single-token markers, e.g. an
+    image placeholder for a vision-language demo model)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -86,7 +88,7 @@ def _train_tokenizer():  # type: ignore[no-untyped-def]
     core.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=[*SPECIAL_TOKENS, *extra_special_tokens],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -101,7 +103,7 @@ def _train_tokenizer():  # type: ignore[no-untyped-def]
         bos_token=BOS,
         eos_token=EOS,
         pad_token=PAD,
-        additional_special_tokens=ROLE_TOKENS,
+        additional_special_tokens=[*ROLE_TOKENS, *extra_special_tokens],
         model_max_length=MAX_POSITIONS,
         chat_template=CHAT_TEMPLATE,
         clean_up_tokenization_spaces=False,
