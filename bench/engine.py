@@ -84,7 +84,7 @@ def run_backfill(lines: list[dict[str, object]]) -> dict[str, float]:
     from worker.process import service
 
     runner = service.get_runner("backfill-demo")
-    runner.samples.clear()
+    runner.run.samples.clear()
     submit_started = time.perf_counter()
     batch_id = submit_via_api(lines)
     submit_seconds = time.perf_counter() - submit_started
@@ -112,7 +112,7 @@ def run_backfill(lines: list[dict[str, object]]) -> dict[str, float]:
         "output_seconds": output_seconds,
         "tokens": float(tokens or 0),
         "occupancy": occupancy,
-        "samples": list(runner.samples),
+        "samples": list(runner.run.samples),
     }  # type: ignore[dict-item]
 
 

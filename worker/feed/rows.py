@@ -35,4 +35,5 @@ def outcome_of(result: EngineResult) -> Outcome:
         error_code=result.error_code,
         error_message=result.error_message,
         cached_tokens=result.cached_tokens,
+        reasoning_tokens=result.reasoning_tokens,
     )

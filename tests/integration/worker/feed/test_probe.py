@@ -97,8 +97,8 @@ def test_every_result_s_claim_to_commit_latency_is_observed_while_later_results_
     """The probe, seeing one flush committed while the next is still with the writer thread, must keep the
     claim times of that next flush's requests (finished in the engine, not yet committed): every result's
     claim-to-commit latency is observed once."""
-    from worker.feed import queue_io
     from worker.feed import runner as runner_module
+    from worker.feed import writes
 
     monkeypatch.setattr(runner_module, "FLUSH_RESULTS", 4)  # a flush per 4 results: several flushes
     enqueue(12, max_tokens=4)
@@ -120,7 +120,7 @@ def test_every_result_s_claim_to_commit_latency_is_observed_while_later_results_
         return leases.record_outcomes(*args, **kwargs)
 
     monkeypatch.setattr(runner.io, "submit", counted_submit)
-    monkeypatch.setattr(queue_io, "record_outcomes", first_record_waits_for_the_second_flush)
+    monkeypatch.setattr(writes, "record_outcomes", first_record_waits_for_the_second_flush)
     while runner.run_for(5.0):
         pass
     runner.close_io()

@@ -23,7 +23,7 @@ from tests.conftest import Backend
 from tests.integration.worker.feed.test_runner import enqueue, statuses
 from worker.engine import EngineResult
 from worker.engine.fake import FakeEngine
-from worker.feed import queue_io
+from worker.feed import queue_io, writes
 from worker.feed.runner import Runner
 from worker.jobs.finalize import finalize_batch
 
@@ -84,7 +84,7 @@ def test_a_writer_failure_mid_run_surfaces_and_its_requests_run_again_once(
             raise RuntimeError("the database went away mid-commit")
         return results.record_outcomes(session, **kwargs)
 
-    monkeypatch.setattr(queue_io, "record_outcomes", second_commit_fails)
+    monkeypatch.setattr(writes, "record_outcomes", second_commit_fails)
     runner = make_runner()
     with pytest.raises(RuntimeError, match="went away"):  # raised on the engine's thread, as inline
         run_until_idle(runner)
@@ -113,7 +113,7 @@ def test_a_worker_that_dies_before_its_writer_commits_loses_nothing_and_its_late
             gate.wait(30)  # w1's writer hangs before its first commit (say its connection froze)
         return results.record_outcomes(session, **kwargs)
 
-    monkeypatch.setattr(queue_io, "record_outcomes", stalled_for_w1)
+    monkeypatch.setattr(writes, "record_outcomes", stalled_for_w1)
     dying = make_runner("w1")
     serving = threading.Thread(target=dying.run_for, args=(3.0,), daemon=True)
     serving.start()
@@ -148,6 +148,32 @@ def test_a_hand_back_returns_in_flight_rows_and_rows_claimed_but_not_yet_started
     assert statuses(batch_id) == {"queued": 20}
     with pytest.raises(RuntimeError, match="closed"):
         runner.io.request_claim(1)
+
+
+def test_a_hand_back_releases_its_rows_on_the_writer_thread_after_the_writes_before_it(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    batch_id = enqueue(6, max_tokens=10**8)  # never finishes on its own
+    runner = make_runner(max_num_seqs=2)
+    runner.run_for(0.3)
+    writes_seen: list[tuple[str, str]] = []  # (what, on which thread), in the order the database saw them
+    real_renew_leases, real_release = writes.renew_leases, writes.release
+
+    def renew_leases(*args: Any, **kwargs: Any) -> Any:
+        writes_seen.append(("renew", threading.current_thread().name))
+        return real_renew_leases(*args, **kwargs)
+
+    def release(session: Any, **kwargs: Any) -> int:
+        writes_seen.append(("release", threading.current_thread().name))
+        return real_release(session, **kwargs)
+
+    monkeypatch.setattr(writes, "renew_leases", renew_leases)
+    monkeypatch.setattr(writes, "release", release)
+    runner.io.renew(runner.held())  # a write handed over just before the hand-back
+    assert runner.hand_back(drain_seconds=0) == 4
+    runner.close_io()
+    assert writes_seen == [("renew", "queue-writer-fake-model"), ("release", "queue-writer-fake-model")]
+    assert statuses(batch_id) == {"queued": 6}
 
 
 class HookedEngine(FakeEngine):
@@ -241,9 +267,9 @@ def test_a_row_requeued_under_the_runner_and_claimed_back_during_a_renewal_runs_
         triggered.append(True)
         runner.io.drain()
         runner.io.take_claimed()  # the runner's own last claim (it found nothing more): out of the way
-        monkeypatch.setattr(queue_io, "renew", renew)
+        monkeypatch.setattr(writes, "renew", renew)
         monkeypatch.setattr(queue_io, "claim", claim)
-        monkeypatch.setattr(queue_io, "take_back", take_back)
+        monkeypatch.setattr(writes, "take_back", take_back)
         assert requeue_expired() == 1  # the reaper re-queues the row under the runner (its lease ran out)
         runner.io.renew(runner.held())
         runner.io.request_claim(4, held=frozenset(runner.held()))

@@ -175,7 +175,7 @@ def test_runner_tells_the_engine_while_work_near_its_deadline_is_in_flight(backe
         pass
     assert statuses(tight) == {"completed": 4}
     assert engine.signals[0] is True and engine.signals[-1] is False  # borrowed, then given back
-    assert not runner.urgent
+    assert not runner.ledger.urgent()
 
 
 class _PreparedAheadEngine(FakeEngine):
@@ -203,3 +203,53 @@ def test_the_claimer_thread_has_every_claimed_row_prepared_before_the_engine_thr
     assert statuses(batch_id) == {"completed": 12}
     assert len(engine.added) == 12 and all(engine.added.values())  # rendered ahead, each of them
     assert set(engine.prepared_on.values()) == {"queue-claimer-fake-model"}  # off the engine's thread
+
+
+class _FetchingEngine(FakeEngine):
+    """The fake engine holding some requests as waiting for their inputs (a line's images on a slow server) until
+    `release`: they are in flight but take no engine slot, as worker/engine/media.py's lines."""
+
+    def __init__(self, slow: set[str]) -> None:
+        super().__init__("fake-model", max_num_seqs=2, max_model_len=10**9)
+        self.slow, self.held = slow, dict[str, EngineRequest]()
+
+    def add(self, request: EngineRequest) -> EngineResult | None:
+        if request.request_id in self.slow:
+            self.held[request.request_id] = request
+            return None
+        return super().add(request)
+
+    def waiting_for_inputs(self) -> int:
+        return len(self.held)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.held) or super().has_unfinished()
+
+    def abort(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            self.held.pop(request_id, None)
+        super().abort(request_ids)
+
+    def release(self) -> None:
+        held, self.held = list(self.held.values()), {}
+        for request in held:
+            super().add(request)
+
+
+def test_lines_waiting_for_their_images_do_not_hold_the_engine_from_another_tenants_work(backend: Backend) -> None:
+    slow = enqueue(4, tenant="slow-images", deadline_in=60)  # urgent: claimed first, filling every in-flight place
+    quick = enqueue(4, tenant="quick")
+    with transaction() as session:
+        slow_ids = set(session.scalars(select(BatchRequest.id).where(BatchRequest.batch_id == slow)))
+    engine = _FetchingEngine(slow_ids)
+    runner = Runner(engine, model="fake-model", settings=get_settings(), worker_id="w1")
+    for _ in range(20):
+        runner.run_for(0.5)
+        if statuses(quick) == {"completed": 4}:
+            break
+    assert statuses(quick) == {"completed": 4}  # it ran while the slow tenant's images were still on their way
+    assert set(engine.held) == slow_ids and statuses(slow) == {"running": 4}
+    engine.release()
+    while runner.run_for(2.0):
+        pass
+    assert statuses(slow) == {"completed": 4}
