@@ -43,6 +43,7 @@ class EngineResult:
     completion_tokens: int = 0
     engine_seconds: float = 0.0
     cached_tokens: int = 0  # prompt tokens served from the engine's prefix cache
+    reasoning_tokens: int = 0  # of completion_tokens: the thinking before the answer
     error_code: str | None = None
     error_message: str | None = None
     # The generated ids when a resume from them is exact (else empty): if a pause hands the row back before the
@@ -108,6 +109,11 @@ class Engine(Protocol):
         A shared-mode engine answers from its dispatch budget (online traffic comes first); engines that own
         their hardware return None and the runner keeps `inflight_per_seq` x max_num_seqs in flight.
         """
+        ...
+
+    def waiting_for_inputs(self) -> int:
+        """Requests added but not runnable yet, their inputs still being fetched (a line's images): they hold no
+        engine slot, so the runner does not count them against its in-flight target (up to as many again)."""
         ...
 
     def set_urgent(self, urgent: bool) -> None:

@@ -1,7 +1,11 @@
 """A tiny random-weight Llama chat model, built offline in about a second, for the demo and the tests.
 
 Its output text is noise, but its tokenizer, chat template, token counts and shapes are real, so vLLM
-loads and batches it exactly like a production model.
+loads and batches it exactly like a production model. Like a Qwen3 or Hermes model it has `<think>`, `</think>`,
+`<tool_call>` and `</tool_call>` as single (not special) tokens, and its chat template renders tools, the calls an
+assistant made and tool results, and turns thinking on (`enable_thinking`, or a `reasoning_effort` other than
+"none") or off (the default: an empty thinking block, so a structured output's grammar starts at once), so vLLM's
+"hermes" tool parser and "deepseek_r1" reasoning parser run on it (the embedded default's registry entry).
 """
 
 from __future__ import annotations
@@ -11,10 +15,11 @@ import os
 import shutil
 import sysconfig
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 MARKER_FILE = "backfill-demo.json"
+VERSION = 2  # 2: thinking and tool-call tokens and template (a model of an older version is rebuilt)
 SEED = 0
 VOCAB_SIZE = 4096
 MAX_POSITIONS = 2048
@@ -23,35 +28,71 @@ TRAINING_TEXT_BYTES = 1_500_000  # about one second of BPE training
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
 ROLE_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>", "<|tool|>"]
 SPECIAL_TOKENS = [PAD, BOS, EOS, *ROLE_TOKENS]
+MARKER_TOKENS = ("<think>", "</think>", "<tool_call>", "</tool_call>")  # single tokens, kept in decoded text
 
-# Role-tagged turns, each closed by EOS; the model answers after "<|assistant|>\n".
+# Role-tagged turns, each closed by EOS; the model answers after "<|assistant|>\n" and a thinking block: open
+# when thinking is on, empty when off. Tools lead as a system turn of JSON schemas; calls are Hermes' format.
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
+    "{% if tools %}{{ '<|system|>\nYou may call these tools:\n' }}"
+    "{% for tool in tools %}{{ tool | tojson }}{{ '\n' }}{% endfor %}"
+    '{{ \'To call one, answer <tool_call>{"name": <its name>, "arguments": <an object>}</tool_call>\' }}'
+    "{{ eos_token + '\n' }}{% endif %}"
     "{% for message in messages %}"
-    "{{ '<|' + message['role'] + '|>\n' + message['content'] + eos_token + '\n' }}"
+    "{{ '<|' + message['role'] + '|>\n' + (message['content'] or '') }}"
+    "{% if message['tool_calls'] %}{% for call in message['tool_calls'] %}"
+    "{{ '<tool_call>' }}{{ {'name': call['function']['name'], 'arguments': call['function']['arguments']} | tojson }}"
+    "{{ '</tool_call>' }}{% endfor %}{% endif %}"
+    "{{ eos_token + '\n' }}"
     "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}"
+    "{% if enable_thinking is defined and enable_thinking or enable_thinking is not defined and reasoning_effort "
+    "is defined and reasoning_effort and reasoning_effort != 'none' %}{{ '<think>\n' }}"
+    "{% else %}{{ '<think>\n\n</think>\n\n' }}{% endif %}{% endif %}"
 )
 
 
 def build_demo_model(path: Path) -> Path:
-    """Build the demo model at `path` unless a complete one is already there; return `path`."""
+    """Build the demo model at `path` unless a complete one of this VERSION is already there; return `path`."""
     path = Path(path)
-    if (path / MARKER_FILE).is_file():
+    _retire_outdated(path)
+    return build_offline(path, marker=MARKER_FILE, write=_write_model)
+
+
+def _retire_outdated(path: Path) -> None:
+    """A demo model an older Backfill built (no thinking or tool-call tokens): moved aside and removed."""
+    try:
+        facts = json.loads((path / MARKER_FILE).read_text())
+    except (OSError, ValueError):
+        return
+    if facts.get("version", 1) >= VERSION:
+        return
+    retired = path.with_name(f".{path.name}-v{facts.get('version', 1)}-{os.getpid()}")
+    try:
+        os.rename(path, retired)
+    except OSError:  # a concurrent builder moved it first
+        return
+    shutil.rmtree(retired, ignore_errors=True)
+
+
+def build_offline(path: Path, *, marker: str, write: Callable[[Path], None]) -> Path:
+    """Build a demo model at `path` with `write` (which ends by writing `marker`), unless a complete one (its
+    `marker` file) is already there; return `path`."""
+    if (path / marker).is_file():
         return path
     if path.is_dir() and any(path.iterdir()):
-        raise RuntimeError(f"{path} exists and is not a Backfill demo model (no {MARKER_FILE}); remove it")
+        raise RuntimeError(f"{path} exists and is not a Backfill demo model (no {marker}); remove it")
     path.parent.mkdir(parents=True, exist_ok=True)
     # Build beside the target and rename: a crash leaves only a hidden temp dir, never half a model.
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
     try:
-        _write_model(staging)
+        write(staging)
         staging.chmod(0o755)  # mkdtemp makes it private; the model is not a secret
         if path.is_dir():
             path.rmdir()  # empty, checked above
         os.rename(staging, path)
     except OSError:
-        if not (path / MARKER_FILE).is_file():  # not a concurrent builder winning the race
+        if not (path / marker).is_file():  # not a concurrent builder winning the race
             raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -59,10 +100,10 @@ def build_demo_model(path: Path) -> Path:
 
 
 def _write_model(folder: Path) -> None:
-    tokenizer = _train_tokenizer()
+    tokenizer = _train_tokenizer(extra_tokens=MARKER_TOKENS)
     tokenizer.save_pretrained(folder)
     _write_weights(folder, tokenizer)
-    facts = {"vocab_size": VOCAB_SIZE, "seed": SEED, "eos_token": EOS}
+    facts = {"version": VERSION, "vocab_size": VOCAB_SIZE, "seed": SEED, "eos_token": EOS}
     (folder / MARKER_FILE).write_text(json.dumps(facts, indent=2) + "\n")
 
 
@@ -77,22 +118,27 @@ def _training_text() -> Iterator[str]:
             return
 
 
-def _train_tokenizer(extra_special_tokens: tuple[str, ...] = ()):  # type: ignore[no-untyped-def]
+def _train_tokenizer(  # type: ignore[no-untyped-def]
+    extra_special_tokens: tuple[str, ...] = (), extra_tokens: tuple[str, ...] = ()
+):
     """The demo models' byte-level BPE tokenizer (`extra_special_tokens`: more single-token markers, e.g. an
-    image placeholder for a vision-language demo model)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    image placeholder for a vision-language demo model; `extra_tokens`: single tokens that stay in decoded text,
+    as Qwen's `<think>` and `<tool_call>` do, the last ids of the vocabulary)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
     core = Tokenizer(models.BPE())
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     core.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
+        vocab_size=VOCAB_SIZE - len(extra_tokens),
         special_tokens=[*SPECIAL_TOKENS, *extra_special_tokens],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     core.train_from_iterator(_training_text(), trainer=trainer)
+    # Added after training, not as the trainer's special tokens: those stay special (skipped when decoding).
+    core.add_tokens([AddedToken(token, special=False, normalized=False) for token in extra_tokens])
     bos_id = core.token_to_id(BOS)
     # Plain prompts get a BOS like Llama's; chat prompts get theirs from the template instead.
     core.post_processor = processors.TemplateProcessing(

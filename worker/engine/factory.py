@@ -22,9 +22,12 @@ def load_engine(settings: Settings, model: str) -> Engine:
             model_name=model,
             max_num_seqs=spec.resolved_max_num_seqs(),
             runner=spec.runner,
+            task=spec.task,
             max_model_len=spec.max_model_len or 2048,
             step_seconds=float(spec.extra.get("step_seconds", 0.0)),
             ledger=ledger_from_extra(spec.extra, model=model),  # tests and benchmarks only
+            tool_parser=spec.tool_parser,
+            reasoning_parser=spec.reasoning_parser,
         )
     if spec.shared is not None:  # shared mode: a vLLM server that also serves online users
         from worker.engine.http_engine import HttpEngine

@@ -4,11 +4,16 @@ It keeps vLLM's continuous-batching contract: requests wait FIFO until one of `m
 free, are admitted at the start of a step, decode one token per step, and leave the moment they finish,
 so short requests overtake long ones. Bodies are validated and answered by the same code as the real
 adapter (`worker.engine.wire`). One request holds one slot, whatever its `n`.
+
+Images and documents go through the real media resolver (worker/engine/media.py: fetched, checked, decoded off
+the engine's thread, failing the line as in the vLLM adapter); each image then counts FAKE_IMAGE_TOKENS prompt
+tokens (OpenAI's price of a `detail: low` image) and a document's extracted text counts as text.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import time
 from collections import deque
@@ -17,12 +22,17 @@ from dataclasses import dataclass, field
 
 from worker.engine import EngineRequest, EngineResult, EngineStats, Progress
 from worker.engine.decode_ledger import DecodeLedger
-from worker.engine.generation import Generated, Generation, Output, output_budget
+from worker.engine.demo_moderation_model import MODERATION_CATEGORIES
+from worker.engine.generation import DECODED_IMAGE_PART, Generated, Generation, Output, output_budget
+from worker.engine.media_waits import MediaWaits
+from worker.engine.tools import check_capabilities, derived_ids, forced_calls, forced_schema, sample_arguments
 from worker.engine.wire import Parsed, parse
 from worker.engine.wire.base import BodyError, server_error
 
 _WORDS = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit")
 EMBEDDING_DIMENSIONS = 8
+FAKE_IMAGE_TOKENS = 85  # prompt tokens per image, whatever its size
+MEDIA_WAIT_SECONDS = 0.05
 
 
 @dataclass
@@ -45,7 +55,7 @@ class _Sequence:
 
     def decode_one(self) -> None:
         """One more token: the fake's next id depends only on the request and the position."""
-        if self.generation.kind == "embed":
+        if self.generation.pooling:
             self.decoded += 1
             return
         if self.start < 0:
@@ -63,22 +73,33 @@ class FakeEngine:
         *,
         max_num_seqs: int = 4,
         runner: str = "generate",
+        task: str | None = None,
         max_model_len: int = 2048,
         fail_request_ids: Iterable[str] = (),
         step_seconds: float = 0.0,
         ledger: DecodeLedger | None = None,
+        tool_parser: str | None = None,
+        reasoning_parser: str | None = None,
+        media: MediaWaits[tuple[str, Parsed]] | None = None,
     ) -> None:
         self.model_name = model_name
+        # A model's parsers (registry `tool_parser`, `reasoning_parser`): only whether it has them matters here,
+        # as it does to the vLLM adapter: thinking and tool_choice auto are refused without (worker/engine/tools.py).
+        self.tool_parser, self.reasoning_parser = tool_parser, reasoning_parser
         self.ledger = ledger  # tests and benchmarks: what it decodes, in files a kill -9 keeps (decode_ledger.py)
         self.step_seconds = step_seconds  # pretend each step takes this long (end-to-end tests)
         self.max_num_seqs = max_num_seqs
         self.runner = runner
+        # What a pooling model computes (the registry's `convert`): "embed" (8-dimension unit vectors, Matryoshka:
+        # `dimensions` up to 8 keeps their head) or "classify" (the demo moderation model's labels, hashed scores).
+        self.task = "generate" if runner == "generate" else task or "embed"
         self.max_model_len = max_model_len
         self.fail_request_ids = set(fail_request_ids)  # these finish with a 500, like an engine fault
         self.steps = 0
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []
         self._live: set[str] = set()  # ids waiting or running: the duplicate check stays O(1) at 768 in flight
+        self._media: MediaWaits[tuple[str, Parsed]] = media if media is not None else MediaWaits()
         self._cached_prefixes: set[str] = set()  # a prefix cache stand-in: chat prefixes (all but the last message)
 
     def add(self, request: EngineRequest) -> EngineResult | None:
@@ -86,13 +107,19 @@ class FakeEngine:
         try:
             if request.request_id in self._live:
                 raise BodyError(f"request {request.request_id!r} is already in flight", code="duplicate_request")
-            sequence = self._sequence(request.request_id, request.url, parse(request.url, request.body))
+            parsed = parse(request.url, request.body)
+            if parsed.generation.needs_media():  # checked, fetched and decoded off this thread; `step` queues it
+                self._check_runner(parsed.generation, request.url)
+                self._media.start(request.request_id, parsed.generation, (request.url, parsed))
+                self._live.add(request.request_id)
+                return None
+            sequence = self._sequence(request.request_id, request.url, parsed)
             if request.resume_token_ids and sequence.exact:  # continue where the checkpoint left off
                 resumed = list(request.resume_token_ids)[: sequence.tokens_to_decode - 1]
                 sequence.token_ids, sequence.decoded, sequence.resumed = resumed, len(resumed), len(resumed)
             self._waiting.append(sequence)
             self._live.add(request.request_id)
-            if self.ledger is not None and sequence.generation.kind != "embed":
+            if self.ledger is not None and not sequence.generation.pooling:
                 self.ledger.begin(request.request_id, resumed=sequence.resumed, choices=sequence.generation.sampling.n)
         except BodyError as error:
             return error.to_result(request.request_id)
@@ -101,10 +128,27 @@ class FakeEngine:
     def step(self) -> list[EngineResult]:
         """Admit waiting requests into free slots, decode one token each, return those that finished."""
         self.steps += 1
+        landed = self._media_landed()
         if self.step_seconds:
             time.sleep(self.step_seconds)
+        if not (self._waiting or self._running) and len(self._media):
+            self._media.wait(MEDIA_WAIT_SECONDS)
+            landed += self._media_landed()
         self._admit()
-        return self._decode()
+        return landed + self._decode()
+
+    def _media_landed(self) -> list[EngineResult]:
+        """Queue the requests whose images and documents are ready; those that failed are their error lines."""
+        failed: list[EngineResult] = []
+        for rid, (url, parsed), landed in self._media.ready():
+            try:
+                if isinstance(landed, BodyError):
+                    raise landed
+                self._waiting.append(self._sequence(rid, url, Parsed(landed, parsed.reply)))
+            except BodyError as error:
+                self._live.discard(rid)
+                failed.append(error.to_result(rid))
+        return failed
 
     def _admit(self) -> None:
         """Move waiting requests into free slots (FIFO), as a step of vLLM's scheduler does first."""
@@ -147,6 +191,7 @@ class FakeEngine:
         if self.ledger is not None:
             self.ledger.abort(sorted(doomed & self._live))
         self._live -= doomed
+        self._media.cancel(request_ids)
         self._waiting = deque(s for s in self._waiting if s.request_id not in doomed)
         self._running = [s for s in self._running if s.request_id not in doomed]
 
@@ -155,11 +200,15 @@ class FakeEngine:
         return EngineStats(running=len(self._running), waiting=len(self._waiting), extra={"steps": self.steps})
 
     def has_unfinished(self) -> bool:
-        """True while any request is waiting or running."""
-        return bool(self._waiting or self._running)
+        """True while any request is waiting (for a slot or its images) or running."""
+        return bool(self._waiting or self._running or len(self._media))
 
     def prepare(self, requests: Collection[EngineRequest]) -> None:
         """Nothing to render ahead."""
+
+    def waiting_for_inputs(self) -> int:
+        """None: the fake fetches nothing."""
+        return 0
 
     def dispatch_limit(self) -> int | None:
         """No budget: the runner fills every slot."""
@@ -169,24 +218,44 @@ class FakeEngine:
         """Nothing to lend: the fake engine owns its slots."""
 
     def close(self) -> None:
-        """Nothing to free but the decode ledger's file."""
+        """Nothing to free but the decode ledger's file and the media resolver's threads."""
+        self._media.close()
         if self.ledger is not None:
             self.ledger.close()
 
+    def _check_runner(self, generation: Generation, url: str) -> None:
+        wanted = generation.kind if generation.pooling else "generate"
+        if wanted != self.task:
+            raise BodyError(f"model {self.model_name!r} does not serve {url}", code="unsupported_endpoint", param="url")
+
     def _sequence(self, request_id: str, url: str, parsed: Parsed) -> _Sequence:
         generation = parsed.generation
-        wanted = "pooling" if generation.kind == "embed" else "generate"
-        if wanted != self.runner:
-            raise BodyError(f"model {self.model_name!r} does not serve {url}", code="unsupported_endpoint", param="url")
-        if generation.kind == "embed":
+        self._check_runner(generation, url)
+        if generation.pooling:
+            if generation.dimensions is not None and not 1 <= generation.dimensions <= EMBEDDING_DIMENSIONS:
+                raise BodyError(
+                    f"Model {self.model_name!r} only supports dimensions in range [1, {EMBEDDING_DIMENSIONS}], "
+                    f"got {generation.dimensions}.",
+                    code="invalid_value",
+                    param="dimensions",
+                )
             prompt_tokens = sum(_count_tokens(item) for item in generation.inputs)
             return _Sequence(request_id, parsed, prompt_tokens, 1, time.monotonic())
         if generation.kind == "chat":
             prompt_tokens = sum(_count_tokens(text) + 2 for text in generation.turn_texts())
+            prompt_tokens += FAKE_IMAGE_TOKENS * len(generation.parts(DECODED_IMAGE_PART))
         else:
             assert generation.prompt is not None
             prompt_tokens = _count_tokens(generation.prompt)
         limit = output_budget(generation, prompt_tokens=prompt_tokens, max_model_len=self.max_model_len, default=16)
+        check_capabilities(
+            generation,
+            model=self.model_name,
+            tool_parser=self.tool_parser is not None,
+            reasoning_parser=self.reasoning_parser is not None,
+            max_model_len=self.max_model_len,
+        )
+        forced_schema(generation)  # a schema that cannot be built fails here, as in the vLLM adapter
         if generation.sampling.min_tokens > limit:
             raise BodyError("min_tokens must not exceed max_tokens", code="invalid_value", param="min_tokens")
         sequence = _Sequence(request_id, parsed, prompt_tokens, limit, time.monotonic())
@@ -219,20 +288,48 @@ class FakeEngine:
         if rid in self.fail_request_ids:
             output.error = server_error(rid, "the fake engine was told to fail this request")
         elif generation.kind == "embed":
-            output.vectors = [_vector(item) for item in generation.inputs]
+            output.vectors = [_vector(item, generation.dimensions) for item in generation.inputs]
+        elif generation.kind == "classify":
+            output.scores = [_scores(item) for item in generation.inputs]
         else:  # the fake decodes to its limit: every sequence stops on its length
             count = sequence.tokens_to_decode
             output.sequences = [
-                Generated(
-                    text=_words(sequence.token_ids) if index == 0 else _text(rid, index, count),
-                    token_count=count,
-                    finish_reason="length",
+                _shaped(
+                    generation,
+                    _words(sequence.token_ids) if index == 0 else _text(rid, index, count),
+                    count,
+                    f"{rid}/{index}",
                 )
                 for index in range(generation.sampling.n)
             ]
             if sequence.exact:
                 output.checkpoint = list(sequence.token_ids)
         return sequence.parsed.answer(output, self.model_name)
+
+
+def _shaped(generation: Generation, text: str, count: int, seed: str) -> Generated:
+    """The fake's answer of `count` words, shaped by what was asked: thinking takes the first half of the words
+    (at most the budget; its tokens counted as reasoning); a forced tool choice answers with a call whose
+    arguments satisfy simple schemas (worker/engine/tools.py `sample_arguments`); `auto` never calls; structured
+    output answers such a value as its text."""
+    words = text.split(" ")
+    generated = Generated(text=text, token_count=count, finish_reason="length")
+    reasoning = generation.reasoning
+    if reasoning is not None and reasoning.enabled:
+        thinking = count // 2 if reasoning.budget_tokens is None else min(reasoning.budget_tokens, count)
+        generated.reasoning, generated.text = " ".join(words[:thinking]), " ".join(words[thinking:])
+        generated.reasoning_tokens = thinking
+    if (constraint := generation.constraint) is not None:  # structured output: JSON its schema accepts
+        value = {} if constraint.json_schema is None else sample_arguments(constraint.json_schema)
+        generated.text, generated.finish_reason = json.dumps(value), "stop"
+    if generation.tool_choice.forced and generation.tools:
+        choice, tools = generation.tool_choice, generation.tools
+        tool = next((t for t in tools if t.name == choice.name), tools[0])
+        arguments = sample_arguments(tool.parameters)
+        answer = arguments if choice.mode == "named" else [{"name": tool.name, "parameters": arguments}]
+        calls = forced_calls(json.dumps(answer), generation, derived_ids(seed))
+        generated.text, generated.tool_calls, generated.finish_reason = "", calls or [], "tool_calls"
+    return generated
 
 
 def _count_tokens(item: str | list[int]) -> int:
@@ -253,8 +350,14 @@ def _words(token_ids: list[int]) -> str:
     return " ".join(_WORDS[token % len(_WORDS)] for token in token_ids)
 
 
-def _vector(item: str | list[int]) -> list[float]:
+def _scores(item: str | list[int]) -> dict[str, float]:
+    """The fake classifier's label probabilities: hashed from the input, in [0, 1)."""
+    digest = hashlib.sha256(f"classify/{item}".encode()).digest()
+    return {label: digest[index] / 256 for index, label in enumerate(MODERATION_CATEGORIES)}
+
+
+def _vector(item: str | list[int], dimensions: int | None = None) -> list[float]:
     digest = hashlib.sha256(str(item).encode()).digest()
-    raw = [byte - 127.5 for byte in digest[:EMBEDDING_DIMENSIONS]]
+    raw = [byte - 127.5 for byte in digest[: dimensions or EMBEDDING_DIMENSIONS]]
     norm = math.sqrt(sum(x * x for x in raw))
     return [x / norm for x in raw]

@@ -10,11 +10,10 @@ and the token counts. Nothing here names a protocol or imports vLLM.
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
-from worker.engine import EngineResult, EngineStats, Progress, error_result
+from worker.engine import EngineResult, error_result
 
 Kind = Literal["chat", "text", "embed", "classify"]
 
@@ -31,6 +30,14 @@ class BodyError(Exception):
 
 
 Message = dict[str, Any]  # {"role": ..., "content": str | list of parts}, as a Hugging Face chat template takes it
+
+# A message's content parts, in OpenAI's shape as vLLM's chat renderer takes them: {"type": "text", "text": ...},
+# an image {"type": "image_url", "image_url": {"url": a data: or http(s) URL, "detail": "auto" | "low" | "high"}},
+# a document {"type": "document", "document": {"url": a data: or http(s) URL of a PDF, "title": ..., "context": ...}}.
+# Before an engine renders them, worker/engine/media.py fetches and checks them off the engine's thread: each image
+# becomes {"type": "image_pil", "image_pil": <a decoded PIL image>} and each document text parts.
+IMAGE_PART, DOCUMENT_PART, DECODED_IMAGE_PART = "image_url", "document", "image_pil"
+MEDIA_PARTS = frozenset({IMAGE_PART, DOCUMENT_PART})
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,7 @@ class Constraint:
 
     json_schema: dict[str, Any] | None = None
     json_object: bool = False
+    param: str = "response_format"  # the body's field that asked (a schema the engine cannot compile names it)
 
 
 @dataclass(frozen=True)
@@ -94,6 +102,11 @@ class ToolChoice:
     name: str | None = None
     parallel: bool = True  # several calls in one answer
 
+    @property
+    def forced(self) -> bool:
+        """The answer must be a call (`required` or a named tool): enforced with structured outputs."""
+        return self.mode in ("required", "named")
+
 
 @dataclass(frozen=True)
 class Reasoning:
@@ -102,6 +115,10 @@ class Reasoning:
     enabled: bool = True
     budget_tokens: int | None = None  # at the budget the thinking is closed and the answer follows
     effort: str | None = None  # "minimal", "low", "medium", "high": what the request asked, for the template
+    param: str = "reasoning_effort"  # the body's field that asked (error messages name it)
+    budget_param: str = "thinking_token_budget"  # the body's field holding the budget
+    # What the protocol answers when the model cannot think ("{model}": the served model's name).
+    refusal: str = "Unsupported parameter: 'reasoning_effort' is not supported with this model."
 
 
 @dataclass(frozen=True)
@@ -115,11 +132,16 @@ class Generation:
     continue_final: bool = False  # chat: the answer continues the final assistant message (a prefill)
     constraint: Constraint | None = None
     prompt: str | list[int] | None = None  # text: a string or token ids
-    inputs: tuple[str | list[int], ...] = ()  # embed and classify: one vector (or set of scores) each
+    inputs: tuple[str | list[int], ...] = ()  # embed and classify: one vector (or set of label scores) each
     dimensions: int | None = None  # embed
     tools: tuple[Tool, ...] = ()  # chat: functions the model may call (the chat template renders them)
     tool_choice: ToolChoice = ToolChoice()
     reasoning: Reasoning | None = None  # chat: None is the model's default
+
+    @property
+    def pooling(self) -> bool:
+        """Embeddings or classification: one pass over each input, nothing generated."""
+        return self.kind in ("embed", "classify")
 
     @property
     def where(self) -> str:
@@ -149,15 +171,32 @@ class Generation:
             texts.append(str(content or ""))
         return texts
 
+    def parts(self, *types: str) -> list[dict[str, Any]]:
+        """The content parts of these types, in order (every message's list content)."""
+        return [
+            part
+            for message in self.messages
+            if isinstance(content := message.get("content"), list)
+            for part in content
+            if isinstance(part, dict) and part.get("type") in types
+        ]
+
+    def needs_media(self) -> bool:
+        """True while an image or a document is still a URL (worker/engine/media.py resolves it)."""
+        return bool(self.parts(*MEDIA_PARTS))
+
     def restart_reason(self) -> str | None:
         """Why this generation cannot resume exactly from its generated token ids (it restarts from its prompt),
         or None if it can. Resuming submits the prompt and the tokens generated so far as the new prompt; the next
         token's distribution stays the same for greedy and unseeded sampling, but not with penalties over output
         tokens (resumed tokens count as prompt), a seeded generator's position, several choices in one request,
-        logprobs (not kept with a checkpoint) or structured output (its grammar would restart)."""
+        logprobs (not kept with a checkpoint), structured output or a forced tool call (its grammar would restart),
+        tool calls or thinking (parsed out of the whole answer; a thinking budget counts from the prompt)."""
         sampling = self.sampling
-        if self.kind == "embed":
-            return "embeddings"
+        if self.pooling:
+            return "embeddings" if self.kind == "embed" else "classification"
+        if self.parts(*MEDIA_PARTS, DECODED_IMAGE_PART):
+            return "images"  # a resume is a prompt of token ids, without the images they were processed with
         if sampling.n > 1:
             return "n > 1"
         if sampling.presence_penalty or sampling.frequency_penalty:
@@ -166,8 +205,12 @@ class Generation:
             return "seeded sampling"
         if sampling.logprobs is not None:
             return "logprobs"
-        if self.constraint is not None:
+        if self.constraint is not None or self.tool_choice.forced or any(tool.strict for tool in self.tools):
             return "structured output"
+        if self.tools and self.tool_choice.mode != "none":
+            return "tool calls"  # parsed out of the whole answer, from the original prompt on
+        if self.reasoning is not None and self.reasoning.enabled:
+            return "reasoning"  # its budget counts from the prompt's open thinking block
         return None
 
 
@@ -221,39 +264,6 @@ class Output:
     @classmethod
     def failed(cls, error: EngineResult) -> Output:
         return cls(request_id=error.request_id, error=error)
-
-
-class GenerationEngine(Protocol):
-    """An engine on the neutral side of the seam; worker/engine/wired.py puts the runner's Engine protocol on it.
-
-    The same calls as `worker.engine.Engine`, but `add` takes a `Generation` and `step` returns `Output`s."""
-
-    model_name: str
-    max_num_seqs: int
-
-    def add(self, request_id: str, generation: Generation, *, resume: tuple[int, ...] = ()) -> EngineResult | None:
-        """Submit a generation; an error result at once if it cannot run (never raise)."""
-        ...
-
-    def prepare(self, items: Collection[tuple[str, Generation]]) -> None:
-        """Work ahead (on the runner's claimer thread) on generations about to be added; may do nothing."""
-        ...
-
-    def step(self) -> list[Output]: ...
-
-    def progress(self, request_ids: Collection[str]) -> dict[str, Progress]: ...
-
-    def abort(self, request_ids: list[str]) -> None: ...
-
-    def stats(self) -> EngineStats: ...
-
-    def has_unfinished(self) -> bool: ...
-
-    def dispatch_limit(self) -> int | None: ...
-
-    def set_urgent(self, urgent: bool) -> None: ...
-
-    def close(self) -> None: ...
 
 
 def output_budget(generation: Generation, *, prompt_tokens: int, max_model_len: int, default: int | None = None) -> int:

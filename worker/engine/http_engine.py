@@ -36,6 +36,7 @@ from worker.engine.generation import Generation, context_length_error
 from worker.engine.http_wire import output_of, refusal, server_request
 from worker.engine.prefill_stage import STAGING_AHEAD, PaceGate, PrefillStager, Staging
 from worker.engine.shared_budget import DispatchBudget, MetricsError, parse_load
+from worker.engine.tools import check_capabilities
 from worker.engine.wire import Parsed, parse
 from worker.engine.wire.base import BodyError, server_error
 
@@ -83,6 +84,10 @@ class HttpEngine:
         self.base_url = self.shared.server_url.rstrip("/")
         self.budget = DispatchBudget(self.shared, slots=spec.max_num_seqs)
         self.max_model_len = spec.max_model_len  # else the server's, from /v1/models when it is asked there
+        self.parsers = (
+            spec.tool_parser,
+            spec.reasoning_parser,
+        )  # the server's (--tool-call-parser, --reasoning-parser)
         self._inflight: dict[str, _Flight] = {}
         self._parked: deque[str] = deque()
         self._done: queue.Queue[tuple[str, int, EngineResult | str]] = queue.Queue()
@@ -115,10 +120,23 @@ class HttpEngine:
             if rid in self._inflight:
                 raise BodyError(f"request {rid!r} is already in flight", code="duplicate_request")
             parsed = parse(request.url, request.body)
+            if parsed.generation.needs_media():  # the server would fetch URLs itself, past our network rules
+                raise BodyError(
+                    "images and documents are not run in shared mode (a vLLM server shared with online traffic)",
+                    code="images_not_supported",
+                    param="messages",
+                )
             self._check_cap(parsed.generation, prompt_tokens=None)
+            check_capabilities(  # the server's parsers, as the registry entry names them
+                parsed.generation,
+                model=self.model_name,
+                tool_parser=self.parsers[0] is not None,
+                reasoning_parser=self.parsers[1] is not None,
+                max_model_len=self.max_model_len or 2**31,
+            )
+            url, body = server_request(parsed.generation)
         except BodyError as error:
             return error.to_result(rid)
-        url, body = server_request(parsed.generation)
         payload = {**body, "model": self.server_model, "priority": self.shared.batch_priority}
         flight = _Flight(rid, url, payload, time.monotonic(), parsed)
         if self.budget.pacer is not None:
@@ -196,6 +214,10 @@ class HttpEngine:
     def has_unfinished(self) -> bool:
         """True while a request handed to us has neither finished nor been aborted."""
         return bool(self._inflight)
+
+    def waiting_for_inputs(self) -> int:
+        """None: the server fetches what it needs (lines with images are refused in shared mode)."""
+        return 0
 
     def dispatch_limit(self) -> int | None:
         """How many batch requests the runner may hold in flight now: the budget's current limit, and with prefill
@@ -321,7 +343,7 @@ class HttpEngine:
         if not isinstance(body, dict):
             raise _Retry(f"HTTP {status} with a JSON body that is not an object")
         if status >= 300:
-            return refusal(rid, status, body)
+            return refusal(rid, status, body, names=(self.server_model, self.model_name))
         reasons = {choice.get("finish_reason") for choice in body.get("choices", [])}
         if not reasons <= _GOOD_FINISH:  # e.g. "abort": the server dropped the sequence; run it again
             raise _Retry(f"the server ended the request early ({', '.join(sorted(map(str, reasons)))})")

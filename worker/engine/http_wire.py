@@ -7,14 +7,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from storage.protocols import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL
+from storage.endpoints import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL
 from worker.engine import EngineResult
-from worker.engine.generation import Generated, Generation, Output, TokenLogprob
+from worker.engine.generation import BodyError, Generated, Generation, Output, TokenLogprob, ToolCall
+from worker.engine.tools import random_ids
 
 
 def server_request(generation: Generation) -> tuple[str, dict[str, Any]]:
     """Where a generation goes on the server and what it says there (vLLM takes top_k, min_tokens, ignore_eos,
-    a prefill's continue_final_message and structured outputs as extras)."""
+    a prefill's continue_final_message and structured outputs as extras). Classification is refused: a vLLM
+    server's `/classify` answers each label's probability by index only, without the label names a moderation
+    result is made of, and a classifier is small enough to run on an engine of its own."""
+    if generation.kind == "classify":
+        raise BodyError(
+            "moderations do not run on a shared vLLM server: serve the classification model with an engine of its "
+            "own (a registry entry without `shared`)",
+            code="unsupported_endpoint",
+            param="url",
+        )
     if generation.kind == "embed":
         payload: dict[str, Any] = {"input": list(generation.inputs), "encoding_format": "float"}
         if generation.dimensions is not None:
@@ -33,7 +43,27 @@ def server_request(generation: Generation) -> tuple[str, dict[str, Any]]:
     if (constraint := generation.constraint) is not None:
         schema = {"json": constraint.json_schema} if constraint.json_schema is not None else {"json_object": True}
         payload["structured_outputs"] = schema
+    payload.update(_tools_and_thinking(generation))
     return url, payload
+
+
+def _tools_and_thinking(generation: Generation) -> dict[str, Any]:
+    """Tools, the tool choice and the thinking switch as vLLM's chat endpoint takes them: the server renders them
+    with its template, enforces a forced choice itself and parses calls and thinking with its own parsers."""
+    fields: dict[str, Any] = {}
+    if generation.tools:
+        choice = generation.tool_choice
+        fields["tools"] = [tool.template_form() for tool in generation.tools]
+        named = {"type": "function", "function": {"name": choice.name}}
+        fields["tool_choice"] = named if choice.mode == "named" else choice.mode
+        fields["parallel_tool_calls"] = choice.parallel
+    if (reasoning := generation.reasoning) is not None:
+        fields["chat_template_kwargs"] = {"enable_thinking": reasoning.enabled}
+        if reasoning.effort is not None:
+            fields["reasoning_effort"] = reasoning.effort
+        if reasoning.enabled and reasoning.budget_tokens is not None:
+            fields["thinking_token_budget"] = reasoning.budget_tokens
+    return fields
 
 
 def _sampling(generation: Generation) -> dict[str, Any]:
@@ -71,17 +101,37 @@ def output_of(request_id: str, generation: Generation, answer: dict[str, Any], *
         return output
     choices = sorted(answer.get("choices") or [], key=lambda choice: int(choice.get("index") or 0))
     counts = _split(int(usage.get("completion_tokens") or 0), len(choices))
+    thinking = _split(int((usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0), len(choices))
     output.sequences = [
-        Generated(
-            text=_text(choice, chat=generation.kind == "chat"),
-            token_count=count,
-            finish_reason=str(choice.get("finish_reason") or "stop"),
-            matched=choice.get("stop_reason"),
-            logprobs=_logprobs(choice.get("logprobs"), chat=generation.kind == "chat"),
+        _calls_and_thinking(
+            Generated(
+                text=_text(choice, chat=generation.kind == "chat"),
+                token_count=count,
+                finish_reason=str(choice.get("finish_reason") or "stop"),
+                matched=choice.get("stop_reason"),
+                logprobs=_logprobs(choice.get("logprobs"), chat=generation.kind == "chat"),
+                reasoning_tokens=reasoning_tokens,
+            ),
+            choice.get("message") or {},
         )
-        for choice, count in zip(choices, counts, strict=True)
+        for choice, count, reasoning_tokens in zip(choices, counts, thinking, strict=True)
     ]
     return output
+
+
+def _calls_and_thinking(sequence: Generated, message: dict[str, Any]) -> Generated:
+    """The tool calls and the thinking the server's parsers took out of a chat answer (vLLM calls the thinking
+    `reasoning`, earlier versions `reasoning_content`)."""
+    reasoning = message.get("reasoning", message.get("reasoning_content"))
+    if isinstance(reasoning, str):
+        sequence.reasoning = reasoning
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") or {}
+        call_id = str(call.get("id") or "").removeprefix("call_") or next(random_ids())
+        sequence.tool_calls.append(ToolCall(call_id, str(function.get("name")), str(function.get("arguments") or "{}")))
+    if sequence.tool_calls and sequence.finish_reason == "stop":  # vLLM answers a named tool's call with "stop"
+        sequence.finish_reason = "tool_calls"
+    return sequence
 
 
 def _response_id(answer: dict[str, Any]) -> str:
@@ -124,11 +174,16 @@ def _ranked(tops: Any) -> list[tuple[str, float]]:
     return [(str(top.get("token")), float(top.get("logprob") or 0.0)) for top in tops or []]
 
 
-def refusal(rid: str, status: int, body: dict[str, Any]) -> EngineResult:
-    """The server refused this one request (4xx): its error body becomes the line's error."""
+def refusal(rid: str, status: int, body: dict[str, Any], *, names: tuple[str, str] | None = None) -> EngineResult:
+    """The server refused this one request (4xx): its error body becomes the line's error. `names`: (the server's
+    model name, ours): a server started without --served-model-name calls its model by its path, which the line's
+    error names by the registry's name instead."""
     found = body.get("error")
     error: dict[str, Any] = found if isinstance(found, dict) else {}
     message = str(error.get("message") or body)
+    if names is not None and names[0] and names[0] in message:
+        message = message.replace(names[0], names[1])
+        body = {**body, "error": {**error, "message": message}}
     code = error.get("code")
     if not isinstance(code, str):  # vLLM puts the HTTP status here; keep OpenAI's string codes stable
         code = "context_length_exceeded" if "context length" in message else "invalid_request"

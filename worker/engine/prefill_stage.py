@@ -37,7 +37,7 @@ from typing import Any
 
 import httpx
 
-from storage.protocols import CHAT_URL, COMPLETIONS_URL
+from storage.endpoints import CHAT_URL, COMPLETIONS_URL
 from worker.engine.prefill_pace import PrefillPacer
 
 STAGING_AHEAD = 4  # prompts staging at once (the pacer, not this, sets the pace; this keeps pieces flowing)

@@ -9,6 +9,7 @@ by its protocol's wire module) into vLLM's inputs and vLLM's outputs back. Not t
 from __future__ import annotations
 
 import copy
+import dataclasses
 import gc
 import logging
 import threading
@@ -18,10 +19,12 @@ from typing import Any
 
 from storage.registry import ModelSpec
 from worker.engine import EngineRequest, EngineResult, EngineStats, Progress, error_result
+from worker.engine.media_waits import MediaWaits
 from worker.engine.vllm_ahead import AheadRenders
 from worker.engine.vllm_chat import DirectChat
 from worker.engine.vllm_inputs import VllmInputs
 from worker.engine.vllm_outputs import InFlight, generated_ids, invalid_result, result_of
+from worker.engine.vllm_parsers import Parsers, engine_kwargs
 from worker.engine.vllm_process import close_at_exit, forget_import_tracebacks, set_env_defaults
 from worker.engine.vllm_resume import EndedHere, Resume, boundary_stop, continue_from, exact_params
 from worker.engine.wire import Parsed, parse
@@ -29,6 +32,7 @@ from worker.engine.wire.base import BodyError, server_error
 
 logger = logging.getLogger(__name__)
 
+MEDIA_WAIT_SECONDS = 0.05  # a step with nothing to run but lines waiting for their images sleeps this long at most
 _open = [0]  # this process's engines not yet closed
 _open_lock = threading.Lock()
 
@@ -46,13 +50,14 @@ def _guard_parallel_state() -> None:
 class VllmEngine(VllmInputs):
     """The Engine protocol on an in-process vLLM v1 LLMEngine (its inputs built by `VllmInputs`)."""
 
-    def __init__(self, model_name: str, spec: ModelSpec) -> None:
+    def __init__(self, model_name: str, spec: ModelSpec, *, media: MediaWaits[Parsed] | None = None) -> None:
         set_env_defaults(spec)
         from vllm import EngineArgs, LLMEngine
 
         forget_import_tracebacks()
         args = EngineArgs(
             model=spec.path,
+            served_model_name=model_name,  # vLLM's own messages name the model as users know it, never its path
             runner=spec.runner,  # type: ignore[arg-type]
             tensor_parallel_size=spec.tensor_parallel_size,
             max_num_seqs=spec.resolved_max_num_seqs(),
@@ -63,7 +68,8 @@ class VllmEngine(VllmInputs):
             gpu_memory_utilization=spec.gpu_memory_utilization,
             kv_cache_memory_bytes=spec.kv_cache_memory_bytes,
             disable_log_stats=True,  # stats() reads the scheduler directly
-            **spec.extra,
+            # the structured-outputs backend, a pooling task, the reasoning parser (vllm_parsers.py), the extras
+            **engine_kwargs(spec, spec.engine_extra()),
         )
         started = time.monotonic()
         _guard_parallel_state()
@@ -77,18 +83,26 @@ class VllmEngine(VllmInputs):
         self._model_config = self._engine.model_config
         self._max_model_len: int = self._model_config.max_model_len
         self._tasks = set(self._engine.get_supported_tasks())
+        # A classifier's label of each probability it returns (its config's id2label), in index order.
+        id2label = getattr(self._model_config.hf_config, "id2label", None) or {}
+        self._labels = [str(id2label[index]) for index in sorted(id2label)] if "classify" in self._tasks else []
         self._defaults: dict[str, Any] = self._model_config.get_diff_sampling_param()
         self._inflight: dict[str, InFlight] = {}
         self._open_windows: dict[str, InFlight] = {}  # resumed, a stop string may span: what a step checks
         self._owner: dict[str, str] = {}  # engine request id -> our request id
+        # Lines whose images and documents are being fetched and decoded on the media resolver's threads
+        # (worker/engine/media.py); `step` submits them once they land.
+        self._media: MediaWaits[Parsed] = media if media is not None else MediaWaits()
         self._prefix_queries = self._prefix_hits = 0  # prompt tokens of finished requests; those the cache served
         self.closed = False
         self._renderer = self._engine.renderer
         self._tokenizer: Any = None  # a generating model's (an embedding model has none to decode with)
         self._direct: DirectChat | None = None  # chat prompts without the renderer's overhead (vllm_chat.py)
         self._ahead: AheadRenders | None = None  # chat requests the claimer's thread renders (vllm_ahead.py)
+        self._parsers: Parsers | None = None  # the model's tool-call and reasoning parsers (vllm_parsers.py)
         if "generate" in self._tasks:
             self._tokenizer = self._engine.get_tokenizer()
+            self._parsers = Parsers(spec, self._tokenizer, model_name=model_name, max_model_len=self._max_model_len)
             self._renderer.warmup(self._chat_params())
             self._direct = DirectChat.probe(self._tokenizer, max_model_len=self._max_model_len, render=self._render)
             own = copy.deepcopy(self._tokenizer)  # the other thread's: a tokenizer is never shared between threads
@@ -98,32 +112,59 @@ class VllmEngine(VllmInputs):
     # -- the Engine protocol ---------------------------------------------------------------------
 
     def add(self, request: EngineRequest) -> EngineResult | None:
-        """Render and submit a request; a body that cannot run comes back as an error result."""
-        from vllm.exceptions import VLLMClientError
-
+        """Render and submit a request; a body that cannot run comes back as an error result. A request with images
+        or documents waits for them off this thread (worker/engine/media.py) and is submitted by a later `step`."""
         rid = request.request_id
         ahead = self._ahead.take(rid) if self._ahead is not None else None
         if ahead is not None and not request.resume_token_ids and rid not in self._inflight:
             return self._submit(rid, ahead.parsed, ahead.prepared, exact=ahead.exact)
         try:
-            if rid in self._inflight:
+            if rid in self._inflight or rid in self._media:
                 raise BodyError(f"request {rid!r} is already in flight", code="duplicate_request")
             parsed = parse(request.url, request.body)
             generation = parsed.generation
             self._check_kind(generation, request.url)
+            if generation.needs_media():
+                self._check_media(generation)
+                self._media.start(rid, generation, parsed)
+                return None
             prepared = self._prepare(rid, generation)
             exact = generation.restart_reason() is None and exact_params(prepared[0][2])
             resume = None
             if exact and request.resume_token_ids:
                 prepared, resume = continue_from(prepared[0], list(request.resume_token_ids), self._tokenizer)
-        except BodyError as error:
-            return error.to_result(rid)
-        except (VLLMClientError, ValueError, TypeError, LookupError) as error:
-            return invalid_result(rid, error)
-        except Exception as error:  # a template or tokenizer failure on this body alone
-            logger.exception("rendering request %s failed", rid)
-            return error_result(rid, 400, f"could not render the request: {error}", code="invalid_value")
+        except Exception as error:
+            return self._refused(rid, error)
         return self._submit(rid, parsed, prepared, exact=exact, resume=resume)
+
+    def _refused(self, rid: str, error: Exception) -> EngineResult:
+        """The error line of a request that cannot be rendered or submitted."""
+        from vllm.exceptions import VLLMClientError
+
+        if isinstance(error, BodyError):
+            return error.to_result(rid)
+        if isinstance(error, (VLLMClientError, ValueError, TypeError, LookupError)):
+            return invalid_result(rid, error)
+        # a template or tokenizer failure on this body alone
+        logger.error("rendering request %s failed", rid, exc_info=error)
+        return error_result(rid, 400, f"could not render the request: {error}", code="invalid_value")
+
+    def _media_landed(self) -> list[EngineResult]:
+        """Submit the requests whose images and documents are ready; those that failed are their error lines."""
+        results: list[EngineResult] = []
+        for rid, parsed, landed in self._media.ready():
+            if isinstance(landed, BodyError):
+                results.append(landed.to_result(rid))
+                continue
+            parsed = dataclasses.replace(parsed, generation=landed)
+            try:
+                prepared = self._prepare(rid, landed)  # vLLM's multimodal processor runs here, on this thread
+            except Exception as error:
+                results.append(self._refused(rid, error))
+                continue
+            if (refused := self._submit(rid, parsed, prepared)) is not None:
+                results.append(refused)
+        return results
 
     def prepare(self, requests: Collection[EngineRequest]) -> None:
         """Render chat requests ahead, on the calling thread (the runner's claimer), off the engine's."""
@@ -131,10 +172,13 @@ class VllmEngine(VllmInputs):
             self._ahead.prepare(requests)
 
     def step(self) -> list[EngineResult]:
-        """Run one engine iteration; return the requests that finished in it."""
+        """Run one engine iteration; return the requests that finished in it (or whose images failed)."""
+        results = self._media_landed()
+        if not self._inflight and len(self._media):  # nothing to run until a line's images land
+            self._media.wait(MEDIA_WAIT_SECONDS)
+            return results + self._media_landed()
         outputs = self._engine.step()
         now = time.monotonic()
-        results: list[EngineResult] = []
         for output in outputs:
             owner = self._owner.pop(output.request_id, None) if output.finished else None
             if owner is None:  # still running, or aborted before this step
@@ -164,6 +208,7 @@ class VllmEngine(VllmInputs):
 
     def abort(self, request_ids: list[str]) -> None:
         """Forget requests and free their sequences in the engine at once; they yield no result."""
+        self._media.cancel(request_ids)
         engine_ids: list[str] = []
         for rid in request_ids:
             flight = self._inflight.pop(rid, None)
@@ -192,11 +237,16 @@ class VllmEngine(VllmInputs):
             return EngineStats(running=running, waiting=sequences - running, extra={**extra, "estimated": True})
         running, waiting = core.scheduler.get_request_counts()
         extra["kv_cache_usage"] = core.scheduler.get_kv_cache_usage()
-        return EngineStats(running=running, waiting=waiting, extra=extra)
+        extra["media_waiting"] = len(self._media)  # accepted, their images on their way: waiting too
+        return EngineStats(running=running, waiting=waiting + len(self._media), extra=extra)
 
     def has_unfinished(self) -> bool:
         """True while a submitted request has neither finished nor been aborted."""
-        return bool(self._inflight)
+        return bool(self._inflight) or bool(len(self._media))
+
+    def waiting_for_inputs(self) -> int:
+        """Lines whose images or documents are still being fetched and decoded (worker/engine/media.py)."""
+        return len(self._media)
 
     def dispatch_limit(self) -> int | None:
         """No budget: this engine owns its hardware, the runner fills it."""
@@ -210,6 +260,7 @@ class VllmEngine(VllmInputs):
         if not self.closed:  # once: a switch closes it, then the exit hook (vllm_process.close_at_exit) finds it closed
             self.closed = True
             self.abort(list(self._inflight))
+            self._media.close()
             with _open_lock:
                 _open[0] -= 1
             self._engine.engine_core.shutdown()
@@ -234,7 +285,7 @@ class VllmEngine(VllmInputs):
             if added:
                 self._engine.abort_request(added)
             if isinstance(error, (VLLMClientError, ValueError, TypeError)):
-                return invalid_result(rid, error)
+                return invalid_result(rid, error, parsed.generation)
             logger.exception("engine refused request %s", rid)
             return server_error(rid, f"the engine could not accept the request: {error}")
         engine_ids = [engine_id for engine_id, _, _ in prepared]
@@ -248,7 +299,14 @@ class VllmEngine(VllmInputs):
 
     def _finish(self, flight: InFlight, now: float) -> EngineResult:
         try:
-            result = result_of(flight, model_name=self.model_name, tokenizer=self._tokenizer, tally=self._tally_prefix)
+            result = result_of(
+                flight,
+                model_name=self.model_name,
+                tokenizer=self._tokenizer,
+                tally=self._tally_prefix,
+                parsers=self._parsers,
+                labels=self._labels,
+            )
         except Exception as error:  # one bad sequence must not take the batch down
             logger.exception("building the result of %s failed", flight.request_id)
             result = server_error(flight.request_id, f"the engine failed on this request: {error}")

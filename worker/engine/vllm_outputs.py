@@ -8,13 +8,14 @@ Works on vLLM's output objects and the tokenizer it is handed; nothing here impo
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from worker.engine import EngineResult, error_result
-from worker.engine.generation import Output
+from worker.engine.generation import Generation, Output
 from worker.engine.vllm_choices import generated_of
+from worker.engine.vllm_parsers import Parsers
 from worker.engine.vllm_resume import Resume, stitch
 from worker.engine.wire import Parsed
 from worker.engine.wire.base import server_error
@@ -33,8 +34,18 @@ class InFlight:
     resume: Resume | None = None  # continued from a checkpoint: the earlier part, joined in at the end
 
 
-def result_of(flight: InFlight, *, model_name: str, tokenizer: Any, tally: Callable[[int, int], None]) -> EngineResult:
-    """The answer to one finished request, from vLLM's outputs (prompt and cached tokens go to `tally`)."""
+def result_of(
+    flight: InFlight,
+    *,
+    model_name: str,
+    tokenizer: Any,
+    tally: Callable[[int, int], None],
+    parsers: Parsers | None = None,
+    labels: Sequence[str] = (),
+) -> EngineResult:
+    """The answer to one finished request, from vLLM's outputs (prompt and cached tokens go to `tally`; thinking
+    and tool calls taken out of each answer by the model's `parsers`; a classifier's probabilities named by its
+    `labels`)."""
     outputs = [flight.done[engine_id] for engine_id in flight.engine_ids]
     problem = next((o.error for o in outputs if getattr(o, "error", None) is not None), None)
     if problem is not None:
@@ -51,6 +62,9 @@ def result_of(flight: InFlight, *, model_name: str, tokenizer: Any, tally: Calla
     if generation.kind == "embed":
         output.vectors = [o.outputs.data.float().tolist() for o in outputs]
         return flight.parsed.answer(output, model_name)
+    if generation.kind == "classify":
+        output.scores = [dict(zip(labels, o.outputs.data.float().tolist(), strict=False)) for o in outputs]
+        return flight.parsed.answer(output, model_name)
     completions: list[Any] = sorted(outputs[0].outputs, key=lambda c: c.index)
     if flight.resume is not None:
         completions = [stitch(flight.resume, c) for c in completions]
@@ -59,13 +73,32 @@ def result_of(flight: InFlight, *, model_name: str, tokenizer: Any, tally: Calla
         return server_error(flight.request_id, f"the engine ended the request early ({', '.join(reasons)})")
     logprobs = generation.sampling.logprobs is not None
     output.sequences = [generated_of(c, tokenizer, logprobs=logprobs) for c in completions]
+    if parsers is not None:
+        prompt_ids = list(outputs[0].prompt_token_ids or ())
+        for completion, sequence in zip(completions, output.sequences, strict=True):
+            parsers.finish(generation, sequence, prompt_ids=prompt_ids, token_ids=list(completion.token_ids))
     output.checkpoint = list(completions[0].token_ids) if flight.exact else []  # if a pause beats the record
     return flight.parsed.answer(output, model_name)
 
 
-def invalid_result(rid: str, error: Exception) -> EngineResult:
-    """vLLM refused the request at submission: a 400 error line."""
+# How vLLM's structured-output backends begin the message of a schema they cannot compile (guidance, xgrammar).
+_SCHEMA_REFUSALS = (
+    "Grammar error: ",
+    "Invalid grammar specification: ",
+    "Failed to transform json schema into a grammar: ",
+    "The provided JSON schema contains features not supported",
+)
+
+
+def invalid_result(rid: str, error: Exception, generation: Generation | None = None) -> EngineResult:
+    """vLLM refused the request at submission: a 400 error line (a JSON schema the structured-outputs backend
+    cannot compile names the body's field that holds it, with the backend's reason)."""
     message = str(error)
+    constraint = generation.constraint if generation is not None else None
+    if constraint is not None and message.startswith(_SCHEMA_REFUSALS):
+        reason = message.split(": ", 1)[-1].strip()
+        message = f"{constraint.param}: the JSON schema cannot be enforced by this server: {reason}"
+        return error_result(rid, 400, message, code="invalid_json_schema", param=constraint.param)
     code = "context_length_exceeded" if "context length" in message else "invalid_value"
     return error_result(rid, 400, message, code=code, param=getattr(error, "parameter", None))
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from storage.protocols import MESSAGES_URL
+from storage.endpoints import MESSAGES_URL
 from worker.engine.wire.anthropic import parse_messages
 from worker.engine.wire.base import Parsed
 from worker.engine.wire.openai import parse_openai

@@ -93,7 +93,8 @@ def test_abort_frees_the_slot_and_yields_no_result() -> None:
 @pytest.mark.parametrize(
     ("request_", "code", "param"),
     [
-        (chat("x", tools=[{"type": "function", "function": {"name": "f"}}]), "unsupported_parameter", "tools"),
+        (chat("x", tools=[{"type": "function", "function": {"name": "f"}}]), "unsupported_parameter", "tool_choice"),
+        (chat("x", tools=[{"type": "web_search_preview"}]), "unsupported_tool", "tools[0]"),
         (chat("x", stream=True), "unsupported_parameter", "stream"),
         (chat("x", frobnicate=1), "unsupported_parameter", "frobnicate"),
         (chat("x", temperature="hot"), "invalid_value", "temperature"),

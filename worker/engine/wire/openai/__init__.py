@@ -1,5 +1,5 @@
-"""OpenAI's wire format: one module per endpoint (chat, completions, embeddings, responses), each its body's shape
-and its answer, and the one parser of a line's body for its URL."""
+"""OpenAI's wire format: one module per endpoint (chat, completions, embeddings, responses, moderations), each its
+body's shape and its answer, and the one parser of a line's body for its URL."""
 
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from storage.protocols import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, RESPONSES_URL
+from storage.endpoints import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, MODERATIONS_URL, RESPONSES_URL
 from worker.engine.wire.base import TYPE_TAGS, BodyError, Parsed, Reply
 from worker.engine.wire.openai.chat import ChatBody, ChatMessage, chat_reply
 from worker.engine.wire.openai.completions import CompletionBody, completion_reply
 from worker.engine.wire.openai.embeddings import EmbeddingBody, embedding_reply
+from worker.engine.wire.openai.moderations import ModerationBody, moderation_reply
 from worker.engine.wire.openai.responses import ResponsesBody, responses_reply
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "ChatMessage",
     "CompletionBody",
     "EmbeddingBody",
+    "ModerationBody",
     "ResponsesBody",
     "parse_openai",
     "parse_openai_body",
@@ -32,19 +34,17 @@ _OFF_VALUES: dict[str, tuple[Any, ...]] = {
     "echo": (None, False),
     "suffix": (None, ""),
     "best_of": (None, 1),
-    "tools": (None, []),
-    "tool_choice": (None, "none"),
-    "parallel_tool_calls": (None,),
     "store": (None, False),
 }
 
 
-Body = ChatBody | CompletionBody | EmbeddingBody | ResponsesBody
+Body = ChatBody | CompletionBody | EmbeddingBody | ResponsesBody | ModerationBody
 _BODY_TYPES: dict[str, tuple[type[Body], Any]] = {
     CHAT_URL: (ChatBody, chat_reply),
     COMPLETIONS_URL: (CompletionBody, completion_reply),
     EMBEDDINGS_URL: (EmbeddingBody, embedding_reply),
     RESPONSES_URL: (ResponsesBody, responses_reply),
+    MODERATIONS_URL: (ModerationBody, moderation_reply),
 }
 
 
@@ -78,7 +78,9 @@ def parse_openai_body(url: str, body: Any) -> Body:
 
 
 def _describe(error: ValidationError) -> BodyError:
-    first = error.errors(include_url=False)[0]
+    errors = error.errors(include_url=False)
+    # A union (`input: str | list[...]`) reports its string branch first; a list's own problem says more.
+    first = next((e for e in errors if not (e["loc"] and e["loc"][-1] == "str")), errors[0])
     # Union members add their type name to `loc` ("prompt.str"); the user wants the field path.
     where = ".".join(str(part) for part in first["loc"] if str(part) not in TYPE_TAGS and "[" not in str(part))
     param = str(first["loc"][0]) if first["loc"] else None
@@ -86,4 +88,5 @@ def _describe(error: ValidationError) -> BodyError:
         return BodyError(f"unsupported parameter {where!r}", code="unsupported_parameter", param=param)
     if first["type"] == "missing":
         return BodyError(f"missing required parameter {where!r}", code="missing_required_parameter", param=param)
-    return BodyError(f"invalid value for {where!r}: {first['msg']}", code="invalid_value", param=param)
+    message = str(first["msg"]).removeprefix("Value error, ")
+    return BodyError(f"invalid value for {where!r}: {message}", code="invalid_value", param=param)

@@ -16,11 +16,17 @@ def ok(output: Output, answer: dict[str, Any], *, completion: bool = True) -> En
         prompt_tokens=output.prompt_tokens,
         completion_tokens=completion_tokens(output.sequences) if completion else 0,
         cached_tokens=output.cached_tokens,
+        reasoning_tokens=reasoning_tokens(output.sequences),
     )
 
 
 def completion_tokens(sequences: list[Generated]) -> int:
     return sum(sequence.token_count for sequence in sequences)
+
+
+def reasoning_tokens(sequences: list[Generated]) -> int:
+    """Of the completion tokens, those spent thinking (billed as output, as OpenAI bills them)."""
+    return sum(sequence.reasoning_tokens for sequence in sequences)
 
 
 def usage(output: Output) -> dict[str, Any]:
@@ -30,6 +36,7 @@ def usage(output: Output) -> dict[str, Any]:
         "completion_tokens": completion,
         "total_tokens": output.prompt_tokens + completion,
         "prompt_tokens_details": {"cached_tokens": output.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": reasoning_tokens(output.sequences)},
     }
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from worker.engine.generation import Constraint, Sampling
 from worker.engine.wire.base import BodyError, Strict
@@ -24,6 +24,12 @@ class ResponseFormat(Strict):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("a response_format of type 'json_schema' needs 'json_schema'")
+        return self
+
 
 class SamplingBody(Strict):
     """The fields every generating endpoint (chat, completions) takes."""
@@ -42,6 +48,7 @@ class SamplingBody(Strict):
     ignore_eos: bool = False  # vLLM extension
     min_tokens: int = Field(default=0, ge=0)  # vLLM extension
     user: str | None = None
+    _format_field: str = PrivateAttr(default="response_format")  # "text.format" when a Responses body runs as this
 
     @field_validator("stop")
     @classmethod
@@ -90,10 +97,12 @@ class SamplingBody(Strict):
         )
 
     def constraint(self) -> Constraint | None:
-        """The answer's required shape (`response_format`), if any."""
+        """The answer's required shape (`response_format`), if any: enforced with the engine's structured outputs,
+        so the answer parses against the schema (`$defs`/`$ref`, nullable unions, `additionalProperties` and the
+        rest of what real files carry; a schema the engine cannot enforce fails the line, naming the field)."""
         fmt = self.response_format
         if fmt is None or fmt.type == "text":
             return None
         if fmt.type == "json_schema" and fmt.json_schema is not None:
-            return Constraint(json_schema=fmt.json_schema.schema_)
-        return Constraint(json_object=True)
+            return Constraint(json_schema=fmt.json_schema.schema_, param=self._format_field)
+        return Constraint(json_object=True, param=self._format_field)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from anthropic.types import Message
 
-from storage.protocols import MESSAGES_URL
+from storage.endpoints import MESSAGES_URL
 from worker.engine import EngineRequest
 from worker.engine.fake import FakeEngine
 from worker.engine.generation import Generated, Output
@@ -82,8 +82,11 @@ def test_a_final_assistant_turn_is_continued_not_answered() -> None:
 @pytest.mark.parametrize(
     ("extra", "code", "says"),
     [
-        ({"tools": [{"name": "get_weather", "input_schema": {"type": "object"}}]}, "unsupported_parameter", "tools"),
-        ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "unsupported_parameter", "thinking"),
+        ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "unsupported_tool", "web_search_20250305"),
+        ({"tools": [{"name": "get_weather", "input_schema": {"type": "string"}}]}, "invalid_value", "type 'object'"),
+        ({"thinking": {"type": "enabled", "budget_tokens": 512}}, "invalid_value", "greater than or equal to 1024"),
+        ({"thinking": {"type": "enabled", "budget_tokens": 10**9}}, "invalid_value", "max_tokens must be greater"),
+        ({"tool_choice": {"type": "tool"}}, "invalid_value", "'name' is required"),
         ({"stream": True}, "unsupported_parameter", "stream"),
         ({"temperature": 1.5}, "invalid_value", "temperature"),
         ({"top_k": -1}, "invalid_value", "top_k"),
@@ -101,10 +104,11 @@ def test_what_the_engine_cannot_do_is_refused_with_a_message_naming_it(
     assert error.code == code and says in error.message and error.status_code == 400
 
 
-def test_an_image_block_is_named_as_such() -> None:
-    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}
-    error = refused(messages=[{"role": "user", "content": [{"type": "text", "text": "What is this?"}, image]}])
-    assert "only text content blocks" in error.message and "'image'" in error.message and "messages.0" in error.message
+def test_a_block_of_an_unknown_type_is_named_as_such() -> None:
+    video = {"type": "video", "source": {"type": "url", "url": "https://example.com/a.mp4"}}
+    error = refused(messages=[{"role": "user", "content": [{"type": "text", "text": "What is this?"}, video]}])
+    assert "content blocks are supported here" in error.message and "'video'" in error.message
+    assert "messages.0" in error.message
 
 
 def test_missing_max_tokens_reads_as_anthropic_says_it() -> None:
@@ -192,4 +196,4 @@ def test_the_fake_engine_answers_a_messages_request_with_a_message() -> None:
     assert first.stop_reason == "max_tokens" and first.usage.output_tokens == 5 == results["r1"].completion_tokens
     assert second.stop_reason == "model_context_window_exceeded" and second.usage.output_tokens < 500
     refused_result = engine.add(EngineRequest("r3", MESSAGES_URL, params(tools=[{"name": "x"}])))
-    assert refused_result is not None and refused_result.status_code == 400
+    assert refused_result is not None and refused_result.status_code == 400  # no input_schema

@@ -139,14 +139,15 @@ def test_instructions_lead_the_conversation_and_text_format_becomes_structured_o
 @pytest.mark.parametrize(
     ("body", "code", "param"),
     [
-        ({"input": "x", "tools": [{"type": "web_search"}]}, "unsupported_parameter", "tools"),
+        ({"input": "x", "tools": [{"type": "web_search"}]}, "unsupported_tool", "tools[0]"),
+        ({"input": "x", "tool_choice": {"type": "file_search"}}, "unsupported_tool", "tool_choice"),
         ({"input": "x", "stream": True}, "unsupported_parameter", "stream"),
-        ({"input": "x", "reasoning": {"effort": "high"}}, "unsupported_parameter", "reasoning"),
+        ({"input": "x", "reasoning": {"effort": "extreme"}}, "invalid_value", "reasoning"),
         ({"input": "x", "store": True}, "unsupported_parameter", "store"),
         ({"input": ""}, "invalid_value", "input"),
         ({}, "missing_required_parameter", "input"),
         (
-            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+            {"input": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "AA"}}]}]},
             "invalid_value",
             "input",
         ),
