@@ -52,6 +52,10 @@ class FormStream:
         self._ended = False  # the closing boundary was read
         self._exhausted = False  # the body has no more chunks
         self._count = 0
+        self._fed = 0  # body bytes fed to the parser before the current chunk
+        self._chunk = b""  # the chunk being parsed
+        self._file_offset: int | None = None  # where the file part's bytes begin in the body
+        self._closing = b""  # the body's closing delimiter
         self._part: str | None = None  # the current part: the file, a kept field's name, or None (skipped)
         self._value = bytearray()
         self._header_name = bytearray()
@@ -64,6 +68,7 @@ class FormStream:
             return
         if b"boundary" not in options:
             raise MultipartError("Missing boundary in multipart.")
+        self._closing = b"\r\n--" + options[b"boundary"] + b"--\r\n"
         try:
             self._parser = MultipartParser(
                 options[b"boundary"],
@@ -87,6 +92,17 @@ class FormStream:
             pass
         return self.filename is not None
 
+    def file_size(self, content_length: int | None) -> int | None:
+        """The file part's exact size, from the body's declared length, when the file is the form's last part and
+        the body ends with the closing delimiter (as the SDKs, curl and every HTTP library send a form), else
+        None (no length declared). Known once `read_to_file()` has reached the file's bytes; an object store that
+        needs a part's length up front streams on it, and the reader it streams from checks it to the byte."""
+        while self._file_offset is None and not self._file_ended and self._feed():
+            pass  # the file's first bytes were not parsed yet (they are kept for `file_chunks`)
+        if content_length is None or self._file_offset is None:
+            return None
+        return max(0, content_length - self._file_offset - len(self._closing))
+
     def file_chunks(self) -> Iterator[bytes]:
         """The file part's bytes as they arrive, then the rest of the body is read (and checked) before the end."""
         while True:
@@ -109,10 +125,12 @@ class FormStream:
         if chunk is None:
             self._exhausted = True
             return False
+        self._chunk = chunk
         try:
             self._parser.write(chunk)
         except FormParserError:
             raise MultipartError("Invalid multipart data.") from None
+        self._fed += len(chunk)
         return True
 
     def _on_part_begin(self) -> None:
@@ -147,6 +165,8 @@ class FormStream:
         if self._part is None:
             return
         if self._part == self._file_field:
+            if self._file_offset is None:  # the first bytes: in this chunk, or held back from the previous one
+                self._file_offset = self._fed + start if data is self._chunk else self._fed - (end - start)
             self._pending.append(data[start:end])
             return
         if len(self._value) + end - start > FIELD_MAX_BYTES:

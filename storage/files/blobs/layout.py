@@ -7,6 +7,9 @@
 {prefix}/{tenant}/batches/{batch_id}/manifest.json      what the batch left behind (storage/batches/manifests.py)
 ```
 
+A file sent through the Uploads API has the same key (on the local store a folder of its parts and a
+manifest: storage/files/blobs/local.py).
+
 `{prefix}` is BACKFILL_OBJECT_PREFIX (empty: keys start with the tenant). `{tenant}` is the tenant's name
 when it is a plain path segment (letters, digits, `.`, `_`, `-`, at most 64 characters, not shaped like a
 tenant id), else the tenant id: people reading the bucket see `acme/…`, and no name can escape its folder

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import tempfile
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import cached_property
 from typing import Any
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
 
-from storage.files.blobs import StoredBlob
+from storage.files.blobs import PartsGone, PartSizeMismatch, PartsOutOfOrder, StoredBlob, StoredPart
 from storage.files.blobs.layout import content_type
 from storage.metrics.events import count_s3_error
 
@@ -35,6 +37,7 @@ class S3BlobStore:
     ) -> None:
         self.bucket = bucket
         self.part_bytes = multipart_threshold
+        self._endpoint_url, self._region, self._injected = endpoint_url, region, client is not None
         self.client = client or boto3.client(
             "s3",
             endpoint_url=endpoint_url,
@@ -166,6 +169,142 @@ class S3BlobStore:
             if error.response.get("Error", {}).get("Code") not in ("404", "NoSuchKey", "NotFound"):
                 count_s3_error("head")
             return False
+        return True
+
+    @cached_property
+    def _parts_client(self) -> Any:
+        """The client that streams an Uploads part straight through: no checksum computed ahead of the body (over
+        plain HTTP botocore would read the whole body first to put a CRC32 in a header) and no retry (the body
+        cannot be sent twice: a failed part is the client's to send again)."""
+        if self._injected:
+            return self.client
+        return boto3.client(
+            "s3",
+            endpoint_url=self._endpoint_url,
+            region_name=self._region,
+            config=Config(
+                retries={"total_max_attempts": 1, "mode": "standard"},
+                signature_version="s3v4",
+                s3={"payload_signing_enabled": False},
+                request_checksum_calculation="when_required",
+            ),
+        )
+
+    def start_parts(self, key: str) -> str:
+        """Open an S3 multipart upload at `key`; its UploadId."""
+        try:
+            upload_id: str = self.client.create_multipart_upload(
+                Bucket=self.bucket, Key=key, ContentType=content_type(key)
+            )["UploadId"]
+        except _S3_ERRORS:
+            count_s3_error("put")
+            raise
+        return upload_id
+
+    def put_part(
+        self, key: str, upload_id: str, number: int, chunks: Iterable[bytes], *, size: int | None
+    ) -> StoredPart:
+        """UploadPart with the body streamed through as it arrives (`size`: its exact length, which S3 needs up
+        front); with no size known, the part is spooled to a temporary file first (memory stays bounded)."""
+        if size is None:
+            with tempfile.SpooledTemporaryFile(max_size=8 * 1024 * 1024) as spool:
+                for chunk in chunks:
+                    spool.write(chunk)
+                size = spool.tell()
+                spool.seek(0)
+                return self._stream_part(key, upload_id, number, spool, size)
+        return self._stream_part(key, upload_id, number, _ExactBody(chunks, size), size)
+
+    def _stream_part(self, key: str, upload_id: str, number: int, body: Any, size: int) -> StoredPart:
+        try:
+            response = self._parts_client.upload_part(
+                Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=body, ContentLength=size
+            )
+        except HTTPClientError:
+            failed = getattr(body, "failed", None)
+            if failed is not None:  # the body's own failure (its size, the form, the client gone), as raised
+                raise failed from None
+            count_s3_error("put")
+            raise
+        except ClientError as error:
+            if _code(error) == "NoSuchUpload":
+                raise PartsGone(key) from None
+            count_s3_error("put")
+            raise
+        except BotoCoreError:
+            count_s3_error("put")
+            raise
+        return StoredPart(number=number, size=size, etag=response["ETag"])
+
+    def finish_parts(self, key: str, upload_id: str, parts: Sequence[StoredPart]) -> None:
+        """CompleteMultipartUpload with the listed parts: S3 joins them in place (no copy), and frees the others.
+        S3 joins parts in the order of their numbers: PartsOutOfOrder if the list asks for another order."""
+        numbers = [part.number for part in parts]
+        if numbers != sorted(numbers):
+            raise PartsOutOfOrder(key)
+        listed = [{"PartNumber": part.number, "ETag": part.etag} for part in parts]
+        try:
+            self.client.complete_multipart_upload(
+                Bucket=self.bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": listed}
+            )
+        except ClientError as error:
+            if _code(error) == "NoSuchUpload":
+                raise PartsGone(key) from None
+            count_s3_error("put")
+            raise
+
+    def abort_parts(self, key: str, upload_id: str) -> None:
+        """AbortMultipartUpload: every part is freed (idempotent: an upload already gone is fine)."""
+        try:
+            self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+        except ClientError as error:
+            if _code(error) != "NoSuchUpload":
+                count_s3_error("delete")
+                raise
+
+
+def _code(error: ClientError) -> str:
+    return str(error.response.get("Error", {}).get("Code", ""))
+
+
+class _ExactBody:
+    """A request body read from `chunks` that must hold exactly `size` bytes: botocore sends what `read` returns.
+
+    The last bytes are handed over only once `chunks` is known to end there (the form's closing boundary read),
+    and a body that ends short or runs long raises PartSizeMismatch before S3 has the whole part: S3 stores a part
+    only once its Content-Length arrived, so a wrong body never becomes a part.
+    """
+
+    def __init__(self, chunks: Iterable[bytes], size: int) -> None:
+        self._chunks = (chunk for chunk in chunks if chunk)
+        self._size = size
+        self._taken = 0  # bytes moved from `chunks` into the buffer
+        self._buffer = memoryview(b"")
+        self.failed: Exception | None = None
+
+    def read(self, amount: int | None = -1) -> bytes:
+        try:
+            if not self._buffer and not self._refill():
+                return b""
+        except Exception as error:  # botocore wraps it in HTTPClientError: kept to be raised as it is
+            self.failed = error
+            raise
+        wanted = len(self._buffer) if amount is None or amount < 0 else amount
+        piece, self._buffer = self._buffer[:wanted], self._buffer[wanted:]
+        return bytes(piece)
+
+    def _refill(self) -> bool:
+        chunk = next(self._chunks, None)
+        if chunk is None:
+            if self._taken != self._size:
+                raise PartSizeMismatch(f"the part ended at {self._taken} of its {self._size} bytes")
+            return False
+        self._taken += len(chunk)
+        if self._taken > self._size:
+            raise PartSizeMismatch(f"the part ran past its {self._size} bytes")
+        if self._taken == self._size and next(self._chunks, None) is not None:
+            raise PartSizeMismatch(f"the part ran past its {self._size} bytes")
+        self._buffer = memoryview(chunk)
         return True
 
 

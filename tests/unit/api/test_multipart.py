@@ -109,3 +109,21 @@ def test_an_utf8_filename_is_decoded_and_a_latin1_one_still_readable() -> None:
     latin = b'--xyz\r\nContent-Disposition: form-data; name="file"; filename="\xe9.jsonl"\r\n\r\n{}\r\n' + END
     form, _ = read(latin)
     assert form.filename == "\u00e9.jsonl"
+
+
+@pytest.mark.parametrize("size", [1, 2, 7, 61, 4096, 1 << 20])
+def test_the_file_size_is_known_from_the_declared_length_before_its_bytes_are_read(size: int) -> None:
+    # An Uploads part: S3 needs the part's length before its first byte; every chunking gives the same answer,
+    # including a chunk edge inside the headers, right after them, or inside a boundary look-alike.
+    data = b"\r\n--xy" + DATA
+    body = field("purpose", b"batch") + file_part(data, name="data") + END
+    form = FormStream(CTYPE, pieces(body, size), file_field="data", keep=KEEP)
+    assert form.read_to_file()
+    assert form.file_size(len(body)) == len(data)
+    assert b"".join(form.file_chunks()) == data
+
+
+def test_no_declared_length_leaves_the_file_size_unknown() -> None:
+    body = file_part(DATA, name="data") + END
+    form = FormStream(CTYPE, pieces(body, 64), file_field="data", keep=())
+    assert form.read_to_file() and form.file_size(None) is None
