@@ -26,12 +26,33 @@ def _session() -> Iterator[Session]:
 DbSession = Annotated[Session, Depends(_session, scope="function")]
 
 
-def _principal(session: DbSession, authorization: Annotated[str | None, Header()] = None) -> Principal:
-    if not authorization or not authorization.lower().startswith("bearer "):
-        raise Unauthorized("You didn't provide an API key. Send it in the Authorization header as 'Bearer YOUR_KEY'.")
-    principal = authenticate(session, key=authorization[7:].strip())
-    session.commit()  # the key check is a read: hand the connection back while the route waits for a thread
+def api_key_of(*, x_api_key: str | None, authorization: str | None) -> str | None:
+    """The API key a request carries: `x-api-key` (Anthropic's SDK) or `Authorization: Bearer` (OpenAI's), on
+    every route, so a route serving both protocols' batches takes either (api/fair_share.py reads it too)."""
+    key = (x_api_key or "").strip()
+    if not key and authorization and authorization[:7].lower() == "bearer ":
+        key = authorization[7:].strip()
+    return key or None
+
+
+def caller_of(session: Session, *, key: str | None, missing: str) -> Principal:
+    """The principal of `key` (Unauthorized with `missing` when there is none); the key check is a read, so the
+    connection goes back to the pool while the route waits for a thread."""
+    if key is None:
+        raise Unauthorized(missing)
+    principal = authenticate(session, key=key)
+    session.commit()
     return principal
+
+
+def _principal(
+    session: DbSession,
+    authorization: Annotated[str | None, Header()] = None,
+    x_api_key: Annotated[str | None, Header(include_in_schema=False)] = None,  # OpenAI's routes document Bearer
+) -> Principal:
+    key = api_key_of(x_api_key=x_api_key, authorization=authorization)
+    missing = "You didn't provide an API key. Send it in the Authorization header as 'Bearer YOUR_KEY'."
+    return caller_of(session, key=key, missing=missing)
 
 
 def commit_in_route_threads(app: FastAPI) -> None:

@@ -129,8 +129,8 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 
 def _documented(app: FastAPI) -> Callable[[], dict[str, Any]]:
-    """app.openapi with the statuses the server really answers: 400 instead of FastAPI's 422, 401 where a key is
-    required, 404 where a path names an object, 413 where a body is sent; each with the error envelope."""
+    """app.openapi with the statuses the server really answers: 400 instead of FastAPI's 422, 401 and 429 where a
+    key is required, 404 where a path names an object, 413 where a body is sent; each with the error envelope."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema:
@@ -168,7 +168,9 @@ def _document_errors(operation: dict[str, Any], route: APIRoute) -> None:
     if responses.pop("422", None) is not None:
         statuses.add(400)
     if _requires_key(route.dependant):
-        statuses |= {400, 401, 503}  # 503: the key is looked up in the database, which may be down
+        # 429: past the tenant's share of the request threads (api/fair_share.py); 503: the key is looked up in
+        # the database, which may be down
+        statuses |= {400, 401, 429, 503}
     envelope_name = "AnthropicErrorResponse" if anthropic.is_anthropic_path(route.path_format) else "ErrorResponse"
     if "{" in route.path_format:
         statuses.add(404)

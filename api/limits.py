@@ -1,4 +1,5 @@
-"""Request limits enforced before a route runs: body size and shape, NUL bytes in the URL, the request pool.
+"""Request limits enforced before a route runs: body size and shape, NUL bytes in the URL, the request pool and
+each tenant's share of it (api/fair_share.py).
 
 A limit checked inside a route comes after the route was called, and a body FastAPI parses (a form, JSON)
 is read whole before that. This ASGI middleware refuses a declared
@@ -6,7 +7,7 @@ Content-Length over the limit before reading anything, and stops a chunked body 
 limit. Three kinds of body, one rule each:
 - uploads (`POST /v1/files`): `upload_max_bytes` plus multipart framing, streamed into the route, which
   reads the form as it arrives (api/multipart.py); the file's lines are judged by the one line checker at
-  ingest;
+  ingest; an Uploads part (`POST /v1/uploads/{id}/parts`): `upload_part_max_bytes` plus framing, the same way;
 - the Anthropic create (`POST /v1/messages/batches`): `message_batch_max_bytes`, streamed into the route,
   which splits it with the one bounded reader (storage/bounded_json.py) and judges each request;
 - every other body: at most 1 MiB, read here whole, then walked for depth and parsed strictly by the same
@@ -15,6 +16,7 @@ limit. Three kinds of body, one rule each:
 
 from __future__ import annotations
 
+import re
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
@@ -23,10 +25,12 @@ import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.anthropic.errors import is_anthropic_path
+from api.fair_share import TenantShare
 from storage.errors import InvalidRequest, RequestTooLarge
 from storage.lines.bounded_json import check_body
 
 UPLOAD_PATH = "/v1/files"
+UPLOAD_PART_PATH = re.compile(r"/v1/uploads/[^/]+/parts")  # an Uploads part (fullmatch)
 MESSAGE_BATCHES_PATH = "/v1/messages/batches"
 MULTIPART_SLACK_BYTES = 64 * 1024  # boundaries and part headers around the file
 BODY_MAX_BYTES = 1024 * 1024  # JSON bodies (batch creation, estimates): a few kB in practice
@@ -40,9 +44,18 @@ class _BodyTooLarge(RequestTooLarge):
 class RequestLimits:
     """Pure ASGI middleware (no buffering of its own): size limits and URL hygiene for every HTTP request."""
 
-    def __init__(self, app: ASGIApp, *, upload_max_bytes: int, message_batch_max_bytes: int, threads: int) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        upload_max_bytes: int,
+        message_batch_max_bytes: int,
+        threads: int,
+        upload_part_max_bytes: int = 64 * 1024 * 1024,
+    ) -> None:
         self.app = app
         self.upload_max_bytes = upload_max_bytes
+        self.upload_part_max_bytes = upload_part_max_bytes
         self.message_batch_max_bytes = message_batch_max_bytes
         self.threads = threads
         self._threads_set = False
@@ -56,6 +69,8 @@ class RequestLimits:
             return self.upload_max_bytes + MULTIPART_SLACK_BYTES
         if path == MESSAGE_BATCHES_PATH:
             return self.message_batch_max_bytes
+        if UPLOAD_PART_PATH.fullmatch(path):
+            return self.upload_part_max_bytes + MULTIPART_SLACK_BYTES
         return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -155,17 +170,14 @@ def _content_length(scope: Scope) -> int | None:
 
 
 async def _too_large(send: Send, scope: Scope, limit: int) -> None:
-    upload = scope["path"].rstrip("/") == UPLOAD_PATH
-    what = "File" if upload else "Request body"
-    size = limit - MULTIPART_SLACK_BYTES if upload else limit
-    await _answer(
-        send,
-        scope,
-        413,
-        f"{what} is larger than the {size} byte limit.",
-        code="file_too_large" if upload else "request_too_large",
-        param="file" if upload else None,
-    )
+    path = scope["path"].rstrip("/")
+    if path == UPLOAD_PATH:
+        what, code, param, size = "File", "file_too_large", "file", limit - MULTIPART_SLACK_BYTES
+    elif UPLOAD_PART_PATH.fullmatch(path):
+        what, code, param, size = "The part", "part_too_large", "data", limit - MULTIPART_SLACK_BYTES
+    else:
+        what, code, param, size = "Request body", "request_too_large", None, limit
+    await _answer(send, scope, 413, f"{what} is larger than the {size} byte limit.", code=code, param=param)
 
 
 async def _answer(send: Send, scope: Scope, status: int, message: str, *, code: str, param: str | None = None) -> None:
@@ -188,7 +200,8 @@ async def _answer(send: Send, scope: Scope, status: int, message: str, *, code: 
 
 
 def install(app: Any) -> None:
-    """Add the limits to `app` with this deployment's upload limit and request threads."""
+    """Add the limits to `app` with this deployment's upload limit and request threads, and each tenant's share of
+    the threads (api/fair_share.py) outermost: a request past it is refused before its body is read."""
     from storage.settings import get_settings
 
     settings = get_settings()
@@ -197,4 +210,7 @@ def install(app: Any) -> None:
         upload_max_bytes=settings.upload_max_bytes,
         message_batch_max_bytes=settings.message_batch_max_bytes,
         threads=settings.api_threads,
+        upload_part_max_bytes=settings.upload_part_max_bytes,
     )
+    if settings.tenant_request_share:
+        app.add_middleware(TenantShare, limit=settings.tenant_request_share)

@@ -39,7 +39,7 @@ def file_content_url(
         expires_in=expires_in or settings.presign_default_seconds,
         max_seconds=settings.presign_max_seconds,
     )
-    return _link(link, object="file.content_url", file_id=row.id, bytes=row.bytes, sha256=row.sha256)
+    return _link(link, object="file.content_url", file_id=row.id, bytes=row.bytes, sha256=row.sha256 or None)
 
 
 @router.get("/v1/batches/{batch_id}/manifest", tags=["batches"], response_model=dict[str, Any])

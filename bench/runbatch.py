@@ -131,11 +131,12 @@ class Server:
         *,
         spec: dict[str, Any] | None = None,
         env: dict[str, str] | None = None,
+        registry: dict[str, dict[str, Any]] | None = None,
     ) -> None:
         """`spec`: more of the model's registry entry (storage/registry.py); `env`: the server's environment
-        (default `engine_env()`)."""
+        (default `engine_env()`); `registry`: the whole BACKFILL_MODELS instead (several models)."""
         self.data = Path(tempfile.mkdtemp(prefix="runbatch-", dir=OUT))
-        registry = {
+        registry = registry or {
             MODEL: {
                 "path": str(model_dir),
                 "max_num_seqs": max_num_seqs,
@@ -196,11 +197,13 @@ class Server:
         self.proc.wait(60)
 
 
-def run_job(client: openai.OpenAI, source: Path, *, poll_seconds: float = 0.1) -> dict[str, Any]:
+def run_job(
+    client: openai.OpenAI, source: Path, *, poll_seconds: float = 0.1, endpoint: str = "/v1/chat/completions"
+) -> dict[str, Any]:
     """Upload → batch → poll every `poll_seconds` → download the output file; return counts."""
     with source.open("rb") as handle:
         uploaded = client.files.create(file=(source.name, handle), purpose="batch")
-    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint=endpoint, completion_window="24h")  # type: ignore[arg-type]
     while batch.status not in {"completed", "failed", "expired", "cancelled"}:
         time.sleep(poll_seconds)
         batch = client.batches.retrieve(batch.id)

@@ -80,8 +80,11 @@ FULL = {
     # Issue 22 section 7: rendering ahead on a GPU-shaped engine thread, what the claimer's renders cost it through
     # the GIL (~4 min): `make bench ARGS="--only render-ahead"`.
     "render-ahead": ["bench/render_ahead.py", "--rounds", "3"],
+    # Issue 37: a batch mixing text, tool and image lines, Backfill vs run-batch once per model, start-ups excluded
+    # (~4 min): `make bench ARGS="--only mixed-lines"`.
+    "mixed-lines": ["bench/mixed_lines.py", "--lines", "600", "--tokens", "32"],
 }
-DEFAULT_PARTS = ("engine", "runbatch", "ingest", "queue")
+DEFAULT_PARTS = ("engine", "runbatch", "ingest", "queue", "mixed-lines")
 QUICK = {
     "engine": ["bench/engine.py", "--requests", "256", "--tokens", "32", "--stragglers", "192", "--rounds", "1"],
     "runbatch": [
@@ -110,6 +113,7 @@ QUICK = {
     "handback": ["bench/handback.py", "--quick"],
     "rolling-restart": ["bench/rolling_restart.py", "--quick"],
     "render-ahead": ["bench/render_ahead.py", "--steps", "200", "--rounds", "1"],
+    "mixed-lines": ["bench/mixed_lines.py", "--lines", "60", "--tokens", "16"],
 }
 OUTPUTS = {part: f"{part}.json" for part in FULL}
 
@@ -180,7 +184,7 @@ def main() -> int:
         "--only",
         default="",
         help="comma-separated parts: engine,runbatch,ingest,queue,shared,shared_sim,prefix,prefix-race,gpu-timed,workers,"
-        "hostile-bodies,handback,rolling-restart",
+        "hostile-bodies,handback,rolling-restart,render-ahead,mixed-lines",
     )
     parser.add_argument("--no-write", action="store_true", help="print only; leave results.json and docs alone")
     parser.add_argument("--render", action="store_true", help="only rewrite docs/benchmarks.md from results.json")
@@ -262,6 +266,7 @@ _PREFIXES = {
     "handback": ("handback_", "checkpoint_"),
     "rolling-restart": ("rolling_", "resume_discarded_"),
     "render-ahead": ("render_ahead_",),
+    "mixed-lines": ("mixed_lines_",),
 }
 
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from client import progress
 from client.remote import (
     EXIT_ERROR,
+    EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_OK,
     STATUS_EXIT,
@@ -66,13 +67,24 @@ def run_retry(args: argparse.Namespace) -> int:
         if ended is None:
             return EXIT_INTERRUPTED
         batch = remote.client.batches.retrieve(batch.id)
+    counts = batch.request_counts
+    total, failed = (counts.total, counts.failed) if counts else (0, 0)
+    # A retry exists to fix failed lines: one that ended with every line failed again fixed nothing, so its
+    # exit code is not a success even though the batch "completed" (docs/cli.md).
+    failed_again = args.wait and batch.status == "completed" and total > 0 and failed == total
     if args.json:
         print_json(batch)
     else:
-        total = batch.request_counts.total if batch.request_counts else 0
         took = f" in {time.monotonic() - started:.1f} s" if args.wait else ""
-        print(f"{batch.id} {batch.status}{took}: retry of {extra(batch, 'retry_of')}, {total} requests")
-    return STATUS_EXIT.get(batch.status, EXIT_OK) if args.wait else EXIT_OK
+        line = f"{batch.id} {batch.status}{took}: retry of {extra(batch, 'retry_of')}, {total} requests"
+        if failed_again:
+            line += f": every one of its {total} requests failed again (`backfill batches show {batch.id}`)"
+        elif args.wait and counts:
+            line += f": {counts.completed} completed, {failed} failed again"
+        print(line)
+    if not args.wait:
+        return EXIT_OK
+    return EXIT_FAILED if failed_again else STATUS_EXIT.get(batch.status, EXIT_OK)
 
 
 @remote_command

@@ -116,6 +116,7 @@ def describe(batch: Batch) -> str:
     ]
     if extra(batch, "paused_at"):
         pairs.append(("paused", when(extra(batch, "paused_at"))))
+    pairs += retry_pairs(batch)
     for stamp in ("in_progress_at", "finalizing_at", "completed_at", "failed_at", "expired_at", "cancelled_at"):
         if getattr(batch, stamp, None):
             pairs.append((stamp.removesuffix("_at"), when(getattr(batch, stamp))))
@@ -125,6 +126,9 @@ def describe(batch: Batch) -> str:
     cost = extra(batch, "cost")
     if cost:
         pairs.append(("cost", cost_text(cost)))
+    if extra(batch, "max_cost_usd") is not None:
+        billed = f", billed ${cost['billed_usd']} so far" if cost else ""
+        pairs.append(("spend cap", f"${extra(batch, 'max_cost_usd')}{billed}"))
     for kind, listed in (("error", batch.errors), ("warning", extra(batch, "warnings"))):
         kept, total = problems(listed)
         if total:
@@ -133,6 +137,28 @@ def describe(batch: Batch) -> str:
         pairs += [(kind, problem_text(item)) for item in kept[:SHOWN_PROBLEMS]]
     width = max(len(key) for key, _ in pairs)
     return "\n".join(f"{key.ljust(width)}  {value}" for key, value in pairs)
+
+
+BUDGET_CODE = "budget_exceeded"  # the API's code for lines a spend cap or monthly budget kept from running
+
+
+def retry_pairs(batch: Batch) -> list[tuple[str, object]]:
+    """`retry of` (the batch this one re-runs) and `retries` (this batch's own, oldest first), when there are."""
+    pairs: list[tuple[str, object]] = []
+    if extra(batch, "retry_of"):
+        pairs.append(("retry of", extra(batch, "retry_of")))
+    if extra(batch, "retries"):
+        pairs.append(("retries", ", ".join(extra(batch, "retries"))))
+    return pairs
+
+
+def stopped_by_budget(batch: Batch) -> str | None:
+    """Why a spend cap or the tenant's monthly budget stopped the batch (the server's warning), or None."""
+    kept, _ = problems(extra(batch, "warnings"))
+    reason = next((str(item.get("message")) for item in kept if item.get("code") == BUDGET_CODE), None)
+    if reason is None:
+        return None
+    return f"stopped early: {reason[:1].lower()}{reason[1:].rstrip('.')}, its unrun lines ended as {BUDGET_CODE}"
 
 
 SHOWN_PROBLEMS = 10  # `batches show`
@@ -234,6 +260,9 @@ def summary(batch: Batch, saved: list[Path], elapsed: float) -> str:
     cost = extra(batch, "cost")
     if cost:
         parts.append(cost_text(cost))
+    stopped = stopped_by_budget(batch)
+    if stopped:
+        parts.append(stopped)
     kept, total = problems(batch.errors)
     if total:  # why a batch failed (or what it was refused for): the first few, and how many in all
         first = "; ".join(problem_text(item) for item in kept[:SUMMARY_PROBLEMS])

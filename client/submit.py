@@ -25,6 +25,8 @@ from storage.protocols import OPENAI
 
 ENDPOINTS = OPENAI.endpoints  # the server's own list: the CLI offers exactly what it serves
 METADATA_MAX_PAIRS = 16
+FIRST_LINE_SEARCH = 100  # blank lines skipped before the first line whose url names the endpoint
+LINE_READ_BYTES = 1024 * 1024
 
 
 def register(subparsers: Any) -> None:
@@ -58,16 +60,25 @@ def parse_metadata(pairs: list[str]) -> dict[str, str] | None:
 
 
 def endpoint_of(path: Path, given: str | None) -> str:
-    """The flag, else the `url` of the file's first line, else chat completions."""
+    """The flag, else the `url` of the file's first line (blank lines skipped), else chat completions; a url the
+    server does not serve is a usage error here rather than a batch whose every line fails."""
     if given:
         return given
+    first = b""
     with path.open("rb") as handle:
-        first = handle.readline(1024 * 1024).lstrip(b"\xef\xbb\xbf").strip()
+        for _ in range(FIRST_LINE_SEARCH):
+            line = handle.readline(LINE_READ_BYTES)
+            first = line.lstrip(b"\xef\xbb\xbf").strip()
+            if first or not line:
+                break
     try:
         url = json.loads(first).get("url") if first else None
     except (ValueError, AttributeError):
         url = None
-    return url if url in ENDPOINTS else ENDPOINTS[0]
+    if isinstance(url, str) and url not in ENDPOINTS:
+        served = ", ".join(ENDPOINTS)
+        raise UsageError(f"{path.name}: the url of its first line, {url[:80]!r}, is not an endpoint here ({served})")
+    return url if isinstance(url, str) else ENDPOINTS[0]
 
 
 @remote_command

@@ -23,6 +23,12 @@ class InvalidRequest(BackfillError):
     """The request is malformed or refers to something unusable."""
 
 
+class InvalidValue(InvalidRequest):
+    """A field whose value breaks its strict rule (money, a priority, a cursor: storage/strict.py)."""
+
+    code = "invalid_value"
+
+
 class Unauthorized(BackfillError):
     status = 401
     code = "invalid_api_key"
@@ -40,12 +46,20 @@ class NotFound(BackfillError):
     code = "not_found"
 
 
+class TenantNotFound(NotFound):
+    code = "tenant_not_found"
+
+
 class FileNotFound(NotFound):
     code = "file_not_found"
 
 
 class BatchNotFound(NotFound):
     code = "batch_not_found"
+
+
+class UploadNotFound(NotFound):
+    code = "upload_not_found"
 
 
 class IllegalTransition(BackfillError):
@@ -63,6 +77,12 @@ class BatchNotRetryable(IllegalTransition):
     code = "batch_not_retryable"
 
 
+class RetryLimitReached(BatchNotRetryable):
+    """The retry tree holds as many retries as the operator allows (`retry_max_attempts`)."""
+
+    code = "retry_limit_reached"
+
+
 class NothingToRetry(InvalidRequest):
     """No request of the batch ended as an error line of a kind the retry re-runs."""
 
@@ -72,6 +92,12 @@ class NothingToRetry(InvalidRequest):
 class UploadTooLarge(BackfillError):
     status = 413
     code = "file_too_large"
+
+
+class PartTooLarge(UploadTooLarge):
+    """An Uploads part over `upload_part_max_bytes` (OpenAI's 64 MB)."""
+
+    code = "part_too_large"
 
 
 class RequestTooLarge(BackfillError):
@@ -87,6 +113,14 @@ class QuotaExceeded(BackfillError):
     status = 429
     code = "quota_exceeded"
     type = "insufficient_quota"
+
+
+class TenantBusy(BackfillError):
+    """A tenant already has its fair share of the API's request threads in flight (api/fair_share.py)."""
+
+    status = 429
+    code = "rate_limit_exceeded"
+    type = "requests"  # as OpenAI's own request-rate 429s say
 
 
 class BudgetExceeded(InvalidRequest):
@@ -150,3 +184,15 @@ class BatchNotControllable(IllegalTransition):
     """Pause, resume or a priority change asked of a batch that has ended (or is ending)."""
 
     code = "batch_not_controllable"
+
+
+class UploadNotPending(IllegalTransition):
+    """A part, a complete or a cancel asked of an Upload that is completed, cancelled or expired."""
+
+    code = "upload_not_pending"
+
+
+class ChecksumMismatch(InvalidRequest):
+    """The md5 given when completing an Upload is not the uploaded bytes' md5 (the upload is cancelled)."""
+
+    code = "md5_mismatch"

@@ -17,6 +17,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -82,6 +83,7 @@ class Batch(Base):
         Index("ix_batches_tenant_created", "tenant_id", "created_at"),
         Index("ix_batches_status", "status"),
         Index("ix_batches_retry_of", "retry_of"),
+        Index("ix_batches_retry_root", "retry_root"),
     )
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
@@ -127,6 +129,8 @@ class Batch(Base):
     retry_of: Mapped[str | None] = mapped_column(String(64))
     # Which attempt of its retry tree this batch is: 0 the original, n the nth retry created in the tree.
     attempt: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # On a retry: its tree's original batch (storage/batches/retries.py reads a tree in one query); None on it.
+    retry_root: Mapped[str | None] = mapped_column(String(64))
     # Batch control (storage/batch_control.py): paused batches get no claims; higher priority claims first.
     paused_at: Mapped[int | None] = mapped_column(BigInteger)
     priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
@@ -152,7 +156,8 @@ class BatchRequest(Base):
             "batch_id",
             "line",
         ),
-        Index("ix_batch_requests_batch_status", "batch_id", "status"),
+        # `superseded` last: a retry reads only the latest failures of each batch of its tree off this index.
+        Index("ix_batch_requests_batch_status", "batch_id", "status", "superseded"),
         Index("ix_batch_requests_lease", "status", "lease_expires_at"),
         Index("ix_batch_requests_lease_owner", "lease_owner"),  # a worker's leases, released when it is gone
         Index("ix_batch_requests_finished_at", "finished_at"),  # daily cost and usage reports
@@ -190,6 +195,8 @@ class BatchRequest(Base):
     completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
     # Prompt tokens the engine served from its prefix cache (vLLM's num_cached_tokens): OpenAI's cached_tokens.
     cached_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Of completion_tokens, those spent thinking (OpenAI's reasoning_tokens; billed as output like the rest).
+    reasoning_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     engine_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     run_id: Mapped[str | None] = mapped_column(String(64))
     finished_at: Mapped[float | None] = mapped_column(Float)
@@ -198,6 +205,12 @@ class BatchRequest(Base):
     # How many generated token ids the row's checkpoint holds (its `CheckpointChunk`s, end to end): a claim
     # resumes the generation from them instead of decoding them again (storage/queue/checkpoints.py).
     checkpoint_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Retry trees (storage/queue/retry_rows.py): a row a retry copied (a later attempt of its line exists); on
+    # the original batch's row of a line, its newest copy (the merged view reads one row per line); on a copy,
+    # the row it copied (its line's previous attempt, shown while the copy runs).
+    superseded: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    latest_copy: Mapped[str | None] = mapped_column(String(64))
+    copy_of: Mapped[str | None] = mapped_column(String(64))
     # The claim that last leased the row (a new id per claim): its generation alone appends to the checkpoint,
     # so a late write from an earlier holder never lands on tokens a later one generated.
     claim_id: Mapped[str | None] = mapped_column(String(32))
@@ -323,3 +336,46 @@ class WorkerHeartbeat(Base):
     models: Mapped[str] = mapped_column(Text)  # comma-separated names it serves
     started_at: Mapped[float] = mapped_column(Float)
     heartbeat_at: Mapped[float] = mapped_column(Float)
+
+
+class Upload(Base):
+    """An Upload (OpenAI's Uploads API): a file sent in parts, assembled by the object store at complete
+    (storage/files/uploads.py). `file_id` and `blob_key` are chosen at creation: the store's multipart upload
+    is opened at that key, so completing it writes the file in place."""
+
+    __tablename__ = "uploads"
+    __table_args__ = (
+        Index("ix_uploads_tenant_status", "tenant_id", "status"),  # quotas count the pending ones
+        Index("ix_uploads_status_expires", "status", "expires_at"),  # the sweep: overdue and uncleared ones
+    )
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    filename: Mapped[str] = mapped_column(String(512))
+    purpose: Mapped[str] = mapped_column(String(32))
+    mime_type: Mapped[str] = mapped_column(String(255))
+    bytes: Mapped[int] = mapped_column(BigInteger)  # declared at creation; the listed parts must add up to it
+    status: Mapped[str] = mapped_column(String(16))  # pending, completed, cancelled, expired
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    expires_at: Mapped[int] = mapped_column(BigInteger)
+    file_id: Mapped[str] = mapped_column(String(64))
+    blob_key: Mapped[str] = mapped_column(String(512))
+    store_upload_id: Mapped[str] = mapped_column(Text)  # S3's UploadId ("" on the local store)
+    file_expires_after_seconds: Mapped[int | None] = mapped_column(Integer)
+    parts_started: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # part numbers handed out
+    # True once the store holds nothing of it but its completed file: parts aborted (cancel, expiry) or assembled.
+    parts_cleared: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+
+
+class UploadPart(Base):
+    """One part of an Upload, stored by the object store under its part `number` (arrival order)."""
+
+    __tablename__ = "upload_parts"
+    __table_args__ = (UniqueConstraint("upload_id", "number"),)
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    upload_id: Mapped[str] = mapped_column(ForeignKey("uploads.id", ondelete="CASCADE"))
+    number: Mapped[int] = mapped_column(Integer)
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    etag: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[int] = mapped_column(BigInteger)

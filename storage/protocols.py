@@ -8,7 +8,7 @@ and nowhere else in storage/ and worker/.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -20,11 +20,14 @@ if TYPE_CHECKING:
     from storage.models import Batch
     from storage.settings import Settings
 
-CHAT_URL = "/v1/chat/completions"
-COMPLETIONS_URL = "/v1/completions"
-EMBEDDINGS_URL = "/v1/embeddings"
-RESPONSES_URL = "/v1/responses"
-MESSAGES_URL = "/v1/messages"
+from storage.endpoints import (
+    CHAT_URL,
+    COMPLETIONS_URL,
+    EMBEDDINGS_URL,
+    MESSAGES_URL,
+    MODERATIONS_URL,
+    RESPONSES_URL,
+)
 
 RenderLine = Callable[..., dict[str, Any]]
 
@@ -51,16 +54,28 @@ class Protocol:
     max_requests: Callable[[Settings], int]
     result_files: tuple[ResultFile, ...]
     render_line: RenderLine  # one queue row -> one line of its result file
+    # (response status, internal error code) of a request that did not succeed -> the code its users see
+    # (OpenAI: the error line's code; Anthropic: `canceled`, `expired` or the error's type): a retry's `codes`.
+    error_kind: Callable[[int | None, str | None], str | None]
+
+    # What its API calls a batch's status, and its name for each of storage/batches/lifecycle.py's statuses
+    # (None: those names as they are). Errors about a batch's status speak the caller's protocol.
+    status_field: str = "status"
+    status_names: Mapping[str, str] | None = None
 
     def owns(self, protocol: str) -> bool:
         """Whether a batch row's `protocol` column names this protocol."""
         return protocol == self.name
 
+    def shown_status(self, status: str) -> str:
+        """A batch status as this protocol's API shows it (Anthropic: its `processing_status`)."""
+        return status if self.status_names is None else self.status_names[status]
+
 
 OPENAI = Protocol(
     name="openai",
     id_prefix="batch_",
-    endpoints=(CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, RESPONSES_URL),
+    endpoints=(CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL, RESPONSES_URL, MODERATIONS_URL),
     one_model=True,
     max_requests=lambda settings: settings.batch_max_requests,
     result_files=(
@@ -68,7 +83,16 @@ OPENAI = Protocol(
         ResultFile("errors", successes=False, failures=True, purpose="batch_output", name="errors.jsonl"),
     ),
     render_line=openai_lines.result_line,
+    error_kind=openai_lines.error_kind,
 )
+# Anthropic's `processing_status` of each batch status (the statuses of storage/batches/lifecycle.py).
+_PROCESSING_STATUS = {
+    "validating": "in_progress",
+    "in_progress": "in_progress",
+    "finalizing": "in_progress",
+    "cancelling": "canceling",
+    **dict.fromkeys(("completed", "failed", "expired", "cancelled"), "ended"),
+}
 # One results file with every request, in Anthropic's line format; requests may each name their own model.
 ANTHROPIC = Protocol(
     name="anthropic",
@@ -80,6 +104,9 @@ ANTHROPIC = Protocol(
         ResultFile("results", successes=True, failures=True, purpose="message_batch_results", name="output.jsonl"),
     ),
     render_line=anthropic_lines.result_line,
+    error_kind=anthropic_lines.error_kind,
+    status_field="processing_status",
+    status_names=_PROCESSING_STATUS,
 )
 PROTOCOLS = {protocol.name: protocol for protocol in (OPENAI, ANTHROPIC)}
 

@@ -1,5 +1,6 @@
 """Per-tenant quotas the operator sets (BACKFILL_TENANT_MAX_*, BACKFILL_TENANT_QUOTAS): live files, their stored
-bytes, open batches. Checked where files and batches are created, for both protocols; a create past a quota
+bytes (pending Uploads count as files of their declared size), open batches. Checked where files and batches are
+created, for both protocols; a create past a quota
 raises QuotaExceeded (429) before anything is queued, and an upload's object goes with the rolled-back row.
 
 The counts are read without a lock: a burst of concurrent creates may overshoot a quota by a few, never by
@@ -17,7 +18,7 @@ from sqlalchemy.orm import Session
 from storage.batches import lifecycle
 from storage.clock import now
 from storage.errors import QuotaExceeded
-from storage.models import Batch, File, Tenant
+from storage.models import Batch, File, Tenant, Upload
 from storage.settings import Settings
 
 
@@ -46,10 +47,15 @@ def quota_of(session: Session, settings: Settings, *, tenant_id: str) -> Quota:
 
 
 def _live_files(session: Session, *, tenant_id: str) -> tuple[int, int]:
+    """Live files, and pending Uploads (storage/files/uploads.py) as the files of their declared size they become."""
     unexpired = File.expires_at.is_(None) | (File.expires_at > now())
     live = (File.tenant_id == tenant_id, File.deleted_at.is_(None), unexpired)
     count, size = session.execute(select(func.count(), func.coalesce(func.sum(File.bytes), 0)).where(*live)).one()
-    return int(count), int(size)
+    pending = (Upload.tenant_id == tenant_id, Upload.status == "pending", Upload.expires_at > now())
+    uploads, declared = session.execute(
+        select(func.count(), func.coalesce(func.sum(Upload.bytes), 0)).where(*pending)
+    ).one()
+    return int(count) + int(uploads), int(size) + int(declared)
 
 
 def check_file_room(session: Session, settings: Settings, *, tenant_id: str, adding_bytes: int = 0) -> None:

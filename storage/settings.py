@@ -13,7 +13,8 @@ from pydantic import BaseModel, Field, PositiveInt, ValidationError, field_valid
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError as PydanticSettingsError
 
-from storage.registry import ModelSpec, default_embedding_model
+from storage.endpoints import MODERATIONS_URL
+from storage.registry import ModelSpec, default_embedding_model, demo_moderation_model, demo_vl_model
 
 
 class SettingsError(RuntimeError):
@@ -71,6 +72,13 @@ class Settings(BaseSettings):
     # Upload and batch limits (OpenAI's defaults).
     upload_max_bytes: int = Field(default=200 * 1024 * 1024, ge=1)
     batch_max_requests: int = Field(default=50_000, ge=1)
+    # The Uploads API (api/openai/uploads.py, storage/files/uploads.py), OpenAI's limits: a file of up to 8 GB sent
+    # in parts of up to 64 MB, completed within an hour of its creation. Every part but the last one listed must
+    # hold at least `upload_part_min_bytes` (S3's multipart minimum, 5 MiB: lower it only for a store without it).
+    upload_total_max_bytes: int = Field(default=8 * 1024**3, ge=1)
+    upload_part_max_bytes: int = Field(default=64 * 1024**2, ge=1)
+    upload_part_min_bytes: int = Field(default=5 * 1024**2, ge=1)
+    upload_expires_seconds: int = Field(default=3600, ge=60, le=7 * 86400)
     line_max_bytes: int = Field(default=1024 * 1024, ge=1)
     # Anthropic Message Batches (Anthropic's limits): requests and body bytes per batch, and how long
     # results are kept after the batch ends before it is archived.
@@ -78,8 +86,14 @@ class Settings(BaseSettings):
     message_batch_max_bytes: int = Field(default=256 * 1024 * 1024, ge=1)
     message_batch_retention_seconds: int = Field(default=29 * 86400, ge=60)
     stream_chunk_bytes: int = Field(default=1024 * 1024, ge=4096)
+    # Retries per retry tree (storage/batches/retries.py): a tree holds its original and at most this many retries.
+    retry_max_attempts: int = Field(default=10, ge=1, le=100)
     # Threads serving (sync) API routes; each may hold one database connection, so the pool is sized to them.
     api_threads: int = Field(default=40, ge=1, le=1000)
+    # Requests of one tenant in flight at once in one API process (api/fair_share.py); past it, 429 with
+    # Retry-After. Unset: an eighth of `api_threads` (at least 1); 0: no limit. Routes are CPU-bound on one GIL:
+    # a tenant gains no throughput from more threads at once, and every other tenant waits longer for the CPU.
+    tenant_max_concurrent_requests: int | None = Field(default=None, ge=0, le=1000)
     sql_echo: bool = False  # log every SQL statement with its parameters (tenant ids, key hashes): debugging only
 
     # Completion windows offered -> discount (fraction of list price). "24h" is always offered. "background"
@@ -96,6 +110,9 @@ class Settings(BaseSettings):
 
     # Models served: name -> spec. Empty means the embedded demo model under data_dir.
     models: dict[str, ModelSpec] = Field(default_factory=dict)
+    # The model a /v1/moderations line that names none runs on (OpenAI's `model` is optional there). Unset: the
+    # first served model that classifies (`"runner": "pooling", "convert": "classify"`).
+    moderation_model: str | None = Field(default=None, max_length=256)
     worker_model: str | None = None
     # Model switching (docs/model-switching.md): a GPU worker serving several models, one loaded at a time.
     worker_models: str | None = None  # "a,b" or "all"; unset: the one model of BACKFILL_WORKER_MODEL
@@ -180,6 +197,25 @@ class Settings(BaseSettings):
     # receivers hang never takes the slots other tenants' deliveries need. At most `webhook_concurrency`.
     webhook_concurrency_per_tenant: int = Field(default=2, ge=1, le=64)
     webhook_poll_seconds: float = Field(default=5.0, gt=0)  # how often due retries are looked for
+    # Images and documents of batch lines (docs/images.md, worker/engine/media.py). Remote URLs are fetched by the
+    # worker under the webhooks' network rules: public addresses only unless `media_allowed_networks` opens a
+    # network (link-local and cloud metadata never); plain http unless `media_allow_http` is off. Each image or
+    # document (fetched or inline) holds at most `media_max_bytes`, each fetch ends `media_fetch_timeout_seconds`
+    # after it began however its server paces its bytes, `media_fetch_concurrency` run at once. An image's decoded
+    # pixels are checked before it is decoded (decompression bombs) and it is scaled to fit a square of
+    # `media_image_max_side_px` (512 px for `detail: low`); a line holds at most `media_max_items` of them. A PDF's
+    # text is extracted in a child process with at most `document_max_pages` pages, within
+    # `document_timeout_seconds`.
+    media_max_bytes: int = Field(default=20 * 1024 * 1024, ge=1024)
+    media_fetch_timeout_seconds: float = Field(default=10.0, gt=0, le=300)
+    media_fetch_concurrency: int = Field(default=64, ge=1, le=4096)
+    media_allow_http: bool = True
+    media_allowed_networks: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    media_image_max_pixels: int = Field(default=8000 * 8000, ge=1)
+    media_image_max_side_px: int = Field(default=2048, ge=16, le=16384)
+    media_max_items: int = Field(default=100, ge=1, le=10_000)
+    document_max_pages: int = Field(default=100, ge=1, le=100_000)
+    document_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
     # Metrics (docs/operations.md). Workers and beat serve /metrics on `metrics_port` (0: off); the API on
     # its own port. Set `metrics_token` to require `Authorization: Bearer <token>` on the API's /metrics.
     metrics_port: int = Field(default=9464, ge=0, le=65535)
@@ -206,7 +242,7 @@ class Settings(BaseSettings):
     def _parse_json(cls, value: Any) -> Any:
         return json.loads(value) if isinstance(value, str) else value
 
-    @field_validator("webhook_allowed_networks", mode="before")
+    @field_validator("webhook_allowed_networks", "media_allowed_networks", mode="before")
     @classmethod
     def _parse_networks(cls, value: Any) -> Any:
         if isinstance(value, str):
@@ -216,7 +252,7 @@ class Settings(BaseSettings):
             return [part.strip() for part in text.split(",") if part.strip()]
         return value
 
-    @field_validator("webhook_allowed_networks")
+    @field_validator("webhook_allowed_networks", "media_allowed_networks")
     @classmethod
     def _networks_valid(cls, value: list[str]) -> list[str]:
         import ipaddress
@@ -283,6 +319,12 @@ class Settings(BaseSettings):
             return url
         return f"sqlite:///{(self.data_dir / 'backfill.db').resolve()}"
 
+    @property
+    def tenant_request_share(self) -> int:
+        """Requests of one tenant in flight at once in one API process; 0: no limit."""
+        share = self.tenant_max_concurrent_requests
+        return max(1, self.api_threads // 8) if share is None else share
+
     def shutdown_drain_budget(self, *, elapsed: float = 0.0) -> float:
         """Seconds a SIGTERM'd worker may still drain, `elapsed` after the signal: what leaves it
         SHUTDOWN_MARGIN_SECONDS of its grace to write the checkpoints and exit (never negative)."""
@@ -290,12 +332,42 @@ class Settings(BaseSettings):
         return max(0.0, min(float(self.shutdown_drain_seconds), left))
 
     def served_models(self) -> dict[str, ModelSpec]:
-        """The model registry; the embedded default serves the locally built demo model and MiniLM embeddings."""
+        """The model registry; the embedded default serves the locally built demo models (chat, vision-language,
+        moderation) and MiniLM embeddings."""
         if self.models:
             return self.models
-        # float32: on CPUs without AVX-512 vLLM's bf16 kernels are ~3x slower for this tiny model.
-        demo = ModelSpec(path=str((self.data_dir / "models" / "backfill-demo").resolve()), dtype="float32")
-        return {"backfill-demo": demo, **default_embedding_model()}
+        # float32: on CPUs without AVX-512 vLLM's bf16 kernels are ~3x slower for this tiny model. Its template
+        # writes Hermes-style tool calls and DeepSeek-R1-style thinking, which vLLM's parsers read back.
+        demo = ModelSpec(
+            path=str((self.data_dir / "models" / "backfill-demo").resolve()),
+            dtype="float32",
+            tool_parser="hermes",
+            reasoning_parser="deepseek_r1",
+        )
+        return {
+            "backfill-demo": demo,
+            **demo_vl_model(self.data_dir),
+            **default_embedding_model(),
+            **demo_moderation_model(self.data_dir),
+        }
+
+    @model_validator(mode="after")
+    def _moderation_model_served(self) -> Settings:
+        name = self.moderation_model
+        if name is not None and not (
+            name in self.served_models() and self.served_models()[name].serves(MODERATIONS_URL)
+        ):
+            raise ValueError(f"BACKFILL_MODERATION_MODEL={name!r} is not a served classifier (see BACKFILL_MODELS)")
+        return self
+
+    def default_models(self) -> dict[str, str]:
+        """endpoint -> the model a line of it that names no model runs on: /v1/moderations only, as at OpenAI
+        (BACKFILL_MODERATION_MODEL, else the first served classifier; none: such lines need `model`)."""
+        served = self.served_models()
+        name = self.moderation_model
+        if name is None:
+            name = next((model for model, spec in served.items() if spec.serves(MODERATIONS_URL)), None)
+        return {} if name is None else {MODERATIONS_URL: name}
 
     def current_worker_model(self) -> str:
         """The model this worker serves: the setting, or the only/first registry entry."""

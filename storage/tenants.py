@@ -10,7 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from storage.clock import now
-from storage.errors import ApiKeyNotFound, InvalidRequest, Unauthorized
+from storage.errors import ApiKeyNotFound, InvalidRequest, TenantNotFound, Unauthorized
 from storage.ids import new_id
 from storage.models import ApiKey, Tenant
 
@@ -52,6 +52,19 @@ def tenant_names(session: Session) -> dict[str, str]:
 def tenant_id_named(session: Session, *, name: str) -> str | None:
     """The id of the tenant called `name`, if any."""
     return session.scalar(select(Tenant.id).where(Tenant.name == name))
+
+
+def find_tenant(session: Session, *, tenant: str, param: str = "tenant") -> str:
+    """The id of the tenant named `tenant` or with that id (an admin may write either); TenantNotFound (404)."""
+    found = session.scalar(select(Tenant.id).where((Tenant.name == tenant) | (Tenant.id == tenant)))
+    if found is None:
+        raise TenantNotFound(f"No tenant named '{tenant[:200]}' (or with that id).", param=param)
+    return found
+
+
+def tenant_of_key(session: Session, *, key_hash: str) -> str | None:
+    """The tenant of the live API key with this SHA-256 (api/fair_share.py counts requests by it), or None."""
+    return session.scalar(select(ApiKey.tenant_id).where(ApiKey.key_hash == key_hash, ApiKey.revoked_at.is_(None)))
 
 
 def any_api_key(session: Session) -> bool:

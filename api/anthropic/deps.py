@@ -1,4 +1,5 @@
-"""The caller on Anthropic's routes: `x-api-key` (as Anthropic's SDK sends it) or a Bearer token."""
+"""The caller on Anthropic's routes: `x-api-key` (as Anthropic's SDK sends it) or a Bearer token, read as on every
+route (api/deps.py); only the message of a missing key is Anthropic's."""
 
 from __future__ import annotations
 
@@ -6,9 +7,8 @@ from typing import Annotated
 
 from fastapi import Depends, Header
 
-from api.deps import DbSession
-from storage.errors import Unauthorized
-from storage.tenants import Principal, authenticate
+from api.deps import DbSession, api_key_of, caller_of
+from storage.tenants import Principal
 
 
 def _principal(
@@ -16,12 +16,8 @@ def _principal(
     x_api_key: Annotated[str | None, Header()] = None,
     authorization: Annotated[str | None, Header()] = None,
 ) -> Principal:
-    key = (x_api_key or "").strip()
-    if not key and authorization and authorization.lower().startswith("bearer "):
-        key = authorization[7:].strip()
-    if not key:
-        raise Unauthorized("x-api-key header is required")
-    return authenticate(session, key=key)
+    key = api_key_of(x_api_key=x_api_key, authorization=authorization)
+    return caller_of(session, key=key, missing="x-api-key header is required")
 
 
 Caller = Annotated[Principal, Depends(_principal)]

@@ -134,7 +134,8 @@ def pause(message_batch_id: str, request: Request, session: DbSession, caller: C
 
 @router.post("/{message_batch_id}/resume", response_model=MessageBatch)
 def resume(message_batch_id: str, request: Request, session: DbSession, caller: Caller) -> MessageBatch:
-    """Resume a paused Message Batch (a Backfill extension). Idempotent."""
+    """Resume a paused Message Batch (a Backfill extension). Idempotent while it is in progress; a 400 once it
+    has ended or is canceling, paused or not."""
     batch = resume_batch(session, tenant_id=caller.tenant_id, batch_id=message_batch_id, protocol=ANTHROPIC)
     return _render(session, request, batch)
 

@@ -10,7 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.anthropic.status import ended_at, processing_status, request_counts
 from storage.batches.batches import batch_errors
+from storage.finance.budgets import usd, usd_text
 from storage.models import Batch
+from storage.strict import Priority
 
 
 def rfc3339(at: int | None) -> str | None:
@@ -56,6 +58,7 @@ class MessageBatch(BaseModel):
     paused_at: str | None = Field(
         default=None, description="Backfill extension: set while paused (`processing_status` stays `in_progress`)."
     )
+    max_cost_usd: str | None = Field(default=None, description="Backfill extension: the batch's spend cap, if any.")
 
     @classmethod
     def of(
@@ -87,6 +90,7 @@ class MessageBatch(BaseModel):
             retries=retries,
             priority=row.priority,
             paused_at=rfc3339(row.paused_at),
+            max_cost_usd=None if row.max_cost_micro_usd is None else usd_text(usd(row.max_cost_micro_usd)),
         )
 
 
@@ -95,7 +99,7 @@ class MessageBatchPriority(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    priority: int = Field(ge=-100, le=100)
+    priority: Priority
 
 
 class MessageBatchList(BaseModel):

@@ -10,22 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from storage.batches import lifecycle
 from storage.batches.message_batches import NotEnded, unqueued_outcome
 from storage.errors import InvalidRequest
 from storage.models import Batch
-
-_PROCESSING = {
-    lifecycle.VALIDATING: "in_progress",
-    lifecycle.IN_PROGRESS: "in_progress",
-    lifecycle.FINALIZING: "in_progress",
-    lifecycle.CANCELLING: "canceling",
-}
+from storage.protocols import ANTHROPIC
 
 
 def processing_status(batch: Batch) -> str:
-    """Anthropic's `processing_status`: in_progress, canceling or ended."""
-    return _PROCESSING.get(batch.status, "ended")
+    """Anthropic's `processing_status`: in_progress, canceling or ended (the mapping: storage/protocols.py)."""
+    return ANTHROPIC.shown_status(batch.status)
 
 
 def ended_at(batch: Batch) -> int | None:

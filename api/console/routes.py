@@ -19,6 +19,8 @@ from api.errors import error_responses
 from api.pages import page_response
 from storage.batches.batches import get_batch, search_batches
 from storage.batches.retries import retry_ids_of
+from storage.batches.retry_counts import retry_counts
+from storage.batches.windows import is_background_window
 from storage.clock import now_f
 from storage.errors import InvalidRequest, PermissionDenied
 from storage.finance.budgets import tenant_budgets, usd, usd_text
@@ -28,7 +30,7 @@ from storage.metrics.queue_state import QUEUE_STATE
 from storage.models import Batch
 from storage.protocols import OPENAI
 from storage.queue.failures import failures_by_code
-from storage.tenants import tenant_names
+from storage.tenants import tenant_name, tenant_names
 
 router = APIRouter(prefix="/v1/console", tags=["console"])
 page_router = APIRouter()
@@ -59,8 +61,9 @@ def console_page(request: Request) -> HTMLResponse:
     return page_response(console_html())
 
 
-def _row(batch: Batch, cost: dict[str, Any] | None) -> dict[str, Any]:
-    return {
+def _row(batch: Batch, cost: dict[str, Any] | None, *, tenants: dict[str, str] | None = None) -> dict[str, Any]:
+    """A batch as the console shows it; with `tenants` (an admin key's list of every tenant's), its tenant."""
+    shown = {
         "id": batch.id,
         "protocol": batch.protocol,
         "endpoint": batch.endpoint,
@@ -68,7 +71,7 @@ def _row(batch: Batch, cost: dict[str, Any] | None) -> dict[str, Any]:
         "status": batch.status,
         "completion_window": batch.completion_window,
         "created_at": batch.created_at,
-        "expires_at": batch.expires_at,
+        "expires_at": None if is_background_window(batch.completion_window) else batch.expires_at,  # no deadline
         "ended_at": batch.completed_at or batch.failed_at or batch.expired_at or batch.cancelled_at,
         "metadata": batch.metadata_ or {},
         "request_counts": {
@@ -82,14 +85,18 @@ def _row(batch: Batch, cost: dict[str, Any] | None) -> dict[str, Any]:
         "max_cost_usd": None if batch.max_cost_micro_usd is None else usd_text(usd(batch.max_cost_micro_usd)),
         "retry_of": batch.retry_of,
     }
+    if tenants is not None:
+        shown["tenant"] = tenants.get(batch.tenant_id, batch.tenant_id)
+    return shown
 
 
 @router.get("/whoami", response_model=dict[str, Any])
-def whoami(caller: Caller, settings: Config) -> dict[str, Any]:
-    """Backfill extension: the console's sign-in check: whether the key is an admin key, and what a batch may
-    ask for here (endpoints, completion windows with their discounts)."""
+def whoami(session: DbSession, caller: Caller, settings: Config) -> dict[str, Any]:
+    """Backfill extension: the console's sign-in check: the key's tenant, whether it is an admin key, and what a
+    batch may ask for here (endpoints, completion windows with their discounts)."""
     return {
         "object": "console.session",
+        "tenant": tenant_name(session, tenant_id=caller.tenant_id),
         "is_admin": caller.is_admin,
         "endpoints": list(OPENAI.endpoints),
         "completion_windows": {name: str(rate) for name, rate in sorted(settings.completion_windows.items())},
@@ -106,18 +113,22 @@ def batches(
     after: Cursor = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
 ) -> dict[str, Any]:
-    """Backfill extension: the caller's batches of both protocols newest first, with progress and cost."""
+    """Backfill extension: the caller's batches of both protocols newest first, with progress and cost. An
+    admin key lists every tenant's, each with its `tenant` (this list only: every other read stays scoped)."""
     if status is not None and status not in STATUSES:
         raise InvalidRequest(f"Unknown status: use one of {', '.join(STATUSES)}.", param="status")
-    rows = search_batches(session, tenant_id=caller.tenant_id, status=status, query=q, after=after, limit=limit)
-    page = [_row(row, batch_cost_json(session, row, settings)) for row in rows[:limit]]
+    scope = None if caller.is_admin else caller.tenant_id
+    rows = search_batches(session, tenant_id=scope, status=status, query=q, after=after, limit=limit)
+    names = tenant_names(session) if caller.is_admin else None
+    page = [_row(row, batch_cost_json(session, row, settings), tenants=names) for row in rows[:limit]]
     return {"object": "list", "data": page, "has_more": len(rows) > limit, "last_id": page[-1]["id"] if page else None}
 
 
 @router.get("/batches/{batch_id}", response_model=dict[str, Any])
 def batch(batch_id: str, session: DbSession, caller: Caller, settings: Config) -> dict[str, Any]:
-    """Backfill extension: one batch of either protocol with its files, validation errors and failed lines
-    grouped by error code (line numbers and messages)."""
+    """Backfill extension: one batch of either protocol with its files, validation errors, failed lines
+    grouped by error code (line numbers and messages; `count` all, `lines` the first 50), its retries and
+    what they did (`retried`: a retry still running, failed lines they completed, failed lines left)."""
     row = get_batch(session, tenant_id=caller.tenant_id, batch_id=batch_id)
     return {
         **_row(row, batch_cost_json(session, row, settings)),
@@ -129,6 +140,7 @@ def batch(batch_id: str, session: DbSession, caller: Caller, settings: Config) -
         "warnings": row.warnings or [],
         "failures": [group.to_json() for group in failures_by_code(session, batch_id=row.id)],
         "retries": retry_ids_of(session, batch_ids=[row.id])[row.id],
+        "retried": retry_counts(session, batch=row).to_json(),
     }
 
 

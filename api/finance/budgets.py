@@ -10,9 +10,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from api.deps import Caller, Config, DbSession
 from api.errors import error_responses
 from storage.errors import PermissionDenied
-from storage.finance.budgets import parse_usd, set_tenant_budget, tenant_budget
+from storage.finance.budgets import set_tenant_budget, tenant_budget
+from storage.strict import UsdAmount, micro_usd
+from storage.tenants import find_tenant, tenant_name
 
-router = APIRouter(prefix="/v1/organization", tags=["organization"], responses=error_responses(403))
+router = APIRouter(prefix="/v1/organization", tags=["organization"], responses=error_responses(403, 404))
 
 
 class BudgetSet(BaseModel):
@@ -21,8 +23,8 @@ class BudgetSet(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     tenant: str = Field(min_length=1, max_length=200, description="The tenant's name (or id).")
-    monthly_budget_usd: str | None = Field(
-        max_length=32, description="US dollars per calendar month (UTC) as a decimal string; null removes it."
+    monthly_budget_usd: UsdAmount | None = Field(
+        description="US dollars per calendar month (UTC) as a decimal string (storage/strict.py); null removes it."
     )
 
 
@@ -33,7 +35,7 @@ def set_budget(body: BudgetSet, session: DbSession, caller: Caller, settings: Co
     budget, the tenant's running batches stop claiming and their unrun requests end as `budget_exceeded` lines."""
     if not caller.is_admin:
         raise PermissionDenied("Only admin keys may set budgets.", param="tenant")
-    micro = None if body.monthly_budget_usd is None else parse_usd(body.monthly_budget_usd, param="monthly_budget_usd")
+    micro = None if body.monthly_budget_usd is None else micro_usd(body.monthly_budget_usd)
     return set_tenant_budget(session, settings, tenant=body.tenant, usd_micro=micro).to_json()
 
 
@@ -42,9 +44,15 @@ def read_budget(
     session: DbSession,
     caller: Caller,
     settings: Config,
-    tenant_id: Annotated[str | None, Query(max_length=128, description="Admin keys only: another tenant.")] = None,
+    tenant_id: Annotated[
+        str | None, Query(min_length=1, max_length=200, description="Admin keys only: another tenant's name or id.")
+    ] = None,
 ) -> dict[str, Any]:
-    """Backfill extension: the caller's tenant's monthly budget, what it spent this month, and what is left."""
-    if tenant_id is not None and tenant_id != caller.tenant_id and not caller.is_admin:
-        raise PermissionDenied("Only admin keys may read another tenant's budget.", param="tenant_id")
-    return tenant_budget(session, settings, tenant_id=tenant_id or caller.tenant_id).to_json()
+    """Backfill extension: the caller's tenant's monthly budget, what it spent this month, and what is left.
+    `tenant_id` names a tenant by name or id, as `POST` does (404 `tenant_not_found` for an unknown one)."""
+    wanted = caller.tenant_id
+    if tenant_id is not None and tenant_id not in (caller.tenant_id, tenant_name(session, tenant_id=caller.tenant_id)):
+        if not caller.is_admin:  # checked first: a tenant learns nothing of which other tenants exist
+            raise PermissionDenied("Only admin keys may read another tenant's budget.", param="tenant_id")
+        wanted = find_tenant(session, tenant=tenant_id, param="tenant_id")
+    return tenant_budget(session, settings, tenant_id=wanted).to_json()

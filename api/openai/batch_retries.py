@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
-from fastapi.responses import StreamingResponse
+from fastapi import APIRouter, Header, Query
+from fastapi.responses import Response, StreamingResponse
 
 from api.deps import Caller, Config, DbSession
 from api.errors import error_responses
 from api.openai.schemas import BatchObject, BatchRetry
 from storage.batches.results import merged_results, results_so_far
-from storage.batches.retries import retry_batch
+from storage.batches.retries import RetryChoices, retry_batch
 from storage.errors import InvalidRequest
 from storage.finance.budgets import check_month_not_spent
 from storage.protocols import OPENAI
@@ -20,13 +20,16 @@ from storage.queue.usage import batch_usages
 from storage.wakeups import wake_after_commit
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
+RESULTS_LIMIT_MAX = 100_000  # lines in one results answer (a Message Batch holds up to 100,000)
 
 _RESULTS_DOC = {
     "200": {
         "description": "JSONL result lines; `X-Incomplete: true` while the batch has not ended, `X-Next-After` "
-        "the cursor for what finishes next.",
+        "the cursor for what finishes next, `X-Has-More: true` when `limit` left lines out, `ETag` the answer's "
+        "version.",
         "content": {"application/x-jsonl": {"schema": {"type": "string"}}},
-    }
+    },
+    "304": {"description": "`If-None-Match` named the answer's ETag: the batch has not moved since (no body)."},
 }
 
 
@@ -38,9 +41,11 @@ def retry(
     whose latest attempt is an error line of a retryable kind (batch_expired, batch_cancelled,
     budget_exceeded, server errors; client errors only when named in `codes`). Successes are never run or
     billed again. 409 while the batch or one of its retries still runs; 400 `nothing_to_retry`."""
-    codes = body.codes if body is not None else []
+    choices = body.choices() if body is not None else RetryChoices()
     check_month_not_spent(session, settings, tenant_id=caller.tenant_id, what="a retry")
-    batch = retry_batch(session, tenant_id=caller.tenant_id, batch_id=batch_id, protocol=OPENAI, codes=codes)
+    batch = retry_batch(
+        session, settings, tenant_id=caller.tenant_id, batch_id=batch_id, protocol=OPENAI, choices=choices
+    )
     for model in queued_models(session, batch_id=batch.id):
         wake_after_commit(session, "batch.run", model=model)
     return BatchObject.of(batch, usage=batch_usages(session, batch_ids=[batch.id])[batch.id], retries=[])
@@ -53,18 +58,40 @@ def results(
     caller: Caller,
     after: Annotated[str | None, Query(max_length=32, description="The X-Next-After of a previous answer.")] = None,
     merged: bool = False,
-) -> StreamingResponse:
+    limit: Annotated[
+        int | None, Query(ge=1, le=RESULTS_LIMIT_MAX, description="At most this many lines (all without it).")
+    ] = None,
+    if_none_match: Annotated[str | None, Header(max_length=1024)] = None,
+) -> Response:
     """Backfill extension: the result lines recorded so far (output and error lines in the batch's line
     format, each request at most once), also while the batch runs. `after` returns only what finished since
-    that answer. `merged=true`: every request once over the batch and all its retries, the latest attempt
+    that answer; `limit` at most that many lines (`X-Has-More: true` when more are ready past `X-Next-After`).
+    The answer's `ETag` changes whenever it may: with `If-None-Match`, a batch that has not moved answers 304
+    with no body. `merged=true`: every request once over the batch and all its retries, the latest attempt
     winning. A Message Batch's id works too (lines in Anthropic's format)."""
     if merged and after is not None:
         raise InvalidRequest("`after` does not apply to the merged view.", param="after")
     if merged:
-        view = merged_results(session, tenant_id=caller.tenant_id, batch_id=batch_id)
+        view = merged_results(session, tenant_id=caller.tenant_id, batch_id=batch_id, limit=limit)
     else:
-        view = results_so_far(session, tenant_id=caller.tenant_id, batch_id=batch_id, after=after)
+        known = _entity_tags(if_none_match)
+        view = results_so_far(
+            session, tenant_id=caller.tenant_id, batch_id=batch_id, after=after, limit=limit, known=known
+        )
     headers = {"X-Incomplete": "true" if view.incomplete else "false"}
+    if view.version is not None:
+        headers["ETag"] = f'W/"{view.version}"'
+    if view.not_modified:
+        return Response(status_code=304, headers=headers)
     if view.next_after is not None:
         headers["X-Next-After"] = view.next_after
+        headers["X-Has-More"] = "true" if view.has_more else "false"
     return StreamingResponse(view.lines, media_type="application/x-jsonl", headers=headers)
+
+
+def _entity_tags(header: str | None) -> frozenset[str]:
+    """The opaque tags an If-None-Match lists, weak or strong (a GET compares them weakly); `*` matches none:
+    a caller that holds no answer gets one."""
+    if header is None:
+        return frozenset()
+    return frozenset(part.strip().removeprefix("W/").strip('"') for part in header.split(",")) - {"", "*"}

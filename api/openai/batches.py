@@ -15,13 +15,14 @@ from storage.batches.control import check_priority, pause_batch, resume_batch, s
 from storage.batches.retries import retry_ids_of
 from storage.errors import InvalidRequest, ModelNotFound
 from storage.files.files import get_file
-from storage.finance.budgets import check_file_within_budget, parse_usd
+from storage.finance.budgets import check_file_within_budget, check_max_cost
 from storage.finance.goodput import batch_goodput
 from storage.finance.job_cost import batch_cost_json
 from storage.lines.reader import clip, peek_model
 from storage.planning.estimates import estimate_job, shape_of_jsonl
 from storage.protocols import OPENAI
 from storage.queue.usage import batch_usages
+from storage.strict import micro_usd
 from storage.wakeups import wake_after_commit
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
@@ -46,7 +47,7 @@ def create(body: BatchCreate, session: DbSession, caller: Caller, blobs: Blobs, 
         raise InvalidRequest("The input file must have purpose 'batch'.", param="input_file_id")
     model = _served_model(blobs, settings, source.blob_key, endpoint=body.endpoint)
     check_priority(session, settings, tenant_id=caller.tenant_id, priority=body.priority)
-    cap = None if body.max_cost_usd is None else parse_usd(body.max_cost_usd, param="max_cost_usd")
+    cap = check_max_cost(None if body.max_cost_usd is None else micro_usd(body.max_cost_usd))
     check_file_within_budget(
         session,
         blobs,
@@ -88,6 +89,7 @@ def estimate(body: BatchCreate, session: DbSession, caller: Caller, blobs: Blobs
         endpoint=body.endpoint,
         max_line_bytes=settings.line_max_bytes,
         max_requests=settings.batch_max_requests,
+        default_models=settings.default_models(),
     )
     result = estimate_job(
         session, model=model, shape=shape, settings=settings, completion_window=body.completion_window
@@ -97,7 +99,8 @@ def estimate(body: BatchCreate, session: DbSession, caller: Caller, blobs: Blobs
 
 def _served_model(blobs: Blobs, settings: Config, blob_key: str, *, endpoint: str) -> str | None:
     """The batch's model (its first line's), which must be served and able to answer `endpoint`."""
-    model = peek_model(blobs.open_stream(blob_key, chunk_bytes=64 * 1024), max_line_bytes=settings.line_max_bytes)
+    chunks = blobs.open_stream(blob_key, chunk_bytes=64 * 1024)
+    model = peek_model(chunks, max_line_bytes=settings.line_max_bytes, default_models=settings.default_models())
     served = settings.served_models()
     if model is not None and model not in served:
         raise ModelNotFound(
@@ -163,7 +166,8 @@ def pause(batch_id: str, session: DbSession, caller: Caller) -> BatchObject:
 
 @router.post("/{batch_id}/resume", response_model=BatchObject, responses=error_responses(409))
 def resume(batch_id: str, session: DbSession, caller: Caller) -> BatchObject:
-    """Resume a paused batch (a Backfill extension): its requests are claimed again. Idempotent."""
+    """Resume a paused batch (a Backfill extension): its requests are claimed again. Idempotent while the batch
+    runs; 409 once it has ended (or is ending), paused or not."""
     batch = resume_batch(session, tenant_id=caller.tenant_id, batch_id=batch_id)
     if batch.model is not None:
         wake_after_commit(session, "batch.run", model=batch.model)

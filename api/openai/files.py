@@ -39,7 +39,7 @@ def expiry_seconds(anchor: str | None, seconds: str | int | None, *, param: str)
     if anchor != "created_at":
         raise InvalidRequest(f"Invalid '{param}.anchor': only 'created_at' is supported.", param=f"{param}.anchor")
     text = str(seconds).strip() if seconds is not None else ""
-    if not text.isdigit() or not EXPIRES_MIN_SECONDS <= int(text) <= EXPIRES_MAX_SECONDS:
+    if not (text.isascii() and text.isdigit()) or not EXPIRES_MIN_SECONDS <= int(text) <= EXPIRES_MAX_SECONDS:
         raise InvalidRequest(
             f"Invalid '{param}.seconds': must be an integer between {EXPIRES_MIN_SECONDS} and {EXPIRES_MAX_SECONDS}.",
             param=f"{param}.seconds",

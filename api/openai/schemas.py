@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from storage.batches.batches import batch_errors
+from storage.batches.retries import RetryChoices
 from storage.batches.windows import is_background_window
+from storage.endpoints import canonical_url
+from storage.files.uploads import upload_status
 from storage.finance.budgets import usd, usd_text
-from storage.models import Batch, File
+from storage.models import Batch, File, Upload, UploadPart
 from storage.protocols import OPENAI
 from storage.queue.usage import TokenUsage
+from storage.strict import Priority, UsdAmount, micro_usd
 
 
 class FileObject(BaseModel):
@@ -71,23 +75,22 @@ class BatchCreate(BaseModel):
     completion_window: str = Field(default="24h", max_length=16)
     metadata: dict[str, str] | None = None
     output_expires_after: ExpiresAfter | None = None
-    priority: int = Field(
+    priority: Priority = Field(
         default=0,
-        ge=-100,
-        le=100,
-        description="Backfill extension (send it in the SDK's `extra_body`): higher claims first among work not "
-        "yet urgent; capped per tenant by the operator (BACKFILL_TENANT_MAX_PRIORITY).",
+        description="Backfill extension (send it in the SDK's `extra_body`): an integer, -100..100; higher claims "
+        "first among work not yet urgent; capped per tenant by the operator (BACKFILL_TENANT_MAX_PRIORITY).",
     )
-    max_cost_usd: str | None = Field(
+    max_cost_usd: UsdAmount | None = Field(
         default=None,
-        max_length=32,
         description="Backfill extension (send it with `extra_body`): the batch stops claiming once its billed "
-        "cost reaches this many US dollars (a decimal string); its unrun requests end as `budget_exceeded` lines.",
+        'cost reaches this many US dollars (a decimal string, e.g. "12.50", more than 0), at most one request '
+        "past it; its unrun requests end as `budget_exceeded` lines.",
     )
 
     @field_validator("endpoint")
     @classmethod
     def _endpoint_known(cls, value: str) -> str:
+        value = canonical_url(value)  # Azure's spelling too ("/chat/completions")
         if value not in OPENAI.endpoints:
             raise ValueError(f"must be one of {', '.join(OPENAI.endpoints)}")
         return value
@@ -110,12 +113,31 @@ class BatchRetry(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    codes: list[str] = Field(
+    codes: list[Annotated[str, Field(max_length=64)]] = Field(
         default_factory=list,
         max_length=64,
         description="Error codes to re-run besides the default ones (batch_expired, batch_cancelled, "
-        "budget_exceeded and server errors), e.g. `context_length_exceeded`.",
+        "budget_exceeded and server errors), as the protocol shows them: on OpenAI's error lines "
+        "`context_length_exceeded`, ...; on Anthropic's results the error type, `invalid_request_error`, ...",
     )
+    priority: Priority | None = Field(
+        default=None,
+        description="The retry's priority (within the tenant's cap); by default the origin's, lowered to the "
+        "tenant's cap.",
+    )
+    max_cost_usd: UsdAmount | None = Field(
+        default=None,
+        description="The retry's own spend cap (a decimal string; null: none); by default what is left of the "
+        "origin's cap after the origin and its retries were billed (a warning on the retry says so).",
+    )
+
+    def choices(self) -> RetryChoices:
+        """What the caller chose, for storage.batches.retries.retry_batch."""
+        own_cap = "max_cost_usd" in self.model_fields_set
+        cap = None if self.max_cost_usd is None else micro_usd(self.max_cost_usd)
+        return RetryChoices(
+            codes=frozenset(self.codes), priority=self.priority, own_cap=own_cap, max_cost_micro_usd=cap
+        )
 
 
 class RequestCounts(BaseModel):
@@ -235,7 +257,7 @@ class BatchPriority(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    priority: int = Field(ge=-100, le=100)
+    priority: Priority
 
 
 class BatchList(BaseModel):
@@ -256,3 +278,63 @@ class ModelObject(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelObject]
+
+
+class UploadCreate(BaseModel):
+    """The body of `POST /v1/uploads`: the fields of the openai SDK's UploadCreateParams."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    bytes: int = Field(ge=1, le=2**53, description="The file's size; the parts listed at complete must add up to it.")
+    filename: str = Field(max_length=512)
+    mime_type: str = Field(max_length=255)
+    purpose: str = Field(max_length=64)
+    expires_after: ExpiresAfter | None = None
+
+
+PartId = Annotated[str, Field(max_length=64)]
+
+
+class UploadComplete(BaseModel):
+    """The body of `POST /v1/uploads/{id}/complete`: the parts in the file's order, and optionally its md5."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    part_ids: list[PartId] = Field(max_length=10_000)
+    md5: str | None = Field(default=None, pattern="^[0-9a-fA-F]{32}$")
+
+
+class UploadObject(BaseModel):
+    id: str
+    object: Literal["upload"] = "upload"
+    bytes: int
+    created_at: int
+    expires_at: int
+    filename: str
+    purpose: str
+    status: Literal["pending", "completed", "cancelled", "expired"]
+    file: FileObject | None = None
+
+    @classmethod
+    def of(cls, row: Upload, file: File | None = None) -> UploadObject:
+        return cls(
+            id=row.id,
+            bytes=row.bytes,
+            created_at=row.created_at,
+            expires_at=row.expires_at,
+            filename=row.filename,
+            purpose=row.purpose,
+            status=upload_status(row),
+            file=FileObject.of(file) if file is not None else None,
+        )
+
+
+class UploadPartObject(BaseModel):
+    id: str
+    object: Literal["upload.part"] = "upload.part"
+    created_at: int
+    upload_id: str
+
+    @classmethod
+    def of(cls, row: UploadPart) -> UploadPartObject:
+        return cls(id=row.id, created_at=row.created_at, upload_id=row.upload_id)

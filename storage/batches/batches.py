@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from storage.batches import lifecycle
 from storage.batches.windows import deadline_for
 from storage.clock import now
-from storage.errors import BatchNotFound
+from storage.errors import BatchNotCancellable, BatchNotFound
 from storage.ids import new_id
 from storage.models import Batch
 from storage.paging import keyset_page
@@ -107,11 +107,14 @@ def list_batches(session: Session, *, tenant_id: str, after: str | None, limit: 
 
 
 def search_batches(
-    session: Session, *, tenant_id: str, status: str | None, query: str | None, after: str | None, limit: int
+    session: Session, *, tenant_id: str | None, status: str | None, query: str | None, after: str | None, limit: int
 ) -> list[Batch]:
     """The tenant's live batches of both protocols newest first (the console's list), `limit + 1` rows; `status`
-    filters exactly, `query` matches part of the id or of the metadata's JSON text."""
-    statement = select(Batch).where(Batch.tenant_id == tenant_id, Batch.deleted_at.is_(None))
+    filters exactly, `query` matches part of the id or of the metadata's JSON text. `tenant_id` None: every
+    tenant's (an admin key's console list, nothing else)."""
+    statement = select(Batch).where(Batch.deleted_at.is_(None))
+    if tenant_id is not None:
+        statement = statement.where(Batch.tenant_id == tenant_id)
     if status:
         statement = statement.where(Batch.status == status)
     if query:
@@ -120,7 +123,8 @@ def search_batches(
             Batch.id.ilike(pattern, escape="\\") | cast(Batch.metadata_, String).ilike(pattern, escape="\\")
         )
     found = session.get(Batch, after) if after else None
-    anchor = (found.created_at, found.id) if found is not None and found.tenant_id == tenant_id else None
+    mine = found is not None and tenant_id in (None, found.tenant_id)
+    anchor = (found.created_at, found.id) if found is not None and mine else None
     return keyset_page(session, statement, key=(Batch.created_at, Batch.id), anchor=anchor, limit=limit)
 
 
@@ -137,7 +141,10 @@ def cancel_batch(session: Session, *, tenant_id: str, batch_id: str, protocol: P
     renewal (within seconds) and any result it still produces is dropped.
     """
     batch = get_batch(session, tenant_id=tenant_id, batch_id=batch_id, lock=True, protocol=protocol)
-    lifecycle.transition(batch, lifecycle.CANCELLING)
+    if not lifecycle.can_transition(batch.status, lifecycle.CANCELLING):
+        shown = protocol.shown_status(batch.status)
+        raise BatchNotCancellable(f"Cannot cancel batch {batch.id}: its {protocol.status_field} is '{shown}'.")
+    lifecycle.transition(batch, lifecycle.CANCELLING)  # which also ends a pause
     batch_rows.close_open_requests(
         session,
         batch=batch,

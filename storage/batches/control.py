@@ -22,16 +22,16 @@ from storage.models import Batch
 from storage.protocols import OPENAI, Protocol
 from storage.quotas import quota_of
 from storage.settings import Settings
-
-MIN_PRIORITY = -100
-MAX_PRIORITY = 100
+from storage.strict import MAX_PRIORITY as MAX_PRIORITY  # the range's home is storage/strict.py
+from storage.strict import MIN_PRIORITY as MIN_PRIORITY
+from storage.strict import priority_value
 
 
 def check_priority(session: Session, settings: Settings, *, tenant_id: str, priority: int) -> int:
-    """The priority if this tenant may use it; PriorityNotAllowed (400) past the operator's cap."""
+    """The priority if this tenant may use it: InvalidValue (400) outside -100..100 (storage/strict.py),
+    PriorityNotAllowed (400) past the operator's cap."""
+    priority_value(priority)
     cap = quota_of(session, settings, tenant_id=tenant_id).max_priority
-    if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
-        raise PriorityNotAllowed(f"priority must be between {MIN_PRIORITY} and {MAX_PRIORITY}.", param="priority")
     if priority > cap:
         raise PriorityNotAllowed(
             f"This tenant may set priorities up to {cap}, not {priority}; ask the operator for a higher cap "
@@ -42,9 +42,12 @@ def check_priority(session: Session, settings: Settings, *, tenant_id: str, prio
 
 
 def _controllable(session: Session, *, tenant_id: str, batch_id: str, protocol: Protocol, verb: str) -> Batch:
+    """The batch, locked, while it may be paused, resumed or re-prioritised; BatchNotControllable (409) once it
+    ends or is ending, saying its status as the caller's protocol shows it."""
     batch = get_batch(session, tenant_id=tenant_id, batch_id=batch_id, lock=True, protocol=protocol)
     if batch.status not in lifecycle.CONTROLLABLE:
-        raise BatchNotControllable(f"Cannot {verb} batch {batch.id}: its status is '{batch.status}'.")
+        shown = protocol.shown_status(batch.status)
+        raise BatchNotControllable(f"Cannot {verb} batch {batch.id}: its {protocol.status_field} is '{shown}'.")
     return batch
 
 
@@ -59,14 +62,12 @@ def pause_batch(session: Session, *, tenant_id: str, batch_id: str, protocol: Pr
 
 
 def resume_batch(session: Session, *, tenant_id: str, batch_id: str, protocol: Protocol = OPENAI) -> Batch:
-    """Let the batch be claimed again; resuming a batch that is not paused is a no-op."""
-    batch = get_batch(session, tenant_id=tenant_id, batch_id=batch_id, lock=True, protocol=protocol)
-    if batch.paused_at is None:
-        return batch
-    if batch.status not in lifecycle.CONTROLLABLE:
-        raise BatchNotControllable(f"Cannot resume batch {batch.id}: its status is '{batch.status}'.")
-    batch.paused_at = None
-    session.flush()
+    """Let the batch be claimed again; resuming a running batch that is not paused is a no-op, resuming one that
+    has ended (paused or not) is BatchNotControllable, as pausing it is."""
+    batch = _controllable(session, tenant_id=tenant_id, batch_id=batch_id, protocol=protocol, verb="resume")
+    if batch.paused_at is not None:
+        batch.paused_at = None
+        session.flush()
     return batch
 
 

@@ -65,6 +65,7 @@ def transition(batch: Batch, target: str) -> None:
 
     An end state also adds its webhook event (and deliveries) to the batch's session, so the event
     commits or rolls back with the status change itself. A batch in no session (unit tests) has no outbox.
+    A batch leaving the statuses in which it can be paused (cancelling, finalizing, an end) is no longer paused.
     """
     if not can_transition(batch.status, target):
         error = BatchNotCancellable if target == CANCELLING else IllegalTransition
@@ -72,6 +73,8 @@ def transition(batch: Batch, target: str) -> None:
     batch.status = target
     stamp = now()
     setattr(batch, _STAMP[target], stamp)
+    if target not in CONTROLLABLE:
+        batch.paused_at = None  # pausing means something only while the batch may still run
     session = object_session(batch)
     if target in TERMINAL and session is not None:
         record_batch_event(session, tenant_id=batch.tenant_id, batch_id=batch.id, status=target, at=stamp)

@@ -46,14 +46,14 @@ _STAMPS = (
 def _object(row: File | None, *, lines: int) -> dict[str, Any] | None:
     if row is None:
         return None
-    return {"file_id": row.id, "key": row.blob_key, "bytes": row.bytes, "sha256": row.sha256, "lines": lines}
+    return {"file_id": row.id, "key": row.blob_key, "bytes": row.bytes, "sha256": row.sha256 or None, "lines": lines}
 
 
 def _input(session: Session, batch: Batch) -> dict[str, Any]:
     row = session.get(File, batch.input_file_id)
     if row is None or row.deleted_at is not None:  # deleted since: its object is gone too
         return {"file_id": batch.input_file_id, "key": None, "bytes": None, "sha256": None}
-    return {"file_id": row.id, "key": row.blob_key, "bytes": row.bytes, "sha256": row.sha256}
+    return {"file_id": row.id, "key": row.blob_key, "bytes": row.bytes, "sha256": row.sha256 or None}
 
 
 def build_manifest(session: Session, *, batch: Batch, folder: str, settings: Settings) -> dict[str, Any]:

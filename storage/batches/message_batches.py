@@ -19,19 +19,21 @@ from storage.batches import lifecycle
 from storage.batches.batches import create_batch, get_batch
 from storage.batches.control import check_priority
 from storage.clock import now
+from storage.endpoints import MESSAGES_URL
 from storage.errors import InvalidRequest, NotFound
 from storage.files.blobs import BlobStore
 from storage.files.blobs.layout import input_file_key
 from storage.files.files import create_file, tenant_folder
-from storage.finance.budgets import check_file_within_budget, parse_usd
+from storage.finance.budgets import check_file_within_budget, check_max_cost
 from storage.ids import new_id
 from storage.lines.anthropic import RequestsReader, unqueued_results
 from storage.lines.reader import clip
 from storage.models import Batch, File
 from storage.paging import keyset_page
-from storage.protocols import ANTHROPIC, MESSAGES_URL
+from storage.protocols import ANTHROPIC
 from storage.queue.batch_rows import scrub_content
 from storage.settings import Settings
+from storage.strict import parse_usd, priority_value
 
 INPUT_PURPOSE = "message_batch_input"
 RESULTS_PURPOSE = "message_batch_results"
@@ -116,12 +118,10 @@ def _extensions(
 ) -> tuple[int, int | None]:
     """The create's Backfill extensions beside `requests` (as OpenAI's `extra_body` carries them): the priority
     (checked against the tenant's cap) and the spend cap in micro-dollars."""
-    priority = given.get("priority", 0)
-    if not isinstance(priority, int) or isinstance(priority, bool):
-        raise InvalidRequest("priority: must be an integer between -100 and 100.", param="priority")
+    priority = priority_value(given.get("priority", 0))  # the same strict rules as OpenAI's create body
     check_priority(session, settings, tenant_id=tenant_id, priority=priority)
     cost = given.get("max_cost_usd")
-    return priority, None if cost is None else parse_usd(cost, param="max_cost_usd")
+    return priority, check_max_cost(None if cost is None else parse_usd(cost, param="max_cost_usd"))
 
 
 def get_message_batch(session: Session, *, tenant_id: str, batch_id: str, lock: bool = False) -> Batch:

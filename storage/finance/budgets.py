@@ -5,9 +5,11 @@ requests, by the one pricing function (`price_job`); a month's spend counts requ
 as `/v1/organization/costs` does. The check runs where results are recorded (`storage.queue.leases.record`),
 in the transaction that stores them: once a batch's billed cost reaches its cap, or its tenant's month is
 spent, the batch's *queued* requests end as `budget_exceeded` error lines (the way cancel closes them) and
-nothing of it is claimed again. Requests already running finish and are billed, so a stop overruns the cap
-by at most the cost of the requests in flight when it was reached. Money is Decimal; the database keeps
-exact integer micro-dollars.
+nothing of it is claimed again. Requests already running finish and are billed. A batch's cap is also held at
+claim time (storage/queue/claim_caps.py): its requests are leased only while its spend plus what its requests
+in flight may cost is under the cap, so it ends at most one request past it; a tenant's month is not reserved
+at claim, and its stop overruns the budget by at most the requests in flight when it was reached. Money is
+Decimal; the database keeps exact integer micro-dollars.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import func, select
@@ -23,31 +25,19 @@ from sqlalchemy.orm import Session
 
 from storage.batches import lifecycle
 from storage.clock import now
-from storage.errors import BudgetExceeded, InvalidRequest
+from storage.errors import BudgetExceeded, InvalidValue
 from storage.files.blobs import BlobStore
 from storage.finance.prices import price_book, price_job
 from storage.models import Batch, BatchRequest, Tenant
 from storage.planning.estimates import shape_of_jsonl
 from storage.queue.batch_rows import end_queued
 from storage.settings import Settings
+from storage.strict import parse_usd as parse_usd  # the one money parser lives in storage/strict.py
+from storage.tenants import find_tenant
 
 BUDGET_CODE = "budget_exceeded"
 MICRO = Decimal("0.000001")
 _PER_USD = 1_000_000
-MAX_USD = Decimal(10) ** 12  # a cap beyond a trillion dollars is a typo, not a budget
-
-
-def parse_usd(value: Any, *, param: str) -> int:
-    """A non-negative decimal amount (a string, or a number written exactly) as micro-dollars; 400 otherwise."""
-    try:
-        amount = Decimal(str(value).strip()) if isinstance(value, str | int | Decimal) else None
-    except InvalidOperation:
-        amount = None
-    if amount is None or not amount.is_finite() or amount < 0 or amount > MAX_USD:
-        raise InvalidRequest(f'{param} must be a decimal string of US dollars, e.g. "12.50".', param=param)
-    if amount != amount.quantize(MICRO):
-        raise InvalidRequest(f"{param} has more than 6 decimal places.", param=param)
-    return int(amount * _PER_USD)
 
 
 def usd(micro: int) -> Decimal:
@@ -188,9 +178,7 @@ def tenant_budgets(session: Session, settings: Settings) -> list[TenantBudget]:
 def set_tenant_budget(session: Session, settings: Settings, *, tenant: str, usd_micro: int | None) -> TenantBudget:
     """Set (with None, remove) the monthly budget of the tenant named `tenant` (or with that id); running
     batches of a tenant now over it stop at their next recorded result."""
-    row = session.scalar(select(Tenant).where((Tenant.name == tenant) | (Tenant.id == tenant)))
-    if row is None:
-        raise InvalidRequest(f"No tenant named '{tenant[:200]}'.", param="tenant")
+    row = session.get_one(Tenant, find_tenant(session, tenant=tenant))
     row.monthly_budget_micro_usd = usd_micro
     session.flush()
     return tenant_budget(session, settings, tenant_id=row.id)
@@ -231,7 +219,7 @@ def stop_over_budget(session: Session, settings: Settings, *, batch_ids: Iterabl
         if batch.max_cost_micro_usd is not None and batch_spend(session, settings, batch=batch) >= usd(
             batch.max_cost_micro_usd
         ):
-            ended[batch.id] = _stop(session, batch, f"its max_cost_usd of ${usd_text(usd(batch.max_cost_micro_usd))}")
+            ended[batch.id] = stop_at_cap(session, batch)
         if tenant_micro is not None and batch.tenant_id not in spent_tenants:
             spent = month_spend(session, settings, tenant_id=batch.tenant_id) >= usd(tenant_micro)
             spent_tenants |= {batch.tenant_id} if spent else set()
@@ -255,6 +243,21 @@ def _running_batches(session: Session, *, tenant_id: str, locked: set[str]) -> l
         query.where(Batch.id.not_in(sorted(locked))).order_by(Batch.id).with_for_update(skip_locked=True)
     )
     return mine + list(others)
+
+
+def stop_at_cap(session: Session, batch: Batch) -> int:
+    """End the queued requests of a batch (locked by the caller) whose spend reached its `max_cost_usd`."""
+    return _stop(session, batch, f"its max_cost_usd of ${usd_text(usd(batch.max_cost_micro_usd or 0))}")
+
+
+def check_max_cost(micro: int | None, *, param: str = "max_cost_usd") -> int | None:
+    """A batch's spend cap as given at create (None: no cap); a cap of $0 is refused (InvalidValue): it would run
+    nothing, and a client that sends one most likely meant no cap or a small one."""
+    if micro == 0:
+        raise InvalidValue(
+            f"{param} must be more than $0: a cap of 0 would run nothing. Leave it out for no cap.", param=param
+        )
+    return micro
 
 
 def _stop(session: Session, batch: Batch, reason: str) -> int:
@@ -306,6 +309,7 @@ def check_file_within_budget(
         endpoint=endpoint,
         max_line_bytes=settings.line_max_bytes,
         max_requests=settings.batch_max_requests,
+        default_models=settings.default_models(),
     )
     estimate = price_job(
         price_book(settings),

@@ -228,6 +228,16 @@ def error_type(status_code: int | None) -> str:
     return _ERROR_TYPES.get(status_code, "invalid_request_error")
 
 
+def error_kind(status_code: int | None, error_code: str | None) -> str:
+    """What an Anthropic user sees of a request that did not succeed: its result type (`canceled`, `expired`)
+    or its error's type (`invalid_request_error`, `api_error`, ...); a retry's `codes` name these."""
+    if error_code == CANCELLED_CODE:
+        return "canceled"
+    if error_code == EXPIRED_CODE:
+        return "expired"
+    return error_type(status_code)
+
+
 def errored(kind: str, message: str) -> dict[str, Any]:
     """An `errored` result: Anthropic's error response inside."""
     return {"type": "errored", "error": {"type": "error", "error": {"type": kind, "message": message}}}

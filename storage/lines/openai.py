@@ -67,3 +67,8 @@ def result_line(
         response = {"status_code": status_code, "request_id": request_id, "body": body}
     error = {"code": error_code, "message": error_message} if error_code else None
     return {"id": request_id, "custom_id": custom_id, "response": response, "error": error}
+
+
+def error_kind(status_code: int | None, error_code: str | None) -> str | None:
+    """What an OpenAI user sees of a request that did not succeed: its error line's `error.code`."""
+    return error_code

@@ -10,12 +10,13 @@ exceptions: validation reports every bad line with its number.
 from __future__ import annotations
 
 import codecs
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from storage.endpoints import canonical_url
 from storage.lines.openai import CUSTOM_ID_MAX_CHARS
 
 BOM = "\ufeff"
@@ -172,6 +173,8 @@ class LineChecker:
     `one_model=False` lets each line name its own model (an Anthropic Message Batch may mix models).
     `track_duplicates=False` leaves duplicate custom_ids to the caller (ingest lets the queue's unique index
     find them, so its memory does not grow with the file, and re-checks with tracking when it fires).
+    `default_models` (url -> model) names the model of a line of that url whose body names none (OpenAI's
+    `/v1/moderations`, where `model` is optional).
     """
 
     def __init__(
@@ -182,8 +185,10 @@ class LineChecker:
         model: str | None = None,
         one_model: bool = True,
         track_duplicates: bool = True,
+        default_models: Mapping[str, str] | None = None,
     ) -> None:
         self.endpoint = endpoint
+        self.default_models = default_models or {}
         self.max_requests = max_requests
         self.custom_ids: set[str] = set()
         self.track_duplicates = track_duplicates
@@ -195,7 +200,12 @@ class LineChecker:
     def check(self, number: int, raw: bytes | None, *, max_line_bytes: int) -> ParsedLine | LineError | None:
         """A ParsedLine, a LineError, or None for a blank line (skipped)."""
         if raw is None:
-            return LineError(number, "line_too_large", f"Line {number} is longer than {max_line_bytes} bytes.")
+            return LineError(
+                number,
+                "line_too_large",
+                f"Line {number} is longer than {max_line_bytes} bytes (BACKFILL_LINE_MAX_BYTES; an inline base64 image "
+                "counts toward it: a large one can go as an https URL).",
+            )
         try:
             text = decode_line(raw, first=number == 1)
         except UnicodeDecodeError:
@@ -208,6 +218,10 @@ class LineChecker:
         try:
             item = orjson.loads(text)
         except orjson.JSONDecodeError as error:
+            if "depth limit exceeded" in str(error):  # orjson stops at 1024 levels: valid JSON, but far too deep
+                return LineError(
+                    number, "too_deeply_nested", f"Line {number} nests deeper than {LINE_MAX_DEPTH} levels.", "body"
+                )
             return LineError(number, "invalid_json", f"Line {number} is not valid JSON: {error}.")
         if not isinstance(item, dict):
             return LineError(number, "invalid_json", f"Line {number} must be a JSON object.")
@@ -237,6 +251,7 @@ class LineChecker:
         if item.get("method") != "POST":
             return LineError(number, "invalid_method", "'method' must be 'POST'.", "method")
         url = item.get("url")
+        url = canonical_url(url) if isinstance(url, str) else url
         if not isinstance(url, str) or (self.endpoint is not None and url != self.endpoint):
             message = f"'url' is {clip(url)} but the batch endpoint is '{self.endpoint}'."
             return LineError(number, "mismatched_url", message, "url")
@@ -245,6 +260,8 @@ class LineChecker:
         if not isinstance(body, dict):
             return LineError(number, "invalid_body", "'body' must be a JSON object.", "body")
         model = body.get("model")
+        if model is None:
+            model = self.default_models.get(url)
         if not isinstance(model, str) or not model:
             return LineError(number, "missing_required_parameter", "Missing 'body.model'.", "body.model")
         if self.one_model and self.model is None:
@@ -279,8 +296,11 @@ def check_utf8_jsonl(chunks: Iterable[bytes]) -> Iterator[bytes]:
         raise ValueError("The file is not UTF-8 text: upload a JSONL file for purpose 'batch'.") from None
 
 
-def peek_model(chunks: Iterable[bytes], *, max_line_bytes: int) -> str | None:
-    """The `body.model` of the first parseable line, or None (validation then reports why)."""
+def peek_model(
+    chunks: Iterable[bytes], *, max_line_bytes: int, default_models: Mapping[str, str] | None = None
+) -> str | None:
+    """The `body.model` of the first parseable line (a body naming none: its url's default model), or None
+    (validation then reports why)."""
     for number, raw in iter_lines(chunks, max_line_bytes=max_line_bytes):
         if raw is None:
             return None
@@ -293,5 +313,7 @@ def peek_model(chunks: Iterable[bytes], *, max_line_bytes: int) -> str | None:
             return None
         body = item.get("body") if isinstance(item, dict) else None
         model = body.get("model") if isinstance(body, dict) else None
+        if model is None and isinstance(body, dict):
+            model = (default_models or {}).get(canonical_url(str(item.get("url"))))
         return model if isinstance(model, str) else None
     return None

@@ -4,15 +4,16 @@ Work is counted as in `storage.finance.attribution`: output tokens + prefill_wei
 work is measured from its recent engine runs of the model (work done / busy seconds); with no usable
 measurement a default rate is assumed and the estimate says so. A JSONL file is sized without a
 tokenizer: output = the line's max_completion_tokens or max_tokens (default 256; embeddings produce
-none), input ~ bytes / 4. The backlog is every queued or running request of the model, sized the same
-way once at ingest (`est_input_tokens`, `max_output_tokens`). `estimate_job` starts a job after the whole
-backlog (the pessimistic case); admission (`admission_check`) projects the open jobs earliest deadline
-first, as the queue serves them once they near their deadlines.
+none), input ~ bytes / 4 with an estimate per image (storage/planning/shapes.py `request_size`). The backlog
+is every queued or running request of the model, sized the same way once at ingest (`est_input_tokens`,
+`max_output_tokens`). `estimate_job` starts a job after the whole backlog (the pessimistic case); admission
+(`admission_check`) projects the open jobs earliest deadline first, as the queue serves them once they near their
+deadlines.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -23,7 +24,7 @@ from storage.batches.windows import BACKGROUND_DEADLINE, is_background_window
 from storage.clock import now_f
 from storage.finance.prices import CostBlock, price_book, price_job
 from storage.lines.reader import LineChecker, LineError, iter_lines
-from storage.planning.shapes import BYTES_PER_TOKEN, DEFAULT_MAX_TOKENS, JobShape, output_limit, work_of
+from storage.planning.shapes import DEFAULT_MAX_TOKENS, JobShape, output_limit, request_size, work_of
 from storage.planning.throughput import DEFAULT_TOKENS_PER_SECOND, Throughput, measured_throughput
 from storage.queue.backlog import backlog
 from storage.settings import Settings, window_seconds
@@ -38,13 +39,14 @@ def shape_of_jsonl(
     max_requests: int,
     endpoint: str | None = None,
     default_max_tokens: int = DEFAULT_MAX_TOKENS,
+    default_models: Mapping[str, str] | None = None,
 ) -> JobShape:
     """Size a batch input file streamed in chunks, judging each line exactly as ingest would.
 
     Lines the checker rejects are counted (`skipped_lines`, the first few kept in `problems`), not sized:
     ingest would fail the whole batch for them, and the estimate says so.
     """
-    checker = LineChecker(endpoint=endpoint, max_requests=max_requests)
+    checker = LineChecker(endpoint=endpoint, max_requests=max_requests, default_models=default_models)
     requests = input_tokens = output_tokens = 0
     problems: list[LineError] = []
     skipped = 0
@@ -56,7 +58,7 @@ def shape_of_jsonl(
                 problems.append(outcome)
         elif outcome is not None:
             requests += 1
-            input_tokens += -(-len(raw or b"") // BYTES_PER_TOKEN)
+            input_tokens += request_size(outcome.url, outcome.body, line_bytes=len(raw or b""))[0]
             output_tokens += output_limit(outcome.body, outcome.url, default_max_tokens)
     return JobShape(requests, input_tokens, output_tokens, checker.model, skipped, tuple(problems))
 

@@ -1,8 +1,10 @@
 """How much work a request or a job asks for, sized without a tokenizer.
 
 Output = the line's max_completion_tokens, max_tokens or (Responses) max_output_tokens (default 256;
-embeddings produce none); input ~
-bytes / 4. Ingest sizes every row once this way (`est_input_tokens`, `max_output_tokens`).
+embeddings and moderations produce none); input ~
+bytes / 4, but an image counts IMAGE_TOKENS_ESTIMATE tokens instead of its inline bytes (a base64 image is
+megabytes of text, yet a model sees a few hundred tokens of it; a remote one is only its URL). Ingest sizes every
+row once this way (`est_input_tokens`, `max_output_tokens`).
 """
 
 from __future__ import annotations
@@ -11,13 +13,17 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from storage.endpoints import EMBEDDINGS_URL, MODERATIONS_URL
 from storage.lines.reader import LineError
-from storage.protocols import EMBEDDINGS_URL
 
 DEFAULT_MAX_TOKENS = 256
 MAX_OUTPUT_TOKENS = 2**31 - 1  # `max_output_tokens` is a 32-bit column; no engine produces more anyway
 BYTES_PER_TOKEN = 4
-_NO_OUTPUT_URLS = frozenset({EMBEDDINGS_URL})
+# An image's tokens, before a model processes it: OpenAI's price of a 1024 x 1024 `detail: high` image (765).
+# Vision models differ (the demo model takes 7, Qwen2-VL ~1,000 for that image): an estimate for planning only.
+IMAGE_TOKENS_ESTIMATE = 765
+IMAGE_PART_TYPES = frozenset({"image_url", "input_image", "image"})  # chat, Responses, Messages
+_NO_OUTPUT_URLS = frozenset({EMBEDDINGS_URL, MODERATIONS_URL})  # pooling: one pass, nothing generated
 
 
 @dataclass(frozen=True)
@@ -45,7 +51,37 @@ def output_limit(body: Any, url: str | None, default_max_tokens: int = DEFAULT_M
 
 def request_size(url: str, body: Any, *, line_bytes: int) -> tuple[int, int]:
     """(approximate input tokens, maximum output tokens) of one JSONL line of `line_bytes` bytes."""
-    return -(-line_bytes // BYTES_PER_TOKEN), output_limit(body, url)
+    images, inline = image_bytes(body)
+    text_bytes = max(0, line_bytes - inline)
+    return -(-text_bytes // BYTES_PER_TOKEN) + images * IMAGE_TOKENS_ESTIMATE, output_limit(body, url)
+
+
+def image_bytes(body: Any) -> tuple[int, int]:
+    """(images, bytes of their inline data) in a line's messages or Responses input: the image parts of chat
+    (`image_url`), Responses (`input_image`) and Messages (`image`) content."""
+    if not isinstance(body, dict):
+        return 0, 0
+    images = inline = 0
+    for key in ("messages", "input"):
+        turns = body.get(key)
+        for turn in turns if isinstance(turns, list) else ():
+            content = turn.get("content") if isinstance(turn, dict) else None
+            for part in content if isinstance(content, list) else ():
+                if isinstance(part, dict) and part.get("type") in IMAGE_PART_TYPES:
+                    images += 1
+                    inline += len(_image_data(part))
+    return images, inline
+
+
+def _image_data(part: dict[str, Any]) -> str:
+    """The image's URL or base64 data as the line spells it ("" if it has none)."""
+    found = part.get("image_url")  # chat: {"url": ...}; Responses: the URL itself
+    if isinstance(found, dict):
+        found = found.get("url")
+    source = part.get("source")
+    if found is None and isinstance(source, dict):  # a Messages image: base64 data or a url
+        found = source.get("data") or source.get("url")
+    return found if isinstance(found, str) else ""
 
 
 def work(*, output_tokens: float, input_tokens: float, prefill_weight: Decimal) -> float:

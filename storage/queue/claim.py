@@ -19,7 +19,9 @@ from storage.clock import now_f
 from storage.ids import new_id
 from storage.models import Batch, BatchRequest, Tenant
 from storage.queue import checkpoints
+from storage.queue.claim_caps import cap_rooms
 from storage.queue.claim_order import ClaimOrder, claim_order, pick
+from storage.queue.claim_tiers import open_batches
 from storage.queue.enqueue import ids_match
 from storage.settings import Settings
 
@@ -63,14 +65,26 @@ def claim(
     Urgent rows (deadline inside the urgency horizon) go first, earliest deadline first across tenants;
     the rest is shared equally by tenant, grouped by prompt prefix within a deadline bucket (see
     storage/queue/claim_order.py). Rows are locked with SKIP LOCKED, so concurrent workers never claim the same
-    row. `order` defaults to the one `settings` and the backlog give. A row in `held` (already running
-    in this worker's engine, re-queued under it by the reaper) is a re-lease: its attempt is given back.
+    row. A batch with a spend cap gets rows only while its spend plus its rows in flight is under the cap
+    (storage/queue/claim_caps.py). `order` defaults to the one `settings` and the backlog give. A row in
+    `held` (already running in this worker's engine, re-queued under it by the reaper) is a re-lease: its
+    attempt is given back.
     """
     if limit <= 0:
         return []
     if order is None:
         order = claim_order(session, model=model, settings=settings)
-    ids = pick(session, model=model, limit=limit, order=order)
+    batches = open_batches(session, model=model)
+    caps = cap_rooms(session, settings, batch_ids=[b.id for b in batches if b.capped and not b.paused])
+    ids: list[str] = []
+    while len(ids) < limit:  # again only when a spend cap left rows out: each pass holds back one more batch
+        picked = pick(
+            session, model=model, limit=limit - len(ids), order=order, batches=batches, held=caps.held, taken=ids
+        )
+        fitted = caps.fit(session, picked)
+        ids += fitted
+        if len(fitted) == len(picked):
+            break
     if not ids:
         return []
     claimed = _lease(

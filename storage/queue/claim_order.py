@@ -5,10 +5,11 @@ first across all tenants, because a request that misses its deadline is worth no
 larger of `urgent_within_seconds` and `urgent_drain_multiple` x the time the node needs to drain the
 model's whole backlog at its measured throughput, so the ramp widens on its own when the node falls
 behind (under overload everything is urgent and the queue is plain EDF). Everything else is shared fairly
-by tenant, band by band (higher priority first, background batches last; paused batches not at all: see
-storage/queue/claim_tiers.py); within a tenant's share rows are taken by deadline bucket, then prefix key,
-so requests that share a prompt prefix (a system prompt) run together and vLLM's prefix cache serves them. Rows whose
-prefix no other line of their file shares keep the empty key and go in line order.
+by tenant, band by band (higher priority first, background batches last; paused batches, and those with no
+room under their spend cap, not at all: storage/queue/claim_tiers.py, claim_caps.py); within a tenant's share
+rows are taken by deadline bucket, then prefix key, so requests that share a prompt prefix (a system prompt) run
+together and vLLM's prefix cache serves them. Rows whose prefix no other line of their file shares keep the
+empty key and go in line order.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +28,7 @@ from storage.batches import lifecycle
 from storage.clock import now
 from storage.models import BatchRequest
 from storage.planning.throughput import drain_seconds
-from storage.queue.claim_tiers import claim_bands
+from storage.queue.claim_tiers import OpenBatch, claim_bands, open_batches
 from storage.queue.enqueue import id_array
 from storage.settings import Settings
 
@@ -115,19 +117,34 @@ _PREFIX_ORDER = (BatchRequest.prefix_key, BatchRequest.deadline, BatchRequest.ba
 _DEADLINE_ORDER = (BatchRequest.deadline, BatchRequest.batch_id, BatchRequest.line)
 
 
-def pick(session: Session, *, model: str, limit: int, order: ClaimOrder) -> list[str]:
+def pick(
+    session: Session,
+    *,
+    model: str,
+    limit: int,
+    order: ClaimOrder,
+    batches: list[OpenBatch] | None = None,
+    held: Collection[str] = (),
+    taken: list[str] | None = None,
+) -> list[str]:
     """Lock (SKIP LOCKED) up to `limit` queued rows of `model` and return their ids in claim order: urgent rows
     (EDF), then band by band (storage/queue/claim_tiers.py: deadline work before background, higher priority
-    first), a fair share across tenants inside each band. Paused batches' rows are never picked."""
+    first), a fair share across tenants inside each band. Rows of paused batches, of those in `held` (no room
+    under their spend cap) and those in `taken` (this claim's already) are never picked. `batches`: what
+    `open_batches` read, if the caller did."""
     current = now()
-    tiers = claim_bands(session, model=model, urgent_before=order.urgent_before)
+    if batches is None:
+        batches = open_batches(session, model=model)
+    tiers = claim_bands(batches, urgent_before=order.urgent_before, held=held)
     queued: tuple[Any, ...] = (
         BatchRequest.model == model,
         BatchRequest.status == lifecycle.REQ_QUEUED,
         BatchRequest.deadline > current,
     )
-    if tiers.paused:
-        queued = (*queued, BatchRequest.batch_id.not_in(tiers.paused))
+    if tiers.held:
+        queued = (*queued, BatchRequest.batch_id.not_in(tiers.held))
+    if taken:
+        queued = (*queued, _not_picked(session, taken))
     picked: list[_Picked] = []
     if order.urgent_before > current:
         urgent = select(*_PICKED).where(*queued, BatchRequest.deadline <= order.urgent_before)

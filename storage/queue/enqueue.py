@@ -117,8 +117,9 @@ class QueueWriter:
     A repeated custom_id raises `DuplicateCustomId` (from `write` or on leaving): roll the savepoint back.
     """
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session, *, columns: tuple[str, ...] = _COPY_COLUMNS) -> None:
         self.session = session
+        self.columns = columns  # the keys of every row written (COPY names them)
         self._copy: Any = None
         self._stack: ExitStack | None = None
 
@@ -129,7 +130,7 @@ class QueueWriter:
             assert raw is not None  # a live psycopg connection inside this transaction
             self._stack = ExitStack()
             cursor = self._stack.enter_context(raw.cursor())
-            statement = f"COPY batch_requests ({', '.join(_COPY_COLUMNS)}) FROM STDIN"
+            statement = f"COPY batch_requests ({', '.join(self.columns)}) FROM STDIN"
             self._copy = self._stack.enter_context(cursor.copy(statement, writer=QueuedLibpqWriter(cursor)))
         return self
 
@@ -145,7 +146,7 @@ class QueueWriter:
                     raise
             return
         for row in rows:
-            self._copy.write_row([orjson.dumps(row[c]).decode() if c == "body" else row[c] for c in _COPY_COLUMNS])
+            self._copy.write_row([orjson.dumps(row[c]).decode() if c == "body" else row[c] for c in self.columns])
 
     def __exit__(self, *exc: object) -> None:
         if self._stack is not None:
@@ -158,8 +159,10 @@ class QueueWriter:
 
 
 def insert_rows(session: Session, rows: list[dict[str, Any]]) -> None:
-    """Insert queue rows in one go (a `QueueWriter` for a single batch of rows)."""
-    with QueueWriter(session) as writer:
+    """Insert queue rows in one go (a `QueueWriter` for a single batch of rows, all with the same keys)."""
+    if not rows:
+        return
+    with QueueWriter(session, columns=tuple(rows[0])) as writer:
         writer.write(rows)
 
 

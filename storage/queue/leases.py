@@ -21,6 +21,7 @@ from storage.clock import now_f
 from storage.finance.budgets import stop_over_budget
 from storage.models import BatchRequest
 from storage.queue.checkpoints import Generated, drop_ended, save_checkpoints, save_renewing
+from storage.queue.claim_caps import within_caps
 from storage.queue.enqueue import ids_match, lock_batches_of
 from storage.queue.handback import hand_back_paused, not_paused
 from storage.settings import get_settings
@@ -39,6 +40,7 @@ class Outcome:
     error_code: str | None = None
     error_message: str | None = None
     cached_tokens: int = 0
+    reasoning_tokens: int = 0  # of completion_tokens: thinking
 
 
 def renew(
@@ -81,8 +83,11 @@ def take_back(session: Session, *, worker_id: str, request_ids: list[str], lease
     """Lease back rows this worker still runs that the reaper re-queued meanwhile; return the ids retaken.
 
     The worker never stopped working on them, so this is the same try: `attempts` is left as it was. Rows of a
-    paused batch were handed back on purpose (storage/queue/handback.py) and are not taken back.
+    paused batch were handed back on purpose (storage/queue/handback.py) and are not taken back, nor rows of a
+    capped batch whose room was leased to other rows meanwhile (`within_caps`): the worker drops those.
     """
+    if request_ids:
+        request_ids = within_caps(session, get_settings(), request_ids=request_ids)
     if not request_ids:
         return set()
     retaken = session.scalars(
@@ -168,12 +173,15 @@ _STORE_JSON = text(
     UPDATE batch_requests AS r SET
         status = v.status, response_status = v.code, response_body = b.body,
         error_code = v.error_code, error_message = v.error_message, prompt_tokens = v.prompt,
-        completion_tokens = v.completion, cached_tokens = v.cached, engine_seconds = v.seconds, run_id = :run_id,
+        completion_tokens = v.completion, cached_tokens = v.cached, reasoning_tokens = v.reasoning,
+        engine_seconds = v.seconds, run_id = :run_id,
         lease_owner = NULL, lease_expires_at = NULL, finished_at = :finished, checkpoint_tokens = 0
     FROM ROWS FROM (json_to_recordset(CAST(:rows AS json)) AS (
             id text, status text, code int, error_code text, error_message text,
-            prompt int, completion int, cached int, seconds float8
-        )) WITH ORDINALITY AS v(id, status, code, error_code, error_message, prompt, completion, cached, seconds, n),
+            prompt int, completion int, cached int, reasoning int, seconds float8
+        )) WITH ORDINALITY AS v(
+            id, status, code, error_code, error_message, prompt, completion, cached, reasoning, seconds, n
+        ),
         json_array_elements(CAST(:bodies AS json)) WITH ORDINALITY AS b(body, n)
     WHERE b.n = v.n AND r.id = v.id AND r.status = :from_status AND r.lease_owner = :worker_id
     RETURNING r.id, r.batch_id, r.status
@@ -196,6 +204,7 @@ def _store_json(session: Session, *, worker_id: str, run_id: str, outcomes: list
             "prompt": o.prompt_tokens,
             "completion": o.completion_tokens,
             "cached": o.cached_tokens,
+            "reasoning": o.reasoning_tokens,
             "seconds": o.engine_seconds,
         }
         for o in outcomes
@@ -231,6 +240,7 @@ def _store_executemany(session: Session, *, worker_id: str, run_id: str, outcome
             prompt_tokens=bindparam("b_prompt"),
             completion_tokens=bindparam("b_completion"),
             cached_tokens=bindparam("b_cached"),
+            reasoning_tokens=bindparam("b_reasoning"),
             engine_seconds=bindparam("b_seconds"),
             run_id=run_id,
             lease_owner=None,
@@ -252,6 +262,7 @@ def _store_executemany(session: Session, *, worker_id: str, run_id: str, outcome
                 "b_prompt": o.prompt_tokens,
                 "b_completion": o.completion_tokens,
                 "b_cached": o.cached_tokens,
+                "b_reasoning": o.reasoning_tokens,
                 "b_seconds": o.engine_seconds,
             }
             for o in outcomes

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from storage.protocols import CHAT_URL, COMPLETIONS_URL, MESSAGES_URL, RESPONSES_URL
+from storage.endpoints import CHAT_URL, COMPLETIONS_URL, MESSAGES_URL, RESPONSES_URL
 
 # Anthropic's /v1/messages is keyed like chat, with the system prompt (a separate field) leading.
 

@@ -1,4 +1,4 @@
-"""Result lines read in pages while a batch runs, and the merged view of a batch and its retries.
+"""Result lines read in pages while a batch runs (the merged view of a batch and its retries: retry_rows.py).
 
 A running batch's requests finish in any order, so a line-number cursor would skip a line that finishes
 after a later one was read. Instead a reader numbers the finished requests no reader numbered yet
@@ -11,7 +11,6 @@ Pages are short keyset reads, each in its own transaction: memory stays bounded 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
@@ -97,53 +96,3 @@ def numbered_pages(*, batch_id: str, after: int, upto: int, page_rows: int = PAG
             return
         after = int(rows[-1][6])
         yield [(r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows]
-
-
-# One merged row: the result row, its status and its line (the origin's line number, kept by every retry).
-MergedRow = tuple[ResultRow, str, int]
-
-
-def merged_pages(
-    *, batches: dict[str, int], lines_of: list[str] | None = None, page_rows: int = PAGE_ROWS
-) -> Iterator[list[MergedRow]]:
-    """Each line of a retry tree once, in line order, from the latest attempt that finished it; page by page,
-    each page its own read. `batches`: {batch_id: attempt} of the tree; `lines_of`: only the lines these
-    batches hold (a retry's part of the tree)."""
-    limit = max(page_rows, 2 * len(batches))  # a page always holds at least one whole line
-    after = -1
-    while True:
-        with transaction() as session:
-            query = (
-                select(  # type: ignore[call-overload]
-                    *_columns(), BatchRequest.status, BatchRequest.line, BatchRequest.batch_id
-                )
-                .where(
-                    BatchRequest.batch_id.in_(list(batches)),
-                    BatchRequest.status.in_(_TERMINAL),
-                    BatchRequest.line > after,
-                )
-                .order_by(BatchRequest.line)
-                .limit(limit)
-            )
-            if lines_of is not None:
-                held = select(BatchRequest.line).where(BatchRequest.batch_id.in_(lines_of))
-                query = query.where(BatchRequest.line.in_(held))
-            rows = list(session.execute(query).all())
-        full = len(rows) == limit
-        if full:  # the last line may continue on the next page: read it whole there
-            rows = [row for row in rows if row[7] != rows[-1][7]]
-        latest: dict[int, Any] = {}
-        for row in rows:
-            seen = latest.get(row[7])
-            if seen is None or _attempt(batches, row) > _attempt(batches, seen):
-                latest[row[7]] = row
-        page = [((r[0], r[1], r[2], r[3], r[4], r[5]), r[6], r[7]) for r in (latest[n] for n in sorted(latest))]
-        if page:
-            yield page
-        if not full:
-            return
-        after = page[-1][2]
-
-
-def _attempt(batches: dict[str, int], row: Any) -> int:
-    return batches[row[8]]

@@ -1,4 +1,5 @@
-"""Where a webhook may go: an https URL whose host resolves only to public addresses.
+"""Where a webhook may go: an https URL whose host resolves only to public addresses. The same rules decide which
+image and document URLs of batch lines the worker fetches (worker/engine/media.py, its own policy and setting).
 
 Checked when an endpoint is registered and again before every attempt (DNS can change in between), and
 the attempt then connects to the very address that was checked, so a second lookup cannot rebind it.
@@ -37,10 +38,14 @@ Resolver = Callable[[str, int], list[IPAddress]]
 
 @dataclass(frozen=True)
 class TargetPolicy:
-    """What the operator allows: plain http, and non-public networks a target may resolve to."""
+    """What the operator allows: plain http, and non-public networks a target may resolve to; and the words a
+    refusal uses (what the URL is for, the rule, the setting that opens a network)."""
 
     allow_http: bool = False
     allowed_networks: tuple[IPNetwork, ...] = ()
+    noun: str = "webhook"
+    rule: str = "webhooks go only to public addresses"
+    networks_setting: str = "BACKFILL_WEBHOOK_ALLOWED_NETWORKS"
 
     @classmethod
     def from_settings(cls, settings: Settings) -> TargetPolicy:
@@ -69,7 +74,7 @@ def _system_resolver(host: str, port: int) -> list[IPAddress]:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as error:
-        raise InvalidWebhookUrl(f"The webhook host '{host}' does not resolve ({error}).", param="url") from None
+        raise LookupError(str(error)) from None
     # Drop an IPv6 scope ("fe80::1%eth0"): the address itself decides.
     return list(dict.fromkeys(ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos))
 
@@ -128,26 +133,28 @@ def _embedded_ipv4(address: IPAddress) -> list[ipaddress.IPv4Address]:
 def check_url(url: Any, policy: TargetPolicy) -> tuple[str, str, int, str, str]:
     """Check the URL's form; return (scheme, hostname, port, path, host header) or raise InvalidWebhookUrl."""
     if not isinstance(url, str) or not url or len(url) > URL_MAX_CHARS:
-        raise InvalidWebhookUrl(f"The webhook url must be a URL of at most {URL_MAX_CHARS} characters.", param="url")
+        raise InvalidWebhookUrl(
+            f"The {policy.noun} url must be a URL of at most {URL_MAX_CHARS} characters.", param="url"
+        )
     try:
         parts = urlsplit(url)
         port = parts.port
     except ValueError as error:
-        raise InvalidWebhookUrl(f"The webhook url is malformed: {error}.", param="url") from None
+        raise InvalidWebhookUrl(f"The {policy.noun} url is malformed: {error}.", param="url") from None
     schemes = ("https", "http") if policy.allow_http else ("https",)
     if parts.scheme not in schemes:
-        why = "" if policy.allow_http else " (plain http is off on this server)"
-        raise InvalidWebhookUrl(f"The webhook url must use https{why}.", param="url")
+        why = " or http" if policy.allow_http else " (plain http is off on this server)"
+        raise InvalidWebhookUrl(f"The {policy.noun} url must use https{why}.", param="url")
     if not parts.hostname:
-        raise InvalidWebhookUrl("The webhook url has no host.", param="url")
+        raise InvalidWebhookUrl(f"The {policy.noun} url has no host.", param="url")
     if parts.username is not None or parts.password is not None:
-        raise InvalidWebhookUrl("The webhook url must not carry credentials.", param="url")
+        raise InvalidWebhookUrl(f"The {policy.noun} url must not carry credentials.", param="url")
     if parts.fragment:
-        raise InvalidWebhookUrl("The webhook url must not have a #fragment.", param="url")
+        raise InvalidWebhookUrl(f"The {policy.noun} url must not have a #fragment.", param="url")
     if any(ord(c) < 0x21 or ord(c) == 0x7F for c in url):
-        raise InvalidWebhookUrl("The webhook url must not contain spaces or control characters.", param="url")
+        raise InvalidWebhookUrl(f"The {policy.noun} url must not contain spaces or control characters.", param="url")
     if port is not None and not 1 <= port <= 65535:
-        raise InvalidWebhookUrl(f"The webhook url's port must be between 1 and 65535, not {port}.", param="url")
+        raise InvalidWebhookUrl(f"The {policy.noun} url's port must be between 1 and 65535, not {port}.", param="url")
     default_port = 443 if parts.scheme == "https" else 80
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     host_header = parts.netloc.rpartition("@")[2]
@@ -157,21 +164,25 @@ def check_url(url: Any, policy: TargetPolicy) -> tuple[str, str, int, str, str]:
 def resolve_target(url: str, policy: TargetPolicy, *, resolver: Resolver = _system_resolver) -> Target:
     """Check `url` and every address its host resolves to; raise InvalidWebhookUrl naming the refusal."""
     scheme, hostname, port, path, host_header = check_url(url, policy)
-    addresses = resolver(hostname, port)
+    try:
+        addresses = resolver(hostname, port)
+    except LookupError as error:
+        raise InvalidWebhookUrl(
+            f"The {policy.noun} host '{hostname}' does not resolve ({error}).", param="url"
+        ) from None
     if not addresses:
-        raise InvalidWebhookUrl(f"The webhook host '{hostname}' does not resolve.", param="url")
+        raise InvalidWebhookUrl(f"The {policy.noun} host '{hostname}' does not resolve.", param="url")
     for address in addresses:
         found = _refusal(address, policy)
         if found is not None:
             reason, can_allow = found
             rule = (
-                "webhooks go only to public addresses unless the operator allows the network "
-                "(BACKFILL_WEBHOOK_ALLOWED_NETWORKS)"
+                f"{policy.rule} unless the operator allows the network ({policy.networks_setting})"
                 if can_allow
                 else "link-local and cloud metadata addresses are never allowed, whatever "
-                "BACKFILL_WEBHOOK_ALLOWED_NETWORKS says"
+                f"{policy.networks_setting} says"
             )
             raise InvalidWebhookUrl(
-                f"The webhook host '{hostname}' resolves to {reason} ({address}); {rule}.", param="url"
+                f"The {policy.noun} host '{hostname}' resolves to {reason} ({address}); {rule}.", param="url"
             )
     return Target(scheme, hostname, port, path, host_header, addresses[0])

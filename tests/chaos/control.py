@@ -195,6 +195,7 @@ class Controller:
             created_at=time.time(),
             retry_of=record.batch_id,
             retry_expected=expected,
+            max_cost_usd=batch.to_dict().get("max_cost_usd"),  # what is left of its origin's cap, inherited
         )
         self.records[batch.id] = retry
         return retry

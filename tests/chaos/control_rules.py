@@ -92,18 +92,29 @@ def _billed_tokens(records: list[BatchRecord]) -> tuple[int, int]:
     return sum(tokens), max(tokens, default=0)
 
 
-def check_overrun(verdict: Verdict, history: History) -> None:
-    """A capped batch, or a budgeted tenant, bills at most its cap plus the in-flight bound."""
+def cap_overruns(history: History) -> dict[str, tuple[Decimal, Decimal]]:
+    """{batch_id: (billed past its cap, the dearest request it billed)} for every ended batch with a spend cap that
+    billed past it (USD; 0 past the cap when it stopped under or at it)."""
     price = Decimal(history.usd_per_output_token)
-    in_flight = history.gpu_workers * history.inflight_bound_per_worker
+    found: dict[str, tuple[Decimal, Decimal]] = {}
     for record in history.batches.values():
         if record.max_cost_usd is None or record.status not in TERMINAL:
             continue
         total, dearest = _billed_tokens([record])
-        cap, bound = Decimal(record.max_cost_usd), in_flight * dearest * price
-        if total * price > cap + bound:
-            detail = f"billed ${total * price} past its cap ${cap} + the in-flight bound ${bound}"
-            verdict.findings.append(Finding("overrun", record.batch_id, detail))
+        found[record.batch_id] = (max(total * price - Decimal(record.max_cost_usd), Decimal(0)), dearest * price)
+    return found
+
+
+def check_overrun(verdict: Verdict, history: History) -> None:
+    """A capped batch bills at most its cap plus one request (the dearest it billed: a claim reserves each request
+    at its max_tokens, docs/decisions/0018); a budgeted tenant at most its budget plus the in-flight bound."""
+    price = Decimal(history.usd_per_output_token)
+    in_flight = history.gpu_workers * history.inflight_bound_per_worker
+    for batch_id, (overrun, dearest) in cap_overruns(history).items():
+        if overrun > dearest:
+            cap = history.batches[batch_id].max_cost_usd
+            detail = f"billed ${overrun} past its cap ${cap}, more than one request (the dearest billed ${dearest})"
+            verdict.findings.append(Finding("overrun", batch_id, detail))
     for tenant in sorted({c.tenant for c in history.controls if c.kind == "budget" and c.outcome == "ok"}):
         last = [c for c in history.controls if c.kind == "budget" and c.outcome == "ok" and c.tenant == tenant][-1]
         limit = max(Decimal(last.value or 0), Decimal(last.spent_usd or 0))

@@ -21,9 +21,10 @@ request rows the database held at the end (`rows`):
   billed) in more than one batch of a retry tree;
 * paused_progress: a request of a paused batch was recorded as run (a worker's result: `run_id` set) after
   the pause was answered and before the resume was sent;
-* overrun: a capped batch (`max_cost_usd`) or a budgeted tenant billed more than its cap plus the stated
-  in-flight bound (docs/decisions/0018: per GPU worker 2 x max_num_seqs x inflight_per_seq requests, each at
-  most the dearest request the batch or tenant ran).
+* overrun: a capped batch (`max_cost_usd`) billed more than its cap plus one request (the dearest it billed: a
+  claim reserves each request at its max_tokens, docs/decisions/0018), or a budgeted tenant more than its budget
+  plus the in-flight bound (per GPU worker 2 x max_num_seqs x inflight_per_seq requests, each at most the
+  dearest request the tenant ran).
 
 Checkpoints (issue 21) add one, over the fake engines' decode ledger (`decode`; tests/chaos/decode_rules.py):
 
@@ -165,7 +166,7 @@ class History:
     rows: dict[str, list[RowRecord]] = field(default_factory=dict)  # batch_id -> its rows at the end
     usd_per_output_token: str = "1"  # billed (after the 24h discount); input tokens are free in the chaos book
     gpu_workers: int = 1
-    inflight_bound_per_worker: int = 32  # 2 x max_num_seqs (8) x inflight_per_seq (2)
+    inflight_bound_per_worker: int = 32  # a tenant budget's: 2 x max_num_seqs (8) x inflight_per_seq (2)
     # Issue 21: the fake engines' decode ledger against the output lines (worker/engine/decode_ledger.py
     # DecodeFigures as a dict; None on the real engine), and the stated crash bound per killed request.
     decode: dict[str, Any] | None = None

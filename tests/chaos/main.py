@@ -77,6 +77,17 @@ def decode_lines(shares: dict[str, dict[str, Any]]) -> str:
     )
 
 
+def cap_line(reports: list[RunReport]) -> str:
+    """The spend-cap overrun measured over the runs, against its bound (one request: tests/chaos/control_rules.py)."""
+    stops = sum(r.controls.get("cap_stops", 0) for r in reports)
+    worst = max((r.controls.get("cap_overrun_max", 0) for r in reports), default=0)
+    share = max((r.controls.get("cap_overrun_max_pct", 0) for r in reports), default=0)
+    return (
+        f"spend caps: {stops} batches stopped by their cap; the most billed past a cap ${worst}; the largest "
+        f"overrun {share}% of its batch's dearest request (the bound: 100%)"
+    )
+
+
 def _terminate(signum: int, _frame: object) -> NoReturn:
     kill_all()
     raise SystemExit(128 + signum)
@@ -117,11 +128,14 @@ def main(argv: list[str] | None = None) -> int:
     print(table(reports))
     shares = class_shares([report.decode for report in reports])
     print(decode_lines(shares))
+    print(cap_line(reports))
     summary = {
         "started": stamp,
         "runs": [asdict(report) for report in reports],
         "totals": {c: sum(r.summary[c] for r in reports) for c in COLUMNS},
         "controls": {c: sum(r.controls.get(c, 0) for r in reports) for c in (*CONTROLS, "refused")},
+        "cap_overrun_max_usd": max((r.controls.get("cap_overrun_max", 0) for r in reports), default=0),
+        "cap_overrun_max_pct": max((r.controls.get("cap_overrun_max_pct", 0) for r in reports), default=0),
         "bad_runs": [r.seed for r in reports if not r.ok],
         "decode": shares,
         "resume_discarded_decode_share_graceful": shares["graceful"]["share"],

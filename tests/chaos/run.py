@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ import sqlalchemy as sa
 
 from storage.models import Batch, BatchRequest, File
 from tests.chaos.control import run_tenant
+from tests.chaos.control_rules import cap_overruns
 from tests.chaos.decode_rules import decode_summary, record_decode
 from tests.chaos.deployment import MODEL, Deployment, EngineKind, Timing, backfill_env, cli, create_keys, vllm_env
 from tests.chaos.faults import Injector, Probe, Scenario, scenario_for
@@ -45,8 +47,8 @@ from tests.chaos.workload import (
 TEMPLATE_DB = "chaos_template"
 LEDGER = "ledger"  # the GPU workers' decode ledgers, under the run's directory (tests/chaos/decode_rules.py)
 ADMIN = "chaos-admin"  # the admin key's tenant: it sets the other tenants' budgets
-# The stated overrun bound of a spend cap (docs/decisions/0018): per GPU worker 2 x max_num_seqs x inflight_per_seq
-# requests (the chaos engine's 8 sequences, the default 2 per sequence).
+# The stated overrun bound of a tenant budget (docs/decisions/0018): per GPU worker 2 x max_num_seqs x
+# inflight_per_seq requests (the chaos engine's 8 sequences, the default 2 per sequence). A batch's cap: one request.
 INFLIGHT_BOUND_PER_WORKER = 2 * 8 * 2
 
 
@@ -333,6 +335,7 @@ def control_counts(history: History) -> dict[str, int]:
     """How much control the run exercised: calls that took effect, and the batches a cap or budget stopped."""
     done = Counter(event.kind for event in history.controls if event.outcome == "ok")
     refused = Counter(event.kind for event in history.controls if event.outcome != "ok")
+    overruns = cap_overruns(history)
     stopped = [
         record
         for record in history.batches.values()
@@ -346,6 +349,10 @@ def control_counts(history: History) -> dict[str, int]:
         "budget": done["budget"],
         "refused": sum(refused.values()),
         "cap_stops": sum(1 for record in stopped if record.max_cost_usd is not None),
+        # The measured side of the overrun rule: the most a capped batch billed past its cap (whole USD), and that
+        # as a percentage of the batch's dearest request (the bound: 100).
+        "cap_overrun_max": int(max((o for o, _ in overruns.values()), default=Decimal(0))),
+        "cap_overrun_max_pct": max((int(100 * o / d) for o, d in overruns.values() if d), default=0),
         "budget_stops": sum(1 for record in stopped if record.max_cost_usd is None),
         "paused_results_checked": sum(
             1

@@ -347,22 +347,40 @@ def capped_history(cap: str) -> History:
     """batch_1 capped at `cap` USD; its two output lines bill 5 output tokens ($1 each) apiece."""
     history = clean_history()
     history.batches["batch_1"].max_cost_usd = cap
-    history.inflight_bound_per_worker = 1  # the bound: 1 request per GPU worker, at most $5
     return history
 
 
-def test_a_capped_batch_within_its_cap_plus_the_in_flight_bound_passes() -> None:
-    assert check(capped_history("5")).ok  # $10 billed <= $5 + 1 request x $5
+def test_a_capped_batch_within_its_cap_plus_one_request_passes() -> None:
+    assert check(capped_history("5")).ok  # $10 billed <= $5 + its dearest request, $5
 
 
-def test_a_capped_batch_past_its_cap_plus_the_in_flight_bound_overruns() -> None:
+def test_a_capped_batch_past_its_cap_plus_one_request_overruns() -> None:
     assert kinds(capped_history("4.99")) == {"overrun": 1}
 
 
-def test_the_in_flight_bound_grows_with_the_gpu_workers() -> None:
+def test_a_caps_bound_is_one_request_whatever_the_workers_hold() -> None:
+    """A claim reserves each request's cost and the claims of a capped batch take turns (its row lock), so the
+    bound no longer grows with the GPU workers or what each may hold in flight."""
     history = capped_history("4.99")
+    history.gpu_workers, history.inflight_bound_per_worker = 2, 32
+    assert kinds(history) == {"overrun": 1}
+
+
+def test_cap_overruns_measure_what_each_capped_batch_billed_past_its_cap() -> None:
+    from decimal import Decimal
+
+    from tests.chaos.control_rules import cap_overruns
+
+    assert cap_overruns(capped_history("7")) == {"batch_1": (Decimal(3), Decimal(5))}
+    assert cap_overruns(capped_history("12")) == {"batch_1": (Decimal(0), Decimal(5))}  # stopped under it
+
+
+def test_the_in_flight_bound_of_a_tenant_budget_grows_with_the_gpu_workers() -> None:
+    history = clean_history()  # 10 output tokens billed, the dearest request 5
+    history.inflight_bound_per_worker = 1
+    history.controls = [ControlEvent("budget", "t", None, T0 + 1, T0 + 2, value="4", spent_usd="2")]
     history.gpu_workers = 2
-    assert check(history).ok
+    assert check(history).ok  # 10 <= 4 + 2 x $5
 
 
 def test_a_budgeted_tenant_past_its_budget_plus_the_bound_overruns() -> None:

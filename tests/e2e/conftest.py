@@ -46,6 +46,22 @@ def demo_model_path(vllm_cache_env: Path, tmp_path_factory: pytest.TempPathFacto
 
 
 @pytest.fixture(scope="session")
+def demo_vl_model_path(vllm_cache_env: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The random-weight Idefics3 vision-language demo model (`backfill-demo-vl`), built offline."""
+    from worker.engine.demo_vl_model import build_demo_vl_model
+
+    return build_demo_vl_model(tmp_path_factory.mktemp("models") / "backfill-demo-vl")
+
+
+@pytest.fixture(scope="session")
+def demo_moderation_model_path(vllm_cache_env: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The random-weight moderation classifier (`backfill-demo-moderation`), built offline."""
+    from worker.engine.demo_moderation_model import build_demo_moderation_model
+
+    return build_demo_moderation_model(tmp_path_factory.mktemp("models") / "backfill-demo-moderation")
+
+
+@pytest.fixture(scope="session")
 def vllm_chat_engine(demo_model_path: Path) -> Iterator[VllmEngine]:
     """A warm vLLM engine on the demo model, 4 sequences at a time, 1024-token context."""
     spec = ModelSpec(path=str(demo_model_path), max_num_seqs=CHAT_MAX_NUM_SEQS, max_model_len=1024)

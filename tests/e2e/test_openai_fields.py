@@ -27,7 +27,12 @@ pytestmark = pytest.mark.vllm
 
 
 @pytest.fixture(scope="module")
-def live(demo_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+def live(
+    demo_model_path: Path,
+    demo_vl_model_path: Path,
+    demo_moderation_model_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[LiveServer]:
     """`backfill serve` as a newcomer runs it: nothing configured but the data folder (the demo model is built)."""
     from worker.cli.migrate import migrate_database
     from worker.process import service
@@ -35,6 +40,8 @@ def live(demo_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     data = tmp_path_factory.mktemp("default-registry")
     (data / "models").mkdir()
     (data / "models" / "backfill-demo").symlink_to(demo_model_path)
+    (data / "models" / "backfill-demo-vl").symlink_to(demo_vl_model_path)
+    (data / "models" / "backfill-demo-moderation").symlink_to(demo_moderation_model_path)
     service.close_engines()  # engines are cached per model name: other modules' specs must not leak in
     with pytest.MonkeyPatch.context() as patch:
         configure(patch, {"BACKFILL_DATA_DIR": str(data), "BACKFILL_REAP_INTERVAL_SECONDS": "1"})
@@ -64,7 +71,9 @@ def line(custom_id: str, url: str, **body: Any) -> dict[str, Any]:
 
 
 def test_the_default_registry_serves_a_chat_and_an_embedding_model(client: openai.OpenAI) -> None:
-    assert {model.id for model in client.models.list()} == {"backfill-demo", DEFAULT_EMBEDDING_MODEL}
+    assert {"backfill-demo", "backfill-demo-vl", DEFAULT_EMBEDDING_MODEL, "backfill-demo-moderation"} <= {
+        model.id for model in client.models.list()
+    }
 
 
 def test_an_embeddings_batch_runs_on_the_embedded_default(client: openai.OpenAI) -> None:
@@ -80,6 +89,25 @@ def test_an_embeddings_batch_runs_on_the_embedded_default(client: openai.OpenAI)
     cosine = [sum(a * b for a, b in zip(vectors["e0"], vectors[k], strict=True)) for k in ("e1", "e2")]
     assert cosine[0] > cosine[1]  # a real model: cats are closer to kittens than to taxes
     assert done.usage and done.usage.input_tokens > 0 and done.usage.output_tokens == 0
+
+
+def test_dimensions_on_a_model_that_cannot_shorten_its_vectors_answer_as_openai_does_for_ada_002(
+    client: openai.OpenAI,
+) -> None:
+    """Issue 37: the error line named the model by the server's file system path."""
+    lines = [
+        line("short", "/v1/embeddings", model=DEFAULT_EMBEDDING_MODEL, input="hi", dimensions=64),
+        line("native", "/v1/embeddings", model=DEFAULT_EMBEDDING_MODEL, input="hi", dimensions=384),
+    ]
+    done = run(client, lines, "/v1/embeddings")
+    (error,) = read_lines(client, done.error_file_id)
+    assert error["custom_id"] == "short" and error["response"]["status_code"] == 400
+    envelope = error["response"]["body"]["error"]
+    assert envelope["message"].startswith("This model does not support specifying dimensions")
+    assert DEFAULT_EMBEDDING_MODEL in envelope["message"] and "/" not in envelope["message"]
+    assert envelope["param"] == "dimensions"
+    (output,) = read_lines(client, done.output_file_id)
+    assert len(CreateEmbeddingResponse.model_validate(output["response"]["body"]).data[0].embedding) == 384
 
 
 def test_an_endpoint_its_model_cannot_serve_is_refused_at_create(client: openai.OpenAI) -> None:

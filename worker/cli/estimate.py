@@ -60,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
             max_line_bytes=settings.line_max_bytes,
             max_requests=settings.batch_max_requests,
             default_max_tokens=args.default_max_tokens,
+            default_models=settings.default_models(),
         )
     except OSError as error:
         print(f"backfill estimate: error: cannot read {args.file}: {error.strerror}", file=sys.stderr)

@@ -45,6 +45,14 @@ def ensure_demo_model() -> None:
 
     spec = settings.served_models()["backfill-demo"]
     build_demo_model(Path(spec.path))
+    from storage.registry import DEMO_VL_MODEL
+    from worker.engine.demo_vl_model import build_demo_vl_model
+
+    build_demo_vl_model(Path(settings.served_models()[DEMO_VL_MODEL].path))  # the vision-language demo model
+    from storage.registry import DEMO_MODERATION_MODEL
+    from worker.engine.demo_moderation_model import build_demo_moderation_model
+
+    build_demo_moderation_model(Path(settings.served_models()[DEMO_MODERATION_MODEL].path))  # for /v1/moderations
 
 
 def _first_run_key() -> str | None:

@@ -25,8 +25,9 @@ def run_budget(args: argparse.Namespace) -> int:
     """Set (or show) the budget; print the month's budget, spend and what is left."""
     from storage.db import transaction
     from storage.errors import BackfillError
-    from storage.finance.budgets import parse_usd, set_tenant_budget, tenant_budget
+    from storage.finance.budgets import set_tenant_budget, tenant_budget
     from storage.settings import get_settings
+    from storage.strict import parse_usd
     from storage.tenants import tenant_id_named
 
     settings = get_settings()

@@ -8,8 +8,10 @@ verdict: a rejection, or warnings. The batch row changes only through storage/ba
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -19,6 +21,7 @@ from storage.batches.batches import fail_batch, get_batch, mark_ingested, record
 from storage.errors import FileNotFound
 from storage.files.blobs import BlobStore
 from storage.files.files import get_file
+from storage.files.uploads import fill_checksum
 from storage.lines.reader import LineChecker, LineError, ParsedLine, ProblemList, clip, iter_lines
 from storage.metrics import events
 from storage.models import Batch
@@ -32,6 +35,9 @@ from storage.settings import Settings
 log = logging.getLogger(__name__)
 
 INSERT_CHUNK = 2000
+# ...or fewer rows once their lines hold this many bytes: 2,000 lines of 160 KB (an 8 GB Upload's) would otherwise
+# keep 320 MB of parsed bodies in memory between writes.
+INSERT_CHUNK_BYTES = 16 * 1024 * 1024
 
 
 def ingest_batch(session: Session, blobs: BlobStore, settings: Settings, *, batch_id: str) -> str:
@@ -55,18 +61,27 @@ def _ingest(session: Session, blobs: BlobStore, settings: Settings, *, batch: Ba
     except FileNotFound:
         return _fail(batch, [LineError(0, "file_not_found", "The input file was deleted.")])
     errors = ProblemList()  # the first PROBLEMS_MAX bad lines and a count of the rest
+    checksum = _Checksum(source.sha256)  # an Upload's file has none until its first full read: this one
     savepoint = session.begin_nested()
     # The first pass keeps no set of custom_ids (its memory would grow with the file): the queue's unique
     # index finds a repeated one. A file with any bad line is read once more with every check, so each bad
     # line (duplicates included) is reported with its number; such a file never queues anything.
     try:
         count = _stream_into_queue(
-            session, blobs, settings, batch=batch, blob_key=source.blob_key, errors=errors, track_duplicates=False
+            session,
+            blobs,
+            settings,
+            batch=batch,
+            blob_key=source.blob_key,
+            errors=errors,
+            track_duplicates=False,
+            checksum=checksum,
         )
     except DuplicateCustomId:
         errors.add(LineError(0, "duplicate_custom_id", "The file repeats a custom_id."))  # replaced below
     if errors:
         savepoint.rollback()
+        checksum.record(session, file_id=source.id)
         errors = ProblemList()
         savepoint = session.begin_nested()
         count = _stream_into_queue(
@@ -88,6 +103,7 @@ def _ingest(session: Session, blobs: BlobStore, settings: Settings, *, batch: Ba
         savepoint.rollback()
         return _reject(batch, verdict.rejection)
     savepoint.commit()
+    checksum.record(session, file_id=source.id)
     mark_ingested(session, batch=batch, request_total=count, warnings=verdict.warnings)
     log.info("batch %s ingested: %d requests", batch.id, count)
     return batch.status
@@ -102,6 +118,7 @@ def _stream_into_queue(
     blob_key: str,
     errors: ProblemList,
     track_duplicates: bool,
+    checksum: _Checksum | None = None,
 ) -> int:
     protocol = protocol_of(batch)
     checker = LineChecker(
@@ -110,10 +127,14 @@ def _stream_into_queue(
         model=batch.model,
         one_model=protocol.one_model,
         track_duplicates=track_duplicates,
+        default_models=settings.default_models(),
     )
     pending: list[dict[str, Any]] = []
+    pending_bytes = 0
     prefixes = SharedPrefixes()
     chunks = blobs.open_stream(blob_key, chunk_bytes=settings.stream_chunk_bytes)
+    if checksum is not None:
+        chunks = checksum.over(chunks)
     with QueueWriter(session) as writer:
         for number, raw in iter_lines(chunks, max_line_bytes=settings.line_max_bytes):
             outcome = checker.check(number, raw, max_line_bytes=settings.line_max_bytes)
@@ -123,9 +144,12 @@ def _stream_into_queue(
                 row = new_row(batch, outcome, line_bytes=len(raw or b""))
                 prefixes.assign(row, prefix_key_of(outcome.url, outcome.body, chars=settings.prefix_chars))
                 pending.append(row)
-                if len(pending) >= INSERT_CHUNK:  # rows wait this long so most first rows of a prefix get its key
+                pending_bytes += len(raw or b"")
+                # Rows wait this long so most first rows of a prefix get its key.
+                if len(pending) >= INSERT_CHUNK or pending_bytes >= INSERT_CHUNK_BYTES:
                     writer.write(pending)
                     pending.clear()
+                    pending_bytes = 0
                     prefixes.inserted()
         if pending and not errors:
             writer.write(pending)
@@ -134,6 +158,29 @@ def _stream_into_queue(
     if batch.model is None:  # the first line was unreadable at create: the batch fails validation anyway
         record_model(batch, model=checker.model)
     return checker.accepted
+
+
+class _Checksum:
+    """The SHA-256 of an input file whose row has none (an Upload's file, storage/files/uploads.py), taken as the
+    first pass streams it and recorded once that pass read it to the end: no read of its own."""
+
+    def __init__(self, known: str) -> None:
+        self.digest = None if known else hashlib.sha256()
+        self.complete = False
+
+    def over(self, chunks: Iterable[bytes]) -> Iterator[bytes]:
+        if self.digest is None:
+            yield from chunks
+            return
+        for chunk in chunks:
+            self.digest.update(chunk)
+            yield chunk
+        self.complete = True
+
+    def record(self, session: Session, *, file_id: str) -> None:
+        if self.digest is not None and self.complete:
+            fill_checksum(session, file_id=file_id, sha256=self.digest.hexdigest())
+            self.digest = None
 
 
 def _reject(batch: Batch, problem: Problem) -> str:

@@ -21,6 +21,7 @@ from storage.batches.message_batches import archive_due
 from storage.db import transaction
 from storage.files.blobs import get_blob_store
 from storage.files.retention import sweep_expired_files
+from storage.files.uploads import sweep_uploads
 from storage.queue.backlog import batch_done
 from storage.queue.batch_rows import queued_models
 from storage.queue.enqueue import refresh_statistics
@@ -288,6 +289,8 @@ def reap_once() -> Reaped:
             wake_after_commit(session, "batch.ingest", batch_id=batch_id)
     with transaction() as session:  # its own transaction: object deletes never hold the reaper's batch locks
         sweep_expired_files(session, get_blob_store(), limit=get_settings().retention_sweep_max_files)
+    with transaction() as session:  # abandoned Uploads expire after their hour; their parts are aborted
+        sweep_uploads(session, get_blob_store(), limit=get_settings().retention_sweep_max_files)
     archive_once()
     return result
 

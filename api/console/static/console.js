@@ -39,8 +39,8 @@
   const ENDED = ["completed", "failed", "expired", "cancelled"];
 
   // ---- the one way to the server: the key goes in a header, never in a URL ----
-  async function api(method, path, body, as) {
-    const headers = { Authorization: "Bearer " + state.key };
+  async function api(method, path, body, as, extra) {
+    const headers = { ...(extra || {}), Authorization: "Bearer " + state.key };
     let payload;
     if (body instanceof FormData) payload = body;
     else if (body !== undefined) { headers["Content-Type"] = "application/json"; payload = JSON.stringify(body); }
@@ -52,7 +52,8 @@
     }
     if (response.status === 401 && state.session) { signOut("Your key was refused (revoked?): signed out."); }
     let parsed = null;
-    if (as === "blob") parsed = response.ok ? await response.blob() : await response.json().catch(() => null);
+    if (response.status === 304) parsed = null;  // a conditional GET: what the caller holds is still the answer
+    else if (as === "blob") parsed = response.ok ? await response.blob() : await response.json().catch(() => null);
     else if (as === "text") parsed = await response.text();
     else parsed = await response.json().catch(() => null);
     return { ok: response.ok, status: response.status, body: parsed, headers: response.headers };
@@ -72,7 +73,7 @@
   }
   function signOut(message) {
     sessionStorage.removeItem(KEY);
-    state.key = null; state.session = null; state.samples.clear(); state.pendingFile = null;
+    state.key = null; state.session = null; state.samples.clear(); state.pendingFile = null; window.BackfillControls.forget();
     $("nav").hidden = true; $("sign-out").hidden = true; $("key").value = "";
     for (const id of ["batch-table", "file-table", "hook-table"]) $(id).tBodies[0].replaceChildren();
     for (const id of ["batch-errors", "batch-preview", "hook-secret", "hook-deliveries", "admin-overview", "finance-chart", "finance-table", "upload-result"]) $(id).replaceChildren();
@@ -124,23 +125,33 @@
       s("rect", { class: "rest", x: 0, y: 0, width: w, height: 10, rx: 3 }), s("rect", { class: level, x: 0, y: 0, width: (share * w).toFixed(1), height: 10, rx: 3 }));
   }
   const pct = (part, whole) => (whole > 0 ? Math.round((part / whole) * 100) + "%" : "–");
-  function windowRate(b) {
-    const rate = state.session.completion_windows[b.completion_window];
-    return rate === undefined ? b.completion_window : Math.round(Number(rate) * 100) + "% (" + b.completion_window + ")";
+  const percent = (value) => Number(Number(value).toFixed(1)) + "%";  // "50.00" and 0.5 * 100 both read "50%"
+  const figure = (n) => Number(n).toLocaleString("en-US");  // 1,522
+  // the discount, in one format whether or not anything was billed yet: "50% (24h)", then what it saved
+  function discount(b) {
+    const cost = b.cost, rate = state.session.completion_windows[b.completion_window];
+    const share = cost && cost.discount_pct !== undefined ? cost.discount_pct : rate === undefined ? null : Number(rate) * 100;
+    const text = (share === null ? "–" : percent(share)) + " (" + b.completion_window + ")";
+    return cost && Number(cost.discount_usd) > 0 ? text + " · " + usd(cost.discount_usd) + " saved" : text;
   }
   const shownStatus = (b) => (b.paused_at && !ENDED.includes(b.status) ? "paused" : b.status);
-  function timeLeft(b) { return ENDED.includes(b.status) ? "ended" : left(b.expires_at - Date.now() / 1000); }
+  function timeLeft(b) {
+    if (ENDED.includes(b.status)) return "ended";
+    return b.expires_at === null || b.expires_at === undefined ? "no deadline" : left(b.expires_at - Date.now() / 1000);
+  }
   function batchRow(b) {
     const c = b.request_counts, cost = b.cost || {};
-    return h("tr", { "data-batch": b.id },
-      h("td", {}, h("a", { href: "#/batch/" + encodeURIComponent(b.id) }, h("code", {}, b.id)), " ",
+    const theirs = b.tenant !== undefined && b.tenant !== state.session.tenant;  // an admin key's list: another tenant's
+    return h("tr", { "data-batch": b.id, "data-tenant": b.tenant },
+      h("td", {}, theirs ? h("code", {}, b.id) : h("a", { href: "#/batch/" + encodeURIComponent(b.id) }, h("code", {}, b.id)), " ",
+        b.tenant !== undefined ? h("span", { class: "badge tenant" }, b.tenant) : null, " ",
         h("small", { class: "note" }, (b.protocol === "anthropic" ? "messages" : b.endpoint) + (b.retry_of ? " · retry of " + b.retry_of.slice(-8) : "")
           + (b.priority ? " · priority " + b.priority : "") + (b.max_cost_usd !== null && b.max_cost_usd !== undefined ? " · cap " + usd(b.max_cost_usd) : ""))),
       h("td", { "data-label": "Status" }, h("span", { class: "badge " + shownStatus(b) }, shownStatus(b))),
-      h("td", { class: "progress" }, bar(c), h("small", {}, " " + c.completed + " done · " + c.failed + " failed · " + c.total)),
+      h("td", { class: "progress" }, bar(c), h("small", {}, " " + figure(c.completed) + " done · " + figure(c.failed) + " failed · " + figure(c.total))),
       h("td", { "data-label": "Left" }, timeLeft(b)),
       h("td", { class: "num", "data-label": "Cost" }, usd(cost.billed_usd)),
-      h("td", { class: "num", "data-label": "Discount" }, cost.discount_pct ? cost.discount_pct + "% (" + usd(cost.discount_usd) + ")" : windowRate(b)));
+      h("td", { class: "num discount", "data-label": "Discount" }, discount(b)));
   }
   async function loadBatches() {
     const params = new URLSearchParams({ limit: "20" });
@@ -153,6 +164,7 @@
     const rows = answer.body.data;
     $("batch-table").tBodies[0].replaceChildren(...rows.map(batchRow));
     $("batches-empty").hidden = rows.length > 0;
+    $("batches-scope").hidden = !state.session.is_admin;
     $("page-next").disabled = !answer.body.has_more; $("page-next").dataset.last = answer.body.last_id || "";
     $("page-first").disabled = state.cursor.length === 0;
     say("Batches updated " + new Date().toLocaleTimeString());
@@ -185,7 +197,7 @@
   }
   function costBlock(cost) {
     if (!cost) return h("p", { class: "note" }, "No line has completed yet.");
-    const rows = [["Billed", usd(cost.billed_usd)], ["List price", usd(cost.list_usd)], ["Discount", cost.discount_pct + "% · " + usd(cost.discount_usd)],
+    const rows = [["Billed", usd(cost.billed_usd)], ["List price", usd(cost.list_usd)], ["Discount", percent(cost.discount_pct) + " · " + usd(cost.discount_usd)],
                   ["Compute cost", usd(cost.compute_usd)], ["GPU seconds", cost.gpu_seconds], ["Tokens in / out", cost.input_tokens + " / " + cost.output_tokens]];
     const w = 300, max = Math.max(Number(cost.list_usd), Number(cost.billed_usd), Number(cost.compute_usd), 1e-9);
     const bars = [["list", "list price", cost.list_usd], ["billed", "billed", cost.billed_usd], ["done", "compute", cost.compute_usd]];
@@ -204,10 +216,23 @@
     const all = [...byCode.values(), ...groups];
     if (!all.length) return h("p", { class: "note" }, b.request_counts.failed ? "Failed lines will be listed once recorded." : "No failed lines.");
     return h("div", { id: "error-groups" }, all.map((g) => h("details", { open: all.length <= 3, "data-code": g.code },
-      h("summary", {}, h("b", {}, g.code), " · " + g.count + (g.count === 1 ? " line" : " lines") + (g.source === "validation" ? " (validation: the batch did not run)" : "")),
+      h("summary", {}, h("b", {}, g.code), " · " + figure(g.count) + (g.count === 1 ? " line" : " lines") + (g.source === "validation" ? " (validation: the batch did not run)" : ""),
+        g.lines.length < g.count ? h("span", { class: "note shown" }, " · the first " + g.lines.length + " listed; every line is in the error file") : null),
       h("table", {}, h("thead", {}, h("tr", {}, h("th", {}, "Line"), h("th", {}, "custom_id"), h("th", {}, "Message"))),
         h("tbody", {}, g.lines.map((l) => h("tr", { class: "error-line" }, h("td", {}, l.line === null ? "–" : String(l.line)), h("td", {}, h("code", {}, l.custom_id || "–")), h("td", {}, l.message || "")))))),
     ));
+  }
+  // what the retries of this batch did (from their counts): its failed lines below are its own attempts
+  function retried(b, link) {
+    const r = b.retried;
+    if (!r || !b.retries.length) return [];
+    const failed = b.request_counts.failed, latest = b.retries[b.retries.length - 1];
+    const parts = [h("b", {}, "Retried: "), figure(r.succeeded) + " of the " + figure(failed) + " failed lines below succeeded in a retry",
+      r.failing ? ", " + figure(r.failing) + " still failing" : ", none is still failing", " (latest retry ", link(latest), ")."];
+    if (r.running_retry) parts.push(" A retry is running (", link(r.running_retry), "): its lines count here as they succeed.");
+    return [h("p", { class: "note", id: "retried-note", "data-succeeded": r.succeeded, "data-failing": r.failing }, ...parts,
+      " ", h("button", { type: "button", class: "plain", "data-download": "merged", onclick: () => download("/v1/batches/" + encodeURIComponent(b.id) + "/results?merged=true", b.id + "_merged.jsonl") }, "Download merged results"),
+      h("span", { class: "note" }, " (each line once, its latest attempt)"))];
   }
   async function firstLines(path, count) {
     const response = await fetch(path, { headers: { Authorization: "Bearer " + state.key }, credentials: "omit", cache: "no-store" });
@@ -228,7 +253,31 @@
     if (!lines && b.output_file_id) lines = await firstLines("/v1/files/" + encodeURIComponent(b.output_file_id) + "/content", 5);
     if (!lines && b.protocol === "anthropic" && ENDED.includes(b.status)) lines = await firstLines("/v1/messages/batches/" + encodeURIComponent(b.id) + "/results", 5);
     if (!lines || !lines.length) return h("p", { class: "note" }, ENDED.includes(b.status) ? "No results." : "Results appear here as lines finish.");
-    return h("pre", { id: "results-preview" }, lines.map((l) => { try { return JSON.stringify(JSON.parse(l), null, 1); } catch { return l; } }).join("\n\n"));
+    const answers = lines.map(answerOf).filter(Boolean);
+    const raw = h("pre", { id: "results-preview" }, lines.map((l) => { try { return JSON.stringify(JSON.parse(l), null, 1); } catch { return l; } }).join("\n\n"));
+    return answers.length ? h("div", {}, h("div", { id: "results-answers" }, answers), raw) : raw;
+  }
+  // a result line whose answer called tools or thought: its calls, then its reasoning folded (null for others)
+  function answerOf(l) {
+    let item; try { item = JSON.parse(l); } catch { return null; }
+    const body = (item.response && item.response.body) || (item.result && item.result.message) || {};
+    const calls = [], thoughts = [];
+    for (const c of body.choices || []) {  // chat completions
+      for (const t of (c.message && c.message.tool_calls) || []) calls.push([t.function.name, t.function.arguments]);
+      if (c.message && c.message.reasoning_content) thoughts.push(c.message.reasoning_content);
+    }
+    for (const o of Array.isArray(body.output) ? body.output : []) {  // responses
+      if (o.type === "function_call") calls.push([o.name, o.arguments]);
+      if (o.type === "reasoning") thoughts.push((o.content || o.summary || []).map((p) => p.text).join("\n"));
+    }
+    for (const block of Array.isArray(body.content) ? body.content : []) {  // anthropic messages
+      if (block.type === "tool_use") calls.push([block.name, JSON.stringify(block.input)]);
+      if (block.type === "thinking") thoughts.push(block.thinking);
+    }
+    if (!calls.length && !thoughts.length) return null;
+    return h("div", { class: "result-answer" }, h("p", {}, h("code", {}, item.custom_id || "–")),
+      calls.map(([name, args]) => h("p", { class: "tool-call" }, h("b", {}, "Calls "), h("code", {}, name + "(" + args + ")"))),
+      thoughts.map((t) => h("details", { class: "reasoning" }, h("summary", {}, "Reasoning · " + figure(t.length) + " characters"), h("pre", {}, t))));
   }
   async function download(path, name) {
     const answer = await api("GET", path, undefined, "blob");
@@ -274,11 +323,11 @@
     $("batch-title").replaceChildren(h("code", {}, b.id), " ", h("span", { class: "badge " + shownStatus(b), id: "batch-status" }, shownStatus(b)));
     const link = (id) => h("a", { href: "#/batch/" + encodeURIComponent(id) }, h("code", {}, id));
     $("batch-summary").replaceChildren(...[tile("Model", b.model || "–"), tile("Endpoint", b.endpoint), tile("Window", b.completion_window),
-      tile("Created", when(b.created_at)), tile("Time left", timeLeft(b)), tile("Priority", String(b.priority), "batch-priority"),
+      tile("Created", when(b.created_at)), tile("Time left", timeLeft(b), "batch-left"), tile("Priority", String(b.priority), "batch-priority"),
       tile("Metadata", Object.keys(b.metadata).length ? JSON.stringify(b.metadata) : "–"),
       b.retry_of ? tile("Retry of", link(b.retry_of), "batch-retry-of") : null,
       b.retries.length ? tile("Retries", b.retries.flatMap((id, i) => (i ? [" ", link(id)] : [link(id)])), "batch-retries") : null].filter(Boolean));
-    $("batch-progress").replaceChildren(bar(c, 600, true), h("p", { class: "note", id: "batch-counts" }, c.completed + " done · " + c.failed + " failed · " + c.total + " lines"));
+    $("batch-progress").replaceChildren(bar(c, 600, true), h("p", { class: "note", id: "batch-counts" }, figure(c.completed) + " done · " + figure(c.failed) + " failed · " + figure(c.total) + " lines"));
     $("batch-cap").replaceChildren(...spendCap(b));
     window.BackfillControls.render($("batch-controls"), b, api, (outcome) => {
       $("control-outcome").replaceChildren(outcome.text, outcome.batch ? link(outcome.batch) : "");
@@ -286,7 +335,7 @@
     });
     $("batch-chart").replaceChildren(chart(state.samples.get(b.id)));
     $("batch-cost").replaceChildren(costBlock(b.cost));
-    $("batch-errors").replaceChildren(errorGroups(b));
+    $("batch-errors").replaceChildren(...retried(b, link), errorGroups(b));
     if (!quiet || !ENDED.includes(b.status) || !$("batch-preview").dataset.ended) {
       $("batch-preview").replaceChildren(await preview(b));
       $("batch-downloads").replaceChildren(downloads(b));
@@ -334,7 +383,7 @@
     if (!estimate.ok) { result.replaceChildren(h("p", { class: "problems", id: "upload-refused" }, failure(estimate))); say("The file cannot make a batch.", true); return; }
     const e = estimate.body, bad = e.skipped_lines;
     const parts = [h("div", { class: "tiles" }, tile("Valid lines", String(e.requests)), tile("Bad lines", String(bad)), tile("Estimated cost", usd(e.cost.billed_usd)),
-      tile("List price", usd(e.cost.list_usd)), tile("Discount", e.cost.discount_pct + "%"), tile("Finishes by", when(e.finish_at)), tile("Fits window", e.fits_window ? "yes" : "no"))];
+      tile("List price", usd(e.cost.list_usd)), tile("Discount", percent(e.cost.discount_pct)), tile("Finishes by", when(e.finish_at)), tile("Fits window", e.fits_window ? "yes" : "no"))];
     if (bad) {
       parts.push(h("div", { class: "problems", id: "upload-problems" }, h("p", {}, bad + " bad " + (bad === 1 ? "line" : "lines") + ": fix " + (bad === 1 ? "it" : "them") + " before creating the batch" + (e.problems.length < bad ? " (first " + e.problems.length + " shown)" : "") + "."),
         h("ul", {}, e.problems.map((p) => h("li", { "data-line": p.line }, h("b", {}, "Line " + (p.line === null ? "?" : p.line)), " · " + p.code + ": " + p.message)))));
@@ -386,7 +435,7 @@
     if (!answer.body.data.length) { where.replaceChildren(h("p", { class: "note" }, "No deliveries yet.")); return; }
     where.replaceChildren(h("table", {}, h("thead", {}, h("tr", {}, h("th", {}, "Event"), h("th", {}, "Status"), h("th", {}, "Attempts"), h("th", {}, "Created"))),
       h("tbody", {}, answer.body.data.map((d) => h("tr", {}, h("td", {}, String(d.event.type || "")), h("td", {}, d.status),
-        h("td", {}, d.attempts.map((a) => String(a.response_status_code || a.status || a.error || "–")).join(", ") || String(d.attempt_count)), h("td", {}, when(d.created_at)))))));
+        h("td", { class: "attempts" }, d.attempts.map((a) => String(a.status_code ?? a.error ?? "–")).join(", ") || "none yet"), h("td", {}, when(d.created_at)))))));
   }
   $("hook-form").addEventListener("submit", async (event) => {
     event.preventDefault();
@@ -444,16 +493,18 @@
   // Horizontal bars, one row per model, its parts stacked; its figure at the end. data-* carry the numbers.
   function hbars(id, rows, max, legend) {
     if (!rows.length) return h("p", { class: "note" }, "No model is served or queued yet.");
-    const w = 300, rowH = 24, labelW = 100, valueW = 70, barW = w - labelW - valueW;  // legible at 360 px
+    // legible at 360 px; the figure's room fits the longest one (about 7 units a character at 12 px), never cut
+    const longest = Math.max(...rows.map((r) => r.label.length));
+    const w = 300, rowH = 24, labelW = 100, valueW = Math.min(120, Math.max(40, 10 + 7.5 * longest)), barW = w - labelW - valueW;
     const clip = (name) => (name.length > 15 ? name.slice(0, 14) + "…" : name);
-    return h("div", {}, s("svg", { viewBox: "0 0 " + w + " " + (rows.length * rowH + 4), role: "img", id, class: "hbars", "aria-label": rows.map((r) => r.name + ": " + r.label).join("; ") },
+    return h("div", {}, s("svg", { viewBox: "0 0 " + w + " " + (rows.length * rowH + 4), role: "img", id, class: "hbars", "aria-label": rows.map((r) => r.name + ": " + (r.title || r.label)).join("; ") },
       ...rows.map((r, i) => {
         const y = i * rowH + 4;
         let x = labelW;
         const parts = r.parts.map((p) => { const width = (Math.min(p.value, max) / max) * barW; const rect = s("rect", { class: p.cls, x: x.toFixed(1), y, width: width.toFixed(1), height: 14 }); x += width; return rect; });
         const attrs = { "data-model": r.name };
         if (r.total !== null) attrs["data-value"] = r.total;
-        return s("g", attrs, s("title", {}, r.name + ": " + r.label), s("text", { x: 0, y: y + 11 }, clip(r.name)),
+        return s("g", attrs, s("title", {}, r.name + ": " + (r.title || r.label)), s("text", { x: 0, y: y + 11 }, clip(r.name)),
           s("rect", { class: "rest", x: labelW, y, width: barW, height: 14, rx: 2 }), ...parts, s("text", { x: labelW + barW + 6, y: y + 11 }, r.label));
       })),
       h("div", { class: "legend" }, legend.map(([cls, text]) => h("span", {}, h("i", { class: cls }), text))));
@@ -464,8 +515,10 @@
     const o = answer.body, previous = state.lastBusy;
     state.lastBusy = { at: o.at, busy: Object.fromEntries(o.models.map((m) => [m.model, m.busy_seconds || 0])) };
     const share = (m) => (previous && o.at > previous.at ? Math.min(1, ((m.busy_seconds || 0) - (previous.busy[m.model] || 0)) / (o.at - previous.at)) : null);
-    const depth = o.models.map((m) => ({ name: m.model, total: (m.open.queued || 0) + (m.open.running || 0),
-      parts: [{ cls: "running", value: m.open.running || 0 }, { cls: "queued", value: m.open.queued || 0 }], label: (m.open.running || 0) + " + " + (m.open.queued || 0) }));
+    // the figure is the depth (running + queued); the parts are in the bar's colours, its title and the table
+    const depth = o.models.map((m) => { const running = m.open.running || 0, queued = m.open.queued || 0;
+      return { name: m.model, total: running + queued, parts: [{ cls: "running", value: running }, { cls: "queued", value: queued }],
+               label: figure(running + queued), title: figure(running) + " running + " + figure(queued) + " queued" }; });
     const risk = o.models.map((m) => ({ name: m.model, total: m.at_risk || 0, parts: [{ cls: "failed", value: m.at_risk || 0 }], label: String(m.at_risk ?? "–") }));
     const busyRows = o.models.map((m) => { const v = share(m); return { name: m.model, total: v === null ? null : Math.round(v * 100),
       parts: [{ cls: "done", value: v || 0 }], label: v === null ? "measuring…" : (v * 100).toFixed(0) + "%" }; });
@@ -473,7 +526,7 @@
     $("chart-risk").replaceChildren(hbars("risk-chart", risk, Math.max(1, ...risk.map((r) => r.total)), [["failed", "requests that may miss their deadline"]]));
     $("chart-busy").replaceChildren(hbars("busy-chart", busyRows, 1, [["done", "share of the last poll's seconds spent in engine steps"]]));
     $("admin-overview").replaceChildren(h("table", { id: "overview-table" }, h("thead", {}, h("tr", {}, ["Model", "Queued", "Running", "At risk", "Slack", "Goodput", "Engine busy"].map((t, i) => h("th", { class: i ? "num" : null }, t)))),
-      h("tbody", {}, o.models.map((m) => { const busy = share(m); return h("tr", {}, h("td", {}, m.model), h("td", { class: "num" }, String(m.open.queued || 0)), h("td", { class: "num" }, String(m.open.running || 0)),
+      h("tbody", {}, o.models.map((m) => { const busy = share(m); return h("tr", {}, h("td", {}, m.model), h("td", { class: "num" }, figure(m.open.queued || 0)), h("td", { class: "num" }, figure(m.open.running || 0)),
         h("td", { class: "num" }, String(m.at_risk ?? "–")), h("td", { class: "num" }, m.slack_seconds === null || m.slack_seconds === undefined ? "–" : left(m.slack_seconds)),
         h("td", { class: "num" }, m.goodput === null || m.goodput === undefined ? "–" : (m.goodput * 100).toFixed(1) + "%"),
         h("td", { class: "num" }, busy === null ? "measuring…" : (busy * 100).toFixed(0) + "%")); }))));

@@ -15,7 +15,9 @@ window.BackfillControls = (function () {
     { name: "priority", label: "Priority…", when: (b) => CONTROLLABLE.includes(b.status), ask: true,
       confirm: (b) => "New priority for " + b.id + " (an integer from -100 to 100; now " + b.priority + "):",
       done: (b, body) => "Priority: done, now " + body.priority + "." },
-    { name: "retry", label: "Retry failed lines", when: (b) => ENDED.includes(b.status) && b.request_counts.failed > 0,
+    // not while a retry of its tree runs (refused), nor once its retries completed every failed line (nothing left)
+    { name: "retry", label: "Retry failed lines", when: (b) => ENDED.includes(b.status) && b.request_counts.failed > 0
+        && !(b.retried && (b.retried.running_retry || b.retried.failing === 0)),
       confirm: (b) => "Retry the failed lines of " + b.id + " in a new batch? Lines that succeeded are not run or billed again.",
       done: () => "Retry: done, a new batch runs the failed lines: " },
     { name: "cancel", label: "Cancel", danger: true, when: (b) => !ENDED.includes(b.status) && b.status !== "cancelling",
@@ -68,12 +70,23 @@ window.BackfillControls = (function () {
     }
   }
 
-  // Results while the batch runs (GET /v1/batches/{id}/results?limit=, X-Incomplete while running).
+  // Results while the batch runs: the first `limit` lines (GET /v1/batches/{id}/results?limit=, X-Incomplete while
+  // running). Each poll names the answer it holds (If-None-Match): a batch that has not moved answers 304, no body.
+  let held = null;  // {path, etag, view}: the last answer, one batch at a time
   async function results(batch, api, limit) {
     if (batch.protocol !== "openai") return null;
-    const answer = await api("GET", base(batch) + "/results?limit=" + limit, undefined, "text");
-    return answer.ok ? { text: answer.body, incomplete: answer.headers.get("X-Incomplete") === "true" } : null;
+    const path = base(batch) + "/results?limit=" + limit, last = held && held.path === path ? held : null;
+    const answer = await api("GET", path, undefined, "text", last ? { "If-None-Match": last.etag } : undefined);
+    if (answer.status === 304 && last) return last.view;
+    if (!answer.ok) return null;
+    const view = { text: answer.body, incomplete: answer.headers.get("X-Incomplete") === "true" };
+    const etag = answer.headers.get("ETag");
+    held = etag ? { path, etag, view } : null;
+    return view;
   }
 
-  return { render, results };
+  // sign-out: drop the last answer held (another key's lines must not outlive the session)
+  function forget() { held = null; }
+
+  return { render, results, forget };
 })();

@@ -2,8 +2,10 @@
 
 Sign in, upload a file with bad lines and see them by number, create a batch with a spend cap, watch its
 progress bar move, open its errors, download its output; pause, re-prioritise, resume and cancel another
-batch, retry its failed lines; see the month against the budget; a second tenant sees none of it; an admin
-sees the operations charts and every tenant's budget. With BACKFILL_SCREENSHOTS=1 each page is written to
+batch, retry its failed lines (the page says what a retry fixed and offers a retry only while one may run);
+poll a paused batch's results for almost nothing (304s); read webhook attempts; see the month against the
+budget; a second tenant sees none of it; an admin lists every tenant's batches and sees the operations charts
+(a long queue's figure whole) and every tenant's budget. With BACKFILL_SCREENSHOTS=1 each page is written to
 docs/console/ (desktop and 360 px wide).
 
 Every wait is for a state the page shows (generous timeouts, no fixed sleeps): the test runs inside a loaded
@@ -15,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +25,9 @@ import httpx
 import pytest
 
 from tests.conftest import LiveServer, make_key, start_server
+from tests.factories import make_batch, make_request, make_tenant
 from tests.integration.api.helpers import to_jsonl, upload, wait_for
+from tests.integration.receiver import WEBHOOK_TEST_ENV, Receiver, running_receiver
 
 CHROMIUM = Path("/usr/bin/chromium")
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "console"
@@ -71,6 +76,7 @@ def live(demo_model_path: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
             "BACKFILL_PRICE_BOOK": json.dumps(PRICES),
             "BACKFILL_TENANT_MAX_PRIORITY": "10",
             "BACKFILL_METRICS_CACHE_SECONDS": "1",
+            **WEBHOOK_TEST_ENV,  # deliveries to a receiver on this machine
         },
     )
     migrate_database()
@@ -90,6 +96,12 @@ def warm_up(server: LiveServer) -> None:
 
 
 @pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    with running_receiver() as running:
+        yield running
+
+
+@pytest.fixture
 def page(live: LiveServer) -> Iterator[playwright.Page]:
     with playwright.sync_playwright() as driver:
         browser = driver.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
@@ -102,6 +114,9 @@ def page(live: LiveServer) -> Iterator[playwright.Page]:
         tab.on("pageerror", lambda error: problems.append(f"page error: {error}"))
         tab.on("console", lambda msg: problems.append(msg.text) if "Content Security Policy" in msg.text else None)
         tab.problems = problems  # type: ignore[attr-defined]
+        results: list[str] = []  # every results poll's URL: the page asks for what it shows
+        tab.on("request", lambda request: results.append(request.url) if "/results" in request.url else None)
+        tab.results = results  # type: ignore[attr-defined]
         yield tab
         context.close()
         browser.close()
@@ -142,13 +157,16 @@ def sign_in(page: playwright.Page, base_url: str, key: str) -> None:
 
 
 def test_a_tenant_uploads_watches_reads_errors_downloads_controls_and_cancels(
-    live: LiveServer, page: playwright.Page, tmp_path: Path
+    live: LiveServer, page: playwright.Page, receiver: Receiver, tmp_path: Path
 ) -> None:
     expect = playwright.expect
     expect.set_options(timeout=WAIT_MS)
     key, other_key, admin_key = make_key("acme"), make_key("globex"), make_key("ops", admin=True)
     sign_in(page, live.base_url, key)
     shot(page, "signin-empty")
+    hook = httpx.post(
+        f"{live.base_url}/v1/webhooks", json={"url": receiver.url}, headers={"Authorization": f"Bearer {key}"}
+    ).json()
 
     # A file with bad lines: each is shown by its number, and the batch cannot be created.
     broken = tmp_path / "broken.jsonl"
@@ -208,12 +226,17 @@ def test_a_tenant_uploads_watches_reads_errors_downloads_controls_and_cancels(
     other = client.batches.create(
         input_file_id=upload(client, to_jsonl([chat(i, max_tokens=900) for i in range(16)])).id,
         endpoint="/v1/chat/completions",
-        completion_window="24h",
+        completion_window="background",
     )
     page.goto(f"{live.base_url}/console#/batch/{other.id}")
     outcome, status = page.locator("#control-outcome"), page.locator("#batch-status")
+    expect(page.locator("#batch-left b")).to_have_text("no deadline")  # a background batch never expires
     control(page, "pause", "Pause: done")
     expect(status).to_have_text("paused")
+    # While it stands still, each poll of its results names the answer it holds and gets a 304, no body.
+    with page.expect_response(lambda r: f"/v1/batches/{other.id}/results" in r.url and r.status == 304):
+        pass
+    assert page.results and all("limit=5" in url for url in page.results), page.results  # type: ignore[attr-defined]
     control(page, "priority", "Priority: done, now 7.")
     expect(page.locator("#batch-priority b")).to_have_text("7")
     shot(page, "batch-paused")
@@ -227,11 +250,16 @@ def test_a_tenant_uploads_watches_reads_errors_downloads_controls_and_cancels(
     retry_id = outcome.locator("a code").text_content()
     assert retry_id and retry_id.startswith("batch_") and retry_id != other.id
     expect(page.locator("#batch-retries")).to_contain_text(retry_id)
+    expect(page.locator("#retried-note")).to_contain_text("A retry is running")
+    expect(page.locator("#batch-controls button[data-action=retry]")).to_have_count(0)  # it would be refused
     outcome.locator("a").click()
     page.wait_for_url(f"**/console#/batch/{retry_id}")
     expect(page.locator("#batch-retry-of")).to_contain_text(other.id)
     control(page, "cancel", "Cancel: done")  # it would run 16 long lines: stop it
     expect(status).to_have_text("cancelled")
+    page.goto(f"{live.base_url}/console#/batch/{other.id}")  # its lines failed again: retrying is offered again
+    expect(page.locator("#batch-controls button[data-action=retry]")).to_have_count(1)
+    expect(page.locator("#retried-note")).not_to_contain_text("A retry is running")
 
     page.click("nav a[data-view=batches]")
     expect(page.locator("#batch-table tbody tr")).to_have_count(3)
@@ -241,10 +269,26 @@ def test_a_tenant_uploads_watches_reads_errors_downloads_controls_and_cancels(
     page.fill("#filter-q", "")
     page.click("#batch-filter button")
     expect(page.locator("#batch-table tbody tr")).to_have_count(3)
+    discounts = page.locator("#batch-table td.discount").all_text_contents()
+    assert all(re.fullmatch(r"\d+(\.\d)?% \((24h|background)\)( · \$[\d.]+ saved)?", d) for d in discounts), discounts
     shot(page, "batches")
+
+    # A batch whose retry completed every failed line: the page says so and offers no retry (nothing is left).
+    fixed = retried_batch("acme")
+    page.goto(f"{live.base_url}/console#/batch/{fixed}")
+    expect(page.locator("#retried-note")).to_contain_text("3 of the 3 failed lines below succeeded in a retry")
+    expect(page.locator("#retried-note")).to_contain_text("none is still failing")
+    expect(page.locator("#batch-controls button[data-action=retry]")).to_have_count(0)
+    shot(page, "batch-retried")
+    delivered(live, key, hook["id"])
     for view in ("files", "webhooks"):
         page.click(f"nav a[data-view={view}]")
         expect(page).to_have_title(f"Backfill · {view}")  # set once the view has loaded
+        if view == "webhooks":  # each attempt shows the receiver's answer
+            page.click(f"#hook-table tr:has-text('{hook['id']}') button:has-text('Deliveries')")
+            expect(
+                page.locator("#hook-deliveries td.attempts").filter(has_text=re.compile(r"^200$")).first
+            ).to_be_visible()
         shot(page, view)
 
     # The month against the tenant's budget (set by an admin): what it spent so far, and a bar.
@@ -281,11 +325,17 @@ def test_a_tenant_uploads_watches_reads_errors_downloads_controls_and_cancels(
     page.click("#sign-out")
     sign_in(page, live.base_url, admin_key)
     ops = live.client(admin_key)
-    busy = ops.batches.create(
-        input_file_id=upload(ops, to_jsonl([chat(i, max_tokens=900) for i in range(12)])).id,
+    busy = ops.batches.create(  # a long queue: its figure must show whole (1,6xx, not "8 + 1,5")
+        input_file_id=upload(ops, to_jsonl([chat(i, max_tokens=900) for i in range(1600)])).id,
         endpoint="/v1/chat/completions",
         completion_window="24h",
     )
+    page.click("nav a[data-view=batches]")  # an admin key lists every tenant's batches, each with its tenant
+    expect(page.locator("#batches-scope")).to_be_visible()
+    expect(page.locator(f"#batch-table tr[data-batch='{other.id}'] .badge.tenant")).to_have_text("acme")
+    expect(page.locator(f"#batch-table tr[data-batch='{other.id}'] a")).to_have_count(0)  # opened with acme's key
+    expect(page.locator(f"#batch-table tr[data-batch='{busy.id}'] a")).to_have_count(1)
+    shot(page, "batches-admin")
     page.click("nav a[data-view=admin]")
     # one row per model; engine busy counters are process-wide, so an earlier test's engines may be listed too
     expect(page.locator("#overview-table tbody tr", has_text="backfill-demo")).to_have_count(1)
@@ -293,8 +343,14 @@ def test_a_tenant_uploads_watches_reads_errors_downloads_controls_and_cancels(
     # the queue's lines show as depth; the busy share needs two polls of the counters while the engine works
     bar_above_zero(page, "#queue-chart g[data-model=backfill-demo]")
     bar_above_zero(page, "#busy-chart g[data-model=backfill-demo]")
+    depth = page.locator("#queue-chart g[data-model=backfill-demo]")
+    assert int(depth.get_attribute("data-value") or 0) > 1000
+    assert depth.locator("text").last.text_content() == f"{int(depth.get_attribute('data-value') or 0):,}"
+    assert page.evaluate(FIGURES_INSIDE, "#queue-chart"), "a figure of the queue chart is cut off"
     shot(page, "operations")
     ops.batches.cancel(busy.id)
+    page.goto(f"{live.base_url}/console#/batch/{busy.id}")  # 1,600 cancelled lines: the page lists 50 and says so
+    expect(page.locator("#error-groups summary")).to_contain_text("the first 50 listed")
     page.click("nav a[data-view=finance]")
     row = page.locator("#budget-table tr[data-tenant=acme]")
     expect(row).to_contain_text("$0.0500")
@@ -314,6 +370,37 @@ WATCH_PROGRESS = """() => {
   note();
   for (const node of [where, status]) new MutationObserver(note).observe(node, { childList: true, subtree: true });
 }"""
+
+
+FIGURES_INSIDE = """s => { const svg = document.querySelector(s), width = svg.viewBox.baseVal.width;
+  return [...svg.querySelectorAll("text")].every(t => { const box = t.getBBox(); return box.x + box.width <= width; }); }"""
+
+
+def retried_batch(tenant: str) -> str:
+    """A cancelled batch of 3 lines whose retry completed all 3 (rows as a retry leaves them)."""
+    from storage.batches import lifecycle
+    from storage.db import transaction
+
+    with transaction() as session:
+        owner = make_tenant(session, tenant)
+        origin = make_batch(session, tenant=owner, model="backfill-demo", status=lifecycle.CANCELLED)
+        for _ in range(3):
+            row = make_request(session, batch=origin, status=lifecycle.REQ_CANCELLED)
+            row.error_code, row.error_message = "batch_cancelled", "The batch was cancelled before this request ran."
+        origin.request_total, origin.request_failed = 3, 3
+        retry = make_batch(session, tenant=owner, model="backfill-demo", status=lifecycle.COMPLETED)
+        retry.retry_of, retry.retry_root, retry.attempt = origin.id, origin.id, 1
+        retry.request_total, retry.request_completed = 3, 3
+        return origin.id
+
+
+def delivered(live: LiveServer, key: str, endpoint_id: str) -> None:
+    """Wait until the endpoint has a delivery with an answered attempt (the batch events went out)."""
+    deadline = time.monotonic() + WAIT_MS / 1000
+    url, headers = f"{live.base_url}/v1/webhooks/{endpoint_id}/deliveries", {"Authorization": f"Bearer {key}"}
+    while not any(a.get("status_code") for d in httpx.get(url, headers=headers).json()["data"] for a in d["attempts"]):
+        assert time.monotonic() < deadline, "no webhook delivery was attempted"
+        time.sleep(0.2)
 
 
 def bar_above_zero(page: playwright.Page, selector: str) -> None:

@@ -248,7 +248,7 @@ def test_health_answers_while_slow_bodies_hold_every_request_thread(backend: Bac
     if backend.name != "embedded":
         pytest.skip("one backend is enough: the request threads are the API's own")
     server, stop = start_server(with_worker=False)
-    key = make_key("acme")
+    keys = [make_key(f"acme-{i}") for i in range(3)]  # a tenant each: one tenant's share is 1 of the 2 threads
     release = threading.Event()
 
     def trickle() -> Iterator[bytes]:
@@ -256,11 +256,11 @@ def test_health_answers_while_slow_bodies_hold_every_request_thread(backend: Bac
         release.wait(30)
         yield b"]}"
 
-    def slow_create() -> None:
+    def slow_create(key: str) -> None:
         headers = {"x-api-key": key, "content-type": "application/json"}
         httpx.post(f"{server.base_url}/v1/messages/batches", content=trickle(), headers=headers, timeout=60)
 
-    senders = [threading.Thread(target=slow_create) for _ in range(3)]
+    senders = [threading.Thread(target=slow_create, args=(key,)) for key in keys]
     try:
         for sender in senders:
             sender.start()

@@ -13,6 +13,9 @@ from tests.integration.api.conftest import FAKE_MODELS
 
 pytestmark = pytest.mark.backfill_env({"BACKFILL_MODELS": FAKE_MODELS})
 CLIENTS = 60  # more than the 40 request threads, so requests queue for threads while others hold the database
+# Spread over tenants so that each stays within its share of the threads (an eighth: 5; api/fair_share.py), the
+# probe included: all 60 reach the threads at once. One tenant's 60 clients would queue for its share.
+TENANTS = 15
 
 
 def stored_objects() -> set[str]:
@@ -28,9 +31,9 @@ def test_sixty_clients_uploading_and_creating_batches_at_once_all_succeed(api: L
     from storage.db import transaction
     from storage.models import File
 
-    key = make_key("acme")
+    keys = [make_key(f"acme-{i}") for i in range(TENANTS)]
     before = stored_objects()  # the test bucket outlives each test's tables
-    result = drive(api.base_url, lambda _: key, clients=CLIENTS, lines=5)
+    result = drive(api.base_url, lambda index: keys[index % TENANTS], clients=CLIENTS, lines=5)
     summary = result.summary()
     assert summary["errors"] == 0, summary
     assert summary["batches_created"] == CLIENTS

@@ -44,3 +44,27 @@ def test_a_checkpoint_stored_before_the_chunks_migration_is_resumed_from_after_i
     with transaction() as session:
         (row,) = claim(session, settings=get_settings(), model="fake-model", worker_id="w", limit=1, lease_seconds=60)
     assert list(row.checkpoint) == generated
+
+
+@pytest.mark.backfill_env({"BACKFILL_MODELS": json.dumps({"fake-model": {"path": "fake:"}})})
+def test_retry_trees_made_before_the_tree_migration_are_filled_in_by_it(backend: Backend) -> None:
+    from tests.integration.storage.batches.test_retry_trees import cancelled, retried
+
+    config = Config(str(ROOT / "alembic.ini"))
+    config.set_main_option("script_location", str(ROOT / "migrations"))
+    origin, _ = submit_job([chat(i) for i in range(4)])
+    cancelled(origin)
+    first = retried(origin)
+    cancelled(first)
+    cancelled(retried(first))  # a chain of two retries, every line re-run twice
+    tree_state = text(
+        "SELECT r.id, r.superseded, r.latest_copy, r.copy_of, b.retry_root FROM batch_requests r "
+        "JOIN batches b ON b.id = r.batch_id ORDER BY r.id"
+    )
+    with get_engine().begin() as connection:
+        before = connection.execute(tree_state).all()
+    command.downgrade(config, "0018_checkpoint_chunks")
+    command.upgrade(config, "head")
+    with get_engine().begin() as connection:
+        assert connection.execute(tree_state).all() == before
+    assert sum(row[1] for row in before) == 8 and sum(row[2] is not None for row in before) == 4

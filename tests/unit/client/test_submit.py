@@ -35,3 +35,20 @@ def test_a_responses_file_is_submitted_to_responses(tmp_path: Path) -> None:
     line = {"custom_id": "a", "method": "POST", "url": "/v1/responses", "body": {"model": "m", "input": "hi"}}
     source.write_text(json.dumps(line) + "\n")
     assert endpoint_of(source, None) == "/v1/responses"
+
+
+def test_a_moderations_file_is_submitted_to_moderations_past_leading_blank_lines(tmp_path: Path) -> None:
+    source = tmp_path / "moderations.jsonl"
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/moderations", "body": {"input": "hello"}}
+    source.write_text("\n  \n" + json.dumps(line) + "\n")
+    assert endpoint_of(source, None) == "/v1/moderations"
+
+
+def test_a_file_for_an_endpoint_the_server_does_not_serve_is_refused_before_upload(tmp_path: Path) -> None:
+    from client.remote import UsageError
+
+    source = tmp_path / "images.jsonl"
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/images/generations", "body": {"prompt": "a cat"}}
+    source.write_text(json.dumps(line) + "\n")
+    with pytest.raises(UsageError, match="'/v1/images/generations', is not an endpoint here"):
+        endpoint_of(source, None)

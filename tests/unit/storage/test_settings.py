@@ -55,7 +55,9 @@ def test_embedded_default_needs_no_configuration(tmp_path: Path, monkeypatch: py
     settings = Settings()
     assert settings.embedded and settings.sqlalchemy_url.startswith("sqlite:///")
     models = settings.served_models()
-    assert list(models) == ["backfill-demo", "all-MiniLM-L6-v2"]  # a chat model and an embedding model
+    assert {"backfill-demo", "backfill-demo-vl", "all-MiniLM-L6-v2"} <= set(models)  # chat, vision, embeddings
+    assert next(iter(models)) == "backfill-demo"  # the worker's model when none is named
+    assert models["backfill-demo-vl"].serves("/v1/chat/completions")
     assert models["backfill-demo"].serves("/v1/chat/completions") and models["backfill-demo"].serves("/v1/responses")
     assert models["all-MiniLM-L6-v2"].serves("/v1/embeddings")
     assert not models["all-MiniLM-L6-v2"].serves("/v1/chat/completions")

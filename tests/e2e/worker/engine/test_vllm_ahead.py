@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from storage.protocols import MESSAGES_URL as MESSAGES
+from storage.endpoints import MESSAGES_URL as MESSAGES
 from tests.e2e.worker.engine.test_vllm_engine import CHAT, chat, run_all
 from worker.engine import EngineRequest
 from worker.engine.vllm_engine import VllmEngine

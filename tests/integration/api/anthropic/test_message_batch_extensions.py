@@ -30,7 +30,7 @@ def test_priority_and_a_spend_cap_go_in_extra_body(api: LiveServer) -> None:
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        ({"priority": "high"}, "priority: must be an integer"),
+        ({"priority": "high"}, "priority must be an integer"),
         ({"priority": 50}, "priority"),  # above the operator's cap (0 by default)
         ({"max_cost_usd": "lots"}, "max_cost_usd"),
         ({"webhook": "https://example.com"}, "webhook: Extra inputs are not permitted"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import anthropic
@@ -9,7 +10,7 @@ import pytest
 from anthropic.types.messages import MessageBatch
 
 from tests.conftest import LiveServer, make_key
-from tests.integration.api.anthropic.test_message_batches import ENV, client_for, counted, req, results, wait_ended
+from tests.integration.api.anthropic.test_message_batches import ENV, client_for, counted, raw, req, results, wait_ended
 
 pytestmark = pytest.mark.backfill_env(ENV)
 
@@ -43,3 +44,37 @@ def test_an_expired_message_batch_retried_runs_only_its_expired_requests(api: Li
     listed = {item.id: item.model_extra for item in client.messages.batches.list()}  # the list carries them too
     assert listed[batch.id] and listed[batch.id]["retries"] == [again.id]
     assert listed[again.id] and (listed[again.id]["retries"], listed[again.id]["retry_of"]) == ([], batch.id)
+
+
+def _too_long(custom_id: str) -> dict[str, object]:
+    """A request other-model (2,048 tokens of context on the fake engine) refuses when it runs: a client error,
+    `invalid_request_error` in the result an Anthropic user reads."""
+    return req(custom_id, model="other-model", messages=[{"role": "user", "content": "word " * 2100}])
+
+
+def test_an_anthropic_retry_names_client_errors_by_the_error_type_its_users_see(api: LiveServer) -> None:
+    client = client_for(api, make_key("acme"))
+    batch = wait_ended(client, client.messages.batches.create(requests=[req("fine"), _too_long("long")]).id)
+    assert results(client, batch.id)["long"].error.error.type == "invalid_request_error"  # type: ignore[union-attr]
+    with pytest.raises(anthropic.BadRequestError, match="No request"):
+        client.post(f"/v1/messages/batches/{batch.id}/retry", body={}, cast_to=MessageBatch)  # not retried unnamed
+    again = client.post(
+        f"/v1/messages/batches/{batch.id}/retry", body={"codes": ["invalid_request_error"]}, cast_to=MessageBatch
+    )
+    assert counted(wait_ended(client, again.id)) == 1 and set(results(client, again.id)) == {"long"}
+
+
+def test_deleting_an_anthropic_origin_leaves_its_retries_whole_and_retryable(api: LiveServer) -> None:
+    client = client_for(api, make_key("acme"))
+    origin = wait_ended(client, client.messages.batches.create(requests=[req("fine"), _too_long("long")]).id)
+    codes = {"codes": ["invalid_request_error"]}
+    first = client.post(f"/v1/messages/batches/{origin.id}/retry", body=codes, cast_to=MessageBatch)
+    wait_ended(client, first.id)
+    client.messages.batches.delete(origin.id)
+
+    merged = raw(api, "GET", f"/v1/batches/{first.id}/results?merged=true", headers={"x-api-key": client.api_key})
+    assert merged.status_code == 200, merged.text  # it answered 404 naming the deleted origin
+    assert [json.loads(line)["custom_id"] for line in merged.text.splitlines()] == ["long"]
+    second = client.post(f"/v1/messages/batches/{first.id}/retry", body=codes, cast_to=MessageBatch)
+    assert second.model_extra and second.model_extra["retry_of"] == first.id
+    assert set(results(client, wait_ended(client, second.id).id)) == {"long"}

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from storage.batches import lifecycle
+from storage.batches.windows import BACKGROUND_DEADLINE
 from storage.clock import now
 from storage.db import transaction
 from storage.finance.budgets import month_start
@@ -201,3 +202,78 @@ def test_admins_see_each_tenants_budget_against_this_months_spend_and_tenants_ma
     )  # last month's $5 not
     own = get(server, make_key("acme"), "/v1/organization/budgets").json()
     assert own["spent_usd"] == rows["acme"]["spent_usd"]  # the admin's view and the tenant's agree
+
+
+@pytest.mark.parametrize("backend", ["embedded", "postgres"], indirect=True)
+def test_a_background_batch_has_no_time_left_to_show(server: LiveServer) -> None:
+    with transaction() as session:
+        batch = make_batch(session, tenant=make_tenant(session, "acme"), completion_window="background")
+        batch.expires_at = BACKGROUND_DEADLINE  # what create stores: the reaper never expires it
+        batch_id = batch.id
+    key = make_key("acme")
+    assert get(server, key, f"/v1/console/batches/{batch_id}").json()["expires_at"] is None
+    assert get(server, key, "/v1/console/batches").json()["data"][0]["expires_at"] is None
+    assert get(server, key, f"/v1/batches/{batch_id}").json()["expires_at"] is None  # as the public API says
+
+
+@pytest.mark.parametrize("backend", ["embedded", "postgres"], indirect=True)
+def test_an_admin_key_lists_every_tenants_batches_with_their_tenant_and_tenants_still_see_only_theirs(
+    server: LiveServer, seeded: dict[str, str]
+) -> None:
+    admin = make_key("ops", admin=True)
+    listed = get(server, admin, "/v1/console/batches").json()
+    tenants = {row["id"]: row["tenant"] for row in listed["data"]}
+    assert tenants == {
+        seeded["theirs"]: "globex",
+        seeded["nightly"]: "acme",
+        seeded["messages"]: "acme",
+        seeded["cancelled"]: "acme",
+    }
+    first = get(server, admin, "/v1/console/batches", limit=2).json()
+    rest = get(server, admin, "/v1/console/batches", limit=2, after=first["last_id"]).json()
+    assert [row["id"] for row in first["data"] + rest["data"]] == [row["id"] for row in listed["data"]]
+    assert [row["id"] for row in get(server, admin, "/v1/console/batches", q="nightly").json()["data"]] == [
+        seeded["nightly"]
+    ]
+    # the list only: every other read stays the key's own tenant's, an admin's too
+    assert get(server, admin, f"/v1/console/batches/{seeded['theirs']}").status_code == 404
+    assert get(server, admin, f"/v1/batches/{seeded['theirs']}").status_code == 404
+    mine = get(server, make_key("acme"), "/v1/console/batches").json()["data"]
+    assert {row["id"] for row in mine} == {seeded["nightly"], seeded["messages"], seeded["cancelled"]}
+    assert all("tenant" not in row for row in mine)
+    assert get(server, make_key("globex"), "/v1/console/batches", q=seeded["nightly"]).json()["data"] == []
+
+
+@pytest.mark.parametrize("backend", ["embedded", "postgres"], indirect=True)
+def test_an_origin_says_how_many_of_its_failed_lines_its_retries_ran_and_fixed(server: LiveServer) -> None:
+    """The console offers "Retry failed lines" only when some may still be retried, and says what retries did."""
+    with transaction() as session:
+        acme = make_tenant(session, "acme")
+        origin = make_batch(session, tenant=acme, status=lifecycle.CANCELLED)
+        origin.request_total, origin.request_completed, origin.request_failed = 5, 1, 4
+        first = make_batch(session, tenant=acme, status=lifecycle.COMPLETED)
+        first.retry_of, first.retry_root, first.attempt = origin.id, origin.id, 1
+        first.request_total, first.request_completed, first.request_failed = 4, 3, 1
+        second = make_batch(session, tenant=acme, status=lifecycle.IN_PROGRESS)  # a retry of the retry, running
+        second.retry_of, second.retry_root, second.attempt = first.id, origin.id, 2
+        second.request_total = 1
+        ids = {"origin": origin.id, "first": first.id, "second": second.id}
+    key = make_key("acme")
+    detail = get(server, key, f"/v1/console/batches/{ids['origin']}").json()
+    assert detail["retried"] == {"running_retry": ids["second"], "succeeded": 3, "failing": 1}
+    assert get(server, key, f"/v1/console/batches/{ids['first']}").json()["retried"] == {
+        "running_retry": ids["second"],
+        "succeeded": 0,
+        "failing": 1,
+    }
+    with transaction() as session:
+        done = session.get(Batch, ids["second"])
+        assert done is not None
+        done.status, done.request_completed = lifecycle.COMPLETED, 1
+    assert get(server, key, f"/v1/console/batches/{ids['origin']}").json()["retried"] == {
+        "running_retry": None,
+        "succeeded": 4,
+        "failing": 0,
+    }
+    never = get(server, key, "/v1/console/batches").json()["data"]
+    assert all("retried" not in row for row in never)  # the list stays one query per page

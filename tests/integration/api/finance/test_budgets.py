@@ -77,14 +77,56 @@ def test_a_batch_stops_at_its_max_cost_and_its_unrun_requests_end_as_budget_exce
     assert all("max_cost_usd of $1000.000000" in line["error"]["message"] for line in errors)
     billed = _billed(done)
     assert billed == PER_REQUEST * len(outputs)
-    # It ran until the cap was reached, then only what was already leased finished: the overrun is at most the
-    # cost of the worker's leased rows when the check ran (docs/finance.md), those it runs and those it finished
-    # but had not yet recorded: 2 x max_num_seqs x inflight_per_seq here.
-    overrun = billed - Decimal(1000)
-    print(f"max_cost_usd=1000 billed={billed} overrun={overrun} ({overrun / PER_REQUEST} requests past the cap)")
-    assert Decimal(0) <= overrun <= 2 * IN_FLIGHT * PER_REQUEST
+    # A claim reserves each request's cost at its full max_tokens and leases a capped batch's rows only while
+    # spend + reserved is under the cap (docs/decisions/0018): ten $100 requests reach $1000 exactly, and no
+    # eleventh is ever leased, though the worker could hold 16.
+    assert billed == Decimal(1000) and len(outputs) == 10
     assert done.request_counts.completed == len(outputs) and done.request_counts.failed == len(errors)
     assert any(w["code"] == "budget_exceeded" for w in done.warnings["data"])  # type: ignore[attr-defined]
+
+
+def _varied_job(count: int) -> tuple[bytes, Decimal]:
+    """Lines of 7 to 199 output tokens ($1 each), and what the dearest of them bills."""
+    sizes = [7 + (i * 37) % 193 for i in range(count)]
+    return to_jsonl([chat_line(i, max_tokens=size) for i, size in enumerate(sizes)]), Decimal(max(sizes))
+
+
+def test_a_capped_batch_with_many_lines_in_flight_bills_at_most_one_request_past_its_cap(api: LiveServer) -> None:
+    """Issue 36 item 4: a cap of $0.003138 billed $0.020115 with 128 lines in flight. A claim now reserves
+    each leased request at its full max_tokens, so at most one request crosses the cap, whatever the lease."""
+    client = api.client(make_key("acme"))
+    data, dearest = _varied_job(80)
+    batch = _create(client, data, max_cost_usd="777")
+    done = wait_for(client, batch.id)
+    assert done.status == "completed"
+    _, errors = _every_line_once(client, done, 80)
+    assert errors and {line["error"]["code"] for line in errors} == {"budget_exceeded"}
+    billed = _billed(done)
+    print(f"max_cost_usd=777 billed={billed} overrun={billed - 777} (bound: the dearest request, ${dearest})")
+    assert Decimal(777) <= billed <= Decimal(777) + dearest
+    assert any(w["code"] == "budget_exceeded" for w in done.warnings["data"])  # type: ignore[attr-defined]
+
+
+def test_a_max_cost_of_zero_is_refused_on_both_protocols(api: LiveServer) -> None:
+    """A cap of 0 used to run every line with no warning: it is refused at create, as OpenAI and as Anthropic."""
+    import anthropic
+
+    key = make_key("acme")
+    client = api.client(key)
+    for zero in ("0", "0.000000", "0.0"):
+        with pytest.raises(openai.BadRequestError, match=r"max_cost_usd must be more than \$0") as refused:
+            _create(client, _job(1), max_cost_usd=zero)
+        assert refused.value.body["param"] == "max_cost_usd"  # type: ignore[index]
+    assert list(client.batches.list()) == []
+    messages = anthropic.Anthropic(api_key=key, base_url=api.base_url, max_retries=0)
+    params = {"model": "fake-model", "max_tokens": 100, "messages": [{"role": "user", "content": "hi"}]}
+    with pytest.raises(anthropic.BadRequestError, match=r"max_cost_usd must be more than \$0") as denied:
+        messages.messages.batches.create(
+            requests=[{"custom_id": "r0", "params": params}],  # type: ignore[list-item]
+            extra_body={"max_cost_usd": "0"},
+        )
+    assert denied.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+    assert list(messages.messages.batches.list()) == []
 
 
 def test_a_max_cost_that_is_not_a_decimal_amount_is_refused(api: LiveServer) -> None:

@@ -37,6 +37,17 @@ def test_a_batch_runs_to_completion_with_one_line_per_request(api: LiveServer) -
     assert client.files.retrieve(done.output_file_id).purpose == "batch_output"
 
 
+def test_an_azure_batch_file_with_unversioned_urls_runs_as_its_openai_twin(api: LiveServer) -> None:
+    """Azure OpenAI's batch files and docs write `/chat/completions` for the line's url and the batch's endpoint."""
+    client = api.client(make_key("acme"))
+    lines = [{**chat_line(i), "url": "/chat/completions"} for i in range(3)]
+    batch = client.batches.create(
+        input_file_id=upload(client, to_jsonl(lines)).id, endpoint="/chat/completions", completion_window="24h"
+    )
+    done = wait_for(client, batch.id)
+    assert done.endpoint == "/v1/chat/completions" and done.request_counts.completed == 3, done
+
+
 def test_batches_list_paginates_newest_first(api: LiveServer) -> None:
     client = api.client(make_key("acme"))
     source = upload(client, to_jsonl([chat_line(0)]))

@@ -42,7 +42,11 @@ def test_an_estimate_of_a_hostile_file_is_quick_and_agrees_with_ingest(api: Live
         estimated
         == ingested
         == [
-            (3, "line_too_large", f"Line 3 is longer than {LINE_MAX} bytes."),
+            (
+                3,
+                "line_too_large",
+                f"Line 3 is longer than {LINE_MAX} bytes (BACKFILL_LINE_MAX_BYTES; an inline base64 image counts toward it: a large one can go as an https URL).",
+            ),
             (4, "too_deeply_nested", "Line 4 nests deeper than 64 levels."),
             (5, "mismatched_url", ingested[2][2]),
         ]

@@ -132,3 +132,56 @@ def test_results_stream_while_the_batch_runs_and_the_cursor_returns_only_new_lin
     assert [len(page) for page in pages] == [2, 2, 2, 2, 1]
     with pytest.raises(openai.BadRequestError):
         client.get(f"/batches/{batch.id}/results", options={"params": {"after": "line 3"}}, cast_to=httpx.Response)
+
+
+def test_another_tenants_uploads_and_batches_go_on_while_one_tenant_retries_a_chain_to_its_limit(
+    api: LiveServer,
+) -> None:
+    """Tenant A cancels and retries a 500-line batch down to the retry limit (10), then asks for more retries and
+    merged views; tenant B uploads and runs batches all the while, untouched: every upload answered, every batch
+    done with each line run once (a reaper that took the live worker for dead would have re-run them)."""
+    import threading
+
+    from sqlalchemy import select
+
+    from storage.db import transaction
+    from storage.models import BatchRequest
+
+    a, b = api.client(make_key("tenant-a")), api.client(make_key("tenant-b"))
+    lines = [chat_line(i, max_tokens=10**8) for i in range(500)]  # never finish: each attempt is cancelled
+    origin = a.batches.create(
+        input_file_id=upload(a, to_jsonl(lines)).id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    wait_for(a, origin.id, statuses={"in_progress"})
+    stop, done = threading.Event(), []
+
+    def tenant_b() -> None:
+        while not stop.is_set():
+            source = upload(b, to_jsonl([chat_line(i) for i in range(20)]))
+            batch = b.batches.create(input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h")
+            done.append(wait_for(b, batch.id))
+
+    other = threading.Thread(target=tenant_b, daemon=True)
+    other.start()
+    try:
+        latest = origin.id
+        for _ in range(10):
+            a.batches.cancel(latest)
+            wait_for(a, latest)
+            latest = retry(a, latest).id
+        a.batches.cancel(latest)
+        wait_for(a, latest)
+        for batch_id in (latest, origin.id):
+            with pytest.raises(openai.ConflictError, match="already holds 10 retries") as refused:
+                retry(a, batch_id)
+            assert refused.value.code == "retry_limit_reached"
+            assert len(get_results(a, batch_id, merged="true")[0]) == 500
+        while len(done) < 2:
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        other.join(timeout=120)
+    assert all(batch.status == "completed" and batch.request_counts.completed == 20 for batch in done)
+    with transaction() as session:
+        query = select(BatchRequest.attempts).where(BatchRequest.batch_id.in_([batch.id for batch in done]))
+        assert set(session.scalars(query).all()) == {1}

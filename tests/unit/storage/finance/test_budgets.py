@@ -8,22 +8,21 @@ from decimal import Decimal
 import pytest
 
 from storage.errors import InvalidRequest
-from storage.finance.budgets import TenantBudget, month_start, parse_usd, usd, usd_text
+from storage.finance.budgets import TenantBudget, month_start, usd, usd_text
+from storage.strict import parse_usd
 
 
-@pytest.mark.parametrize(
-    ("text", "micro"), [("12.50", 12_500_000), ("0", 0), ("0.000001", 1), (" 3 ", 3_000_000), ("1e3", 10**9)]
-)
+@pytest.mark.parametrize(("text", "micro"), [("12.50", 12_500_000), ("0", 0), ("0.000001", 1), ("1000", 10**9)])
 def test_a_cap_written_as_a_decimal_string_is_kept_exactly(text: str, micro: int) -> None:
     assert parse_usd(text, param="max_cost_usd") == micro
-    assert usd(micro) == Decimal(text.strip())
+    assert usd(micro) == Decimal(text)
 
 
-@pytest.mark.parametrize("bad", ["", "abc", "-1", "NaN", "Infinity", "0.0000001", "1e13", 1.5, None, [1]])
+@pytest.mark.parametrize("bad", ["", "abc", "-1", "NaN", "Infinity", "0.0000001", "1e13", " 3 ", 1.5, 3, None, [1]])
 def test_a_cap_that_is_not_an_exact_dollar_amount_is_refused_naming_the_field(bad: object) -> None:
     with pytest.raises(InvalidRequest) as refused:
         parse_usd(bad, param="max_cost_usd")
-    assert refused.value.param == "max_cost_usd"
+    assert refused.value.param == "max_cost_usd" and refused.value.code == "invalid_value"
 
 
 def test_the_month_starts_at_midnight_utc_on_the_first() -> None:

@@ -39,6 +39,18 @@ def test_checker_reports_duplicates_and_model_mismatch() -> None:
     assert checker.check(4, b"   ", max_line_bytes=100) is None
 
 
+def test_azures_unversioned_urls_are_the_same_endpoint_and_are_stored_canonical() -> None:
+    checker = LineChecker(endpoint="/v1/chat/completions", max_requests=10)
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    for number, url in enumerate(("/chat/completions", "/v1/chat/completions"), start=1):
+        line = json.dumps({"custom_id": f"c{number}", "method": "POST", "url": url, "body": body}).encode()
+        parsed = checker.check(number, line, max_line_bytes=1000)
+        assert isinstance(parsed, ParsedLine) and parsed.url == "/v1/chat/completions"
+    other = json.dumps({"custom_id": "c3", "method": "POST", "url": "/embeddings", "body": body}).encode()
+    refused = checker.check(3, other, max_line_bytes=1000)
+    assert isinstance(refused, LineError) and refused.code == "mismatched_url"
+
+
 def test_bom_is_stripped_only_on_the_first_line() -> None:
     checker = LineChecker(endpoint="/v1/completions", max_requests=10)
     raw = (

@@ -32,6 +32,16 @@ def test_a_body_nested_deeper_than_the_database_can_write_is_a_line_error() -> N
         assert outcome.code == "too_deeply_nested" and outcome.param == "body" and outcome.line == 1
 
 
+def test_a_tool_schema_nested_10000_deep_is_named_as_too_deep_not_as_bad_json() -> None:
+    schema = '{"type": "object", "properties": {"a": ' * 10_000 + "{}" + "}}" * 10_000
+    tool = '{"type": "function", "function": {"name": "f", "parameters": ' + schema + "}}"
+    body = '{"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [' + tool + "]}"
+    raw = b'{"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions", "body": ' + body.encode() + b"}"
+    outcome = check(raw)  # orjson itself stops at 1,024 levels
+    assert isinstance(outcome, LineError) and outcome.code == "too_deeply_nested" and outcome.param == "body"
+    assert outcome.message == "Line 1 nests deeper than 64 levels."
+
+
 def test_a_body_of_ordinary_depth_is_accepted() -> None:
     raw = b'{"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions", "body": ' + deep(20).encode()
     outcome = check(raw + b"}")
