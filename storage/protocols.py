@@ -10,14 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
+from typing import Protocol as Structural
 
 from storage.lines import anthropic as anthropic_lines
 from storage.lines import openai as openai_lines
 
 if TYPE_CHECKING:
-    from storage.files.blobs.layout import BatchObject
-    from storage.models import Batch
     from storage.settings import Settings
 
 from storage.endpoints import (
@@ -30,6 +29,15 @@ from storage.endpoints import (
 )
 
 RenderLine = Callable[..., dict[str, Any]]
+# The objects finalize writes under a batch's folder (storage/files/blobs/layout.py names their keys).
+BatchObject = Literal["output.jsonl", "errors.jsonl", "manifest.json"]
+
+
+class HasProtocol(Structural):
+    """A row with a `protocol` column (a batch): models.py sits above this table, so it is not imported here."""
+
+    @property
+    def protocol(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -40,7 +48,7 @@ class ResultFile:
     successes: bool  # holds the completed requests
     failures: bool  # holds the failed, expired and cancelled ones
     purpose: str
-    name: BatchObject  # the object's name under the batch's folder (storage/files/blobs/layout.py)
+    name: BatchObject  # the object's name under the batch's folder
 
 
 @dataclass(frozen=True)
@@ -58,7 +66,7 @@ class Protocol:
     # (OpenAI: the error line's code; Anthropic: `canceled`, `expired` or the error's type): a retry's `codes`.
     error_kind: Callable[[int | None, str | None], str | None]
 
-    # What its API calls a batch's status, and its name for each of storage/batches/lifecycle.py's statuses
+    # What its API calls a batch's status, and its name for each of storage/lifecycle.py's statuses
     # (None: those names as they are). Errors about a batch's status speak the caller's protocol.
     status_field: str = "status"
     status_names: Mapping[str, str] | None = None
@@ -85,7 +93,7 @@ OPENAI = Protocol(
     render_line=openai_lines.result_line,
     error_kind=openai_lines.error_kind,
 )
-# Anthropic's `processing_status` of each batch status (the statuses of storage/batches/lifecycle.py).
+# Anthropic's `processing_status` of each batch status (the statuses of storage/lifecycle.py).
 _PROCESSING_STATUS = {
     "validating": "in_progress",
     "in_progress": "in_progress",
@@ -111,6 +119,6 @@ ANTHROPIC = Protocol(
 PROTOCOLS = {protocol.name: protocol for protocol in (OPENAI, ANTHROPIC)}
 
 
-def protocol_of(batch: Batch) -> Protocol:
+def protocol_of(batch: HasProtocol) -> Protocol:
     """The protocol a batch (anything with a `protocol` column) was created through; OpenAI for old rows."""
     return PROTOCOLS.get(batch.protocol, OPENAI)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
+from storage import lifecycle
 from storage.clock import now
 from storage.errors import QuotaExceeded
 from storage.models import Batch, File, Tenant, Upload

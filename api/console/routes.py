@@ -20,7 +20,6 @@ from api.pages import page_response
 from storage.batches.batches import get_batch, search_batches
 from storage.batches.retries import retry_ids_of
 from storage.batches.retry_counts import retry_counts
-from storage.batches.windows import is_background_window
 from storage.clock import now_f
 from storage.errors import InvalidRequest, PermissionDenied
 from storage.finance.budgets import tenant_budgets, usd, usd_text
@@ -31,6 +30,7 @@ from storage.models import Batch
 from storage.protocols import OPENAI
 from storage.queue.failures import failures_by_code
 from storage.tenants import tenant_name, tenant_names
+from storage.windows import is_background_window
 
 router = APIRouter(prefix="/v1/console", tags=["console"])
 page_router = APIRouter()

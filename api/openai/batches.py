@@ -12,6 +12,7 @@ from api.openai.schemas import BatchCreate, BatchList, BatchObject, BatchPriorit
 from api.paging import cursor_fields
 from storage.batches.batches import cancel_batch, create_batch, get_batch, list_batches
 from storage.batches.control import check_priority, pause_batch, resume_batch, set_priority
+from storage.batches.estimates import estimate_job
 from storage.batches.retries import retry_ids_of
 from storage.errors import InvalidRequest, ModelNotFound
 from storage.files.files import get_file
@@ -19,7 +20,7 @@ from storage.finance.budgets import check_file_within_budget, check_max_cost
 from storage.finance.goodput import batch_goodput
 from storage.finance.job_cost import batch_cost_json
 from storage.lines.reader import clip, peek_model
-from storage.planning.estimates import estimate_job, shape_of_jsonl
+from storage.planning.shapes import shape_of_jsonl
 from storage.protocols import OPENAI
 from storage.queue.usage import batch_usages
 from storage.strict import micro_usd

@@ -8,7 +8,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from storage.batches.batches import batch_errors
 from storage.batches.retries import RetryChoices
-from storage.batches.windows import is_background_window
 from storage.endpoints import canonical_url
 from storage.files.uploads import upload_status
 from storage.finance.budgets import usd, usd_text
@@ -16,6 +15,7 @@ from storage.models import Batch, File, Upload, UploadPart
 from storage.protocols import OPENAI
 from storage.queue.usage import TokenUsage
 from storage.strict import Priority, UsdAmount, micro_usd
+from storage.windows import is_background_window
 
 
 class FileObject(BaseModel):

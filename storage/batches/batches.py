@@ -5,12 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-import orjson
-from sqlalchemy import String, cast, select, text, update
+from sqlalchemy import String, cast, select, update
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
-from storage.batches.windows import deadline_for
+from storage import lifecycle
 from storage.clock import now
 from storage.errors import BatchNotCancellable, BatchNotFound
 from storage.ids import new_id
@@ -20,6 +18,7 @@ from storage.protocols import OPENAI, Protocol
 from storage.queue import batch_rows
 from storage.quotas import check_batch_room
 from storage.settings import get_settings
+from storage.windows import deadline_for
 
 
 def create_batch(
@@ -154,49 +153,6 @@ def cancel_batch(session: Session, *, tenant_id: str, batch_id: str, protocol: P
         message="The batch was cancelled before this request ran.",
     )
     return batch
-
-
-def add_counts(
-    session: Session, *, batch_id: str, completed: int, failed: int, cancelled: int = 0, expired: int = 0
-) -> None:
-    """Move a batch's live request counts (an atomic increment, safe with concurrent workers); `cancelled`
-    and `expired` say how many of `failed` ended that way."""
-    session.execute(
-        update(Batch)
-        .where(Batch.id == batch_id)
-        .values(
-            request_completed=Batch.request_completed + completed,
-            request_failed=Batch.request_failed + failed,
-            request_cancelled=Batch.request_cancelled + cancelled,
-            request_expired=Batch.request_expired + expired,
-        )
-        .execution_options(synchronize_session=False)
-    )
-
-
-_ADD_COUNTS_JSON = text(
-    """
-    UPDATE batches AS b SET request_completed = b.request_completed + v.completed,
-        request_failed = b.request_failed + v.failed
-    FROM json_to_recordset(CAST(:counts AS json)) AS v(id text, completed int, failed int)
-    WHERE b.id = v.id
-    """
-)
-
-
-def add_counts_of(session: Session, counts: dict[str, tuple[int, int]]) -> None:
-    """`add_counts` for several batches at once, {batch_id: (completed, failed)}: one statement on Postgres
-    (a worker's flush of results touches tens of batches), one per batch elsewhere."""
-    if not counts:
-        return
-    if session.get_bind().dialect.name != "postgresql":
-        for batch_id, (completed, failed) in counts.items():
-            add_counts(session, batch_id=batch_id, completed=completed, failed=failed)
-        return
-    rows = [
-        {"id": batch_id, "completed": completed, "failed": failed} for batch_id, (completed, failed) in counts.items()
-    ]
-    session.execute(_ADD_COUNTS_JSON, {"counts": orjson.dumps(rows).decode()})
 
 
 def batch_errors(errors: list[dict[str, Any]] | None) -> dict[str, Any] | None:

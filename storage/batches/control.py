@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
+from storage import lifecycle
 from storage.batches.batches import get_batch
 from storage.clock import now
 from storage.errors import BatchNotControllable, PriorityNotAllowed

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import orjson
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
+from storage import lifecycle
 from storage.batches.batches import get_batch
 from storage.batches.retries import retry_tree
 from storage.errors import InvalidValue

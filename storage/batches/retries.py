@@ -26,7 +26,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
+from storage import lifecycle
 from storage.batches.batches import create_batch, get_batch
 from storage.batches.control import MIN_PRIORITY, check_priority
 from storage.errors import BatchNotRetryable, BudgetExceeded, NothingToRetry, RetryLimitReached

@@ -9,11 +9,11 @@ from urllib.parse import quote
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from storage.batches.manifests import forget_file
 from storage.clock import now
 from storage.errors import FileNotFound, InvalidRequest, QuotaExceeded
 from storage.files.blobs import BlobStore, StoredBlob, delete_on_rollback
 from storage.files.blobs.layout import input_file_key, tenant_segment
+from storage.files.manifest_refs import forget_file
 from storage.ids import new_id
 from storage.models import File
 from storage.paging import keyset_page

@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, Integer, cast, func, literal_column, select
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
+from storage import lifecycle
 from storage.errors import InvalidRequest
 from storage.finance.attribution import RunShare, attribute_busy_seconds, attribute_runs
 from storage.finance.prices import price_book, price_job, usd_text

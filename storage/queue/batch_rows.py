@@ -8,9 +8,10 @@ from collections.abc import Collection
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from storage.batches import batches, lifecycle
+from storage import lifecycle
 from storage.clock import now, now_f
 from storage.models import Batch, BatchRequest
+from storage.queue.batch_counts import add_counts
 from storage.queue.checkpoints import drop_ended
 
 UNSERVED_CODE = "model_not_found"
@@ -58,7 +59,7 @@ def fail_unserved(session: Session, *, batch_id: str, served: Collection[str]) -
         ended += int(result.rowcount or 0)  # type: ignore[attr-defined]
     if ended:
         drop_ended(session, batch_id=batch_id)
-        batches.add_counts(session, batch_id=batch_id, completed=0, failed=ended)
+        add_counts(session, batch_id=batch_id, completed=0, failed=ended)
     return ended
 
 
@@ -106,6 +107,6 @@ def close_open_requests(
         session.flush()
         ended = {"cancelled": count} if status == lifecycle.REQ_CANCELLED else {}
         ended = {"expired": count} if status == lifecycle.REQ_EXPIRED else ended
-        batches.add_counts(session, batch_id=batch.id, completed=0, failed=count, **ended)
+        add_counts(session, batch_id=batch.id, completed=0, failed=count, **ended)
         session.refresh(batch)
     return count

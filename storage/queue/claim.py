@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, Select, exists, false, select, update
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
+from storage import lifecycle
 from storage.clock import now_f
 from storage.ids import new_id
 from storage.models import Batch, BatchRequest, Tenant

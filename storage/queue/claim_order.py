@@ -24,10 +24,10 @@ from typing import Any
 from sqlalchemy import Select, all_, func, select, true
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
+from storage import lifecycle
 from storage.clock import now
 from storage.models import BatchRequest
-from storage.planning.throughput import drain_seconds
+from storage.queue.backlog import drain_seconds
 from storage.queue.claim_tiers import OpenBatch, claim_bands, open_batches
 from storage.queue.enqueue import id_array
 from storage.settings import Settings

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
-from storage.batches.windows import BACKGROUND_WINDOW
+from storage import lifecycle
 from storage.clock import now
 from storage.models import Batch
+from storage.windows import BACKGROUND_WINDOW
 
 
 @dataclass(frozen=True)

@@ -15,15 +15,15 @@ import orjson
 from sqlalchemy import Table, bindparam, select, text, update
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
-from storage.batches.batches import add_counts_of
+from storage import lifecycle
 from storage.clock import now_f
-from storage.finance.budgets import stop_over_budget
 from storage.models import BatchRequest
+from storage.queue.batch_counts import add_counts_of
 from storage.queue.checkpoints import Generated, drop_ended, save_checkpoints, save_renewing
 from storage.queue.claim_caps import within_caps
 from storage.queue.enqueue import ids_match, lock_batches_of
 from storage.queue.handback import hand_back_paused, not_paused
+from storage.queue.spend_stops import stop_over_budget
 from storage.settings import get_settings
 
 
@@ -147,7 +147,7 @@ def record_outcomes(session: Session, *, worker_id: str, run_id: str, outcomes: 
     add_counts_of(session, {batch_id: (completed, failed) for batch_id, (completed, failed) in counts.items()})
     stored_counts = {batch_id: completed + failed for batch_id, (completed, failed) in counts.items()}
     capped = [batch_id for batch_id in stored_counts if batch_id in locked.capped]
-    stopped = stop_over_budget(session, get_settings(), batch_ids=capped)  # spend caps: budgets.py
+    stopped = stop_over_budget(session, get_settings(), batch_ids=capped)  # spend caps: spend_stops.py
     batches = {b: stored_counts.get(b, 0) + stopped.get(b, 0) for b in stored_counts | stopped}
     return Recorded(batches, frozenset(row[0] for row in stored))
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
+from storage import lifecycle
 from storage.db import transaction
 from storage.models import Batch, BatchRequest
 from storage.queue.leases import ResultRow

@@ -15,7 +15,7 @@ import orjson
 from sqlalchemy import ColumnElement, Table, bindparam, false, func, select, text, update
 from sqlalchemy.orm import Session, aliased
 
-from storage.batches import lifecycle
+from storage import lifecycle
 from storage.db import transaction
 from storage.ids import IdPool
 from storage.models import Batch, BatchRequest

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
+from storage import lifecycle
 from storage.batches.batches import batches_validating, get_batch, note_ingest_failure
 from storage.batches.message_batches import archive_due
 from storage.db import transaction

@@ -5,7 +5,7 @@
 window.BackfillControls = (function () {
   const base = (b) => (b.protocol === "anthropic" ? "/v1/messages/batches/" : "/v1/batches/") + encodeURIComponent(b.id);
   const ENDED = ["completed", "failed", "expired", "cancelled"];
-  const CONTROLLABLE = ["validating", "in_progress"];  // storage/batches/lifecycle.py: CONTROLLABLE
+  const CONTROLLABLE = ["validating", "in_progress"];  // storage/lifecycle.py: CONTROLLABLE
   const ACTIONS = [
     { name: "pause", label: "Pause", when: (b) => CONTROLLABLE.includes(b.status) && !b.paused_at,
       confirm: (b) => "Pause " + b.id + "? No new lines start until you resume; running ones go back to the queue. The window keeps running.",

@@ -9,13 +9,13 @@ from typing import Any
 import httpx
 import pytest
 
-from storage.batches import lifecycle
-from storage.batches.windows import BACKGROUND_DEADLINE
+from storage import lifecycle
 from storage.clock import now
 from storage.db import transaction
 from storage.finance.budgets import month_start
 from storage.models import Batch
 from storage.protocols import ANTHROPIC
+from storage.windows import BACKGROUND_DEADLINE
 from tests.conftest import Backend, LiveServer, make_key, start_server
 from tests.factories import DAY0, make_batch, make_request, make_tenant
 

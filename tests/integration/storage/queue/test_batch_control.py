@@ -9,7 +9,6 @@ import pytest
 from sqlalchemy import select, update
 
 from storage.batches.control import pause_batch, resume_batch, set_priority
-from storage.batches.windows import BACKGROUND_DEADLINE
 from storage.clock import now, now_f
 from storage.db import transaction
 from storage.errors import BatchNotControllable, PriorityNotAllowed
@@ -20,6 +19,7 @@ from storage.queue.handback import paused_of
 from storage.queue.leases import release, renew, take_back
 from storage.queue.reaping import expire_overdue, release_expired_leases
 from storage.settings import Settings, get_settings
+from storage.windows import BACKGROUND_DEADLINE
 from tests.conftest import Backend
 from tests.integration.jobs import chat, submit_job
 

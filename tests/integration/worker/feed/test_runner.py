@@ -9,7 +9,7 @@ from collections.abc import Collection
 import pytest
 from sqlalchemy import func, select
 
-from storage.batches import lifecycle
+from storage import lifecycle
 from storage.batches.batches import cancel_batch
 from storage.db import transaction
 from storage.files.blobs import get_blob_store
