@@ -109,7 +109,7 @@ class Batch(Base):
     # Failed ingest attempts (an error no line explains) and when the next may run: bounded, then the batch fails.
     ingest_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     ingest_retry_at: Mapped[int | None] = mapped_column(BigInteger)
-    # Of request_failed, those cancelled or expired (Anthropic's request_counts tell them apart).
+    # Of request_failed, those cancelled or expired (a protocol's counts may tell them apart).
     request_cancelled: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     request_expired: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     created_at: Mapped[int] = mapped_column(BigInteger)
@@ -121,7 +121,7 @@ class Batch(Base):
     expired_at: Mapped[int | None] = mapped_column(BigInteger)
     cancelling_at: Mapped[int | None] = mapped_column(BigInteger)
     cancelled_at: Mapped[int | None] = mapped_column(BigInteger)
-    # Which API created the batch: "openai" or "anthropic" (storage/batches/message_batches.py renders the latter).
+    # Which API created the batch: a name of storage/protocols.py's table.
     protocol: Mapped[str] = mapped_column(String(16), default=OPENAI.name, server_default=OPENAI.name)
     archived_at: Mapped[int | None] = mapped_column(BigInteger)  # results removed after their retention
     deleted_at: Mapped[int | None] = mapped_column(BigInteger)  # deleted by its owner; kept for accounting

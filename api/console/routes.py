@@ -27,7 +27,7 @@ from storage.finance.job_cost import batch_cost_json
 from storage.metrics.events import ENGINE_BUSY_SECONDS
 from storage.metrics.queue_state import QUEUE_STATE
 from storage.models import Batch
-from storage.protocols import OPENAI
+from storage.protocols import OPENAI, protocol_of
 from storage.queue.failures import failures_by_code
 from storage.tenants import tenant_name, tenant_names
 from storage.windows import is_background_window
@@ -63,10 +63,15 @@ def console_page(request: Request) -> HTMLResponse:
 
 def _row(batch: Batch, cost: dict[str, Any] | None, *, tenants: dict[str, str] | None = None) -> dict[str, Any]:
     """A batch as the console shows it; with `tenants` (an admin key's list of every tenant's), its tenant."""
+    protocol = protocol_of(batch)
     shown = {
         "id": batch.id,
         "protocol": batch.protocol,
+        # Where the console reaches the batch, and what it calls its endpoint: the protocol says, not the console.
+        "path": protocol.batch_path(batch.id),
+        "results_path": protocol.results_path(batch.id),
         "endpoint": batch.endpoint,
+        "endpoint_label": protocol.endpoint_label or batch.endpoint,
         "model": batch.model,
         "status": batch.status,
         "completion_window": batch.completion_window,

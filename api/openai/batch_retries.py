@@ -68,7 +68,7 @@ def results(
     that answer; `limit` at most that many lines (`X-Has-More: true` when more are ready past `X-Next-After`).
     The answer's `ETag` changes whenever it may: with `If-None-Match`, a batch that has not moved answers 304
     with no body. `merged=true`: every request once over the batch and all its retries, the latest attempt
-    winning. A Message Batch's id works too (lines in Anthropic's format)."""
+    winning. A batch of another protocol works too (lines in its protocol's format)."""
     if merged and after is not None:
         raise InvalidRequest("`after` does not apply to the merged view.", param="after")
     if merged:

@@ -118,7 +118,7 @@ class BatchRetry(BaseModel):
         max_length=64,
         description="Error codes to re-run besides the default ones (batch_expired, batch_cancelled, "
         "budget_exceeded and server errors), as the protocol shows them: on OpenAI's error lines "
-        "`context_length_exceeded`, ...; on Anthropic's results the error type, `invalid_request_error`, ...",
+        "`context_length_exceeded`, ...; elsewhere the error type its results show, `invalid_request_error`, ...",
     )
     priority: Priority | None = Field(
         default=None,

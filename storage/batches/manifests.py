@@ -21,7 +21,7 @@ from storage.files.blobs import BlobStore
 from storage.files.blobs.layout import batch_object_key
 from storage.finance.job_cost import batch_cost_json
 from storage.models import Batch, File
-from storage.protocols import ANTHROPIC
+from storage.protocols import protocol_of
 from storage.settings import Settings
 
 MANIFEST_VERSION = 1
@@ -55,10 +55,10 @@ def build_manifest(session: Session, *, batch: Batch, folder: str, settings: Set
     """The manifest of a batch whose result files are recorded (`output_file_id`, `error_file_id`)."""
     output = session.get(File, batch.output_file_id) if batch.output_file_id else None
     errors = session.get(File, batch.error_file_id) if batch.error_file_id else None
-    # Every request is one line of exactly one file: an OpenAI batch's completed ones in output, the rest in
-    # errors; an Anthropic batch has no errors file, its one results file holds every request.
+    # Every request is one line of exactly one file: the completed ones in output, the rest in errors, unless the
+    # protocol keeps one results file with every request.
     ended = batch.request_completed + batch.request_failed
-    output_lines = ended if ANTHROPIC.owns(batch.protocol) else batch.request_completed
+    output_lines = ended if protocol_of(batch).keeps_every_request_in_one_file() else batch.request_completed
     return {
         "object": "batch.manifest",
         "version": MANIFEST_VERSION,

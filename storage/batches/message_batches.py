@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from sqlalchemy import or_, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from storage import lifecycle
+from storage.batches.archive import drop_content
 from storage.batches.batches import create_batch, get_batch
 from storage.batches.control import check_priority
 from storage.clock import now
@@ -31,14 +32,12 @@ from storage.lines.reader import clip
 from storage.models import Batch, File
 from storage.paging import keyset_page
 from storage.protocols import ANTHROPIC
-from storage.queue.batch_rows import scrub_content
 from storage.settings import Settings
 from storage.strict import parse_usd, priority_value
 
 INPUT_PURPOSE = "message_batch_input"
 RESULTS_PURPOSE = "message_batch_results"
 WINDOW = "24h"  # Anthropic's only processing window
-ARCHIVE_PER_PASS = 100
 
 # What an ended batch's requests became when it ended before any was queued (Anthropic result types).
 _UNQUEUED_OUTCOME = {lifecycle.CANCELLED: "canceled", lifecycle.EXPIRED: "expired", lifecycle.FAILED: "errored"}
@@ -191,50 +190,10 @@ def delete_message_batch(session: Session, *, batch: Batch) -> list[str]:
     _require_ended(batch)
     batch.deleted_at = now()
     manifest, batch.manifest_key = batch.manifest_key, None  # it names the objects going now: it goes too
-    return _drop_content(session, batch) + ([manifest] if manifest else [])
-
-
-def archive_due(session: Session, *, retention_seconds: int, limit: int = ARCHIVE_PER_PASS) -> list[str]:
-    """Archive Anthropic batches whose results passed their retention; return the object keys to remove."""
-    cutoff = now() - retention_seconds
-    due = list(
-        session.scalars(
-            select(Batch)
-            .where(
-                Batch.protocol == ANTHROPIC.name,
-                Batch.archived_at.is_(None),
-                Batch.status.in_(lifecycle.TERMINAL),
-                or_(
-                    Batch.completed_at <= cutoff,
-                    Batch.cancelled_at <= cutoff,
-                    Batch.expired_at <= cutoff,
-                    Batch.failed_at <= cutoff,
-                ),
-            )
-            .limit(limit)
-            .with_for_update(skip_locked=True)
-        )
-    )
-    keys: list[str] = []
-    for batch in due:
-        batch.archived_at = now()
-        keys += _drop_content(session, batch)
-    return keys
+    return drop_content(session, batch) + ([manifest] if manifest else [])
 
 
 def _require_ended(batch: Batch) -> None:
     """Results and deletion need an ended batch (the API says so first, in Anthropic's words)."""
     if batch.status not in lifecycle.TERMINAL:
         raise NotEnded(f"Message Batch {batch.id} has not ended yet.")
-
-
-def _drop_content(session: Session, batch: Batch) -> list[str]:
-    scrub_content(session, batch_id=batch.id)
-    keys = []
-    for file_id in (batch.input_file_id, batch.output_file_id, batch.error_file_id):
-        row = session.get(File, file_id) if file_id else None
-        if row is not None and row.deleted_at is None:
-            row.deleted_at = now()
-            keys.append(row.blob_key)
-    session.flush()
-    return keys

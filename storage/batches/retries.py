@@ -10,7 +10,7 @@ holds at most `retry_max_attempts` retries.
 Retried by default: requests that ended because their batch expired or was cancelled (`batch_expired`,
 `batch_cancelled`), the budget stopped it (`budget_exceeded`) or the engine or server failed (a 5xx or no
 response). Client errors (`context_length_exceeded`, bad parameters, 4xx) only when named in `codes`, by the
-code the batch's protocol shows its users (OpenAI: the error line's code; Anthropic: the error's type).
+code the batch's protocol shows its users (storage/protocols.py `error_kind`).
 
 A retry keeps its origin's spend cap (what is left of it after what the origin and its retries were billed)
 and its priority (within the tenant's cap today), unless the caller sets its own.

@@ -30,7 +30,7 @@ def queued_models(session: Session, *, batch_id: str) -> list[str]:
 def fail_unserved(session: Session, *, batch_id: str, served: Collection[str]) -> int:
     """End the batch's queued requests for models this deployment does not serve as 404 results.
 
-    A batch may mix models: a request naming one nobody serves must end (as Anthropic's `not_found_error`)
+    A batch may mix models: a request naming one nobody serves must end (a 404 in its protocol's words)
     instead of waiting for a worker that never comes. Returns how many requests it ended.
     """
     queued = (BatchRequest.batch_id == batch_id, BatchRequest.status == lifecycle.REQ_QUEUED)

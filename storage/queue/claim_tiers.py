@@ -63,7 +63,7 @@ def open_batches(session: Session, *, model: str) -> list[OpenBatch]:
             Batch.completion_window,
             Batch.max_cost_micro_usd,
         )
-        # A batch whose requests name several models (an Anthropic Message Batch) has no single model.
+        # A batch whose requests name several models (storage/protocols.py `one_model`) has no single model.
         .where(or_(Batch.model == model, Batch.model.is_(None)), Batch.status == lifecycle.IN_PROGRESS)
         .order_by(Batch.expires_at, Batch.id)
     ).all()

@@ -174,6 +174,52 @@ def test_the_protocol_guard_sees_a_comparison_put_back_into_ingest(snippet: str)
     assert protocol_spellings(ast.parse(snippet), outside_storage=True)
 
 
+# The modules that may name the Anthropic protocol (anywhere: code, comments, file names): its own folders, the
+# tables that list every protocol (storage's, the API's, the wire formats' dispatch, the app's routers) and the
+# settings (its limits' variable names). Every other module asks the protocol object.
+PROTOCOL_HOMES = {
+    "api/anthropic/",
+    "api/app.py",
+    "api/dialects.py",
+    "storage/batches/message_batches.py",
+    "storage/lines/anthropic.py",
+    "storage/protocols.py",
+    "storage/settings.py",
+    "worker/engine/wire/__init__.py",
+    "worker/engine/wire/anthropic/",
+}
+PROTOCOL_WORDS = re.compile(r"anthropic|message_batch|msgbatch", re.I)
+
+
+def protocol_mentions(root: Path = ROOT) -> set[str]:
+    """Files of api/, storage/, worker/ and client/ (code and static assets) naming the Anthropic protocol."""
+    return {
+        str(path.relative_to(root))
+        for package in ("api", "storage", "worker", "client")
+        for path in (root / package).rglob("*")
+        if path.is_file()
+        and "__pycache__" not in path.parts
+        and (
+            PROTOCOL_WORDS.search(str(path.relative_to(root))) or PROTOCOL_WORDS.search(path.read_text(errors="ignore"))
+        )
+    }
+
+
+def outside_protocol_homes(paths: set[str]) -> set[str]:
+    return {path for path in paths if not any(path == home or path.startswith(home) for home in PROTOCOL_HOMES)}
+
+
+def test_only_the_protocols_own_modules_name_it() -> None:
+    assert outside_protocol_homes(protocol_mentions()) == set()
+
+
+def test_the_protocol_homes_guard_sees_a_mention_put_back(tmp_path: Path) -> None:
+    (tmp_path / "api").mkdir()
+    (tmp_path / "api" / "errors.py").write_text("if anthropic.is_anthropic(request):\n    pass\n")
+    (tmp_path / "api" / "app.py").write_text("from api.anthropic import message_batches\n")
+    assert outside_protocol_homes(protocol_mentions(tmp_path)) == {"api/errors.py"}
+
+
 def batch_attribute_writes(tree: ast.Module) -> list[str]:
     """Assignments to a batch row's attributes (`batch.status = ...`): storage functions make those."""
     return [

@@ -89,7 +89,7 @@ def _ingest(session: Session, blobs: BlobStore, settings: Settings, *, batch: Ba
         )
     if not errors and count == 0:
         errors.add(LineError(0, "empty_file", "The input file has no requests."))
-    one_model = protocol_of(batch).one_model  # an Anthropic batch may mix models; unserved ones end as 404s
+    one_model = protocol_of(batch).one_model  # a batch that may mix models: unserved ones end as 404s
     if not errors and one_model and batch.model not in settings.served_models():
         errors.add(LineError(1, "model_not_found", f"The model {clip(batch.model)} is not served here."))
     if errors:

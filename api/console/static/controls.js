@@ -1,9 +1,9 @@
 "use strict";
 // The batch controls, in one place: cancel, pause, resume, priority and retry (the batch-control routes,
-// under /v1/batches or /v1/messages/batches by protocol). Each action asks for confirmation, calls its route
+// under the batch's own path, which the console's list gives: `b.path`). Each action asks for confirmation, calls its route
 // and reports the server's answer as it is. `api(method, path, body)` resolves to {ok, status, body}.
 window.BackfillControls = (function () {
-  const base = (b) => (b.protocol === "anthropic" ? "/v1/messages/batches/" : "/v1/batches/") + encodeURIComponent(b.id);
+  const base = (b) => b.path;
   const ENDED = ["completed", "failed", "expired", "cancelled"];
   const CONTROLLABLE = ["validating", "in_progress"];  // storage/lifecycle.py: CONTROLLABLE
   const ACTIONS = [
