@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from storage.batches.batches import batch_errors
+from storage.batches.creation import BatchTerms
 from storage.batches.retries import RetryChoices
 from storage.endpoints import canonical_url
 from storage.files.uploads import upload_status
@@ -86,6 +87,17 @@ class BatchCreate(BaseModel):
         'cost reaches this many US dollars (a decimal string, e.g. "12.50", more than 0), at most one request '
         "past it; its unrun requests end as `budget_exceeded` lines.",
     )
+
+    def terms(self) -> BatchTerms:
+        """What this create asks for beside its file."""
+        return BatchTerms(
+            endpoint=self.endpoint,
+            completion_window=self.completion_window,
+            priority=self.priority,
+            max_cost_micro_usd=None if self.max_cost_usd is None else micro_usd(self.max_cost_usd),
+            metadata=self.metadata,
+            output_expires_after_seconds=self.output_expires_after.seconds if self.output_expires_after else None,
+        )
 
     @field_validator("endpoint")
     @classmethod

@@ -10,12 +10,11 @@ from sqlalchemy.orm import Session
 
 from storage import lifecycle
 from storage.clock import now
-from storage.errors import BatchNotCancellable, BatchNotFound
+from storage.errors import BatchNotFound
 from storage.ids import new_id
 from storage.models import Batch
 from storage.paging import keyset_page
 from storage.protocols import OPENAI, Protocol
-from storage.queue import batch_rows
 from storage.quotas import check_batch_room
 from storage.settings import get_settings
 from storage.windows import deadline_for
@@ -131,28 +130,6 @@ def batches_validating(session: Session) -> list[str]:
     """Ids of batches waiting for validation (ingest picks them up), but not those backing off a failed try."""
     due = (Batch.ingest_retry_at.is_(None)) | (Batch.ingest_retry_at <= now())
     return list(session.scalars(select(Batch.id).where(Batch.status == lifecycle.VALIDATING, due)))
-
-
-def cancel_batch(session: Session, *, tenant_id: str, batch_id: str, protocol: Protocol = OPENAI) -> Batch:
-    """Move the batch to `cancelling` and turn its unfinished requests into cancelled error lines.
-
-    Requests already in an engine lose their lease here; their worker aborts them at its next lease
-    renewal (within seconds) and any result it still produces is dropped.
-    """
-    batch = get_batch(session, tenant_id=tenant_id, batch_id=batch_id, lock=True, protocol=protocol)
-    if not lifecycle.can_transition(batch.status, lifecycle.CANCELLING):
-        shown = protocol.shown_status(batch.status)
-        raise BatchNotCancellable(f"Cannot cancel batch {batch.id}: its {protocol.status_field} is '{shown}'.")
-    lifecycle.transition(batch, lifecycle.CANCELLING)  # which also ends a pause
-    batch_rows.close_open_requests(
-        session,
-        batch=batch,
-        statuses=tuple(lifecycle.REQ_OPEN),
-        status=lifecycle.REQ_CANCELLED,
-        code="batch_cancelled",
-        message="The batch was cancelled before this request ran.",
-    )
-    return batch
 
 
 def batch_errors(errors: list[dict[str, Any]] | None) -> dict[str, Any] | None:

@@ -22,10 +22,10 @@ from sqlalchemy.orm import Session
 from storage.clock import now_f
 from storage.finance.prices import CostBlock, price_book, price_job
 from storage.planning.shapes import JobShape, work_of
-from storage.planning.throughput import DEFAULT_TOKENS_PER_SECOND, Throughput, measured_throughput
+from storage.planning.throughput import DEFAULT_TOKENS_PER_SECOND, Throughput, throughput
 from storage.queue.backlog import backlog
-from storage.settings import Settings, window_seconds
-from storage.windows import BACKGROUND_DEADLINE, is_background_window
+from storage.settings import Settings
+from storage.windows import BACKGROUND_DEADLINE, is_background_window, window_seconds
 
 
 @dataclass(frozen=True)
@@ -91,9 +91,7 @@ def estimate_job(
     if default_tokens_per_second <= 0:
         raise ValueError("the default throughput must be positive")
     at = now_f() if at is None else at
-    rate = measured_throughput(session, model=model, prefill_weight=settings.prefill_weight) or Throughput(
-        default_tokens_per_second, default_tokens_per_second, "default", 0
-    )
+    rate = throughput(session, model=model, settings=settings, default_tokens_per_second=default_tokens_per_second)
     queued = backlog(session, model=model)
     backlog_seconds = work_of(queued, settings.prefill_weight) / rate.work_per_second
     job_seconds = work_of(shape, settings.prefill_weight) / rate.work_per_second

@@ -18,14 +18,14 @@ from sqlalchemy.orm import Session
 from storage import lifecycle
 from storage.batches.archive import drop_content
 from storage.batches.batches import create_batch, get_batch
-from storage.batches.control import check_priority
+from storage.batches.creation import check_extensions
 from storage.clock import now
 from storage.endpoints import MESSAGES_URL
 from storage.errors import InvalidRequest, NotFound
 from storage.files.blobs import BlobStore
 from storage.files.blobs.layout import input_file_key
 from storage.files.files import create_file, tenant_folder
-from storage.finance.budgets import check_file_within_budget, check_max_cost
+from storage.finance.budgets import check_file_within_budget
 from storage.ids import new_id
 from storage.lines.anthropic import RequestsReader, unqueued_results
 from storage.lines.reader import clip
@@ -34,6 +34,7 @@ from storage.paging import keyset_page
 from storage.protocols import ANTHROPIC
 from storage.settings import Settings
 from storage.strict import parse_usd, priority_value
+from storage.wakeups import wake_after_commit
 
 INPUT_PURPOSE = "message_batch_input"
 RESULTS_PURPOSE = "message_batch_results"
@@ -62,6 +63,7 @@ def create_message_batch(
 
     The body is never held whole: each request is written on as one JSONL line as it arrives. A shape
     problem anywhere fails the whole create (400 naming every bad request) and removes the partial object.
+    Ingest is woken after commit.
     """
     reader = RequestsReader(
         max_requests=settings.message_batch_max_requests,
@@ -109,6 +111,7 @@ def create_message_batch(
     )
     batch.request_total = reader.count
     session.flush()
+    wake_after_commit(session, "batch.ingest", batch_id=batch.id)
     return batch
 
 
@@ -118,9 +121,9 @@ def _extensions(
     """The create's Backfill extensions beside `requests` (as OpenAI's `extra_body` carries them): the priority
     (checked against the tenant's cap) and the spend cap in micro-dollars."""
     priority = priority_value(given.get("priority", 0))  # the same strict rules as OpenAI's create body
-    check_priority(session, settings, tenant_id=tenant_id, priority=priority)
     cost = given.get("max_cost_usd")
-    return priority, check_max_cost(None if cost is None else parse_usd(cost, param="max_cost_usd"))
+    cap = None if cost is None else parse_usd(cost, param="max_cost_usd")
+    return priority, check_extensions(session, settings, tenant_id=tenant_id, priority=priority, max_cost_micro_usd=cap)
 
 
 def get_message_batch(session: Session, *, tenant_id: str, batch_id: str, lock: bool = False) -> Batch:

@@ -1,7 +1,7 @@
 """A batch's result lines read from the queue rows: while it runs (with a cursor), or merged with its retries.
 
 Each line is rendered in the batch's own format (its protocol's `render_line`), each request at most once per
-answer. `after` is an opaque cursor (`rs_<n>`, see storage/queue/result_pages.py): the answer's `next_after`
+answer. `after` is an opaque cursor (`rs_<n>`, see storage/queue/result_rows.py): the answer's `next_after`
 fetches only what finished since. `limit` bounds an answer (the cursor then points past its last line); its
 `version` changes whenever the answer may, so a reader polling a batch that has not moved is told so without a
 line being read (HTTP: ETag, 304).
@@ -22,7 +22,7 @@ from storage.batches.retries import retry_tree
 from storage.errors import InvalidValue
 from storage.models import Batch
 from storage.protocols import protocol_of
-from storage.queue.result_pages import PAGE_ROWS, number_results, numbered_pages
+from storage.queue.result_rows import PAGE_ROWS, number_results, numbered_pages
 from storage.queue.retry_rows import merged_pages
 from storage.strict import cursor_number
 

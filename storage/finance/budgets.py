@@ -2,7 +2,7 @@
 
 Spend is what the tenant is billed (`billed_usd`: list price less the window's discount) for completed
 requests, by the one pricing function (`price_job`); a month's spend counts requests that finished in it,
-as `/v1/organization/costs` does. The check runs where results are recorded (`storage.queue.leases.record`),
+as `/v1/organization/costs` does. The check runs where results are recorded (`storage.queue.results.record`),
 in the transaction that stores them: once a batch's billed cost reaches its cap, or its tenant's month is
 spent, the batch's *queued* requests end as `budget_exceeded` error lines (the way cancel closes them) and
 nothing of it is claimed again. Requests already running finish and are billed. A batch's cap is also held at

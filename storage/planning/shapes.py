@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 
 from storage.endpoints import EMBEDDINGS_URL, MODERATIONS_URL
@@ -88,6 +89,11 @@ def _image_data(part: dict[str, Any]) -> str:
 def work(*, output_tokens: float, input_tokens: float, prefill_weight: Decimal) -> float:
     """The one work formula, in output-token equivalents: output + prefill_weight x input tokens."""
     return output_tokens + float(prefill_weight) * input_tokens
+
+
+def exact_work(*, output_tokens: int, input_tokens: int, prefill_weight: Decimal) -> Fraction:
+    """`work` as an exact fraction: a run's busy time is divided by it to the last digit (finance/attribution.py)."""
+    return Fraction(output_tokens) + Fraction(prefill_weight) * input_tokens
 
 
 def work_of(shape: JobShape, prefill_weight: Decimal) -> float:

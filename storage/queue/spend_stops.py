@@ -2,7 +2,7 @@
 requests ended as `budget_exceeded` error lines (the way cancel closes them) and nothing of it is claimed again.
 
 The rule and the spend it reads are storage/finance/budgets.py's; the queue applies it where results are
-recorded (storage/queue/leases.py `record`) and at claim (storage/queue/claim_caps.py), since only the queue
+recorded (storage/queue/results.py `record`) and at claim (storage/queue/claim_caps.py), since only the queue
 ends requests.
 """
 

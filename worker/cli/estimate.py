@@ -15,7 +15,8 @@ from storage.batches.estimates import Estimate, estimate_job
 from storage.db import transaction
 from storage.planning.shapes import DEFAULT_MAX_TOKENS, shape_of_jsonl
 from storage.planning.throughput import DEFAULT_TOKENS_PER_SECOND
-from storage.settings import get_settings, window_seconds
+from storage.settings import get_settings
+from storage.windows import window_seconds
 
 _CHUNK_BYTES = 1024 * 1024
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from storage.queue.claim import ClaimedRequest
-from storage.queue.leases import Outcome
+from storage.queue.results import Outcome
 from worker.engine import Engine, EngineRequest, EngineResult
 
 

@@ -26,7 +26,8 @@ from storage.files.files import record_result_file, tenant_folder
 from storage.metrics.events import observe_finalized
 from storage.protocols import BatchObject, Protocol, RenderLine, protocol_of
 from storage.queue.backlog import batch_done
-from storage.queue.leases import has_expired_requests, iter_results
+from storage.queue.leases import has_expired_requests
+from storage.queue.result_rows import iter_results
 from storage.settings import get_settings
 
 log = logging.getLogger(__name__)

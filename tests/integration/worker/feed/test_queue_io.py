@@ -16,7 +16,7 @@ from storage.db import transaction
 from storage.files.blobs import get_blob_store
 from storage.files.files import get_file
 from storage.models import Batch, BatchRequest
-from storage.queue import leases as results
+from storage.queue import results
 from storage.queue.reaping import release_expired_leases
 from storage.settings import get_settings
 from tests.conftest import Backend

@@ -3,7 +3,7 @@
 Non-urgent work is claimed band by band: batches with a deadline before background batches, and within
 each, higher `priority` first; inside a band tenants share fairly (storage/queue/claim_order.py). Held
 batches (paused, or with no room under their spend cap: storage/queue/claim_caps.py) are in no band and their
-rows are left out of the urgent tier too. Reading the batches (not aggregating every queued row) keeps the
+rows are left out of the urgent band too. Reading the batches (not aggregating every queued row) keeps the
 claim cheap at 50,000 queued rows. When every batch is in one band and none is held, the band carries no
 batch filter, so the claim's queries are those of a plain queue.
 """
