@@ -1,5 +1,5 @@
 """Draw storage/'s layers (docs/storage-layers.png) from the code: the order declared in STORAGE_LAYERS and the
-import arrows the layering test reads (tests/unit/test_layering.py), so the figure cannot drift from the guard.
+import arrows the layering test reads (tests/unit/test_storage_layers.py), so the figure cannot drift from the guard.
 
     .venv/bin/python docs/draw_layers.py        # writes docs/storage-layers.png, prints the arrow counts
 
@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "unit"))
 
-from test_layering import STORAGE_LAYERS, import_cycles, import_graph, layer_of, storage_modules  # noqa: E402
+from test_storage_layers import STORAGE_LAYERS, import_cycles, import_graph, layer_of, storage_modules  # noqa: E402
 
 
 def layer_arrows() -> tuple[dict[int, list[str]], Counter[tuple[int, int]]]:
@@ -60,7 +60,7 @@ def draw(path: Path) -> None:
     ax.set_xlim(0, 10.6 + 0.12 * len(arrows))
     ax.set_ylim(0, count)
     ax.axis("off")
-    ax.set_title("storage/: layers, lowest first (tests/unit/test_layering.py STORAGE_LAYERS); arrows: imports")
+    ax.set_title("storage/: layers, lowest first (tests/unit/test_storage_layers.py STORAGE_LAYERS); arrows: imports")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

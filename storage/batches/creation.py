@@ -4,7 +4,7 @@ place and in one set of words.
 The checks, in order: the completion window is one this server offers; the input is a `batch` file whose first
 line names a served model able to answer the endpoint; the priority is within the tenant's cap; a spend cap is
 more than $0; the tenant's monthly budget has room for the estimate; the tenant's quota has room for a batch
-(`create_batch`). A create whose requests come inline (storage/batches/message_batches.py) runs the same
+(`create_batch`). A create whose requests come inline (its protocol's own module beside this one) runs the same
 extension checks (`check_extensions`) on what it streamed in. The estimate (`estimate_file`) judges the same
 file with the same window and model checks, and creates nothing.
 """
