@@ -14,7 +14,13 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError as PydanticSettingsError
 
 from storage.endpoints import MODERATIONS_URL
-from storage.registry import ModelSpec, default_embedding_model, demo_moderation_model, demo_vl_model
+from storage.registry import (
+    ModelSpec,
+    default_embedding_model,
+    demo_embedding_model,
+    demo_moderation_model,
+    demo_vl_model,
+)
 from storage.windows import BACKGROUND_WINDOW, offered_windows
 
 
@@ -226,7 +232,9 @@ class Settings(BaseSettings):
     # by default the list input price x this factor.
     cached_input_price_factor: Decimal = Field(default=Decimal("0.5"), ge=0, le=1)
 
-    @field_validator("price_book", "models", "enqueued_token_limits", "tenant_quotas", mode="before")
+    @field_validator(
+        "price_book", "models", "enqueued_token_limits", "tenant_quotas", "completion_windows", mode="before"
+    )
     @classmethod
     def _parse_json(cls, value: Any) -> Any:
         return json.loads(value) if isinstance(value, str) else value
@@ -252,11 +260,6 @@ class Settings(BaseSettings):
             except ValueError:
                 raise ValueError(f"{network!r} is not a network like 127.0.0.1/32 or 10.0.0.0/8") from None
         return value
-
-    @field_validator("completion_windows", mode="before")
-    @classmethod
-    def _parse_windows(cls, value: Any) -> Any:
-        return json.loads(value) if isinstance(value, str) else value
 
     @field_validator("completion_windows")
     @classmethod
@@ -314,7 +317,7 @@ class Settings(BaseSettings):
 
     def served_models(self) -> dict[str, ModelSpec]:
         """The model registry; the embedded default serves the locally built demo models (chat, vision-language,
-        moderation) and MiniLM embeddings."""
+        Matryoshka embeddings, moderation) and MiniLM embeddings."""
         if self.models:
             return self.models
         # float32: on CPUs without AVX-512 vLLM's bf16 kernels are ~3x slower for this tiny model. Its template
@@ -329,6 +332,7 @@ class Settings(BaseSettings):
             "backfill-demo": demo,
             **demo_vl_model(self.data_dir),
             **default_embedding_model(),
+            **demo_embedding_model(self.data_dir),
             **demo_moderation_model(self.data_dir),
         }
 
