@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from storage.json_values import UnstorableValue, storable
 from storage.queue.claim import ClaimedRequest
-from storage.queue.leases import Outcome
+from storage.queue.results import Outcome
 from worker.engine import Engine, EngineRequest, EngineResult
 from worker.engine.wire.base import server_error
 

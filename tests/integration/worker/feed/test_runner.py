@@ -9,14 +9,14 @@ from collections.abc import Collection
 import pytest
 from sqlalchemy import func, select
 
-from storage.batches import lifecycle
-from storage.batches.batches import cancel_batch
+from storage import lifecycle
+from storage.batches.control import cancel_batch
 from storage.db import transaction
 from storage.files.blobs import get_blob_store
 from storage.models import Batch, BatchRequest, EngineRun
 from storage.queue.claim import claim
-from storage.queue.leases import record
 from storage.queue.reaping import release_expired_leases
+from storage.queue.results import record
 from storage.settings import get_settings
 from tests.conftest import Backend
 from tests.factories import make_batch, make_tenant
@@ -102,7 +102,7 @@ def test_a_result_for_a_lost_lease_is_dropped_and_the_request_runs_again(backend
     while runner.run_for(5.0):
         pass
     # The dead worker comes back and reports: nothing it says is stored.
-    from storage.queue.leases import Outcome
+    from storage.queue.results import Outcome
 
     late = [Outcome(c.id, 200, {"late": True}, 1, 1, 0.1) for c in claimed]
     with transaction() as session:
