@@ -26,6 +26,7 @@ STORAGE_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "endpoints",
             "paging",
             "strict",
+            "json_values",
             "metrics.events",
             "planning.node",
             "planning.step_time",
