@@ -49,9 +49,7 @@ def hand_back_paused(session: Session, *, worker_id: str, request_ids: list[str]
             BatchRequest.lease_owner == worker_id,
             ~not_paused(),
         )
-        .values(
-            status=lifecycle.REQ_QUEUED, lease_owner=None, lease_expires_at=None, attempts=BatchRequest.attempts - 1
-        )
+        .values(status=lifecycle.REQ_QUEUED, lease_owner=None, lease_id=None, attempts=BatchRequest.attempts - 1)
         .returning(BatchRequest.id)
         .execution_options(synchronize_session=False)
     )

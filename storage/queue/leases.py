@@ -20,7 +20,8 @@ from storage.batches.batches import add_counts_of
 from storage.clock import now_f
 from storage.finance.budgets import stop_over_budget
 from storage.models import BatchRequest
-from storage.queue.checkpoints import Generated, drop_ended, save_checkpoints, save_renewing
+from storage.queue import lease_expiry
+from storage.queue.checkpoints import Generated, drop_ended, save_checkpoints
 from storage.queue.claim_caps import within_caps
 from storage.queue.enqueue import ids_match, lock_batches_of
 from storage.queue.handback import hand_back_paused, not_paused
@@ -53,30 +54,26 @@ def renew(
 ) -> set[str]:
     """Extend this worker's leases; return the ids it no longer holds (cancelled, expired, re-queued).
 
-    `checkpoints` (periodic ones, of rows among these) are stored on the way: a row whose count a checkpoint
-    moves gets its new expiry in that same UPDATE (`save_renewing`: one row version, not two), the rest here.
+    One read of the rows (which still run under this worker, and under which leases), then one write per lease
+    they point to (a claim's: storage/queue/lease_expiry.py), not per row; leases of this worker no running row
+    points to any more go. `checkpoints` (periodic ones, of rows among these) are stored on the way.
     """
     if not request_ids:
         return set()
-    expires = now_f() + lease_seconds
-    renewed: set[str] = set()
     given = checkpoints or {}
     if due := {rid: given[rid] for rid in set(request_ids) & set(given)}:
-        renewed = save_renewing(session, worker_id=worker_id, checkpoints=due, lease_expires_at=expires)
-    if not (rest := sorted(set(request_ids) - renewed)):
-        return set()
-    held = session.scalars(
-        update(BatchRequest)
-        .where(
-            ids_match(session, rest),
+        save_checkpoints(session, worker_id=worker_id, checkpoints=due)
+    held = session.execute(
+        select(BatchRequest.id, BatchRequest.lease_id).where(
+            ids_match(session, sorted(request_ids)),
             BatchRequest.status == lifecycle.REQ_RUNNING,
             BatchRequest.lease_owner == worker_id,
         )
-        .values(lease_expires_at=expires)
-        .returning(BatchRequest.id)
-        .execution_options(synchronize_session=False)
-    )
-    return set(rest) - set(held)
+    ).all()
+    lease_ids = {lease_id for _, lease_id in held if lease_id}
+    lease_expiry.extend(session, worker_id=worker_id, lease_ids=lease_ids, lease_seconds=lease_seconds)
+    lease_expiry.drop_empty(session, worker_id=worker_id, keep=lease_ids)
+    return set(request_ids) - {rid for rid, _ in held}
 
 
 def take_back(session: Session, *, worker_id: str, request_ids: list[str], lease_seconds: int) -> set[str]:
@@ -90,6 +87,7 @@ def take_back(session: Session, *, worker_id: str, request_ids: list[str], lease
         request_ids = within_caps(session, get_settings(), request_ids=request_ids)
     if not request_ids:
         return set()
+    lease = lease_expiry.open_lease(session, worker_id=worker_id, lease_seconds=lease_seconds)
     retaken = session.scalars(
         update(BatchRequest)
         .where(
@@ -97,7 +95,7 @@ def take_back(session: Session, *, worker_id: str, request_ids: list[str], lease
             lifecycle.rows_moving(lifecycle.REQ_QUEUED, to=lifecycle.REQ_RUNNING),
             not_paused(),
         )
-        .values(status=lifecycle.REQ_RUNNING, lease_owner=worker_id, lease_expires_at=now_f() + lease_seconds)
+        .values(status=lifecycle.REQ_RUNNING, lease_owner=worker_id, lease_id=lease)
         .returning(BatchRequest.id)
         .execution_options(synchronize_session=False)
     )
@@ -175,7 +173,7 @@ _STORE_JSON = text(
         error_code = v.error_code, error_message = v.error_message, prompt_tokens = v.prompt,
         completion_tokens = v.completion, cached_tokens = v.cached, reasoning_tokens = v.reasoning,
         engine_seconds = v.seconds, run_id = :run_id,
-        lease_owner = NULL, lease_expires_at = NULL, finished_at = :finished, checkpoint_tokens = 0
+        lease_owner = NULL, lease_id = NULL, finished_at = :finished, checkpoint_tokens = 0
     FROM ROWS FROM (json_to_recordset(CAST(:rows AS json)) AS (
             id text, status text, code int, error_code text, error_message text,
             prompt int, completion int, cached int, reasoning int, seconds float8
@@ -244,7 +242,7 @@ def _store_executemany(session: Session, *, worker_id: str, run_id: str, outcome
             engine_seconds=bindparam("b_seconds"),
             run_id=run_id,
             lease_owner=None,
-            lease_expires_at=None,
+            lease_id=None,
             finished_at=finished,
             checkpoint_tokens=0,
         )
@@ -305,7 +303,7 @@ def release(
         .values(
             status=lifecycle.REQ_QUEUED,
             lease_owner=None,
-            lease_expires_at=None,
+            lease_id=None,
             attempts=BatchRequest.attempts - 1,
         )
         .execution_options(synchronize_session=False)
