@@ -10,6 +10,9 @@ owner and expiry) and stamps its queue rows with its id (`batch_requests.lease_i
 them); a renewal moves the expiry of the few leases a worker holds. The guard that stores a result is unchanged
 (`status = running AND lease_owner = worker`). Rows running at upgrade get one lease per owner, expiring at the
 latest of their rows' expiries. Downgrading gives each running row its lease's expiry back.
+
+`ix_batch_requests_queue` gains the urgent claim's order (deadline, prefix_key, batch_id, line): with a deep
+urgent backlog a claim sorted every urgent row (0.9-1.5 s at 100,000 queued rows, bench/fleet.py).
 """
 
 from __future__ import annotations
@@ -55,11 +58,20 @@ def upgrade() -> None:
             {"i": lease_id, "w": owner},
         )
     op.drop_index("ix_batch_requests_lease", table_name="batch_requests")
+    # The urgent claim reads its rows in EDF order off this index instead of sorting every urgent row.
+    op.drop_index("ix_batch_requests_queue", table_name="batch_requests")
+    op.create_index(
+        "ix_batch_requests_queue",
+        "batch_requests",
+        ["model", "status", "deadline", "prefix_key", "batch_id", "line"],
+    )
     # Plain ALTER TABLE on SQLite too (as 0019, 0021): a batch-mode copy of batch_requests would drop the table.
     op.drop_column("batch_requests", "lease_expires_at")
 
 
 def downgrade() -> None:
+    op.drop_index("ix_batch_requests_queue", table_name="batch_requests")
+    op.create_index("ix_batch_requests_queue", "batch_requests", ["model", "status", "deadline"])
     op.add_column("batch_requests", sa.Column("lease_expires_at", sa.Float(), nullable=True))
     op.execute(
         "UPDATE batch_requests SET lease_expires_at ="
