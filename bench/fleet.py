@@ -36,16 +36,26 @@ from bench._setup import OUT, fresh_postgres, plot_dir, submit
 from bench.fleet_meters import Meters, percentile
 
 MODEL = "fleet-model"
+ADD_PER_SECOND = 40  # nodes joining per second per process
 
 
-def _process(url: str, workload: str, index: int, procs: int, pool: int, target: Any, stop: Any, out: Any) -> None:
+def _process(
+    url: str, workload: str, index: int, procs: int, pool: int, target: Any, stop: Any, ready: Any, out: Any
+) -> None:
     os.environ["BACKFILL_DATABASE_URL"] = url
     from bench.fleet_nodes import TICK, Fleet, workloads
+    from storage.db import transaction
 
     fleet = Fleet(workloads()[workload], pool=pool, process=index)
+    with transaction() as session:  # imports done and a connection open before the ramp starts
+        session.execute(sa.text("SELECT 1"))
+    ready.set()
+    added = time.monotonic()
     while not stop.is_set():
-        while len(fleet.nodes) * procs + index < target.value:
+        # New nodes join at ADD_PER_SECOND per process, not all in one tick (their first claims are 768 rows).
+        if len(fleet.nodes) * procs + index < target.value and time.monotonic() - added >= 1 / ADD_PER_SECOND:
             fleet.add_node(len(fleet.nodes) * procs + index)
+            added = time.monotonic()
         began = time.monotonic()
         fleet.tick()
         time.sleep(max(0.0, TICK - (time.monotonic() - began)))
@@ -105,6 +115,19 @@ def populate(url: str, workload: str, rows: int) -> None:
     engine.dispose()
 
 
+def backlog_scan_seconds() -> float:
+    """One read of the urgency horizon's backlog (every open row of the model: storage/planning/throughput.py), which
+    each worker process repeats every HORIZON_MAX_AGE_SECONDS."""
+    from storage.db import transaction
+    from storage.planning.throughput import drain_seconds
+    from storage.settings import get_settings
+
+    began = time.perf_counter()
+    with transaction() as session:
+        drain_seconds(session, model=MODEL, settings=get_settings())
+    return time.perf_counter() - began
+
+
 def run(workload: str, args: argparse.Namespace) -> dict[str, Any]:
     from bench.fleet_nodes import workloads
 
@@ -120,14 +143,18 @@ def run(workload: str, args: argparse.Namespace) -> dict[str, Any]:
         cached.cache_clear()
     migrate_database()
     populate(url, workload, args.rows)
+    scan = backlog_scan_seconds()
     ctx = mp.get_context("spawn")
     target, stop, out = ctx.Value("i", 0), ctx.Event(), ctx.Queue()
+    ready = [ctx.Event() for _ in range(args.procs)]
     procs = [
-        ctx.Process(target=_process, args=(url, workload, i, args.procs, args.pool, target, stop, out))
+        ctx.Process(target=_process, args=(url, workload, i, args.procs, args.pool, target, stop, ready[i], out))
         for i in range(args.procs)
     ]
     for proc in procs:
         proc.start()
+    for event in ready:
+        event.wait(120)
     meters = Meters(url, [proc.pid for proc in procs if proc.pid])
     stages: list[dict[str, Any]] = []
     try:
@@ -168,6 +195,8 @@ def run(workload: str, args: argparse.Namespace) -> dict[str, Any]:
         "node_rate_per_s": round(rate, 2),
         "stages": stages,
         "nodes_reached": reached,
+        "backlog_scan_ms": round(scan * 1000, 1),
+        "queued_at_start": args.rows,
         "double_claims": len(ids) - len(set(ids)),
         "claimed": len(ids),
         "stored": sum(o["stored"] for o in outs),
