@@ -185,6 +185,10 @@ def run(workload: str, args: argparse.Namespace) -> dict[str, Any]:
         stage["claim_p50_ms"] = round(percentile([c[1] for c in inside], 50) * 1000, 1)
         stage["claim_p99_ms"] = round(percentile([c[1] for c in inside], 99) * 1000, 1)
         stage["claim_db_p99_ms"] = round(percentile([c[2] for c in inside], 99) * 1000, 1)
+        stored = stage["results_per_s"] * (ended - began)
+        stage["postgres_cpu_ms_per_result"] = (
+            round(stage["postgres_cpu_seconds"] * 1000 / stored, 3) if stored else None
+        )
         stage["saturated"] = stage["share_of_demand"] < 0.95 or stage["claim_p99_ms"] > step * 1000
     ids = [i for o in outs for i in o["claimed_ids"]]
     checks = meters.final_checks()

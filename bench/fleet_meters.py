@@ -68,9 +68,18 @@ class Meters:
             ).scalar_one()
         return {"lsn": lsn, "xacts": int(row[0]), "rows": int(row[1]), "connections": int(connections)}
 
+    def backends(self) -> list[int]:
+        """The server processes of this database's connections (the simulator's pool): the CPU Postgres spends on
+        the fleet, not on other databases of the same server."""
+        with self.engine.connect() as conn:
+            query = "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            return [int(pid) for (pid,) in conn.execute(sa.text(query))]
+
     def window(self, seconds: float) -> dict[str, Any]:
         """Measure `seconds` of wall time from now."""
-        pg = postgres_pids()
+        pg = self.backends()
+        server = postgres_pids()
+        server_cpu = cpu_seconds(server)
         before, pg_cpu, sim_cpu = self._db(), cpu_seconds(pg), cpu_seconds(self.simulator)
         began = time.monotonic()
         connections = [before["connections"]]
@@ -79,7 +88,8 @@ class Meters:
             connections.append(self._db()["connections"])
         ended = time.monotonic()
         after = self._db()
-        pg_used = cpu_seconds(pg + [p for p in postgres_pids() if p not in pg]) - pg_cpu
+        pg_used = cpu_seconds(pg) - pg_cpu  # connections are pooled: the same backends from start to end
+        server_used = cpu_seconds(server) - server_cpu
         sim_used = cpu_seconds(self.simulator) - sim_cpu
         wall = ended - began
         with self.engine.connect() as conn:
@@ -97,6 +107,8 @@ class Meters:
             "rows_written_per_s": round((after["rows"] - before["rows"]) / wall),
             "connections": max(connections),
             "postgres_cpu_share": round(pg_used / wall / cores, 3),
+            "postgres_cpu_seconds": round(pg_used, 2),
+            "server_cpu_share": round(server_used / wall / cores, 3),  # every database of the server
             "simulator_cpu_share": round(sim_used / wall / cores, 3),
             "load_average": round(os.getloadavg()[0], 2),
             "db_queued": int(queued),
