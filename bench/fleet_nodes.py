@@ -31,8 +31,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MAX_NUM_SEQS = 384
-MAX_INFLIGHT = 2 * MAX_NUM_SEQS
-REFILL_BELOW = MAX_INFLIGHT - MAX_NUM_SEQS // 2
 FLUSH_SECONDS, FLUSH_RESULTS, RENEW_SECONDS = 1.0, 256, 2.0
 BUDGET_TOKENS = 16384
 TICK = 0.01
@@ -109,8 +107,18 @@ class Node:
 class Fleet:
     """The nodes of one process, their engine clocks, and the pool that runs their database calls."""
 
-    def __init__(self, workload: Workload, *, pool: int, process: int) -> None:
-        self.workload, self.process = workload, process
+    def __init__(
+        self,
+        workload: Workload,
+        *,
+        pool: int,
+        process: int,
+        max_num_seqs: int = MAX_NUM_SEQS,
+        model: str = "fleet-model",
+    ) -> None:
+        self.workload, self.process, self.model = workload, process, model
+        self.slots, self.max_inflight = max_num_seqs, 2 * max_num_seqs  # the runner's own (worker/feed/runner.py)
+        self.refill_below = self.max_inflight - max(1, max_num_seqs // 2)
         self.executor = ThreadPoolExecutor(max_workers=pool)
         self.done: queue.SimpleQueue[tuple[Node, str, Any]] = queue.SimpleQueue()
         self.nodes: list[Node] = []
@@ -130,7 +138,7 @@ class Fleet:
         now = time.monotonic()
         worker_id = f"fleet-{index}"
         node = Node(index, worker_id, last_tick=now, last_flush=now, last_renew=now)
-        node.tally = EngineRunTally(worker_id=worker_id, model="fleet-model", max_num_seqs=MAX_NUM_SEQS)
+        node.tally = EngineRunTally(worker_id=worker_id, model=self.model, max_num_seqs=self.slots)
         self.nodes.append(node)
 
     def tick(self) -> None:
@@ -158,16 +166,16 @@ class Fleet:
         room = BUDGET_TOKENS - node.running  # each decoding sequence takes a token of every step's budget
         node.budget = min(room, node.budget + (now - node.last_tick) / w.step_seconds * room)
         node.last_tick = now
-        while node.waiting and node.running < MAX_NUM_SEQS and node.budget >= w.prompt_tokens:
+        while node.waiting and node.running < self.slots and node.budget >= w.prompt_tokens:
             rid, tokens = node.waiting.popleft()
             node.budget -= w.prompt_tokens
             node.running += 1
             self.seq += 1
             heapq.heappush(self.events, (now + tokens * w.step_seconds, self.seq, node, rid, tokens))
         held = len(node.waiting) + node.running + len(node.finished) + node.recording
-        if not node.claiming and held < REFILL_BELOW:
+        if not node.claiming and held < self.refill_below:
             node.claiming = True
-            self.executor.submit(self._claim, node, MAX_INFLIGHT - held, now)
+            self.executor.submit(self._claim, node, self.max_inflight - held, now)
         if node.finished and (now - node.last_flush >= FLUSH_SECONDS or len(node.finished) >= FLUSH_RESULTS):
             node.last_flush = now
             results, node.finished = node.finished, []
@@ -222,7 +230,7 @@ class Fleet:
             with transaction() as session:
                 claimed = claim(
                     session,
-                    model="fleet-model",
+                    model=self.model,
                     worker_id=node.worker_id,
                     limit=limit,
                     lease_seconds=120,
