@@ -59,6 +59,7 @@ def _process(
         began = time.monotonic()
         fleet.tick()
         time.sleep(max(0.0, TICK - (time.monotonic() - began)))
+    fleet.claimer.shutdown(wait=True)
     fleet.executor.shutdown(wait=True)
     fleet.settle()
     out.put(
@@ -243,7 +244,9 @@ def main() -> int:
     parser.add_argument("--workloads", default="long,short")
     parser.add_argument("--nodes", default="")
     parser.add_argument("--procs", type=int, default=2)
-    parser.add_argument("--pool", type=int, default=6)
+    parser.add_argument(
+        "--pool", type=int, default=4, help="threads (connections) per process for claims, and for writes"
+    )
     parser.add_argument("--warmup", type=float, default=6.0)
     parser.add_argument("--seconds", type=float, default=12.0)
     parser.add_argument("--rows", type=int, default=400_000)

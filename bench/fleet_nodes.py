@@ -13,8 +13,9 @@ request admitted at t (a slot free, and prefill budget: `max_num_batched_tokens`
 finishes at t + output tokens x step. So a node completes requests at the rate one 8xH100 node would, and an
 engine left waiting (no rows claimed in time) shows as a lower rate than the nodes' demand.
 
-The database calls run on a pool of threads (`--pool`, the process's connections: PgBouncer's role); the node
-loop ticks every 10 ms and hands each node's calls to it.
+The database calls run on two pools of threads per process (`--pool` each: claims, and writes), whose connections
+play PgBouncer's part (a real node keeps two: its claimer's and its writer's); the node loop ticks every 10 ms and
+hands each node's calls to them.
 """
 
 from __future__ import annotations
@@ -119,7 +120,9 @@ class Fleet:
         self.workload, self.process, self.model = workload, process, model
         self.slots, self.max_inflight = max_num_seqs, 2 * max_num_seqs  # the runner's own (worker/feed/runner.py)
         self.refill_below = self.max_inflight - max(1, max_num_seqs // 2)
-        self.executor = ThreadPoolExecutor(max_workers=pool)
+        self.executor = ThreadPoolExecutor(max_workers=pool)  # the writers' calls (results, renewals)
+        # Claims on threads of their own, as the runner's claimer thread: never queued behind other nodes' writes.
+        self.claimer = ThreadPoolExecutor(max_workers=pool)
         self.done: queue.SimpleQueue[tuple[Node, str, Any]] = queue.SimpleQueue()
         self.nodes: list[Node] = []
         self.events: list[tuple[float, int, Node, str, int]] = []  # (finish time, seq, node, id, tokens)
@@ -175,7 +178,7 @@ class Fleet:
         held = len(node.waiting) + node.running + len(node.finished) + node.recording
         if not node.claiming and held < self.refill_below:
             node.claiming = True
-            self.executor.submit(self._claim, node, self.max_inflight - held, now)
+            self.claimer.submit(self._claim, node, self.max_inflight - held, now)
         if node.finished and (now - node.last_flush >= FLUSH_SECONDS or len(node.finished) >= FLUSH_RESULTS):
             node.last_flush = now
             results, node.finished = node.finished, []

@@ -31,6 +31,7 @@ def test_six_virtual_nodes_on_one_queue_claim_no_row_twice_and_store_each_result
     while len(set(fleet.stored_ids)) < 600 and time.monotonic() < deadline:
         fleet.tick()
         time.sleep(0.005)
+    fleet.claimer.shutdown(wait=True)
     fleet.executor.shutdown(wait=True)
     assert not fleet.errors
     assert len(fleet.claimed_ids) == len(set(fleet.claimed_ids)) == 600  # no row handed to two nodes
