@@ -165,7 +165,7 @@ def run(workload: str, args: argparse.Namespace) -> dict[str, Any]:
             window = meters.window(args.seconds)
             stages.append({"nodes": nodes, **window})
             print(json.dumps({"workload": workload, "nodes": nodes, **window}), flush=True)
-            if window["db_queued"] < nodes * 2000:
+            if window["db_queued"] < nodes * 800:  # the next stage's nodes claim 768 rows each
                 print("queue nearly dry: stopping the ramp", flush=True)
                 break
     finally:
