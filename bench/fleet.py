@@ -59,8 +59,9 @@ def _process(
         began = time.monotonic()
         fleet.tick()
         time.sleep(max(0.0, TICK - (time.monotonic() - began)))
-    fleet.claimer.shutdown(wait=True)
-    fleet.executor.shutdown(wait=True)
+    fleet.stopping = True  # writes still queued are dropped: their rows stay running (counted at the end)
+    fleet.claimer.shutdown(wait=True, cancel_futures=True)
+    fleet.executor.shutdown(wait=True, cancel_futures=True)
     fleet.settle()
     out.put(
         {

@@ -33,6 +33,7 @@ from typing import Any
 
 MAX_NUM_SEQS = 384
 FLUSH_SECONDS, FLUSH_RESULTS, RENEW_SECONDS = 1.0, 256, 2.0
+MAX_PENDING, MAX_COALESCED = 16, 8  # worker/feed/queue_io.py: writes queued before the engine waits; one commit
 BUDGET_TOKENS = 16384
 TICK = 0.01
 
@@ -132,6 +133,7 @@ class Fleet:
         self.claimed_ids: list[str] = []
         self.stored_ids: list[str] = []
         self.lost = 0
+        self.stopping = False
         self.errors: list[str] = []
         self.lock = threading.Lock()
 
@@ -169,6 +171,8 @@ class Fleet:
         room = BUDGET_TOKENS - node.running  # each decoding sequence takes a token of every step's budget
         node.budget = min(room, node.budget + (now - node.last_tick) / w.step_seconds * room)
         node.last_tick = now
+        if len(node.writes) >= MAX_PENDING:  # the writer is behind: the runner's engine thread waits (admits nothing)
+            return
         while node.waiting and node.running < self.slots and node.budget >= w.prompt_tokens:
             rid, tokens = node.waiting.popleft()
             node.budget -= w.prompt_tokens
@@ -251,26 +255,31 @@ class Fleet:
             self.done.put((node, "claimed", rows))
 
     def _writer(self, node: Node) -> None:
+        """One transaction of the node's writes, in order: its queued flushes in one commit (up to MAX_COALESCED, as
+        the writer thread coalesces when the database falls behind), or a renewal."""
+        from storage.queue.leases import Outcome
         from worker.feed.writes import Flush, commit, renew_leases
 
         try:
-            while node.writes:
-                kind, payload = node.writes.popleft()
-                if kind == "flush":
-                    results, write_run = payload
-                    from storage.queue.leases import Outcome
-
-                    outcomes = [Outcome(rid, 200, _body(t), self.workload.prompt_tokens, t, 0.1) for rid, t in results]
-                    flush = Flush(node.tally.run_id, write_run, outcomes, [], {})
-                    commit([flush], worker_id=node.worker_id)
-                    with self.lock:
-                        self.committed.append((time.monotonic(), len(results)))
-                        self.stored_ids.extend(rid for rid, _ in results)
-                    self.done.put((node, "recorded", ([rid for rid, _ in results], len(results))))
-                else:
-                    lost, _ = renew_leases(payload, {}, worker_id=node.worker_id, lease_seconds=120)
-                    if lost:
-                        self.done.put((node, "lost", lost))
+            if self.stopping or not node.writes:
+                return
+            if node.writes[0][0] == "renew":
+                lost, _ = renew_leases(node.writes.popleft()[1], {}, worker_id=node.worker_id, lease_seconds=120)
+                if lost:
+                    self.done.put((node, "lost", lost))
+                return
+            batch: list[tuple[str, int]] = []
+            flushes = []
+            while node.writes and node.writes[0][0] == "flush" and len(flushes) < MAX_COALESCED:
+                results, write_run = node.writes.popleft()[1]
+                outcomes = [Outcome(rid, 200, _body(t), self.workload.prompt_tokens, t, 0.1) for rid, t in results]
+                flushes.append(Flush(node.tally.run_id, write_run, outcomes, [], {}))
+                batch += results
+            commit(flushes, worker_id=node.worker_id)
+            with self.lock:
+                self.committed.append((time.monotonic(), len(batch)))
+                self.stored_ids.extend(rid for rid, _ in batch)
+            self.done.put((node, "recorded", ([rid for rid, _ in batch], len(batch))))
         except Exception as error:
             with self.lock:
                 self.errors.append(f"write: {error!r}"[:300])
