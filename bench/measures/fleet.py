@@ -58,3 +58,35 @@ def fleet_rows(fleet: dict[str, Any]) -> list[dict[str, Any]]:
             ),
         ]
     return rows
+
+
+def lease_renewal_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
+    """bench/lease_renewal.py: rows and WAL per renewal (a lease per claim: O(claims), not O(rows in flight)), and
+    claim + record per request."""
+    rows: list[dict[str, Any]] = []
+    claims_per_worker = max(1, -(-768 // r["claim_size"]))  # a runner's 768 rows in flight, claimed by claim_size
+    for run in r["renewals"]:
+        n = run["inflight"]
+        goal = -(-n // r["claim_size"])  # one row write per claim held
+        rows += [
+            entry(
+                f"lease_renewal_rows_written_{n}_inflight",
+                run["rows_written_per_renewal"],
+                f"row versions per renewal of {n} rows in flight (claims of {r['claim_size']}; {run['renewals_per_s']}"
+                f" renewals/s, {run['statements_per_renewal']} statements each)",
+                f"<= {goal} (one per claim)",
+                run["rows_written_per_renewal"] <= goal,
+            ),
+            entry(f"lease_renewal_wal_bytes_{n}_inflight", run["wal_bytes_per_renewal"], "bytes of WAL per renewal"),
+        ]
+    c = r["claim_record"]
+    rows += [
+        entry(
+            "lease_renewal_claim_record_wal_bytes_per_request",
+            c["wal_bytes_per_request"],
+            f"bytes of WAL per request, claim + record ({c['rows_written_per_request']} rows written, "
+            f"{c['statements_per_request']} statements, {c['transactions_per_request']} transactions per request; "
+            f"~2 KB result bodies; {claims_per_worker} claims per worker)",
+        ),
+    ]
+    return rows
