@@ -220,7 +220,7 @@ class Fleet:
             node.waiting = deque(kept)
         elif kind == "written":
             node.writing = False
-            if node.writes:
+            if node.writes and not self.stopping:
                 node.writing = True
                 self.executor.submit(self._writer, node)
 
