@@ -225,7 +225,10 @@ def plot(results: list[dict[str, Any]]) -> None:
         label = f"{result['workload']} outputs"
         axes[0][0].plot(nodes, [s["results_per_s"] for s in result["stages"]], "o-", label=f"{label}: stored")
         axes[0][0].plot(nodes, [s["demand_per_s"] for s in result["stages"]], ":", label=f"{label}: demand")
-        axes[0][1].plot(nodes, [s["claim_p99_ms"] for s in result["stages"]], "o-", label=f"{label}: p99")
+        claimed = [s for s in result["stages"] if s["claims"]]  # a stage with no claim has no latency to show
+        axes[0][1].plot(
+            [s["nodes"] for s in claimed], [s["claim_p99_ms"] for s in claimed], "o-", label=f"{label}: p99"
+        )
         axes[0][1].axhline(result["step_ms"], linestyle=":", color="grey")
         axes[1][0].plot(nodes, [s["wal_mb_per_s"] for s in result["stages"]], "o-", label=label)
         axes[1][1].plot(nodes, [s["postgres_cpu_share"] for s in result["stages"]], "o-", label=f"{label}: Postgres")

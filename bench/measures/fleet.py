@@ -16,9 +16,9 @@ def fleet_rows(fleet: dict[str, Any]) -> list[dict[str, Any]]:
     for w in fleet["workloads"]:
         name, goal = w["workload"], GOALS[w["workload"]]
         fed = [s for s in w["stages"] if not s["saturated"]]
-        best = fed[-1] if fed else None
+        best = fed[-1] if fed else w["stages"][0]  # none fed: the smallest fleet's figure
         top = max(w["stages"], key=lambda s: s["results_per_s"])
-        p99 = best["claim_p99_ms"] if best else None
+        p99 = best["claim_p99_ms"]
         once = w["double_claims"] == 0 and w["attempts_over_1"] == 0 and w["stored"] == w["completed"]
         rows += [
             entry(
@@ -33,9 +33,10 @@ def fleet_rows(fleet: dict[str, Any]) -> list[dict[str, Any]]:
             entry(
                 f"fleet_{name}_claim_p99_ms",
                 p99,
-                f"ms at {best['nodes'] if best else 0} nodes (one step: {w['step_ms']} ms)",
+                f"ms at {best['nodes']} nodes (one step: {w['step_ms']} ms; database time alone "
+                f"{best['claim_db_p99_ms']} ms)",
                 f"< {w['step_ms']}",
-                p99 is not None and p99 < w["step_ms"],
+                bool(fed) and p99 < w["step_ms"],
             ),
             entry(f"fleet_{name}_exactly_once", once, "bool (no double claim, each stored once)", "true", once),
             entry(
