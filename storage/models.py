@@ -335,7 +335,9 @@ class Lease(Base):
     """
 
     __tablename__ = "leases"
-    __table_args__ = (Index("ix_leases_worker_id", "worker_id"), Index("ix_leases_expires_at", "expires_at"))
+    # No index on `expires_at`: a renewal's update then stays HOT (no index entry written), and the reaper reads
+    # this small table (a few rows per worker) whole every pass.
+    __table_args__ = (Index("ix_leases_worker_id", "worker_id"),)
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     worker_id: Mapped[str] = mapped_column(String(128))

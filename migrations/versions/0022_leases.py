@@ -37,7 +37,6 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_leases")),
     )
     op.create_index("ix_leases_worker_id", "leases", ["worker_id"])
-    op.create_index("ix_leases_expires_at", "leases", ["expires_at"])
     op.add_column("batch_requests", sa.Column("lease_id", sa.String(length=32), nullable=True))
     op.create_index("ix_batch_requests_lease_id", "batch_requests", ["lease_id"])
     bind = op.get_bind()
@@ -80,6 +79,5 @@ def downgrade() -> None:
     op.create_index("ix_batch_requests_lease", "batch_requests", ["status", "lease_expires_at"])
     op.drop_index("ix_batch_requests_lease_id", table_name="batch_requests")
     op.drop_column("batch_requests", "lease_id")
-    op.drop_index("ix_leases_expires_at", table_name="leases")
     op.drop_index("ix_leases_worker_id", table_name="leases")
     op.drop_table("leases")
