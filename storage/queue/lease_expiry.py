@@ -18,7 +18,7 @@ from collections.abc import Collection
 from sqlalchemy import ColumnElement, delete, exists, insert, or_, select, update
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
+from storage import lifecycle
 from storage.clock import now_f
 from storage.ids import new_id
 from storage.models import BatchRequest, Lease

@@ -10,7 +10,6 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from storage import lifecycle
-from storage.clock import now_f
 from storage.models import BatchRequest
 from storage.queue import lease_expiry
 from storage.queue.checkpoints import Generated, save_checkpoints

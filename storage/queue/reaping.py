@@ -17,8 +17,8 @@ from sqlalchemy.orm import Session
 from storage import lifecycle
 from storage.clock import now, now_f
 from storage.models import Batch, BatchRequest
-from storage.queue.batch_counts import add_counts
 from storage.queue import lease_expiry
+from storage.queue.batch_counts import add_counts
 from storage.queue.batch_rows import close_open_requests
 from storage.queue.checkpoints import drop_ended
 from storage.queue.enqueue import lock_batches_of
