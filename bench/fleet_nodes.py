@@ -257,7 +257,7 @@ class Fleet:
     def _writer(self, node: Node) -> None:
         """One transaction of the node's writes, in order: its queued flushes in one commit (up to MAX_COALESCED, as
         the writer thread coalesces when the database falls behind), or a renewal."""
-        from storage.queue.leases import Outcome
+        from storage.queue.results import Outcome
         from worker.feed.writes import Flush, commit, renew_leases
 
         try:

@@ -122,7 +122,7 @@ def claim_rows(worker_id: str, limit: int) -> list[str]:
 
 def record_rows(worker_id: str, ids: list[str]) -> None:
     from storage.db import transaction
-    from storage.queue.leases import Outcome, record
+    from storage.queue.results import Outcome, record
 
     with transaction() as session:
         record(
