@@ -14,7 +14,13 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError as PydanticSettingsError
 
 from storage.endpoints import MODERATIONS_URL
-from storage.registry import ModelSpec, default_embedding_model, demo_moderation_model, demo_vl_model
+from storage.registry import (
+    ModelSpec,
+    default_embedding_model,
+    demo_adapters,
+    demo_moderation_model,
+    demo_vl_model,
+)
 
 
 class SettingsError(RuntimeError):
@@ -114,6 +120,10 @@ class Settings(BaseSettings):
     # first served model that classifies (`"runner": "pooling", "convert": "classify"`).
     moderation_model: str | None = Field(default=None, max_length=256)
     worker_model: str | None = None
+    # LoRA adapters (docs/adapters.md): the bounds of what `POST /v1/adapters` registers and a batch names.
+    adapter_max_bytes: int = Field(default=256 * 1024 * 1024, ge=1)  # an adapter's files together
+    adapters_per_tenant_max: int = Field(default=100, ge=0)  # registered adapters scoped to one tenant
+    batch_max_adapters: int = Field(default=64, ge=1)  # distinct adapters one batch's lines may name
     # Model switching (docs/model-switching.md): a GPU worker serving several models, one loaded at a time.
     worker_models: str | None = None  # "a,b" or "all"; unset: the one model of BACKFILL_WORKER_MODEL
     switch_min_residency_seconds: int = Field(default=300, ge=0)  # never leave a model with work sooner
@@ -343,6 +353,9 @@ class Settings(BaseSettings):
             dtype="float32",
             tool_parser="hermes",
             reasoning_parser="deepseek_r1",
+            # Three tiny random adapters (worker/engine/demo_adapter.py), so adapter lines run out of the box.
+            adapters=demo_adapters(self.data_dir),
+            max_lora_rank=8,
         )
         return {
             "backfill-demo": demo,

@@ -10,6 +10,7 @@ from api.deps import Blobs, Caller, Config, Cursor, DbSession
 from api.errors import error_responses
 from api.openai.schemas import BatchCreate, BatchList, BatchObject, BatchPriority
 from api.paging import cursor_fields
+from storage.adapters.registry import adapter_bases
 from storage.batches.batches import cancel_batch, create_batch, get_batch, list_batches
 from storage.batches.control import check_priority, pause_batch, resume_batch, set_priority
 from storage.batches.retries import retry_ids_of
@@ -45,7 +46,7 @@ def create(body: BatchCreate, session: DbSession, caller: Caller, blobs: Blobs, 
     source = get_file(session, tenant_id=caller.tenant_id, file_id=body.input_file_id)
     if source.purpose != "batch":
         raise InvalidRequest("The input file must have purpose 'batch'.", param="input_file_id")
-    model = _served_model(blobs, settings, source.blob_key, endpoint=body.endpoint)
+    model = _served_model(session, blobs, settings, source.blob_key, endpoint=body.endpoint, tenant_id=caller.tenant_id)
     check_priority(session, settings, tenant_id=caller.tenant_id, priority=body.priority)
     cap = check_max_cost(None if body.max_cost_usd is None else micro_usd(body.max_cost_usd))
     check_file_within_budget(
@@ -81,7 +82,7 @@ def estimate(body: BatchCreate, session: DbSession, caller: Caller, blobs: Blobs
     if body.completion_window not in settings.completion_windows:
         raise InvalidRequest(f"Invalid completion_window '{body.completion_window}'.", param="completion_window")
     source = get_file(session, tenant_id=caller.tenant_id, file_id=body.input_file_id)
-    model = _served_model(blobs, settings, source.blob_key, endpoint=body.endpoint)
+    model = _served_model(session, blobs, settings, source.blob_key, endpoint=body.endpoint, tenant_id=caller.tenant_id)
     if model is None:
         raise InvalidRequest("The input file has no readable first line with 'body.model'.", param="input_file_id")
     shape = shape_of_jsonl(
@@ -90,6 +91,7 @@ def estimate(body: BatchCreate, session: DbSession, caller: Caller, blobs: Blobs
         max_line_bytes=settings.line_max_bytes,
         max_requests=settings.batch_max_requests,
         default_models=settings.default_models(),
+        adapters=adapter_bases(session, settings, tenant_id=caller.tenant_id),
     )
     result = estimate_job(
         session, model=model, shape=shape, settings=settings, completion_window=body.completion_window
@@ -97,10 +99,15 @@ def estimate(body: BatchCreate, session: DbSession, caller: Caller, blobs: Blobs
     return result.to_json()
 
 
-def _served_model(blobs: Blobs, settings: Config, blob_key: str, *, endpoint: str) -> str | None:
-    """The batch's model (its first line's), which must be served and able to answer `endpoint`."""
+def _served_model(
+    session: DbSession, blobs: Blobs, settings: Config, blob_key: str, *, endpoint: str, tenant_id: str
+) -> str | None:
+    """The batch's model (its first line's, or the base of the adapter it names, docs/adapters.md), which must be
+    served and able to answer `endpoint`."""
     chunks = blobs.open_stream(blob_key, chunk_bytes=64 * 1024)
     model = peek_model(chunks, max_line_bytes=settings.line_max_bytes, default_models=settings.default_models())
+    if model is not None and model not in settings.served_models():
+        model = adapter_bases(session, settings, tenant_id=tenant_id).get(model, model)
     served = settings.served_models()
     if model is not None and model not in served:
         raise ModelNotFound(

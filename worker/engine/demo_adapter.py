@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from storage.registry import DEMO_ADAPTERS
 from worker.engine.demo_model import build_offline
 
 MARKER_FILE = "backfill-demo-adapter.json"
-DEMO_ADAPTERS = ("backfill-demo-lora-a", "backfill-demo-lora-b", "backfill-demo-lora-c")
 # (in features, out features) of each projection of the demo model (hidden 256, 4 heads and 2 KV heads of 64,
 # MLP 768), as its LlamaConfig makes them.
 DEMO_SHAPES = {
@@ -40,9 +40,18 @@ def build_demo_adapter(path: Path, *, seed: int, rank: int = 8, base_model: str 
     return build_offline(Path(path), marker=MARKER_FILE, write=write)
 
 
-def build_demo_adapters(folder: Path, *, names: tuple[str, ...] = DEMO_ADAPTERS) -> dict[str, Path]:
-    """The demo adapters (one seed each) under `folder`: name -> path."""
-    return {name: build_demo_adapter(Path(folder) / name, seed=index + 1) for index, name in enumerate(names)}
+def build_demo_adapters(paths: dict[str, Path]) -> dict[str, Path]:
+    """Build the demo adapters at `paths` (name -> folder), the i-th of DEMO_ADAPTERS with seed i + 1 (another name:
+    a seed past them); return `paths`."""
+    seeds = {name: index + 1 for index, name in enumerate(DEMO_ADAPTERS)}
+    for index, (name, path) in enumerate(paths.items()):
+        build_demo_adapter(Path(path), seed=seeds.get(name, len(DEMO_ADAPTERS) + 1 + index))
+    return paths
+
+
+def demo_adapter_paths(folder: Path, names: tuple[str, ...] = DEMO_ADAPTERS) -> dict[str, Path]:
+    """name -> folder under `folder` of each demo adapter."""
+    return {name: Path(folder) / name for name in names}
 
 
 def write_adapter(
