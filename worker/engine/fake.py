@@ -19,8 +19,10 @@ import time
 from collections import deque
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from worker.engine import EngineRequest, EngineResult, EngineStats, Progress
+from worker.engine.adapters import AdapterTally, under_adapter
 from worker.engine.decode_ledger import DecodeLedger
 from worker.engine.demo_moderation_model import MODERATION_CATEGORIES
 from worker.engine.generation import DECODED_IMAGE_PART, Generated, Generation, Output, output_budget
@@ -59,7 +61,8 @@ class _Sequence:
             self.decoded += 1
             return
         if self.start < 0:
-            self.start = _start(self.request_id, 0)
+            adapter = self.generation.adapter
+            self.start = _start(self.request_id if adapter is None else f"{self.request_id}@{adapter.name}", 0)
         self.token_ids.append((self.start + self.decoded) % len(_WORDS))
         self.decoded += 1
 
@@ -101,13 +104,15 @@ class FakeEngine:
         self._live: set[str] = set()  # ids waiting or running: the duplicate check stays O(1) at 768 in flight
         self._media: MediaWaits[tuple[str, Parsed]] = media if media is not None else MediaWaits()
         self._cached_prefixes: set[str] = set()  # a prefix cache stand-in: chat prefixes (all but the last message)
+        self.adapters = AdapterTally()  # LoRA adapters: each line's decides its words (worker/engine/adapters.py)
+        self._adapters_loaded: set[str] = set()
 
     def add(self, request: EngineRequest) -> EngineResult | None:
         """Validate and queue a request; a body that cannot run comes back as an error result."""
         try:
             if request.request_id in self._live:
                 raise BodyError(f"request {request.request_id!r} is already in flight", code="duplicate_request")
-            parsed = parse(request.url, request.body)
+            parsed = self._adapted(parse(request.url, request.body), request)
             if parsed.generation.needs_media():  # checked, fetched and decoded off this thread; `step` queues it
                 self._check_runner(parsed.generation, request.url)
                 self._media.start(request.request_id, parsed.generation, (request.url, parsed))
@@ -124,6 +129,22 @@ class FakeEngine:
         except BodyError as error:
             return error.to_result(request.request_id)
         return None
+
+    def _adapted(self, parsed: Parsed, request: EngineRequest) -> Parsed:
+        """The line under its adapter, "loaded" as the vLLM adapter loads one (worker/engine/vllm_lora.py): a folder
+        without adapter_config.json fails to load, a deregistered adapter is not found."""
+        if request.adapter is None:
+            return parsed
+        if request.adapter_path is None:
+            message = f"The adapter '{request.adapter}' is no longer registered."
+            raise BodyError(message, code="adapter_not_found", status_code=404)
+        if not (Path(request.adapter_path) / "adapter_config.json").is_file():
+            message = f"The adapter '{request.adapter}' could not be loaded: no adapter_config.json"
+            raise BodyError(message, code="adapter_load_failed", status_code=500)
+        if request.adapter not in self._adapters_loaded:
+            self._adapters_loaded.add(request.adapter)
+            self.adapters.loads += 1
+        return under_adapter(parsed, request)
 
     def step(self) -> list[EngineResult]:
         """Admit waiting requests into free slots, decode one token each, return those that finished."""
@@ -154,6 +175,7 @@ class FakeEngine:
         """Move waiting requests into free slots (FIFO), as a step of vLLM's scheduler does first."""
         while self._waiting and len(self._running) < self.max_num_seqs:
             self._running.append(self._waiting.popleft())
+            self.adapters.started(self._running[-1].generation.adapter)
 
     def _decode(self) -> list[EngineResult]:
         """One token for every running request; those that reach their length leave with a result."""
@@ -164,6 +186,7 @@ class FakeEngine:
             if sequence.decoded >= sequence.tokens_to_decode:
                 self._running.remove(sequence)
                 self._live.discard(sequence.request_id)
+                self.adapters.ended(sequence.generation.adapter)
                 finished.append(self._result(sequence))
         self._log_step(stepped, finished)
         return finished
@@ -193,11 +216,15 @@ class FakeEngine:
         self._live -= doomed
         self._media.cancel(request_ids)
         self._waiting = deque(s for s in self._waiting if s.request_id not in doomed)
+        for sequence in self._running:
+            if sequence.request_id in doomed:
+                self.adapters.ended(sequence.generation.adapter)
         self._running = [s for s in self._running if s.request_id not in doomed]
 
     def stats(self) -> EngineStats:
         """Requests holding a slot, and those queued for one."""
-        return EngineStats(running=len(self._running), waiting=len(self._waiting), extra={"steps": self.steps})
+        extra = {"steps": self.steps, **self.adapters.stats()}
+        return EngineStats(running=len(self._running), waiting=len(self._waiting), extra=extra)
 
     def has_unfinished(self) -> bool:
         """True while any request is waiting (for a slot or its images) or running."""
@@ -304,7 +331,8 @@ class FakeEngine:
             ]
             if sequence.exact:
                 output.checkpoint = list(sequence.token_ids)
-        return sequence.parsed.answer(output, self.model_name)
+        adapter = generation.adapter
+        return sequence.parsed.answer(output, self.model_name if adapter is None else adapter.name)
 
 
 def _shaped(generation: Generation, text: str, count: int, seed: str) -> Generated:

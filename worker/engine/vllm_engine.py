@@ -19,12 +19,13 @@ from typing import Any
 
 from storage.registry import ModelSpec
 from worker.engine import EngineRequest, EngineResult, EngineStats, Progress, error_result
+from worker.engine.adapters import under_adapter
 from worker.engine.generation import Adapter
 from worker.engine.media_waits import MediaWaits
 from worker.engine.vllm_ahead import AheadRenders
 from worker.engine.vllm_chat import DirectChat
 from worker.engine.vllm_inputs import VllmInputs
-from worker.engine.vllm_lora import Loras, lora_engine_args, under_adapter
+from worker.engine.vllm_lora import Loras, lora_engine_args
 from worker.engine.vllm_outputs import InFlight, generated_ids, invalid_result, result_of
 from worker.engine.vllm_parsers import Parsers, engine_kwargs
 from worker.engine.vllm_process import close_at_exit, forget_import_tracebacks, set_env_defaults
@@ -236,7 +237,7 @@ class VllmEngine(VllmInputs):
             # vllm:prefix_cache_queries_total / vllm:prefix_cache_hits_total (tokens).
             "prefix_cache_queries": self._prefix_queries,
             "prefix_cache_hits": self._prefix_hits,
-            **(self._loras.stats() if self._loras is not None else {}),
+            **(self._loras.tally.stats() if self._loras is not None else {}),
         }
         if core is None:
             sequences = len(self._owner)
@@ -301,7 +302,7 @@ class VllmEngine(VllmInputs):
             return server_error(rid, f"the engine could not accept the request: {error}")
         engine_ids = [engine_id for engine_id, _, _ in prepared]
         if self._loras is not None:
-            self._loras.started(adapter)
+            self._loras.tally.started(adapter)
         self._inflight[rid] = InFlight(rid, parsed, time.monotonic(), engine_ids, exact=exact, resume=resume)
         if resume is not None and resume.window_open:
             self._open_windows[rid] = self._inflight[rid]
@@ -320,7 +321,7 @@ class VllmEngine(VllmInputs):
 
     def _ended(self, flight: InFlight) -> None:
         if self._loras is not None:
-            self._loras.ended(flight.parsed.generation.adapter)
+            self._loras.tally.ended(flight.parsed.generation.adapter)
 
     def _finish(self, flight: InFlight, now: float) -> EngineResult:
         adapter = flight.parsed.generation.adapter

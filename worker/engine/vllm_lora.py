@@ -7,12 +7,11 @@ Three facts of vLLM 0.32 shape this module (measured on CPU, docs/adapters.md):
   adapters, so base-model lines run under a zero adapter (rank 1, B = 0: a delta of exactly 0);
 - an adapter evicted from the worker's CPU cache would be reloaded mid-step: the cache is sized past what this
   module keeps, and this module reloads (with `add_lora`) whatever it evicted itself.
-Counts what it did: adapters loaded, and swaps (an adapter coming back into flight after it left it).
+Counts what it did in an `AdapterTally` (worker/engine/adapters.py): adapters loaded, swaps.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import tempfile
@@ -22,9 +21,8 @@ from typing import Any
 
 from storage.adapters.weights import expected_shapes
 from storage.registry import ModelSpec
-from worker.engine import EngineRequest
+from worker.engine.adapters import AdapterTally
 from worker.engine.generation import Adapter
-from worker.engine.wire import Parsed
 from worker.engine.wire.base import BodyError
 
 logger = logging.getLogger(__name__)
@@ -46,14 +44,6 @@ def lora_engine_args(spec: ModelSpec) -> dict[str, Any]:
     }
 
 
-def under_adapter(parsed: Parsed, request: EngineRequest) -> Parsed:
-    """The parsed line with the adapter its queue row named (none: as parsed)."""
-    if request.adapter is None:
-        return parsed
-    adapter = Adapter(request.adapter, request.adapter_path)
-    return dataclasses.replace(parsed, generation=dataclasses.replace(parsed.generation, adapter=adapter))
-
-
 def cpu_capacity(spec: ModelSpec) -> int:
     """Adapters `Loras` keeps loaded in the worker's CPU memory at once."""
     return spec.max_cpu_loras or max(16, 2 * (spec.max_loras + 1))
@@ -68,9 +58,7 @@ class Loras:
         self._ids: dict[tuple[str, str], int] = {}  # (name, folder) -> LoRA id: a re-registered name is a new one
         self._loaded: OrderedDict[int, None] = OrderedDict()  # least recently used first
         self._failed: dict[tuple[str, str], str] = {}
-        self._inflight: dict[str, int] = {}
-        self._seen: set[str] = set()
-        self.loads = self.swaps = 0
+        self.tally = AdapterTally()
         self._zero = self._zero_request(spec)
 
     def request_for(self, adapter: Adapter | None) -> Any:
@@ -97,38 +85,11 @@ class Loras:
             logger.warning("LoRA adapter %s (%s) failed to load: %s", adapter.name, adapter.path, error)
             self._failed[key] = f"{type(error).__name__}: {error}"[:500]
             raise self._load_error(adapter.name, self._failed[key]) from None
-        self.loads += 1
+        self.tally.loads += 1
         self._loaded[lora_id] = None
         while len(self._loaded) > self._capacity:
             self._loaded.popitem(last=False)
         return request
-
-    def started(self, adapter: Adapter | None) -> None:
-        """A generation under `adapter` went into flight."""
-        if adapter is None:
-            return
-        count = self._inflight.get(adapter.name, 0)
-        if count == 0 and adapter.name in self._seen:
-            self.swaps += 1  # it left the engine's running set and comes back: a slot is taken again
-        self._seen.add(adapter.name)
-        self._inflight[adapter.name] = count + 1
-
-    def ended(self, adapter: Adapter | None) -> None:
-        """A generation under `adapter` left flight (finished, aborted or lost)."""
-        if adapter is None or adapter.name not in self._inflight:
-            return
-        self._inflight[adapter.name] -= 1
-        if self._inflight[adapter.name] <= 0:
-            del self._inflight[adapter.name]
-
-    def stats(self) -> dict[str, int]:
-        """What the engine's stats report of its adapters."""
-        return {
-            "adapter_loads": self.loads,
-            "adapter_swaps": self.swaps,
-            "adapters_in_flight": len(self._inflight),
-            "adapters_seen": len(self._seen),
-        }
 
     @staticmethod
     def _load_error(name: str, why: str) -> BodyError:
