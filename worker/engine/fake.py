@@ -123,6 +123,7 @@ class FakeEngine:
                 resumed = list(request.resume_token_ids)[: sequence.tokens_to_decode - 1]
                 sequence.token_ids, sequence.decoded, sequence.resumed = resumed, len(resumed), len(resumed)
             self._waiting.append(sequence)
+            self.adapters.started(sequence.generation.adapter)
             self._live.add(request.request_id)
             if self.ledger is not None and not sequence.generation.pooling:
                 self.ledger.begin(request.request_id, resumed=sequence.resumed, choices=sequence.generation.sampling.n)
@@ -166,6 +167,7 @@ class FakeEngine:
                 if isinstance(landed, BodyError):
                     raise landed
                 self._waiting.append(self._sequence(rid, url, Parsed(landed, parsed.reply)))
+                self.adapters.started(landed.adapter)
             except BodyError as error:
                 self._live.discard(rid)
                 failed.append(error.to_result(rid))
@@ -175,7 +177,6 @@ class FakeEngine:
         """Move waiting requests into free slots (FIFO), as a step of vLLM's scheduler does first."""
         while self._waiting and len(self._running) < self.max_num_seqs:
             self._running.append(self._waiting.popleft())
-            self.adapters.started(self._running[-1].generation.adapter)
 
     def _decode(self) -> list[EngineResult]:
         """One token for every running request; those that reach their length leave with a result."""
@@ -215,10 +216,10 @@ class FakeEngine:
             self.ledger.abort(sorted(doomed & self._live))
         self._live -= doomed
         self._media.cancel(request_ids)
-        self._waiting = deque(s for s in self._waiting if s.request_id not in doomed)
-        for sequence in self._running:
+        for sequence in [*self._running, *self._waiting]:
             if sequence.request_id in doomed:
                 self.adapters.ended(sequence.generation.adapter)
+        self._waiting = deque(s for s in self._waiting if s.request_id not in doomed)
         self._running = [s for s in self._running if s.request_id not in doomed]
 
     def stats(self) -> EngineStats:

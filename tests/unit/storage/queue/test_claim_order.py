@@ -102,3 +102,14 @@ def test_prefixes_seen_once_are_forgotten_past_a_bound_so_memory_stays_flat(monk
     prefixes.assign(rows[7], keys[5])  # still remembered: both rows get the key
     assert [row["prefix_key"] for row in rows] == ["", "", "", "", "", keys[5], "", keys[5]]
     assert len(prefixes._once) + len(prefixes._older) <= 4
+
+
+def test_a_claim_keeps_each_adapters_rows_together_inside_a_deadline() -> None:
+    order = ClaimOrder(urgent_before=0, prefix_ordering=False)
+    rows = [("1", "b"), ("2", None), ("3", "a"), ("4", "b"), ("5", "a"), ("6", None)]
+
+    ranked = sorted(range(len(rows)), key=lambda i: order.sort_key(1_000, "", i, rows[i][1]))
+
+    assert [rows[i][0] for i in ranked] == ["2", "6", "3", "5", "1", "4"]  # the base model's first, pick order kept
+    late = order.sort_key(2_000, "", 0, None)
+    assert order.sort_key(1_000, "", 9, "z") < late  # never ahead of an earlier deadline
