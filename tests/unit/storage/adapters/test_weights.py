@@ -79,7 +79,7 @@ def test_an_adapter_of_another_architecture_is_refused(tmp_path: Path, base: str
 
 def test_missing_files_a_non_lora_config_and_too_many_bytes_are_refused(tmp_path: Path, base: str) -> None:
     (tmp_path / "empty").mkdir()
-    with pytest.raises(InvalidAdapter, match="needs adapter_config.json and adapter_model.safetensors"):
+    with pytest.raises(InvalidAdapter, match=r"needs adapter_config\.json and adapter_model\.safetensors"):
         check(tmp_path / "empty", base)
     write_adapter(tmp_path / "a", seed=1)
     with pytest.raises(InvalidAdapter, match="BACKFILL_ADAPTER_MAX_BYTES"):
