@@ -62,7 +62,8 @@ class _Sequence:
             return
         if self.start < 0:
             adapter = self.generation.adapter
-            self.start = _start(self.request_id if adapter is None else f"{self.request_id}@{adapter.name}", 0)
+            # Under an adapter the words follow the adapter alone: every line of one adapter answers alike.
+            self.start = _start(self.request_id if adapter is None else f"adapter:{adapter.name}", 0)
         self.token_ids.append((self.start + self.decoded) % len(_WORDS))
         self.decoded += 1
 
