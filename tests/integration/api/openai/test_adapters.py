@@ -57,7 +57,7 @@ def test_adapters_register_list_run_and_cost_per_tenant(api: LiveServer, tmp_pat
     assert shared.status_code == 200, shared.text
 
     listed = {m.id: m for m in api.client(acme).models.list().data}
-    assert getattr(listed["acme-tone"], "parent") == "fake-model"  # as vLLM lists a LoRA module
+    assert listed["acme-tone"].parent == "fake-model"  # as vLLM lists a LoRA module
     assert "shared-tone" in listed and "fake-model" in listed
     assert "acme-tone" not in {m.id for m in api.client(beta).models.list().data}
 
