@@ -83,6 +83,9 @@ FULL = {
     # Issue 37: a batch mixing text, tool and image lines, Backfill vs run-batch once per model, start-ups excluded
     # (~4 min): `make bench ARGS="--only mixed-lines"`.
     "mixed-lines": ["bench/mixed_lines.py", "--lines", "600", "--tokens", "32"],
+    # Issue 39: 8 LoRA adapters x 48 lines as 8 jobs, Backfill vs run-batch once per job vs a bare LLM.chat ceiling
+    # (~6 min): `make bench ARGS="--only lora-packing"`.
+    "lora-packing": ["bench/lora_packing.py", "--adapters", "8", "--per-job", "48", "--tokens", "32"],
 }
 DEFAULT_PARTS = ("engine", "runbatch", "ingest", "queue", "mixed-lines")
 QUICK = {
@@ -114,6 +117,17 @@ QUICK = {
     "rolling-restart": ["bench/rolling_restart.py", "--quick"],
     "render-ahead": ["bench/render_ahead.py", "--steps", "200", "--rounds", "1"],
     "mixed-lines": ["bench/mixed_lines.py", "--lines", "60", "--tokens", "16"],
+    "lora-packing": [
+        "bench/lora_packing.py",
+        "--adapters",
+        "3",
+        "--per-job",
+        "8",
+        "--tokens",
+        "8",
+        "--runbatch-jobs",
+        "1",
+    ],
 }
 OUTPUTS = {part: f"{part}.json" for part in FULL}
 
@@ -184,7 +198,7 @@ def main() -> int:
         "--only",
         default="",
         help="comma-separated parts: engine,runbatch,ingest,queue,shared,shared_sim,prefix,prefix-race,gpu-timed,workers,"
-        "hostile-bodies,handback,rolling-restart,render-ahead,mixed-lines",
+        "hostile-bodies,handback,rolling-restart,render-ahead,mixed-lines,lora-packing",
     )
     parser.add_argument("--no-write", action="store_true", help="print only; leave results.json and docs alone")
     parser.add_argument("--render", action="store_true", help="only rewrite docs/benchmarks.md from results.json")
@@ -267,6 +281,7 @@ _PREFIXES = {
     "rolling-restart": ("rolling_", "resume_discarded_"),
     "render-ahead": ("render_ahead_",),
     "mixed-lines": ("mixed_lines_",),
+    "lora-packing": ("lora_packing_",),
 }
 
 

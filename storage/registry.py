@@ -239,7 +239,14 @@ def demo_vl_model(data_dir: Path) -> dict[str, ModelSpec]:
 DEMO_ADAPTERS = ("backfill-demo-lora-a", "backfill-demo-lora-b", "backfill-demo-lora-c")
 
 
-def demo_adapters(data_dir: Path) -> dict[str, str]:
-    """The embedded default's adapters of the demo model: three tiny random LoRA adapters built offline beside it
-    (worker/engine/demo_adapter.py), name -> folder."""
-    return {name: str((data_dir / "adapters" / name).resolve()) for name in DEMO_ADAPTERS}
+DEMO_LORA_MODEL = "backfill-demo-lora"
+
+
+def demo_lora_model(data_dir: Path, demo: ModelSpec) -> dict[str, ModelSpec]:
+    """The embedded default's LoRA base: the demo model with LoRA on and three tiny random adapters built offline
+    beside it (worker/engine/demo_adapter.py), so adapter lines run out of the box. An entry of its own, not the
+    demo model's: with LoRA on, vLLM's CPU path made the tiny model's base-model lines ~5x slower (docs/adapters.md).
+    64 MiB of KV cache (4 layers, two 64-wide KV heads in float32: 4 KiB a token) holds 16k tokens."""
+    adapters = {name: str((data_dir / "adapters" / name).resolve()) for name in DEMO_ADAPTERS}
+    changes = {"adapters": adapters, "max_lora_rank": 8, "max_num_seqs": 16, "kv_cache_memory_bytes": 2**26}
+    return {DEMO_LORA_MODEL: demo.model_copy(update=changes)}

@@ -17,7 +17,7 @@ from storage.endpoints import MODERATIONS_URL
 from storage.registry import (
     ModelSpec,
     default_embedding_model,
-    demo_adapters,
+    demo_lora_model,
     demo_moderation_model,
     demo_vl_model,
 )
@@ -353,15 +353,13 @@ class Settings(BaseSettings):
             dtype="float32",
             tool_parser="hermes",
             reasoning_parser="deepseek_r1",
-            # Three tiny random adapters (worker/engine/demo_adapter.py), so adapter lines run out of the box.
-            adapters=demo_adapters(self.data_dir),
-            max_lora_rank=8,
         )
         return {
             "backfill-demo": demo,
             **demo_vl_model(self.data_dir),
             **default_embedding_model(),
             **demo_moderation_model(self.data_dir),
+            **demo_lora_model(self.data_dir, demo),
         }
 
     @model_validator(mode="after")
