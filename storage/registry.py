@@ -209,11 +209,34 @@ def demo_moderation_model(data_dir: Path) -> dict[str, ModelSpec]:
     """The embedded default's moderation model: a tiny random-weight classifier built offline beside the demo
     model (worker/engine/demo_moderation_model.py), so `/v1/moderations` runs out of the box."""
     path = str((data_dir / "models" / DEMO_MODERATION_MODEL).resolve())
-    # 64 MiB of KV cache (2 layers, one 64-wide KV head in float32: 1 KiB a token) holds 64k tokens.
+    # 64 MiB of KV cache (2 layers, one 64-wide KV head in float32: 1 KiB a token) holds 64k tokens: two inputs of
+    # its whole 32k context. Text and images (an Idefics3 classifier, as omni-moderation takes both).
     spec = ModelSpec(
-        path=path, runner="pooling", convert="classify", dtype="float32", max_num_seqs=32, kv_cache_memory_bytes=2**26
+        path=path,
+        runner="pooling",
+        convert="classify",
+        dtype="float32",
+        max_num_seqs=32,
+        kv_cache_memory_bytes=2**26,
+        extra={"limit_mm_per_prompt": {"image": 8}},  # images an input may hold (each 7 tokens, as the VL model's)
     )
     return {DEMO_MODERATION_MODEL: spec}
+
+
+DEMO_EMBEDDING_MODEL = "backfill-demo-embed"
+
+
+def demo_embedding_model(data_dir: Path) -> dict[str, ModelSpec]:
+    """The embedded default's Matryoshka embedding model: a tiny random-weight model built offline beside the demo
+    model (worker/engine/demo_embedding_model.py), 1536 dimensions that `dimensions` shortens, as OpenAI's
+    text-embedding-3 models."""
+    path = str((data_dir / "models" / DEMO_EMBEDDING_MODEL).resolve())
+    # 32 MiB of KV cache (2 layers, one 64-wide KV head in float32: 1 KiB a token) holds 32k tokens: four inputs
+    # of its full 8192-token context.
+    spec = ModelSpec(
+        path=path, runner="pooling", convert="embed", dtype="float32", max_num_seqs=32, kv_cache_memory_bytes=2**25
+    )
+    return {DEMO_EMBEDDING_MODEL: spec}
 
 
 DEMO_VL_MODEL = "backfill-demo-vl"
@@ -223,14 +246,14 @@ def demo_vl_model(data_dir: Path) -> dict[str, ModelSpec]:
     """The embedded default's vision-language model: a tiny random-weight Idefics3 built offline beside the demo
     model (worker/engine/demo_vl_model.py), so image lines run out of the box (docs/images.md)."""
     path = str((data_dir / "models" / DEMO_VL_MODEL).resolve())
-    # 64 MiB of KV cache (4 layers, two 64-wide KV heads in float32: 4 KiB a token) holds 16k tokens; up to 8
-    # images a prompt (each 7 tokens: worker/engine/demo_vl_model.py).
+    # 192 MiB of KV cache (4 layers, two 64-wide KV heads in float32: 4 KiB a token) holds 48k tokens: a line of
+    # the whole 32k context and more beside it; up to 8 images a prompt (each 7 tokens: worker/engine/demo_vl_model.py).
     spec = ModelSpec(
         path=path,
         dtype="float32",
         max_num_seqs=16,
-        max_model_len=2048,
-        kv_cache_memory_bytes=2**26,
+        max_model_len=32768,
+        kv_cache_memory_bytes=3 * 2**26,
         extra={"limit_mm_per_prompt": {"image": 8}},
     )
     return {DEMO_VL_MODEL: spec}
@@ -246,7 +269,8 @@ def demo_lora_model(data_dir: Path, demo: ModelSpec) -> dict[str, ModelSpec]:
     """The embedded default's LoRA base: the demo model with LoRA on and three tiny random adapters built offline
     beside it (worker/engine/demo_adapter.py), so adapter lines run out of the box. An entry of its own, not the
     demo model's: with LoRA on, vLLM's CPU path made the tiny model's base-model lines ~5x slower (docs/adapters.md).
-    64 MiB of KV cache (4 layers, two 64-wide KV heads in float32: 4 KiB a token) holds 16k tokens."""
+    192 MiB of KV cache (4 layers, two 64-wide KV heads in float32: 4 KiB a token) holds 48k tokens: a line of the
+    whole 32k context and more beside it."""
     adapters = {name: str((data_dir / "adapters" / name).resolve()) for name in DEMO_ADAPTERS}
-    changes = {"adapters": adapters, "max_lora_rank": 8, "max_num_seqs": 16, "kv_cache_memory_bytes": 2**26}
+    changes = {"adapters": adapters, "max_lora_rank": 8, "max_num_seqs": 16, "kv_cache_memory_bytes": 3 * 2**26}
     return {DEMO_LORA_MODEL: demo.model_copy(update=changes)}

@@ -17,6 +17,7 @@ from storage.endpoints import MODERATIONS_URL
 from storage.registry import (
     ModelSpec,
     default_embedding_model,
+    demo_embedding_model,
     demo_lora_model,
     demo_moderation_model,
     demo_vl_model,
@@ -343,7 +344,7 @@ class Settings(BaseSettings):
 
     def served_models(self) -> dict[str, ModelSpec]:
         """The model registry; the embedded default serves the locally built demo models (chat, vision-language,
-        moderation) and MiniLM embeddings."""
+        Matryoshka embeddings, moderation) and MiniLM embeddings."""
         if self.models:
             return self.models
         # float32: on CPUs without AVX-512 vLLM's bf16 kernels are ~3x slower for this tiny model. Its template
@@ -358,6 +359,7 @@ class Settings(BaseSettings):
             "backfill-demo": demo,
             **demo_vl_model(self.data_dir),
             **default_embedding_model(),
+            **demo_embedding_model(self.data_dir),
             **demo_moderation_model(self.data_dir),
             **demo_lora_model(self.data_dir, demo),
         }

@@ -62,6 +62,14 @@ def demo_moderation_model_path(vllm_cache_env: Path, tmp_path_factory: pytest.Te
 
 
 @pytest.fixture(scope="session")
+def demo_embedding_model_path(vllm_cache_env: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The random-weight Matryoshka embedding model (`backfill-demo-embed`), built offline."""
+    from worker.engine.demo_embedding_model import build_demo_embedding_model
+
+    return build_demo_embedding_model(tmp_path_factory.mktemp("models") / "backfill-demo-embed")
+
+
+@pytest.fixture(scope="session")
 def vllm_chat_engine(demo_model_path: Path) -> Iterator[VllmEngine]:
     """A warm vLLM engine on the demo model, 4 sequences at a time, 1024-token context."""
     spec = ModelSpec(path=str(demo_model_path), max_num_seqs=CHAT_MAX_NUM_SEQS, max_model_len=1024)

@@ -4,7 +4,9 @@ Each corpus file line is `{"source", "how", "vendor_refuses"?, "request"}`: `req
 its source has it (or as its source's code emits it for the input `how` names). Running a line changes only:
 - its model: to the served demo model of its kind (`served_model`): chat, Responses and completions lines to
   `backfill-demo`, or to the vision-language demo model (`*-vl`) when they carry images or documents; embeddings to
-  the embedded default's embedding model; moderations to the demo moderation model;
+  the embedded default's embedding model, or to its Matryoshka demo model (`*-embed`) when they name one of OpenAI's
+  text-embedding-3 models (Matryoshka models: `dimensions` shortens their vectors); moderations to the demo
+  moderation model;
 - its remote image URLs (no network here): to an image this module serves on 127.0.0.1 (`ImageServer`).
 Every change is recorded in the line's `Outcome.mapped`.
 
@@ -29,6 +31,7 @@ from typing import Any
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "corpus"
 PROTOCOLS = ("openai", "anthropic")
+MATRYOSHKA_MODELS = ("text-embedding-3-",)  # OpenAI's embedding models whose vectors `dimensions` shortens
 OPENAI_ENDPOINTS = ("/v1/chat/completions", "/v1/responses", "/v1/embeddings", "/v1/completions", "/v1/moderations")
 
 
@@ -176,6 +179,7 @@ class ServedModels:
     vision: str | None
     embedding: str | None
     moderation: str | None
+    matryoshka: str | None = None  # for text-embedding-3 lines (None: they meet `embedding`)
 
     @classmethod
     def from_names(cls, names: Iterable[str], *, embedding: str | None) -> ServedModels:
@@ -187,6 +191,7 @@ class ServedModels:
             vision=vision,
             embedding=embedding if embedding in names else None,
             moderation=moderation,
+            matryoshka=next((n for n in names if n.endswith("-embed")), None),
         )
 
 
@@ -199,6 +204,8 @@ def served_model(entry: Entry, models: ServedModels) -> str | None:
     if entry.protocol == "openai":
         url = endpoint(entry)
         if url == "/v1/embeddings":
+            if models.matryoshka and str(entry.request["body"].get("model", "")).startswith(MATRYOSHKA_MODELS):
+                return models.matryoshka
             return models.embedding
         if url == "/v1/moderations":
             return models.moderation

@@ -98,6 +98,7 @@ def _build_demo_models(served: dict[str, Any]) -> None:
     ensure_demo_model()
     builders = {"-vl": "worker.engine.demo_vl_model:build_demo_vl_model"}
     builders["moderation"] = "worker.engine.demo_moderation_model:build_demo_moderation_model"
+    builders["-embed"] = "worker.engine.demo_embedding_model:build_demo_embedding_model"
     for name, spec in served.items():
         for marker, target in builders.items():
             if marker in name and not Path(spec.path).exists():

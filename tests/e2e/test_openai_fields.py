@@ -1,13 +1,14 @@
 """OpenAI's current batch fields end to end on the embedded default registry (no BACKFILL_MODELS): the
-official SDK, the real API, the in-process worker and two real vLLM engines (the demo chat model and MiniLM).
+official SDK, the real API, the in-process worker and the real vLLM engines of the default's models.
 
-What a newcomer's first `make run` serves: `/v1/embeddings` works out of the box, `/v1/responses` batches
-come back as Response objects, an over-long `max_tokens` is a 400 line, and `usage` counts what the
-prefix cache served.
+What a newcomer's first `make run` serves: `/v1/embeddings` works out of the box (and `dimensions` on the Matryoshka
+demo model, as on text-embedding-3), `/v1/responses` batches come back as Response objects, an over-long
+`max_tokens` is a 400 line, and `usage` counts what the prefix cache served.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -19,11 +20,12 @@ from openai.types import Batch, CreateEmbeddingResponse
 from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
 
-from storage.registry import DEFAULT_EMBEDDING_MODEL
+from storage.registry import DEFAULT_EMBEDDING_MODEL, DEMO_EMBEDDING_MODEL
 from tests.conftest import LiveServer, configure, make_key, start_server
 from tests.integration.api.helpers import read_lines, to_jsonl, upload, wait_for
 
 pytestmark = pytest.mark.vllm
+MATRYOSHKA = DEMO_EMBEDDING_MODEL
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +33,7 @@ def live(
     demo_model_path: Path,
     demo_vl_model_path: Path,
     demo_moderation_model_path: Path,
+    demo_embedding_model_path: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[LiveServer]:
     """`backfill serve` as a newcomer runs it: nothing configured but the data folder (the demo model is built)."""
@@ -42,6 +45,7 @@ def live(
     (data / "models" / "backfill-demo").symlink_to(demo_model_path)
     (data / "models" / "backfill-demo-vl").symlink_to(demo_vl_model_path)
     (data / "models" / "backfill-demo-moderation").symlink_to(demo_moderation_model_path)
+    (data / "models" / "backfill-demo-embed").symlink_to(demo_embedding_model_path)
     service.close_engines()  # engines are cached per model name: other modules' specs must not leak in
     with pytest.MonkeyPatch.context() as patch:
         configure(patch, {"BACKFILL_DATA_DIR": str(data), "BACKFILL_REAP_INTERVAL_SECONDS": "1"})
@@ -71,9 +75,14 @@ def line(custom_id: str, url: str, **body: Any) -> dict[str, Any]:
 
 
 def test_the_default_registry_serves_a_chat_and_an_embedding_model(client: openai.OpenAI) -> None:
-    assert {"backfill-demo", "backfill-demo-vl", DEFAULT_EMBEDDING_MODEL, "backfill-demo-moderation"} <= {
-        model.id for model in client.models.list()
-    }
+    served = {model.id for model in client.models.list()}
+    assert {
+        "backfill-demo",
+        "backfill-demo-vl",
+        DEFAULT_EMBEDDING_MODEL,
+        MATRYOSHKA,
+        "backfill-demo-moderation",
+    } <= served
 
 
 def test_an_embeddings_batch_runs_on_the_embedded_default(client: openai.OpenAI) -> None:
@@ -108,6 +117,35 @@ def test_dimensions_on_a_model_that_cannot_shorten_its_vectors_answer_as_openai_
     assert envelope["param"] == "dimensions"
     (output,) = read_lines(client, done.output_file_id)
     assert len(CreateEmbeddingResponse.model_validate(output["response"]["body"]).data[0].embedding) == 384
+
+
+def test_dimensions_on_the_matryoshka_demo_model_shorten_its_vectors_as_text_embedding_3_does(
+    client: openai.OpenAI,
+) -> None:
+    """Issue 37: text-embedding-3 lines asking `dimensions` had no model here that could honour it."""
+    lines = [
+        line("full", "/v1/embeddings", model=MATRYOSHKA, input="The sky is blue."),
+        line("d512", "/v1/embeddings", model=MATRYOSHKA, input=["The sky is blue.", "Grass is green."], dimensions=512),
+        line("d1", "/v1/embeddings", model=MATRYOSHKA, input="The sky is blue.", dimensions=1),
+        line("wide", "/v1/embeddings", model=MATRYOSHKA, input="The sky is blue.", dimensions=2000),
+    ]
+    done = run(client, lines, "/v1/embeddings")
+    answers = {
+        o["custom_id"]: CreateEmbeddingResponse.model_validate(o["response"]["body"])
+        for o in read_lines(client, done.output_file_id)
+    }
+    vectors = {custom_id: [d.embedding for d in answer.data] for custom_id, answer in answers.items()}
+    assert [len(v) for v in vectors["full"] + vectors["d512"] + vectors["d1"]] == [1536, 512, 512, 1]
+    assert all(math.isclose(math.hypot(*v), 1.0, rel_tol=1e-3) for v in vectors["full"] + vectors["d512"])
+    head = vectors["full"][0][:512]  # its first 512 dimensions, renormalised
+    norm = math.hypot(*head)
+    assert all(math.isclose(x / norm, y, abs_tol=1e-4) for x, y in zip(head, vectors["d512"][0], strict=True))
+    assert len(vectors["d1"][0]) == 1 and math.isclose(vectors["d1"][0][0], math.copysign(1.0, head[0]), rel_tol=1e-3)
+    (error,) = read_lines(client, done.error_file_id)
+    assert error["custom_id"] == "wide" and error["response"]["status_code"] == 400
+    envelope = error["response"]["body"]["error"]
+    assert (envelope["code"], envelope["param"]) == ("invalid_value", "dimensions")
+    assert envelope["message"] == f"Model {MATRYOSHKA!r} only supports dimensions in range [1, 1536], got 2000."
 
 
 def test_an_endpoint_its_model_cannot_serve_is_refused_at_create(client: openai.OpenAI) -> None:
@@ -153,7 +191,7 @@ def test_an_over_long_max_tokens_is_a_400_error_line_and_not_billed(client: open
     assert error["custom_id"] == "huge" and error["response"]["status_code"] == 400
     envelope = openai.types.ErrorObject.model_validate(error["response"]["body"]["error"])
     assert envelope.code == "context_length_exceeded" and envelope.param == "max_tokens"
-    assert envelope.message.startswith("This model's maximum context length is 2048 tokens. However, you requested")
+    assert envelope.message.startswith("This model's maximum context length is 32768 tokens. However, you requested")
     assert done.usage and done.usage.output_tokens == 4
     assert client.batches.retrieve(done.id).model_extra["cost"]["output_tokens"] == 4  # type: ignore[index]
 

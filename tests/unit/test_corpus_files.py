@@ -10,7 +10,11 @@ import pytest
 from tests.e2e import corpus
 
 MODELS = corpus.ServedModels(
-    chat="backfill-demo", vision="backfill-demo-vl", embedding="minilm", moderation="backfill-demo-moderation"
+    chat="backfill-demo",
+    vision="backfill-demo-vl",
+    embedding="minilm",
+    moderation="backfill-demo-moderation",
+    matryoshka="backfill-demo-embed",
 )
 IMAGE = "http://127.0.0.1:1/corpus-image.png"
 
@@ -52,6 +56,18 @@ def test_a_run_changes_only_the_model_and_remote_image_urls(protocol: str) -> No
         assert body.get("model") == corpus.served_model(entry, MODELS), entry.name
         assert IMAGE not in str(entry.request) and "https://" not in str(_image_urls(request)), entry.name
         assert len(notes) == (body.get("model") != _model(entry)) + str(request).count(IMAGE), entry.name
+
+
+def test_text_embedding_3_lines_meet_the_matryoshka_model_and_other_embedding_lines_the_embedding_model() -> None:
+    served = {
+        str(entry.request["body"]["model"]): corpus.served_model(entry, MODELS)
+        for entry in corpus.load("openai")
+        if corpus.endpoint(entry) == "/v1/embeddings"
+    }
+    assert served["text-embedding-3-small"] == "backfill-demo-embed"
+    assert served["intfloat/e5-mistral-7b-instruct"] == "minilm"
+    without = corpus.ServedModels.from_names(["backfill-demo", "minilm"], embedding="minilm")
+    assert without.matryoshka is None  # a server without one: text-embedding-3 lines meet the embedding model
 
 
 def test_lines_are_grouped_without_two_custom_ids_alike_in_one_batch() -> None:

@@ -58,6 +58,10 @@ def ensure_demo_model() -> None:
     from worker.engine.demo_moderation_model import build_demo_moderation_model
 
     build_demo_moderation_model(Path(settings.served_models()[DEMO_MODERATION_MODEL].path))  # for /v1/moderations
+    from storage.registry import DEMO_EMBEDDING_MODEL
+    from worker.engine.demo_embedding_model import build_demo_embedding_model
+
+    build_demo_embedding_model(Path(settings.served_models()[DEMO_EMBEDDING_MODEL].path))  # Matryoshka embeddings
 
 
 def _first_run_key() -> str | None:

@@ -19,10 +19,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 MARKER_FILE = "backfill-demo.json"
-VERSION = 2  # 2: thinking and tool-call tokens and template (a model of an older version is rebuilt)
+# 2: thinking and tool-call tokens and template; 3: a 32k context (a model of an older version is rebuilt)
+VERSION = 3
 SEED = 0
 VOCAB_SIZE = 4096
-MAX_POSITIONS = 2048
+# The demo models' context, as long as the models real lines are written for (olmocr asks 6000 output tokens of a
+# page image, a thinking line a 14000-token budget inside max_tokens 16000).
+MAX_POSITIONS = 32768
 TRAINING_TEXT_BYTES = 1_500_000  # about one second of BPE training
 
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
@@ -54,18 +57,17 @@ CHAT_TEMPLATE = (
 
 def build_demo_model(path: Path) -> Path:
     """Build the demo model at `path` unless a complete one of this VERSION is already there; return `path`."""
-    path = Path(path)
-    _retire_outdated(path)
-    return build_offline(path, marker=MARKER_FILE, write=_write_model)
+    return build_offline(Path(path), marker=MARKER_FILE, write=_write_model, version=VERSION)
 
 
-def _retire_outdated(path: Path) -> None:
-    """A demo model an older Backfill built (no thinking or tool-call tokens): moved aside and removed."""
+def _retire_outdated(path: Path, *, marker: str = MARKER_FILE, version: int = VERSION) -> None:
+    """A demo model an older Backfill built (its `marker` file names an older `version`, or none): moved aside and
+    removed, so it is built again."""
     try:
-        facts = json.loads((path / MARKER_FILE).read_text())
+        facts = json.loads((path / marker).read_text())
     except (OSError, ValueError):
         return
-    if facts.get("version", 1) >= VERSION:
+    if facts.get("version", 1) >= version:
         return
     retired = path.with_name(f".{path.name}-v{facts.get('version', 1)}-{os.getpid()}")
     try:
@@ -75,9 +77,10 @@ def _retire_outdated(path: Path) -> None:
     shutil.rmtree(retired, ignore_errors=True)
 
 
-def build_offline(path: Path, *, marker: str, write: Callable[[Path], None]) -> Path:
-    """Build a demo model at `path` with `write` (which ends by writing `marker`), unless a complete one (its
-    `marker` file) is already there; return `path`."""
+def build_offline(path: Path, *, marker: str, write: Callable[[Path], None], version: int = 1) -> Path:
+    """Build a demo model at `path` with `write` (which ends by writing `marker` with this `version`), unless a
+    complete one of this version (its `marker` file) is already there; return `path`."""
+    _retire_outdated(path, marker=marker, version=version)
     if (path / marker).is_file():
         return path
     if path.is_dir() and any(path.iterdir()):

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
-from worker.engine.demo_model import build_offline
+from worker.engine.demo_model import MAX_POSITIONS, build_offline
 
 MARKER_FILE = "backfill-demo-vl.json"
+VERSION = 2  # 2: a 32k context (a model of an older version is rebuilt)
 SEED = 0
 IMAGE_SIZE = 32  # px: every image is resized to this square
 PATCH_SIZE = 8
@@ -52,12 +54,33 @@ CHAT_TEMPLATE = (
 )
 
 
+# The text model's shape: the demo model's (worker/engine/demo_model.py).
+TEXT_SHAPE: dict[str, Any] = {
+    "hidden_size": 256,
+    "intermediate_size": 768,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+}
+
+
 def build_demo_vl_model(path: Path) -> Path:
-    """Build the vision-language demo model at `path` unless a complete one is already there; return `path`."""
-    return build_offline(Path(path), marker=MARKER_FILE, write=_write_model)
+    """Build the vision-language demo model at `path` unless a complete one of this VERSION is already there;
+    return `path`."""
+    return build_offline(Path(path), marker=MARKER_FILE, write=_write_model, version=VERSION)
 
 
 def _write_model(folder: Path) -> None:
+    write_idefics3(folder, text_shape=TEXT_SHAPE)
+    facts = {"version": VERSION, "seed": SEED, "image_size": IMAGE_SIZE, "image_prompt_tokens": IMAGE_PROMPT_TOKENS}
+    (folder / MARKER_FILE).write_text(json.dumps(facts, indent=2) + "\n")
+
+
+def write_idefics3(folder: Path, *, text_shape: dict[str, Any], labels: tuple[str, ...] = ()) -> None:
+    """A random-weight Idefics3 with its tokenizer, image processor and chat template in `folder`; with `labels`, a
+    multi-label classifier of them (vLLM's `convert="classify"` reads its `score.weight`, one row per label, and
+    its top-level config's `id2label`), else a generating model."""
     import torch
     from tokenizers import processors
     from transformers import (
@@ -70,7 +93,7 @@ def _write_model(folder: Path) -> None:
     from transformers.models.idefics3.configuration_idefics3 import Idefics3VisionConfig
     from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
 
-    from worker.engine.demo_model import MAX_POSITIONS, VOCAB_SIZE, _train_tokenizer
+    from worker.engine.demo_model import VOCAB_SIZE, _train_tokenizer
 
     tokenizer = _train_tokenizer(extra_special_tokens=_EXTRA_TOKENS)
     # vLLM tokenizes a multimodal model's chat prompt with special tokens (as its Hugging Face processor does) and
@@ -92,16 +115,11 @@ def _write_model(folder: Path) -> None:
     )
     config = Idefics3Config(
         vision_config=vision.to_dict(),
-        text_config=LlamaConfig(  # the demo model's shape
+        text_config=LlamaConfig(
             vocab_size=VOCAB_SIZE,
-            hidden_size=256,
-            intermediate_size=768,
-            num_hidden_layers=4,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=64,
             max_position_embeddings=MAX_POSITIONS,
             tie_word_embeddings=True,
+            **text_shape,
             **ids,
         ).to_dict(),
         image_token_id=tokenizer.convert_tokens_to_ids(IMAGE),
@@ -110,8 +128,19 @@ def _write_model(folder: Path) -> None:
         **ids,
     )
     config.dtype = "bfloat16"
+    if labels:
+        config.id2label = dict(enumerate(labels))
+        config.label2id = {label: index for index, label in enumerate(labels)}
+        config.problem_type = "multi_label_classification"
     torch.manual_seed(SEED)
-    Idefics3ForConditionalGeneration(config).bfloat16().save_pretrained(folder)  # type: ignore[no-untyped-call]
+    model = Idefics3ForConditionalGeneration(config).bfloat16()  # type: ignore[no-untyped-call]
+    model.save_pretrained(folder)
+    if labels:  # Transformers has no Idefics3 classifier: the head is written beside the weights it saved
+        from safetensors.torch import load_file, save_file
+
+        weights = load_file(folder / "model.safetensors")
+        weights["score.weight"] = (torch.randn(len(labels), text_shape["hidden_size"]) * 0.5).bfloat16()
+        save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
     size = {"longest_edge": IMAGE_SIZE}
     images = Idefics3ImageProcessorPil(do_image_splitting=False, size=size, max_image_size=size)
     processor = Idefics3Processor(
@@ -119,6 +148,5 @@ def _write_model(folder: Path) -> None:
     )
     processor.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    GenerationConfig(**{**ids, "eos_token_id": [tokenizer.eos_token_id]}).save_pretrained(folder)  # type: ignore[no-untyped-call]
-    facts = {"seed": SEED, "image_size": IMAGE_SIZE, "image_prompt_tokens": IMAGE_PROMPT_TOKENS}
-    (folder / MARKER_FILE).write_text(json.dumps(facts, indent=2) + "\n")
+    if not labels:
+        GenerationConfig(**{**ids, "eos_token_id": [tokenizer.eos_token_id]}).save_pretrained(folder)  # type: ignore[no-untyped-call]

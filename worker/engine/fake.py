@@ -7,7 +7,9 @@ adapter (`worker.engine.wire`). One request holds one slot, whatever its `n`.
 
 Images and documents go through the real media resolver (worker/engine/media.py: fetched, checked, decoded off
 the engine's thread, failing the line as in the vLLM adapter); each image then counts FAKE_IMAGE_TOKENS prompt
-tokens (OpenAI's price of a `detail: low` image) and a document's extracted text counts as text.
+tokens (OpenAI's price of a `detail: low` image) and a document's extracted text counts as text. A moderation input
+with images (one user turn of text and image parts) is classified as one input: its scores hashed from its text and
+its images' sizes.
 """
 
 from __future__ import annotations
@@ -269,10 +271,11 @@ class FakeEngine:
                     param="dimensions",
                 )
             prompt_tokens = sum(_count_tokens(item) for item in generation.inputs)
+            if generation.messages:  # a classifier's input with images: its text and FAKE_IMAGE_TOKENS an image
+                prompt_tokens = _multimodal_tokens(generation)
             return _Sequence(request_id, parsed, prompt_tokens, 1, time.monotonic())
         if generation.kind == "chat":
-            prompt_tokens = sum(_count_tokens(text) + 2 for text in generation.turn_texts())
-            prompt_tokens += FAKE_IMAGE_TOKENS * len(generation.parts(DECODED_IMAGE_PART))
+            prompt_tokens = _multimodal_tokens(generation)
         else:
             assert generation.prompt is not None
             prompt_tokens = _count_tokens(generation.prompt)
@@ -318,6 +321,9 @@ class FakeEngine:
             output.error = server_error(rid, "the fake engine was told to fail this request")
         elif generation.kind == "embed":
             output.vectors = [_vector(item, generation.dimensions) for item in generation.inputs]
+        elif generation.kind == "classify" and generation.messages:
+            images = [part[DECODED_IMAGE_PART].size for part in generation.parts(DECODED_IMAGE_PART)]
+            output.scores = [_scores(f"{generation.turn_texts()}/{images}")]
         elif generation.kind == "classify":
             output.scores = [_scores(item) for item in generation.inputs]
         else:  # the fake decodes to its limit: every sequence stops on its length
@@ -360,6 +366,12 @@ def _shaped(generation: Generation, text: str, count: int, seed: str) -> Generat
         calls = forced_calls(json.dumps(answer), generation, derived_ids(seed))
         generated.text, generated.tool_calls, generated.finish_reason = "", calls or [], "tool_calls"
     return generated
+
+
+def _multimodal_tokens(generation: Generation) -> int:
+    """A chat's (or a classifier's input with images) prompt tokens: its turns' words, 2 a turn, and each image."""
+    texts = sum(_count_tokens(text) + 2 for text in generation.turn_texts())
+    return texts + FAKE_IMAGE_TOKENS * len(generation.parts(DECODED_IMAGE_PART))
 
 
 def _count_tokens(item: str | list[int]) -> int:

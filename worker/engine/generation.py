@@ -141,7 +141,9 @@ class Generation:
     continue_final: bool = False  # chat: the answer continues the final assistant message (a prefill)
     constraint: Constraint | None = None
     prompt: str | list[int] | None = None  # text: a string or token ids
-    inputs: tuple[str | list[int], ...] = ()  # embed and classify: one vector (or set of label scores) each
+    # embed and classify: one vector (or set of label scores) each; a classify input with images is instead one
+    # user turn in `messages` (its parts: text and images), one set of label scores
+    inputs: tuple[str | list[int], ...] = ()
     dimensions: int | None = None  # embed
     tools: tuple[Tool, ...] = ()  # chat: functions the model may call (the chat template renders them)
     tool_choice: ToolChoice = ToolChoice()
@@ -155,8 +157,8 @@ class Generation:
 
     @property
     def where(self) -> str:
-        """The body's field holding the prompt, for error messages."""
-        return "messages" if self.kind == "chat" else "prompt"
+        """The body's field holding the prompt (a pooling model's inputs), for error messages."""
+        return "input" if self.pooling else "messages" if self.kind == "chat" else "prompt"
 
     def plain_turns(self) -> list[dict[str, str]] | None:
         """The chat as role + text turns when every message is only that and nothing else goes to the template

@@ -145,6 +145,13 @@ class MediaResolver:
         self._loop.stop()
 
     async def _resolve(self, generation: Generation) -> Generation:
+        try:
+            return await self._resolved(generation)
+        except BodyError as error:
+            error.param = generation.where  # "messages", or a classifier's "input"
+            raise
+
+    async def _resolved(self, generation: Generation) -> Generation:
         items = generation.parts(*MEDIA_PARTS)
         if len(items) > self.limits.max_items:
             raise _failed(

@@ -42,7 +42,7 @@ class VllmInputs:
             raise BodyError(
                 f"model {self.model_name!r} does not take images (it is a text-only model)",
                 code="images_not_supported",
-                param="messages",
+                param=generation.where,
             )
 
     def _chat_params(self, *, continue_final: bool = False, extra: dict[str, Any] | None = None) -> Any:
@@ -64,6 +64,8 @@ class VllmInputs:
                 params = PoolingParams(task="embed", dimensions=self._dimensions(generation.dimensions))
             else:
                 params = PoolingParams(task="classify")
+            if generation.messages:  # an input with images: one user turn, as the model's chat template renders it
+                return [(f"{rid}#0", self._render_classified(generation), params)]
             return [(f"{rid}#{i}", self._render_plain(item), params) for i, item in enumerate(generation.inputs)]
         if generation.kind == "chat":
             if self._parsers is not None:
@@ -95,6 +97,12 @@ class VllmInputs:
         """The embedding size to ask vLLM for: `asked` on a Matryoshka model (vLLM checks its range); on any
         other, OpenAI's answer for ada-002 naming the served model (its own size asked for is no change)."""
         size = getattr(self._model_config, "embedding_size", None)
+        if asked is not None and self._model_config.is_matryoshka and size and not 1 <= asked <= size:
+            raise BodyError(
+                f"Model {self.model_name!r} only supports dimensions in range [1, {size}], got {asked}.",
+                code="invalid_value",
+                param="dimensions",
+            )
         if asked is None or self._model_config.is_matryoshka:
             return asked
         if asked == size:
@@ -110,6 +118,13 @@ class VllmInputs:
         # The template writes BOS itself, so the tokenizer adds no special tokens (as in LLM.chat()).
         extra = self._parsers.template_kwargs(generation) if self._parsers is not None else None
         params = self._chat_params(continue_final=generation.continue_final, extra=extra)
+        _, (prompt,) = self._renderer.render_chat([list(generation.messages)], params)
+        return prompt
+
+    def _render_classified(self, generation: Generation) -> Any:
+        """A classifier's input with images: its user turn through vLLM's chat renderer and multimodal processor (the
+        template's turn as written, no answer prompt after it)."""
+        params = self._chat_params(extra={"add_generation_prompt": False})
         _, (prompt,) = self._renderer.render_chat([list(generation.messages)], params)
         return prompt
 

@@ -234,12 +234,12 @@
       " ", h("button", { type: "button", class: "plain", "data-download": "merged", onclick: () => download("/v1/batches/" + encodeURIComponent(b.id) + "/results?merged=true", b.id + "_merged.jsonl") }, "Download merged results"),
       h("span", { class: "note" }, " (each line once, its latest attempt)"))];
   }
-  async function firstLines(path, count) {
+  async function firstLines(path, count, maxChars = 65536) {
     const response = await fetch(path, { headers: { Authorization: "Bearer " + state.key }, credentials: "omit", cache: "no-store" });
     if (!response.ok || !response.body) return null;
     const reader = response.body.getReader(), decoder = new TextDecoder();
     let text = "";
-    while (text.split("\n").length <= count && text.length < 65536) {
+    while (text.split("\n").length <= count && text.length < maxChars) {
       const { done, value } = await reader.read();
       if (done) break;
       text += decoder.decode(value, { stream: true });
@@ -278,6 +278,36 @@
     return h("div", { class: "result-answer" }, h("p", {}, h("code", {}, item.custom_id || "–")),
       calls.map(([name, args]) => h("p", { class: "tool-call" }, h("b", {}, "Calls "), h("code", {}, name + "(" + args + ")"))),
       thoughts.map((t) => h("details", { class: "reasoning" }, h("summary", {}, "Reasoning · " + figure(t.length) + " characters"), h("pre", {}, t))));
+  }
+  // ---- the lines sent: their images (data URLs shown; remote URLs named, never fetched by this page) ----
+  const IMAGE_LINES = 5, INPUT_PREVIEW_CHARS = 4 * 1024 * 1024, RASTER = /^data:image\/(png|jpeg|gif|webp);base64,[A-Za-z0-9+/=]+$/;
+  function mediaOf(value, found, depth) {  // every image and document part of a line, in order (any protocol)
+    if (!value || typeof value !== "object" || depth > 16 || found.length >= 16) return found;
+    if (Array.isArray(value)) { for (const item of value) mediaOf(item, found, depth + 1); return found; }
+    const url = value.type === "image_url" ? (typeof value.image_url === "string" ? value.image_url : value.image_url && value.image_url.url)
+      : value.type === "input_image" ? value.image_url || (value.file_id && "file " + value.file_id)
+      : value.type === "image" && value.source ? (value.source.type === "base64" ? "data:" + value.source.media_type + ";base64," + value.source.data : value.source.url || value.source.file_id)
+      : null;
+    if (typeof url === "string") found.push({ image: url });
+    else if (["document", "input_file", "file"].includes(value.type)) found.push({ document: value.filename || (value.file && value.file.filename) || (value.source && value.source.type) || value.type });
+    else for (const child of Object.values(value)) mediaOf(child, found, depth + 1);
+    return found;
+  }
+  function mediaItem(item, n) {
+    if (item.document) return h("span", { class: "doc" }, "document: " + item.document);
+    if (RASTER.test(item.image)) return h("img", { class: "thumb", src: item.image, alt: "image " + n });
+    return h("code", { class: "image-url", title: "fetched by the worker; this page does not load it" }, item.image.slice(0, 120));
+  }
+  async function inputMedia(b) {
+    const lines = await firstLines("/v1/files/" + encodeURIComponent(b.input_file_id) + "/content", 20, INPUT_PREVIEW_CHARS);
+    const shown = [];
+    for (const l of lines || []) {
+      let item; try { item = JSON.parse(l); } catch { continue; }
+      const found = mediaOf(item.body || item.params, [], 0);
+      if (found.length) shown.push(h("div", { class: "line-media" }, h("p", {}, h("code", {}, item.custom_id || "–")), found.map((m, i) => mediaItem(m, i + 1))));
+      if (shown.length >= IMAGE_LINES) break;
+    }
+    return shown.length ? h("div", { id: "images-sent" }, shown) : h("p", { class: "note" }, "None of the first lines carries an image or a document.");
   }
   async function download(path, name) {
     const answer = await api("GET", path, undefined, "blob");
@@ -341,6 +371,10 @@
       $("batch-downloads").replaceChildren(downloads(b));
       $("batch-manifest").replaceChildren(await manifest(b));
       $("batch-preview").dataset.ended = ENDED.includes(b.status) ? "1" : "";
+    }
+    if ($("batch-media").dataset.batch !== b.id) {  // the lines sent never change: read once per batch
+      $("batch-media").dataset.batch = b.id;
+      $("batch-media").replaceChildren(await inputMedia(b));
     }
     if (!quiet) $("control-outcome").replaceChildren();
     say("Batch updated " + new Date().toLocaleTimeString());

@@ -2,7 +2,8 @@
 the in-process worker and the real vLLM engine on the demo chat model and the demo moderation classifier (as the
 embedded default registers them), one server per backend (SQLite + a local folder, Postgres + S3).
 
-`/v1/moderations` lines with and without a model, text and an image part (refused on its own line); structured
+`/v1/moderations` lines with and without a model, text, and text with an image (through vLLM's multimodal processor;
+a broken image fails its own line); structured
 output in the three dialects (chat `response_format`, Responses `text.format`, Anthropic `output_config.format`)
 with the schemas real files carry, every answer re-parsed with the SDK's types and validated against its schema
 with jsonschema; a schema the backend cannot compile fails only its own line, naming the field; and the other
@@ -30,6 +31,7 @@ from openai.types.responses import Response
 
 from tests.conftest import LiveServer, configure, make_key, start_server
 from tests.integration.api.helpers import read_lines, to_jsonl, upload, wait_for
+from tests.media_server import data_url, png_bytes
 
 pytestmark = pytest.mark.vllm
 
@@ -191,12 +193,14 @@ def test_moderations_and_structured_output_in_every_dialect(live: LiveServer) ->
     responses_lines.append(
         line("logprobs", "/v1/responses", model=CHAT, input="Hello", max_output_tokens=3, **logprobs)
     )
-    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    image = {"type": "image_url", "image_url": {"url": data_url(png_bytes())}}
+    broken = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
     moderation_lines = [
         line("one", "/v1/moderations", input="I will hurt you"),
         line("many", "/v1/moderations", input=["have a nice day", "how do I bake bread?"]),
         line("parts", "/v1/moderations", input=[{"type": "text", "text": "look at this"}]),
         line("image", "/v1/moderations", input=[{"type": "text", "text": "look at this"}, image]),
+        line("broken", "/v1/moderations", input=[{"type": "text", "text": "look at this"}, broken]),
     ]
     system = [{"type": "text", "text": "You answer in JSON.", "cache_control": {"type": "ephemeral", "ttl": "1h"}}]
     requests = [
@@ -256,14 +260,17 @@ def test_moderations_and_structured_output_in_every_dialect(live: LiveServer) ->
 
     # Moderations: OpenAI's answer, from the classifier's 13 labels; the model the lines did not name.
     answers = {custom_id: ModerationCreateResponse.model_validate(body) for custom_id, body in moderated.items()}
-    assert {c: len(a.results) for c, a in answers.items()} == {"one": 1, "many": 2, "parts": 1}
+    assert {c: len(a.results) for c, a in answers.items()} == {"one": 1, "many": 2, "parts": 1, "image": 1}
     for answer in answers.values():
         assert answer.model == CLASSIFIER and answer.id.startswith("modr-")
         for result in answer.results:
             scores = result.category_scores.model_dump(by_alias=True)
             assert len(scores) == 13 and all(0.0 <= score <= 1.0 for score in scores.values())
             assert result.flagged == any(result.categories.model_dump().values())
-    assert list(refused) == ["image"] and refused["image"]["error"]["code"] == "unsupported_value"
+    applied = answers["image"].results[0].category_applied_input_types
+    assert (applied.violence, applied.hate) == (["text", "image"], ["text"])
+    assert answers["image"].results[0].category_scores != answers["parts"].results[0].category_scores  # it saw it
+    assert list(refused) == ["broken"] and refused["broken"]["error"]["code"] == "invalid_image"
 
     # Structured output: every answer parses against its schema, in every dialect.
     for custom_id, body in chat_ok.items():

@@ -73,6 +73,7 @@ def live(
     entry = spec.model_dump(mode="json", exclude_defaults=True) | {
         "path": str(demo_model_path),
         "max_num_seqs": 16,
+        "max_model_len": 2048,  # 64 MiB of KV cache holds 16k tokens, not the demo model's whole 32k context
         "kv_cache_memory_bytes": 64 << 20,
     }
     env = {"BACKFILL_DATA_DIR": str(data), "BACKFILL_MODELS": json.dumps({MODEL: entry})}

@@ -55,11 +55,12 @@ def test_embedded_default_needs_no_configuration(tmp_path: Path, monkeypatch: py
     settings = Settings()
     assert settings.embedded and settings.sqlalchemy_url.startswith("sqlite:///")
     models = settings.served_models()
-    assert {"backfill-demo", "backfill-demo-vl", "all-MiniLM-L6-v2"} <= set(models)  # chat, vision, embeddings
+    assert {"backfill-demo", "backfill-demo-vl", "all-MiniLM-L6-v2", "backfill-demo-embed"} <= set(models)
     assert next(iter(models)) == "backfill-demo"  # the worker's model when none is named
     assert models["backfill-demo-vl"].serves("/v1/chat/completions")
     assert models["backfill-demo"].serves("/v1/chat/completions") and models["backfill-demo"].serves("/v1/responses")
     assert models["all-MiniLM-L6-v2"].serves("/v1/embeddings")
+    assert models["backfill-demo-embed"].serves("/v1/embeddings")  # Matryoshka: `dimensions` shortens its vectors
     assert not models["all-MiniLM-L6-v2"].serves("/v1/chat/completions")
     assert (models["all-MiniLM-L6-v2"].runner, models["all-MiniLM-L6-v2"].dtype) == ("pooling", "bfloat16")
     assert settings.completion_windows == {

@@ -135,11 +135,13 @@ def test_a_body_cut_off_inside_the_file_or_with_two_files_is_a_400_and_stores_no
     assert list(api.client(key).files.list()) == []
 
 
-def in_flight(store: object) -> bool:
-    """True while an upload is being written: an open S3 multipart upload, or a local `.partial` file."""
+def open_uploads(store: object) -> set[str]:
+    """What is being written now: open S3 multipart uploads (the bucket outlives one test, and the Uploads API
+    keeps its uploads open until they complete or expire), or local `.partial` files."""
     if hasattr(store, "root"):
-        return any(path.name.endswith(".partial") for path in store.root.rglob("*"))
-    return bool(store.client.list_multipart_uploads(Bucket=store.bucket).get("Uploads"))  # type: ignore[attr-defined]
+        return {str(path) for path in store.root.rglob("*") if path.name.endswith(".partial")}
+    uploads = store.client.list_multipart_uploads(Bucket=store.bucket).get("Uploads", [])  # type: ignore[attr-defined]
+    return {item["UploadId"] for item in uploads}
 
 
 def stored_objects(store: object) -> list[str]:
@@ -164,6 +166,7 @@ def test_a_client_that_goes_away_mid_file_leaves_no_object_no_part_and_no_row(ap
     key = make_key("acme")
     store = get_blob_store()
     before = stored_objects(store)  # the bucket outlives one test
+    open_before = open_uploads(store)
     line = json.dumps({"custom_id": "r", "method": "POST", "url": "/v1/chat/completions", "body": {}}).encode()
     block = (line + b"\r\n") * (1024 * 1024 // (len(line) + 2))
     head = multipart(("purpose", b"batch", None), ("file", b"", "gone.jsonl"))[: -len(b"\r\n--b--\r\n")]
@@ -176,8 +179,8 @@ def test_a_client_that_goes_away_mid_file_leaves_no_object_no_part_and_no_row(ap
         )
         for _ in range(12):
             sock.sendall(block)
-        wait_for(lambda: in_flight(store), "the upload to reach object storage")
-    wait_for(lambda: not in_flight(store), "the cut-off upload to be abandoned")
+        wait_for(lambda: bool(open_uploads(store) - open_before), "the upload to reach object storage")
+    wait_for(lambda: not open_uploads(store) - open_before, "the cut-off upload to be abandoned")
     assert stored_objects(store) == before
     assert list(api.client(key).files.list()) == []
     after = api.client(key).files.create(file=("next.jsonl", io.BytesIO(jsonl(2))), purpose="batch")

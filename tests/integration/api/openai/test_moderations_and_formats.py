@@ -21,6 +21,8 @@ from openai.types.responses import Response
 
 from tests.conftest import LiveServer, make_key
 from tests.integration.api.helpers import read_lines, to_jsonl, upload, wait_for
+from tests.media_server import data_url, png_bytes
+from worker.engine.fake import FAKE_IMAGE_TOKENS
 
 CHAT, CLASSIFIER = "fmt-chat", "fmt-moderation"  # names of their own: engines are cached per model name
 MODELS = {
@@ -66,26 +68,33 @@ def line(custom_id: str, url: str, **body: Any) -> dict[str, Any]:
 
 def test_a_moderations_batch_runs_lines_that_name_no_model_on_the_registrys_classifier(api: LiveServer) -> None:
     client = api.client(make_key("acme"))
-    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    image = {"type": "image_url", "image_url": {"url": data_url(png_bytes())}}
+    broken = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
     lines = [
         line("one", "/v1/moderations", input="I will hurt you"),
         line("many", "/v1/moderations", input=["have a nice day", "how do I bake bread?"]),
         line("named", "/v1/moderations", model=CLASSIFIER, input=[{"type": "text", "text": "a text part"}]),
         line("image", "/v1/moderations", input=[{"type": "text", "text": "look"}, image]),
+        line("broken", "/v1/moderations", input=[{"type": "text", "text": "look"}, broken]),
     ]
     done = run(client, lines, "/v1/moderations")
     assert done.status == "completed" and done.request_counts
-    assert (done.request_counts.completed, done.request_counts.failed) == (3, 1)
+    assert (done.request_counts.completed, done.request_counts.failed) == (4, 1)
     outputs = {entry["custom_id"]: entry["response"]["body"] for entry in read_lines(client, done.output_file_id)}
     answers = {custom_id: ModerationCreateResponse.model_validate(body) for custom_id, body in outputs.items()}
-    assert [len(answers[c].results) for c in ("one", "many", "named")] == [1, 2, 1]
+    assert [len(answers[c].results) for c in ("one", "many", "named", "image")] == [1, 2, 1, 1]
     assert all(answer.model == CLASSIFIER and answer.id.startswith("modr-") for answer in answers.values())
+    applied = answers["image"].results[0].category_applied_input_types
+    assert (applied.violence, applied.hate) == (["text", "image"], ["text"])  # images scored as OpenAI scores them
+    assert answers["one"].results[0].category_applied_input_types.violence == ["text"]
     (error,) = read_lines(client, done.error_file_id)
-    assert error["custom_id"] == "image" and error["response"]["status_code"] == 400
-    assert error["response"]["body"]["error"]["code"] == "unsupported_value"
-    assert "input.1: image inputs are not supported" in error["response"]["body"]["error"]["message"]
-    # Billed as input only, at the classifier's price: the fake counts a token per word.
-    assert done.usage is not None and done.usage.output_tokens == 0 and done.usage.input_tokens == 4 + 9 + 3
+    assert error["custom_id"] == "broken" and error["response"]["status_code"] == 400
+    assert error["response"]["body"]["error"]["code"] == "invalid_image"
+    assert error["response"]["body"]["error"]["param"] == "input"
+    # Billed as input only, at the classifier's price: the fake counts a token per word (and a turn's 2 and an
+    # image's FAKE_IMAGE_TOKENS for an input with images).
+    assert done.usage is not None and done.usage.output_tokens == 0
+    assert done.usage.input_tokens == 4 + 9 + 3 + (1 + 2 + FAKE_IMAGE_TOKENS)
     cost = (done.model_extra or {})["cost"]
     assert Decimal(cost["list_usd"]) == Decimal(done.usage.input_tokens * 2) / 1_000_000
 

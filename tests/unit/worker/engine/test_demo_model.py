@@ -71,3 +71,22 @@ def test_the_embedded_default_serves_it_with_vllms_hermes_and_deepseek_r1_parser
 
     spec = Settings(data_dir=tmp_path).served_models()["backfill-demo"]
     assert (spec.tool_parser, spec.reasoning_parser) == ("hermes", "deepseek_r1")
+
+
+def test_every_demo_model_of_an_older_build_is_rebuilt_and_a_current_one_kept(tmp_path: Path) -> None:
+    """The vision-language and moderation demo models (no version in their markers before the 32k context) too."""
+    from worker.engine.demo_model import build_offline
+
+    built: list[Path] = []
+
+    def write(folder: Path) -> None:
+        built.append(folder)
+        (folder / "m.json").write_text(json.dumps({"version": 2}))
+
+    path = tmp_path / "backfill-demo-vl"
+    path.mkdir()
+    (path / "m.json").write_text(json.dumps({"seed": 0}))  # an older build: no version
+    build_offline(path, marker="m.json", write=write, version=2)
+    build_offline(path, marker="m.json", write=write, version=2)
+    assert len(built) == 1 and json.loads((path / "m.json").read_text()) == {"version": 2}
+    assert [p.name for p in tmp_path.iterdir()] == ["backfill-demo-vl"]

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from anthropic.types import Message
+from openai.types import ModerationCreateResponse
 from openai.types.chat import ChatCompletion
 
 from tests.media_server import MediaServer, data_url, png_bytes, tiny_pdf
@@ -119,3 +120,24 @@ def test_an_anthropic_image_request_is_answered_as_a_message(engine: FakeEngine)
     engine.add(EngineRequest("a", "/v1/messages", body))
     message = Message.model_validate(drain(engine)["a"].body)
     assert message.usage.input_tokens > FAKE_IMAGE_TOKENS
+
+
+def test_a_moderation_input_with_images_is_classified_once_and_its_image_failures_name_the_input() -> None:
+    limits = MediaLimits(policy=media_policy(allowed_networks=(ipaddress.ip_network("127.0.0.1/32"),)))
+    engine = FakeEngine(runner="pooling", task="classify", media=MediaWaits(lambda: MediaResolver(limits)))
+    try:
+        text = {"type": "text", "text": "two words"}
+        bodies = {
+            "text": {"input": [text]},
+            "both": {"input": [text, image(PNG)]},
+            "broken": {"input": [text, image("data:image/png;base64,AAAA")]},
+        }
+        for rid, body in bodies.items():
+            assert engine.add(EngineRequest(rid, "/v1/moderations", body)) is None
+        done = drain(engine)
+    finally:
+        engine.close()
+    answer = ModerationCreateResponse.model_validate(done["both"].body)
+    assert len(answer.results) == 1 and answer.results[0].category_applied_input_types.violence == ["text", "image"]
+    assert done["both"].prompt_tokens == 2 + 2 + FAKE_IMAGE_TOKENS and done["text"].ok  # words, turn, image
+    assert (done["broken"].error_code, done["broken"].body["error"]["param"]) == ("invalid_image", "input")

@@ -1,10 +1,13 @@
-"""OpenAI moderations: text in, one `Moderation` result per input out, scored by a classification model.
+"""OpenAI moderations: text and images in, one `Moderation` result per input out, scored by a classification model.
 
 A classifier (a registry entry with `"runner": "pooling", "convert": "classify"`) scores each input once; its
 labels that are OpenAI's category names fill `category_scores` (a category the model lacks scores 0), a category
 is flagged at a score of FLAG_THRESHOLD or more, and the result is flagged if any category is. An array of
 strings is that many inputs and results; an array of `{"type": "text"}` / `{"type": "image_url"}` objects is one
-input (its text parts joined), as at OpenAI.
+input, as at OpenAI: text parts only, their text joined; with images, one user turn of those parts in order (the
+images fetched and decoded as a chat's are, worker/engine/media.py, and the model must take images), and each
+category's `category_applied_input_types` names the input types it was applied to (`image` only for the
+categories OpenAI scores images for).
 """
 
 from __future__ import annotations
@@ -83,7 +86,7 @@ class ModerationBody(Strict):
         return value
 
     def texts(self) -> list[str]:
-        """One text per result: the string, each string of a list, or a list of parts' text joined."""
+        """One text per result: the string, each string of a list, or a list of text parts' text joined."""
         if isinstance(self.input, str):
             return [self.input]
         if not self.input:
@@ -92,19 +95,22 @@ class ModerationBody(Strict):
             raise BodyError(f"input holds at most {MAX_INPUTS} strings", code="invalid_value", param="input")
         if all(isinstance(item, str) for item in self.input):
             return [str(item) for item in self.input]
-        for index, part in enumerate(self.input):
-            if isinstance(part, ImageInput):
-                raise BodyError(
-                    f"input.{index}: image inputs are not supported by this server's moderation models "
-                    "(they classify text): send the text parts only",
-                    code="unsupported_value",
-                    param="input",
-                )
         return ["\n".join(part.text for part in self.input if isinstance(part, TextInput))]
 
+    def input_types(self) -> tuple[str, ...]:
+        """The kinds of input each result was computed from: text, and image when the parts hold images."""
+        if isinstance(self.input, str) or not any(isinstance(part, ImageInput) for part in self.input):
+            return ("text",)
+        texts = any(isinstance(part, TextInput) for part in self.input)
+        return ("text", "image") if texts else ("image",)
+
     def generation(self) -> Generation:
-        """One classification per input."""
-        return Generation(kind="classify", inputs=tuple(self.texts()))
+        """One classification per input; an input with images as one user turn of its parts (chat-style)."""
+        texts = self.texts()
+        if self.input_types() == ("text",):
+            return Generation(kind="classify", inputs=tuple(texts))
+        parts = [part.model_dump(exclude_none=True) for part in self.input if not isinstance(part, str)]
+        return Generation(kind="classify", messages=({"role": "user", "content": parts},))
 
 
 def moderation_reply(body: ModerationBody) -> Reply:
@@ -114,7 +120,7 @@ def moderation_reply(body: ModerationBody) -> Reply:
         answer = {
             "id": f"modr-{output.response_id or uuid.uuid4().hex}",
             "model": model,
-            "results": [moderation_result(scores) for scores in output.scores],
+            "results": [moderation_result(scores, body.input_types()) for scores in output.scores],
         }
         return ok(output, answer, completion=False)
 

@@ -29,14 +29,18 @@ def test_a_string_a_list_of_strings_and_text_parts_are_classified_as_openai_read
     assert inputs({"input": parts}) == ("first\nsecond",)  # an array of parts is one input, one result
 
 
+def test_an_input_with_images_is_one_user_turn_of_its_parts_whose_images_the_media_resolver_fetches() -> None:
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
+    parts = [{"type": "text", "text": "Describe this image"}, image]
+    generation = parse(URL, {"model": "omni-moderation-latest", "input": parts}).generation
+    assert generation.kind == "classify" and generation.inputs == ()
+    assert generation.messages == ({"role": "user", "content": parts},)
+    assert generation.needs_media() and generation.where == "input"  # fetched as a chat's images are
+
+
 @pytest.mark.parametrize(
     ("body", "code", "says"),
     [
-        (
-            {"input": [{"type": "text", "text": "t"}, {"type": "image_url", "image_url": {"url": "data:image/png;"}}]},
-            "unsupported_value",
-            "input.1: image inputs are not supported",
-        ),
         ({"input": 3}, "invalid_value", "must be a string, an array of strings, or an array of"),
         ({"input": ["a", {"type": "text", "text": "b"}]}, "invalid_value", "must be a string, an array of strings"),
         ({"input": []}, "invalid_value", "input must not be empty"),
@@ -73,3 +77,22 @@ def test_a_category_the_model_lacks_scores_zero_and_is_not_flagged() -> None:
     answer = ModerationCreateResponse.model_validate(parse(URL, {"input": "x"}).answer(output, "m").body)
     assert answer.results[0].category_scores.harassment == 0.0 and not answer.results[0].categories.harassment
     assert answer.results[0].flagged
+
+
+@pytest.mark.parametrize(
+    ("parts", "applied"),
+    [
+        ([{"type": "text", "text": "t"}], {"violence": ["text"], "hate": ["text"]}),
+        ([{"type": "text", "text": "t"}, "image"], {"violence": ["text", "image"], "hate": ["text"]}),
+        (["image"], {"violence": ["image"], "hate": [], "self-harm/intent": ["image"]}),
+    ],
+)
+def test_each_category_names_the_input_types_it_was_applied_to_as_openai_does(
+    parts: list[Any], applied: dict[str, list[str]]
+) -> None:
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    body = {"input": [image if part == "image" else part for part in parts]}
+    result = parse(URL, body).answer(Output("r1", prompt_tokens=3, scores=[{"violence": 0.9}]), "m")
+    answer = ModerationCreateResponse.model_validate(result.body)
+    types = answer.results[0].category_applied_input_types.model_dump(by_alias=True)
+    assert {category: types[category] for category in applied} == applied
