@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from storage.queue.claim_order import ClaimOrder
-from storage.queue.prefixes import SharedPrefixes, prefix_key_of
+from storage.queue.prefixes import SharedPrefixes, prefix_key_of, with_adapter
 
 CHAT = "/v1/chat/completions"
 SYSTEM = {"role": "system", "content": "You are a careful reviewer. " * 40}
@@ -113,3 +113,14 @@ def test_a_claim_keeps_each_adapters_rows_together_inside_a_deadline() -> None:
     assert [rows[i][0] for i in ranked] == ["2", "6", "3", "5", "1", "4"]  # the base model's first, pick order kept
     late = order.sort_key(2_000, "", 0, None)
     assert order.sort_key(1_000, "", 9, "z") < late  # never ahead of an earlier deadline
+
+
+def test_the_same_prompt_under_two_adapters_has_two_prefix_keys() -> None:
+    key = prefix_key_of(
+        CHAT,
+        {"model": "m", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]},
+        chars=512,
+    )
+    assert key and with_adapter(key, None) == key
+    assert len({with_adapter(key, "a"), with_adapter(key, "b"), key}) == 3 and len(with_adapter(key, "a")) == 32
+    assert with_adapter("", "a") == ""  # a prefix no other line shares stays unkeyed
