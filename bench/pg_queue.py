@@ -32,7 +32,7 @@ def _worker(url: str, claim_size: int, start: Any, results: Any, index: int) -> 
     os.environ["BACKFILL_DATABASE_URL"] = url
     from storage.db import transaction
     from storage.queue.claim import claim
-    from storage.queue.leases import Outcome, record
+    from storage.queue.results import Outcome, record
     from storage.settings import get_settings
 
     worker_id = f"bench-{index}"

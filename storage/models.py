@@ -109,7 +109,7 @@ class Batch(Base):
     # Failed ingest attempts (an error no line explains) and when the next may run: bounded, then the batch fails.
     ingest_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     ingest_retry_at: Mapped[int | None] = mapped_column(BigInteger)
-    # Of request_failed, those cancelled or expired (Anthropic's request_counts tell them apart).
+    # Of request_failed, those cancelled or expired (a protocol's counts may tell them apart).
     request_cancelled: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     request_expired: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     created_at: Mapped[int] = mapped_column(BigInteger)
@@ -121,17 +121,17 @@ class Batch(Base):
     expired_at: Mapped[int | None] = mapped_column(BigInteger)
     cancelling_at: Mapped[int | None] = mapped_column(BigInteger)
     cancelled_at: Mapped[int | None] = mapped_column(BigInteger)
-    # Which API created the batch: "openai" or "anthropic" (storage/batches/message_batches.py renders the latter).
+    # Which API created the batch: a name of storage/protocols.py's table.
     protocol: Mapped[str] = mapped_column(String(16), default=OPENAI.name, server_default=OPENAI.name)
     archived_at: Mapped[int | None] = mapped_column(BigInteger)  # results removed after their retention
     deleted_at: Mapped[int | None] = mapped_column(BigInteger)  # deleted by its owner; kept for accounting
-    # The ended batch whose failed requests this one re-runs (storage/retries.py); None for a first attempt.
+    # The ended batch whose failed requests this one re-runs (storage/batches/retries.py); None for a first attempt.
     retry_of: Mapped[str | None] = mapped_column(String(64))
     # Which attempt of its retry tree this batch is: 0 the original, n the nth retry created in the tree.
     attempt: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # On a retry: its tree's original batch (storage/batches/retries.py reads a tree in one query); None on it.
     retry_root: Mapped[str | None] = mapped_column(String(64))
-    # Batch control (storage/batch_control.py): paused batches get no claims; higher priority claims first.
+    # Batch control (storage/batches/control.py): paused batches get no claims; higher priority claims first.
     paused_at: Mapped[int | None] = mapped_column(BigInteger)
     priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # `max_cost_usd` (a Backfill extension) in micro-dollars: billed cost at which the batch stops claiming.
@@ -200,7 +200,7 @@ class BatchRequest(Base):
     engine_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     run_id: Mapped[str | None] = mapped_column(String(64))
     finished_at: Mapped[float | None] = mapped_column(Float)
-    # The order a results reader first saw this finished request in (storage/queue/result_pages.py).
+    # The order a results reader first saw this finished request in (storage/queue/result_rows.py).
     result_seq: Mapped[int | None] = mapped_column(BigInteger)
     # How many generated token ids the row's checkpoint holds (its `CheckpointChunk`s, end to end): a claim
     # resumes the generation from them instead of decoding them again (storage/queue/checkpoints.py).

@@ -7,7 +7,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
+from storage import lifecycle
 from storage.ids import new_id
 from storage.models import Batch, BatchRequest, EngineRun, Tenant
 from storage.planning.shapes import request_size

@@ -40,7 +40,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, case, delete, insert, select, update
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
+from storage import lifecycle
 from storage.models import BatchRequest, CheckpointChunk
 from storage.queue.enqueue import ids_match
 

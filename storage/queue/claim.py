@@ -14,15 +14,15 @@ from typing import Any
 from sqlalchemy import ColumnElement, Select, exists, false, select, update
 from sqlalchemy.orm import Session
 
+from storage import lifecycle
 from storage.adapters.registry import adapter_paths
-from storage.batches import lifecycle
 from storage.clock import now_f
 from storage.ids import new_id
 from storage.models import Batch, BatchRequest, Tenant
 from storage.queue import checkpoints
+from storage.queue.claim_bands import open_batches
 from storage.queue.claim_caps import cap_rooms
 from storage.queue.claim_order import ClaimOrder, claim_order, pick
-from storage.queue.claim_tiers import open_batches
 from storage.queue.enqueue import ids_match
 from storage.settings import Settings
 
@@ -143,18 +143,17 @@ def _lease(
     stored = checkpoints.load(session, counts={row[0]: row[-1] for row in rows})
     claimed = [
         ClaimedRequest(
-            rid,
-            batch_id,
-            tenant,
-            url,
-            body,
-            deadline,
-            deadline <= urgent_before,
-            attempts,
-            (),
-            claim_id,
-            bool(capped),
-            adapter,
+            id=rid,
+            batch_id=batch_id,
+            tenant_id=tenant,
+            url=url,
+            body=body,
+            deadline=deadline,
+            urgent=deadline <= urgent_before,
+            attempts=attempts,
+            claim_id=claim_id,
+            capped=bool(capped),
+            adapter=adapter,
         )
         for rid, batch_id, tenant, url, body, deadline, attempts, capped, adapter, _ in rows
     ]

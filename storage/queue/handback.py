@@ -15,7 +15,7 @@ from __future__ import annotations
 from sqlalchemy import ColumnElement, exists, select, update
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
+from storage import lifecycle
 from storage.models import Batch, BatchRequest
 from storage.queue.enqueue import ids_match
 

@@ -14,10 +14,10 @@ from typing import Any
 from sqlalchemy import ColumnElement, select, update
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
-from storage.batches.batches import add_counts
+from storage import lifecycle
 from storage.clock import now, now_f
 from storage.models import Batch, BatchRequest
+from storage.queue.batch_counts import add_counts
 from storage.queue.batch_rows import close_open_requests
 from storage.queue.checkpoints import drop_ended
 from storage.queue.enqueue import lock_batches_of

@@ -15,12 +15,12 @@ import orjson
 from sqlalchemy import ColumnElement, Table, bindparam, false, func, select, text, update
 from sqlalchemy.orm import Session, aliased
 
-from storage.batches import lifecycle
+from storage import lifecycle
 from storage.db import transaction
 from storage.ids import IdPool
 from storage.models import Batch, BatchRequest
 from storage.queue.enqueue import insert_rows
-from storage.queue.leases import ResultRow
+from storage.queue.result_rows import ResultRow, result_columns, result_row
 
 _ROW_IDS = IdPool("batch_req_")
 _FAILED = (lifecycle.REQ_FAILED, lifecycle.REQ_EXPIRED, lifecycle.REQ_CANCELLED)
@@ -134,12 +134,7 @@ MergedRow = tuple[ResultRow, str, int]
 
 def _columns(table: Any) -> tuple[ColumnElement[Any], ...]:
     return (
-        table.id,
-        table.custom_id,
-        table.response_status,
-        table.response_body,
-        table.error_code,
-        table.error_message,
+        *result_columns(table),
         table.status,
         table.line,
         table.batch_id,
@@ -167,7 +162,7 @@ def merged_pages(
         for row in rows:
             found = row if row[6] in lifecycle.REQ_TERMINAL else earlier.get(row[7])
             if found is not None:
-                page.append(((found[0], found[1], found[2], found[3], found[4], found[5]), found[6], found[7]))
+                page.append((result_row(found), found[6], found[7]))
         if page:
             yield page
         if left is not None:

@@ -12,8 +12,7 @@ import pytest
 from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.orm import Session
 
-from storage.batches.batches import cancel_batch
-from storage.batches.control import pause_batch, resume_batch
+from storage.batches.control import cancel_batch, pause_batch, resume_batch
 from storage.db import get_sessionmaker, transaction
 from storage.models import Batch, BatchRequest, CheckpointChunk
 from storage.queue.checkpoints import (
@@ -25,8 +24,9 @@ from storage.queue.checkpoints import (
     unpack_tokens,
 )
 from storage.queue.claim import ClaimedRequest, claim
-from storage.queue.leases import Outcome, record, release, renew
+from storage.queue.leases import release, renew
 from storage.queue.reaping import expire_overdue, release_worker_leases
+from storage.queue.results import Outcome, record
 from storage.settings import get_settings
 from tests.conftest import Backend
 from tests.integration.jobs import chat, submit_job

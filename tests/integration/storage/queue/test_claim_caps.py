@@ -20,8 +20,9 @@ from storage.db import get_sessionmaker, transaction
 from storage.models import Batch, BatchRequest
 from storage.queue.claim import ClaimedRequest, claim
 from storage.queue.claim_order import ClaimOrder
-from storage.queue.leases import Outcome, record, release, take_back
+from storage.queue.leases import release, take_back
 from storage.queue.reaping import release_expired_leases
+from storage.queue.results import Outcome, record
 from storage.settings import get_settings
 from tests.conftest import Backend
 from tests.integration.jobs import chat, submit_job

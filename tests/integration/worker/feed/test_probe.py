@@ -12,7 +12,7 @@ from prometheus_client import REGISTRY
 from storage.db import transaction
 from storage.files.blobs import get_blob_store
 from storage.models import BatchRequest
-from storage.queue import leases
+from storage.queue import results as leases_results
 from storage.queue.claim import claim
 from storage.settings import get_settings
 from tests.conftest import Backend
@@ -117,7 +117,7 @@ def test_every_result_s_claim_to_commit_latency_is_observed_while_later_results_
         records.append(1)
         if len(records) == 1:  # bounded: if the runner waits for this commit first, the test shows it below
             second_handed_over.wait(timeout=10)
-        return leases.record_outcomes(*args, **kwargs)
+        return leases_results.record_outcomes(*args, **kwargs)
 
     monkeypatch.setattr(runner.io, "submit", counted_submit)
     monkeypatch.setattr(writes, "record_outcomes", first_record_waits_for_the_second_flush)

@@ -16,7 +16,7 @@ from storage.db import transaction
 from storage.files.blobs import get_blob_store
 from storage.files.files import get_file
 from storage.models import Batch, BatchRequest
-from storage.queue import leases as results
+from storage.queue import leases, results
 from storage.queue.reaping import release_expired_leases
 from storage.settings import get_settings
 from tests.conftest import Backend
@@ -243,7 +243,7 @@ def test_a_row_requeued_under_the_runner_and_claimed_back_during_a_renewal_runs_
     renewed_lost, claimed = threading.Event(), threading.Event()
 
     def renew(session: Any, **kwargs: Any) -> set[str]:
-        lost = results.renew(session, **kwargs)
+        lost = leases.renew(session, **kwargs)
         if lost:
             renewed_lost.set()
         return lost
@@ -256,7 +256,7 @@ def test_a_row_requeued_under_the_runner_and_claimed_back_during_a_renewal_runs_
 
     def take_back(session: Any, **kwargs: Any) -> set[str]:
         assert claimed.wait(10)
-        return results.take_back(session, **kwargs)
+        return leases.take_back(session, **kwargs)
 
     queue_io_claim = queue_io.claim
     triggered: list[bool] = []
