@@ -8,10 +8,12 @@ was given up and is taken again. Claims grouped by adapter (storage/queue/claim_
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 from worker.engine import EngineRequest
 from worker.engine.generation import Adapter
 from worker.engine.wire import Parsed
+from worker.engine.wire.base import BodyError
 
 
 def under_adapter(parsed: Parsed, request: EngineRequest) -> Parsed:
@@ -28,6 +30,7 @@ class AdapterTally:
     def __init__(self) -> None:
         self._inflight: dict[str, int] = {}
         self._seen: set[str] = set()
+        self.loaded: set[str] = set()  # names loaded, for engines that keep no other record of them
         self.loads = self.swaps = 0
 
     def started(self, adapter: Adapter | None) -> None:
@@ -56,3 +59,20 @@ class AdapterTally:
             "adapters_in_flight": len(self._inflight),
             "adapters_seen": len(self._seen),
         }
+
+
+def load_without_model(parsed: Parsed, request: EngineRequest, tally: AdapterTally) -> Parsed:
+    """The line under its adapter in an engine without a model (the fake), "loaded" as the vLLM adapter loads one
+    (worker/engine/vllm_lora.py): a folder without adapter_config.json fails to load, a deleted adapter is not found."""
+    if request.adapter is None:
+        return parsed
+    if request.adapter_path is None:
+        message = f"The adapter '{request.adapter}' is no longer registered."
+        raise BodyError(message, code="adapter_not_found", status_code=404)
+    if not (Path(request.adapter_path) / "adapter_config.json").is_file():
+        message = f"The adapter '{request.adapter}' could not be loaded: no adapter_config.json"
+        raise BodyError(message, code="adapter_load_failed", status_code=500)
+    if request.adapter not in tally.loaded:
+        tally.loaded.add(request.adapter)
+        tally.loads += 1
+    return under_adapter(parsed, request)

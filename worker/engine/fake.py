@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from worker.engine import EngineRequest, EngineResult, EngineStats, Progress
-from worker.engine.adapters import AdapterTally, under_adapter
+from worker.engine.adapters import AdapterTally, load_without_model
 from worker.engine.decode_ledger import DecodeLedger
 from worker.engine.demo_moderation_model import MODERATION_CATEGORIES
 from worker.engine.generation import DECODED_IMAGE_PART, Generated, Generation, Output, output_budget
@@ -108,14 +108,13 @@ class FakeEngine:
         self._media: MediaWaits[tuple[str, Parsed]] = media if media is not None else MediaWaits()
         self._cached_prefixes: set[str] = set()  # a prefix cache stand-in: chat prefixes (all but the last message)
         self.adapters = AdapterTally()  # LoRA adapters: each line's decides its words (worker/engine/adapters.py)
-        self._adapters_loaded: set[str] = set()
 
     def add(self, request: EngineRequest) -> EngineResult | None:
         """Validate and queue a request; a body that cannot run comes back as an error result."""
         try:
             if request.request_id in self._live:
                 raise BodyError(f"request {request.request_id!r} is already in flight", code="duplicate_request")
-            parsed = self._adapted(parse(request.url, request.body), request)
+            parsed = load_without_model(parse(request.url, request.body), request, self.adapters)
             if parsed.generation.needs_media():  # checked, fetched and decoded off this thread; `step` queues it
                 self._check_runner(parsed.generation, request.url)
                 self._media.start(request.request_id, parsed.generation, (request.url, parsed))
@@ -133,22 +132,6 @@ class FakeEngine:
         except BodyError as error:
             return error.to_result(request.request_id)
         return None
-
-    def _adapted(self, parsed: Parsed, request: EngineRequest) -> Parsed:
-        """The line under its adapter, "loaded" as the vLLM adapter loads one (worker/engine/vllm_lora.py): a folder
-        without adapter_config.json fails to load, a deregistered adapter is not found."""
-        if request.adapter is None:
-            return parsed
-        if request.adapter_path is None:
-            message = f"The adapter '{request.adapter}' is no longer registered."
-            raise BodyError(message, code="adapter_not_found", status_code=404)
-        if not (Path(request.adapter_path) / "adapter_config.json").is_file():
-            message = f"The adapter '{request.adapter}' could not be loaded: no adapter_config.json"
-            raise BodyError(message, code="adapter_load_failed", status_code=500)
-        if request.adapter not in self._adapters_loaded:
-            self._adapters_loaded.add(request.adapter)
-            self.adapters.loads += 1
-        return under_adapter(parsed, request)
 
     def step(self) -> list[EngineResult]:
         """Admit waiting requests into free slots, decode one token each, return those that finished."""
