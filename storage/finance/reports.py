@@ -226,8 +226,9 @@ def cost_report(
     runs = attribute_runs(session, run_ids=(r[2] for r in rows if r[2]), prefill_weight=settings.prefill_weight)
     book = price_book(settings)
     # (day, batch, model, adapter) -> [input, output, requests, busy seconds, cached input]; a batch may mix models
-    # (storage/protocols.py `one_model`), an engine run serves one, so a (run, batch) share belongs to one model; it is spread over
-    # the days and adapters of its requests by their work (an adapter line costs what a base line of its tokens does).
+    # (storage/protocols.py `one_model`), an engine run serves one, so a (run, batch) share belongs to one model; it
+    # is spread over the days and adapters of its requests by their work (an adapter line costs what a base line of
+    # its tokens does).
     jobs: dict[tuple[int, str, str, str | None], list[Any]] = defaultdict(lambda: [0, 0, 0, Decimal(0), 0])
     info: dict[str, tuple[str, str, int, str]] = {}
     # (run, batch) -> (day, adapter) -> tokens

@@ -21,7 +21,6 @@ import time
 from collections import deque
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from worker.engine import EngineRequest, EngineResult, EngineStats, Progress
 from worker.engine.adapters import AdapterTally, load_without_model
