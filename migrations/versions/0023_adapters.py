@@ -1,7 +1,7 @@
 """LoRA adapters: the registered adapters and the adapter each queued line names
 
 Revision ID: 0023_adapters
-Revises: 0021_reasoning_tokens
+Revises: 0022_leases
 Create Date: 2026-12-04 17:20:00.000000
 
 `adapters` holds what `POST /v1/adapters` registered (docs/adapters.md); adapters listed in the model registry
@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0023_adapters"
-down_revision = "0021_reasoning_tokens"
+down_revision = "0022_leases"
 branch_labels = None
 depends_on = None
 

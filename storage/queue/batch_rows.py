@@ -95,7 +95,7 @@ def close_open_requests(
             error_code=code,
             error_message=message,
             lease_owner=None,
-            lease_expires_at=None,
+            lease_id=None,
             finished_at=now(),
             checkpoint_tokens=0,
         )

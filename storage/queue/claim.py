@@ -16,7 +16,6 @@ from sqlalchemy.orm import Session
 
 from storage import lifecycle
 from storage.adapters.registry import adapter_paths
-from storage.clock import now_f
 from storage.ids import new_id
 from storage.models import Batch, BatchRequest, Tenant
 from storage.queue import checkpoints
@@ -24,6 +23,7 @@ from storage.queue.claim_bands import open_batches
 from storage.queue.claim_caps import cap_rooms
 from storage.queue.claim_order import ClaimOrder, claim_order, pick
 from storage.queue.enqueue import ids_match
+from storage.queue.lease_expiry import open_lease
 from storage.settings import Settings
 
 
@@ -120,7 +120,7 @@ def _lease(
         .values(
             status=lifecycle.REQ_RUNNING,
             lease_owner=worker_id,
-            lease_expires_at=now_f() + lease_seconds,
+            lease_id=claim_id,  # the claim's lease, inserted below: renewals move its expiry, not the rows'
             attempts=BatchRequest.attempts + 1,
             claim_id=claim_id,
         )
@@ -138,6 +138,8 @@ def _lease(
         )
         .execution_options(synchronize_session=False)
     ).all()
+    if rows:  # storage/queue/lease_expiry.py; in this transaction, so no one sees the rows without it
+        open_lease(session, worker_id=worker_id, lease_seconds=lease_seconds, lease_id=claim_id)
     order = {request_id: index for index, request_id in enumerate(ids)}
     # Under the lease just taken: no checkpoint write can land meanwhile.
     stored = checkpoints.load(session, counts={row[0]: row[-1] for row in rows})

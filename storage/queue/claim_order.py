@@ -68,6 +68,7 @@ class _DrainCache:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._computing = threading.Lock()  # one thread reads the backlog at a time; the others use the last value
         self._values: dict[tuple[str, str], tuple[float, float]] = {}
 
     def get(self, session: Session, *, model: str, settings: Settings) -> float:
@@ -76,7 +77,14 @@ class _DrainCache:
             cached = self._values.get(key)
         if cached is not None and time.monotonic() - cached[0] < HORIZON_MAX_AGE_SECONDS:
             return cached[1]
-        seconds = drain_seconds(session, model=model, settings=settings)
+        # Stale: one thread recomputes while the others go on with the stale value (a process's claimer threads all
+        # found it stale at once and each read every open row: 12 concurrent scans of 200,000 rows, bench/fleet.py).
+        if not self._computing.acquire(blocking=cached is None):
+            return cached[1] if cached is not None else 0.0
+        try:
+            seconds = drain_seconds(session, model=model, settings=settings)
+        finally:
+            self._computing.release()
         with self._lock:
             self._values[key] = (time.monotonic(), seconds)
         return seconds

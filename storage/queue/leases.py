@@ -10,9 +10,9 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from storage import lifecycle
-from storage.clock import now_f
 from storage.models import BatchRequest
-from storage.queue.checkpoints import Generated, save_checkpoints, save_renewing
+from storage.queue import lease_expiry
+from storage.queue.checkpoints import Generated, save_checkpoints
 from storage.queue.claim_caps import within_caps
 from storage.queue.enqueue import ids_match
 from storage.queue.handback import not_paused
@@ -29,30 +29,28 @@ def renew(
 ) -> set[str]:
     """Extend this worker's leases; return the ids it no longer holds (cancelled, expired, re-queued).
 
-    `checkpoints` (periodic ones, of rows among these) are stored on the way: a row whose count a checkpoint
-    moves gets its new expiry in that same UPDATE (`save_renewing`: one row version, not two), the rest here.
+    One read of this worker's running rows (which of these it still holds, and under which leases), then one
+    write per lease they point to (a claim's: storage/queue/lease_expiry.py), not per row; leases of this worker
+    no running row points to any more go. `checkpoints` (periodic ones, of rows among these) are stored on the way.
     """
     if not request_ids:
         return set()
-    expires = now_f() + lease_seconds
-    renewed: set[str] = set()
     given = checkpoints or {}
     if due := {rid: given[rid] for rid in set(request_ids) & set(given)}:
-        renewed = save_renewing(session, worker_id=worker_id, checkpoints=due, lease_expires_at=expires)
-    if not (rest := sorted(set(request_ids) - renewed)):
-        return set()
-    held = session.scalars(
-        update(BatchRequest)
-        .where(
-            ids_match(session, rest),
-            BatchRequest.status == lifecycle.REQ_RUNNING,
-            BatchRequest.lease_owner == worker_id,
-        )
-        .values(lease_expires_at=expires)
-        .returning(BatchRequest.id)
-        .execution_options(synchronize_session=False)
+        save_checkpoints(session, worker_id=worker_id, checkpoints=due)
+    # This worker's running rows, off the lease-owner index: no membership test of hundreds of ids per row.
+    mine = dict(
+        session.execute(
+            select(BatchRequest.id, BatchRequest.lease_id).where(
+                BatchRequest.lease_owner == worker_id, BatchRequest.status == lifecycle.REQ_RUNNING
+            )
+        ).all()
     )
-    return set(rest) - set(held)
+    named = set(request_ids)
+    lease_ids = {lease_id for rid, lease_id in mine.items() if rid in named and lease_id}
+    lease_expiry.extend(session, worker_id=worker_id, lease_ids=lease_ids, lease_seconds=lease_seconds)
+    lease_expiry.drop_empty(session, worker_id=worker_id, keep=lease_ids)
+    return named - set(mine)
 
 
 def take_back(session: Session, *, worker_id: str, request_ids: list[str], lease_seconds: int) -> set[str]:
@@ -66,6 +64,7 @@ def take_back(session: Session, *, worker_id: str, request_ids: list[str], lease
         request_ids = within_caps(session, get_settings(), request_ids=request_ids)
     if not request_ids:
         return set()
+    lease = lease_expiry.open_lease(session, worker_id=worker_id, lease_seconds=lease_seconds)
     retaken = session.scalars(
         update(BatchRequest)
         .where(
@@ -73,7 +72,7 @@ def take_back(session: Session, *, worker_id: str, request_ids: list[str], lease
             lifecycle.rows_moving(lifecycle.REQ_QUEUED, to=lifecycle.REQ_RUNNING),
             not_paused(),
         )
-        .values(status=lifecycle.REQ_RUNNING, lease_owner=worker_id, lease_expires_at=now_f() + lease_seconds)
+        .values(status=lifecycle.REQ_RUNNING, lease_owner=worker_id, lease_id=lease)
         .returning(BatchRequest.id)
         .execution_options(synchronize_session=False)
     )
@@ -106,7 +105,7 @@ def release(
         .values(
             status=lifecycle.REQ_QUEUED,
             lease_owner=None,
-            lease_expires_at=None,
+            lease_id=None,
             attempts=BatchRequest.attempts - 1,
         )
         .execution_options(synchronize_session=False)

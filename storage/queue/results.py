@@ -112,7 +112,7 @@ _STORE_JSON = text(
         error_code = v.error_code, error_message = v.error_message, prompt_tokens = v.prompt,
         completion_tokens = v.completion, cached_tokens = v.cached, reasoning_tokens = v.reasoning,
         engine_seconds = v.seconds, run_id = :run_id,
-        lease_owner = NULL, lease_expires_at = NULL, finished_at = :finished, checkpoint_tokens = 0
+        lease_owner = NULL, lease_id = NULL, finished_at = :finished, checkpoint_tokens = 0
     FROM ROWS FROM (json_to_recordset(CAST(:rows AS json)) AS (
             id text, status text, code int, error_code text, error_message text,
             prompt int, completion int, cached int, reasoning int, seconds float8
@@ -181,7 +181,7 @@ def _store_executemany(session: Session, *, worker_id: str, run_id: str, outcome
             engine_seconds=bindparam("b_seconds"),
             run_id=run_id,
             lease_owner=None,
-            lease_expires_at=None,
+            lease_id=None,
             finished_at=finished,
             checkpoint_tokens=0,
         )

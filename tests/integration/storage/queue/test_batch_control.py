@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import select
 
 from storage.batches.control import pause_batch, resume_batch, set_priority
-from storage.clock import now, now_f
+from storage.clock import now
 from storage.db import transaction
 from storage.errors import BatchNotControllable, PriorityNotAllowed
 from storage.models import Batch, BatchRequest
@@ -21,6 +21,7 @@ from storage.queue.reaping import expire_overdue, release_expired_leases
 from storage.settings import Settings, get_settings
 from storage.windows import BACKGROUND_DEADLINE
 from tests.conftest import Backend
+from tests.factories import expire_leases
 from tests.integration.jobs import chat, submit_job
 
 pytestmark = pytest.mark.backfill_env(
@@ -136,7 +137,7 @@ def test_a_paused_batchs_rows_whose_holder_died_go_back_at_lease_expiry_and_are_
     with transaction() as session:
         pause_batch(session, tenant_id=tenant_of(batch_id), batch_id=batch_id)
     with transaction() as session:
-        session.execute(update(BatchRequest).values(lease_expires_at=now_f() - 1))
+        expire_leases(session)
         assert release_expired_leases(session, max_attempts=3) == 2
         assert take_back(session, worker_id="w1", request_ids=running, lease_seconds=60) == set()
     assert claim_some(8, worker="w2") == []  # queued, and paused

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import select
 
 from storage.db import transaction
 from storage.files.blobs import get_blob_store
@@ -20,6 +20,7 @@ from storage.queue import leases, results
 from storage.queue.reaping import release_expired_leases
 from storage.settings import get_settings
 from tests.conftest import Backend
+from tests.factories import expire_leases
 from tests.integration.worker.feed.test_runner import enqueue, statuses
 from worker.engine import EngineResult
 from worker.engine.fake import FakeEngine
@@ -54,7 +55,7 @@ def output_custom_ids(batch_id: str) -> list[str]:
 def requeue_expired() -> int:
     """The reaper after every lease ran out: held rows go back to the queue."""
     with transaction() as session:
-        session.execute(update(BatchRequest).where(BatchRequest.status == "running").values(lease_expires_at=0.0))
+        expire_leases(session)
     with transaction() as session:
         return release_expired_leases(session, max_attempts=3)
 

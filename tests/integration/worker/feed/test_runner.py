@@ -19,7 +19,7 @@ from storage.queue.reaping import release_expired_leases
 from storage.queue.results import record
 from storage.settings import get_settings
 from tests.conftest import Backend
-from tests.factories import make_batch, make_tenant
+from tests.factories import expire_leases, make_batch, make_tenant
 from worker.engine import EngineRequest, EngineResult
 from worker.engine.fake import FakeEngine
 from worker.feed.runner import Runner
@@ -92,9 +92,7 @@ def test_a_result_for_a_lost_lease_is_dropped_and_the_request_runs_again(backend
         claimed = claim(
             session, settings=get_settings(), model="fake-model", worker_id="dead-worker", limit=3, lease_seconds=5
         )
-        session.execute(
-            BatchRequest.__table__.update().values(lease_expires_at=0.0)  # type: ignore[attr-defined]
-        )
+        expire_leases(session)
     assert len(claimed) == 3
     with transaction() as session:
         assert release_expired_leases(session, max_attempts=3) == 3
