@@ -13,7 +13,7 @@ from api.anthropic import message_batch_retries, message_batches
 from api.console import routes as console
 from api.deps import commit_in_route_threads
 from api.finance import routes as costs
-from api.openai import batch_retries, batches, files, models, uploads
+from api.openai import adapters, batch_retries, batches, files, models, uploads
 from api.webhooks import routes as webhooks
 
 
@@ -27,6 +27,7 @@ def create_app(*, health_extra: Callable[[], dict[str, Any]] | None = None) -> F
     app.include_router(batches.router)
     app.include_router(batch_retries.router)
     app.include_router(models.router)
+    app.include_router(adapters.router)
     app.include_router(costs.router)
     app.include_router(keys.router)
     app.include_router(webhooks.router, prefix="/v1/webhooks")

@@ -89,6 +89,9 @@ FULL = {
     # Issue 41 section 1: rows, WAL and statements per lease renewal and per claim + record (~3 min); the same
     # script measures another checkout with BACKFILL_BENCH_CODE=<its path>: `make bench ARGS="--only lease_renewal"`.
     "lease_renewal": ["bench/lease_renewal.py", "--requests", "20000", "--inflight", "768,3072", "--renewals", "20"],
+    # Issue 39: 8 LoRA adapters x 48 lines as 8 jobs, Backfill vs run-batch once per job vs a bare LLM.chat ceiling
+    # (~6 min): `make bench ARGS="--only lora-packing"`.
+    "lora-packing": ["bench/lora_packing.py", "--adapters", "8", "--per-job", "48", "--tokens", "32"],
 }
 DEFAULT_PARTS = ("engine", "runbatch", "ingest", "queue", "mixed-lines", "fleet")
 QUICK = {
@@ -122,6 +125,17 @@ QUICK = {
     "mixed-lines": ["bench/mixed_lines.py", "--lines", "60", "--tokens", "16"],
     "fleet": ["bench/fleet.py", "--quick"],
     "lease_renewal": ["bench/lease_renewal.py", "--requests", "5000", "--inflight", "768", "--renewals", "10"],
+    "lora-packing": [
+        "bench/lora_packing.py",
+        "--adapters",
+        "3",
+        "--per-job",
+        "8",
+        "--tokens",
+        "8",
+        "--runbatch-jobs",
+        "1",
+    ],
 }
 OUTPUTS = {part: f"{part}.json" for part in FULL}
 
@@ -192,7 +206,7 @@ def main() -> int:
         "--only",
         default="",
         help="comma-separated parts: engine,runbatch,ingest,queue,shared,shared_sim,prefix,prefix-race,gpu-timed,workers,"
-        "hostile-bodies,handback,rolling-restart,render-ahead,mixed-lines,fleet,lease_renewal",
+        "hostile-bodies,handback,rolling-restart,render-ahead,mixed-lines,fleet,lease_renewal,lora-packing",
     )
     parser.add_argument("--no-write", action="store_true", help="print only; leave results.json and docs alone")
     parser.add_argument("--render", action="store_true", help="only rewrite docs/benchmarks.md from results.json")
@@ -277,6 +291,7 @@ _PREFIXES = {
     "mixed-lines": ("mixed_lines_",),
     "fleet": ("fleet_",),
     "lease_renewal": ("lease_renewal_",),
+    "lora-packing": ("lora_packing_",),
 }
 
 

@@ -217,6 +217,8 @@ class BatchRequest(Base):
     # The claim that last leased the row (a new id per claim): its generation alone appends to the checkpoint,
     # so a late write from an earlier holder never lands on tokens a later one generated.
     claim_id: Mapped[str | None] = mapped_column(String(32))
+    # The LoRA adapter of `model` the line named (docs/adapters.md); None: the base model itself.
+    adapter: Mapped[str | None] = mapped_column(String(200))
 
 
 class CheckpointChunk(Base):
@@ -399,4 +401,21 @@ class UploadPart(Base):
     number: Mapped[int] = mapped_column(Integer)
     bytes: Mapped[int] = mapped_column(BigInteger)
     etag: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class Adapter(Base):
+    """A LoRA adapter registered through `POST /v1/adapters` (storage/adapters/registry.py): a PEFT folder the
+    engine of `base_model` loads; `tenant_id` set: only that tenant's lines may name it."""
+
+    __tablename__ = "adapters"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    base_model: Mapped[str] = mapped_column(String(200))
+    tenant_id: Mapped[str | None] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    path: Mapped[str] = mapped_column(Text)
+    rank: Mapped[int] = mapped_column(Integer)
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    target_modules: Mapped[list[Any]] = mapped_column(JSON)
     created_at: Mapped[int] = mapped_column(BigInteger)

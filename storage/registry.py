@@ -65,6 +65,9 @@ class SharedModeSpec(BaseModel):
 STRUCTURED_OUTPUTS = {"backend": "guidance", "disable_any_whitespace": True, "disable_additional_properties": True}
 
 
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's `max_lora_rank` values
+
+
 class ModelSpec(BaseModel):
     """One served model: where its weights live and how the engine should run it."""
 
@@ -97,6 +100,27 @@ class ModelSpec(BaseModel):
     # Set: no engine of our own; batch work goes to this vLLM server beside its online traffic, and
     # max_num_seqs must then equal the server's --max-num-seqs.
     shared: SharedModeSpec | None = None
+    # LoRA adapters of this model (docs/adapters.md): served name -> PEFT folder, usable by every tenant; more are
+    # registered through `POST /v1/adapters` when `enable_lora` is on. One engine serves them all: at most
+    # `max_loras` in one running batch, of rank at most `max_lora_rank`, `max_cpu_loras` kept loaded (None: as
+    # many as the engine has met, so an adapter is never reloaded mid-step).
+    adapters: dict[str, str] = Field(default_factory=dict)
+    enable_lora: bool = False
+    max_loras: int = Field(default=4, ge=1, le=64)
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = Field(default=None, ge=1)
+
+    @property
+    def takes_adapters(self) -> bool:
+        """Whether the engine runs with LoRA on: adapters listed here, or registered ones allowed."""
+        return self.enable_lora or bool(self.adapters)
+
+    @field_validator("max_lora_rank")
+    @classmethod
+    def _rank_known(cls, value: int) -> int:
+        if value not in LORA_RANKS:
+            raise ValueError(f"max_lora_rank must be one of {', '.join(map(str, LORA_RANKS))} (vLLM's ranks)")
+        return value
 
     @field_validator("runner")
     @classmethod
@@ -233,3 +257,20 @@ def demo_vl_model(data_dir: Path) -> dict[str, ModelSpec]:
         extra={"limit_mm_per_prompt": {"image": 8}},
     )
     return {DEMO_VL_MODEL: spec}
+
+
+DEMO_ADAPTERS = ("backfill-demo-lora-a", "backfill-demo-lora-b", "backfill-demo-lora-c")
+
+
+DEMO_LORA_MODEL = "backfill-demo-lora"
+
+
+def demo_lora_model(data_dir: Path, demo: ModelSpec) -> dict[str, ModelSpec]:
+    """The embedded default's LoRA base: the demo model with LoRA on and three tiny random adapters built offline
+    beside it (worker/engine/demo_adapter.py), so adapter lines run out of the box. An entry of its own, not the
+    demo model's: with LoRA on, vLLM's CPU path made the tiny model's base-model lines ~5x slower (docs/adapters.md).
+    192 MiB of KV cache (4 layers, two 64-wide KV heads in float32: 4 KiB a token) holds 48k tokens: a line of the
+    whole 32k context and more beside it."""
+    adapters = {name: str((data_dir / "adapters" / name).resolve()) for name in DEMO_ADAPTERS}
+    changes = {"adapters": adapters, "max_lora_rank": 8, "max_num_seqs": 16, "kv_cache_memory_bytes": 3 * 2**26}
+    return {DEMO_LORA_MODEL: demo.model_copy(update=changes)}

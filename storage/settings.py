@@ -18,6 +18,7 @@ from storage.registry import (
     ModelSpec,
     default_embedding_model,
     demo_embedding_model,
+    demo_lora_model,
     demo_moderation_model,
     demo_vl_model,
 )
@@ -109,6 +110,10 @@ class Settings(BaseSettings):
     # first served model that classifies (`"runner": "pooling", "convert": "classify"`).
     moderation_model: str | None = Field(default=None, max_length=256)
     worker_model: str | None = None
+    # LoRA adapters (docs/adapters.md): the bounds of what `POST /v1/adapters` registers and a batch names.
+    adapter_max_bytes: int = Field(default=256 * 1024 * 1024, ge=1)  # an adapter's files together
+    adapters_per_tenant_max: int = Field(default=100, ge=0)  # registered adapters scoped to one tenant
+    batch_max_adapters: int = Field(default=64, ge=1)  # distinct adapters one batch's lines may name
     # Model switching (docs/model-switching.md): a GPU worker serving several models, one loaded at a time.
     worker_models: str | None = None  # "a,b" or "all"; unset: the one model of BACKFILL_WORKER_MODEL
     switch_min_residency_seconds: int = Field(default=300, ge=0)  # never leave a model with work sooner
@@ -334,6 +339,7 @@ class Settings(BaseSettings):
             **default_embedding_model(),
             **demo_embedding_model(self.data_dir),
             **demo_moderation_model(self.data_dir),
+            **demo_lora_model(self.data_dir, demo),
         }
 
     @model_validator(mode="after")

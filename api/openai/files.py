@@ -13,6 +13,7 @@ from api.deps import Blobs, Caller, Config, Cursor, DbSession
 from api.multipart import FormStream, missing
 from api.openai.schemas import FileDeleted, FileList, FileObject
 from api.paging import cursor_fields
+from storage.adapters.registry import ADAPTER_PURPOSE
 from storage.errors import InvalidRequest, UploadTooLarge
 from storage.files.files import (
     check_filename,
@@ -28,7 +29,7 @@ from storage.lines.reader import check_utf8_jsonl, clip
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
 
-PURPOSES = ("batch",)
+PURPOSES = ("batch", ADAPTER_PURPOSE)  # `adapter`: a LoRA adapter's files, any bytes (docs/adapters.md)
 EXPIRES_MIN_SECONDS, EXPIRES_MAX_SECONDS = 3600, 30 * 86400  # OpenAI's bounds for expires_after.seconds
 
 
@@ -88,7 +89,9 @@ def upload_fields(fields: dict[str, str], *, final: bool, default_expiry: int | 
             raise missing("purpose")
         return "", None
     if purpose not in PURPOSES:
-        raise InvalidRequest(f"Invalid purpose {clip(purpose)}: uploads support 'batch'.", param="purpose")
+        raise InvalidRequest(
+            f"Invalid purpose {clip(purpose)}: uploads support 'batch' and 'adapter'.", param="purpose"
+        )
     if not final:
         return purpose, None
     expires = expiry_seconds(
@@ -103,7 +106,9 @@ def upload_fields(fields: dict[str, str], *, final: bool, default_expiry: int | 
     openapi_extra={"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": _UPLOAD_FORM}}}},
 )
 def upload_file(request: Request, session: DbSession, caller: Caller, blobs: Blobs, settings: Config) -> FileObject:
-    """Upload a JSONL file of batch requests (purpose `batch`); it is streamed to object storage.
+    """Upload a JSONL file of batch requests (purpose `batch`), or one of a LoRA adapter's two files (purpose
+    `adapter`: `adapter_config.json` or `adapter_model.safetensors`, then `POST /v1/adapters`); it is streamed to
+    object storage.
 
     `expires_after={anchor: created_at, seconds: N}` (3600 <= N <= 2592000) sets when it expires; by default
     a batch file expires after 30 days (`BACKFILL_BATCH_FILE_EXPIRES_SECONDS`).
@@ -117,13 +122,15 @@ def upload_file(request: Request, session: DbSession, caller: Caller, blobs: Blo
     if not form.read_to_file():
         raise missing("file")
     default_expiry = settings.batch_file_expires_seconds or None
-    upload_fields(form.fields, final=False, default_expiry=default_expiry)
+    early, _ = upload_fields(form.fields, final=False, default_expiry=default_expiry)
     # Kept as the user's label, never used as a path: objects are keyed by file id alone.
     filename = check_filename(form.filename or "upload.jsonl")
     new = reserve_file(session, tenant_id=caller.tenant_id)
     session.commit()  # no transaction (or pooled connection) is held while the body streams in
     # api/limits.py already refused a larger declared or streamed body; this bounds the file part itself.
-    chunks = check_utf8_jsonl(_bounded(form.file_chunks(), limit=settings.upload_max_bytes))
+    chunks = _bounded(form.file_chunks(), limit=settings.upload_max_bytes)
+    if early != ADAPTER_PURPOSE:  # an adapter's files (sent with `purpose` first, as the SDKs do) are binary
+        chunks = check_utf8_jsonl(chunks)
     try:
         stored = put_file_object(session, blobs, new, chunks=chunks)
     except ValueError as error:

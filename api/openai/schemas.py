@@ -285,6 +285,7 @@ class ModelObject(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "backfill"
+    parent: str | None = None  # an adapter's base model, as vLLM's own server lists LoRA modules
 
 
 class ModelList(BaseModel):

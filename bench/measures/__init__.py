@@ -10,6 +10,7 @@ from typing import Any
 
 from bench.measures.entry import entry
 from bench.measures.fleet import fleet_rows, lease_renewal_rows
+from bench.measures.lora import lora_rows
 from bench.measures.mixed import mixed_lines_rows
 from bench.measures.race import prefix_race_rows
 from bench.measures.resume import handback_rows, rolling_rows
@@ -232,6 +233,8 @@ def measures(parts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         rows += fleet_rows(fleet)
     if leases := parts.get("lease_renewal"):
         rows += lease_renewal_rows(leases)
+    if lora := parts.get("lora-packing"):
+        rows += lora_rows(lora)
     return rows
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
+from storage.adapters.registry import adapter_bases
 from storage.batches.batches import create_batch
 from storage.batches.control import check_priority
 from storage.batches.estimates import Estimate, estimate_job
@@ -62,11 +63,16 @@ def check_extensions(
     return check_max_cost(max_cost_micro_usd)
 
 
-def served_model(blobs: BlobStore, settings: Settings, blob_key: str, *, endpoint: str) -> str | None:
-    """The batch's model (its first line's), which must be served and able to answer `endpoint`."""
+def served_model(
+    blobs: BlobStore, settings: Settings, blob_key: str, *, endpoint: str, adapters: dict[str, str] | None = None
+) -> str | None:
+    """The batch's model (its first line's, or the base of the adapter it names: `adapters`, name -> base, those the
+    tenant may name, docs/adapters.md), which must be served and able to answer `endpoint`."""
     chunks = blobs.open_stream(blob_key, chunk_bytes=PEEK_CHUNK_BYTES)
     model = peek_model(chunks, max_line_bytes=settings.line_max_bytes, default_models=settings.default_models())
     served = settings.served_models()
+    if model is not None and model not in served:
+        model = (adapters or {}).get(model, model)
     if model is not None and model not in served:
         raise ModelNotFound(
             f"The model {clip(model)} is not served here. Served models: {', '.join(sorted(served))}.",
@@ -95,7 +101,8 @@ def create_from_file(
     """Record a batch of an uploaded `batch` file in `validating` and wake ingest after commit."""
     check_window(settings, terms.completion_window)
     source = _batch_file(session, tenant_id=tenant_id, input_file_id=input_file_id)
-    model = served_model(blobs, settings, source.blob_key, endpoint=terms.endpoint)
+    adapters = adapter_bases(session, settings, tenant_id=tenant_id)
+    model = served_model(blobs, settings, source.blob_key, endpoint=terms.endpoint, adapters=adapters)
     cap = check_extensions(
         session, settings, tenant_id=tenant_id, priority=terms.priority, max_cost_micro_usd=terms.max_cost_micro_usd
     )
@@ -131,7 +138,8 @@ def estimate_file(
     """The dry run of `create_from_file`: the job's estimated cost, start and finish behind the current backlog."""
     check_window(settings, terms.completion_window)
     source = get_file(session, tenant_id=tenant_id, file_id=input_file_id)
-    model = served_model(blobs, settings, source.blob_key, endpoint=terms.endpoint)
+    adapters = adapter_bases(session, settings, tenant_id=tenant_id)
+    model = served_model(blobs, settings, source.blob_key, endpoint=terms.endpoint, adapters=adapters)
     if model is None:
         raise InvalidRequest("The input file has no readable first line with 'body.model'.", param="input_file_id")
     shape = shape_of_jsonl(
@@ -140,5 +148,6 @@ def estimate_file(
         max_line_bytes=settings.line_max_bytes,
         max_requests=settings.batch_max_requests,
         default_models=settings.default_models(),
+        adapters=adapters,
     )
     return estimate_job(session, model=model, shape=shape, settings=settings, completion_window=terms.completion_window)

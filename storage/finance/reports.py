@@ -38,12 +38,14 @@ GROUP_FIELDS = {
     "model": "model",
     "completion_window": "completion_window",
     "protocol": "protocol",  # the API the batch came through (storage/protocols.py)
+    "adapter": "adapter",  # the LoRA adapter of `model` the lines named; null: the base model (docs/adapters.md)
 }
 _GROUP_COLUMNS = {
     "tenant": BatchRequest.tenant_id,
     "model": BatchRequest.model,
     "completion_window": Batch.completion_window,
     "protocol": Batch.protocol,
+    "adapter": BatchRequest.adapter,
 }
 
 
@@ -200,6 +202,7 @@ def cost_report(
             BatchRequest.run_id,
             BatchRequest.tenant_id,
             BatchRequest.model,
+            BatchRequest.adapter,
             Batch.completion_window,
             Batch.created_at,
             Batch.protocol,
@@ -210,31 +213,43 @@ def cost_report(
         )
         .join(Batch, Batch.id == BatchRequest.batch_id)
         .where(BatchRequest.status == lifecycle.REQ_COMPLETED, *_base_filters(start_time, end_time, tenant_id))
-        .group_by(day, BatchRequest.batch_id, BatchRequest.run_id, Batch.id, BatchRequest.tenant_id, BatchRequest.model)
+        .group_by(
+            day,
+            BatchRequest.batch_id,
+            BatchRequest.run_id,
+            Batch.id,
+            BatchRequest.tenant_id,
+            BatchRequest.model,
+            BatchRequest.adapter,
+        )
     ).all()
     runs = attribute_runs(session, run_ids=(r[2] for r in rows if r[2]), prefill_weight=settings.prefill_weight)
     book = price_book(settings)
-    # (day, batch, model) -> [input, output, requests, busy seconds, cached input]; a batch may mix models
-    # (storage/protocols.py `one_model`), an engine run serves one, so a (run, batch) share belongs to one model.
-    jobs: dict[tuple[int, str, str], list[Any]] = defaultdict(lambda: [0, 0, 0, Decimal(0), 0])
+    # (day, batch, model, adapter) -> [input, output, requests, busy seconds, cached input]; a batch may mix models
+    # (storage/protocols.py `one_model`), an engine run serves one, so a (run, batch) share belongs to one model; it
+    # is spread over the days and adapters of its requests by their work (an adapter line costs what a base line of
+    # its tokens does).
+    jobs: dict[tuple[int, str, str, str | None], list[Any]] = defaultdict(lambda: [0, 0, 0, Decimal(0), 0])
     info: dict[str, tuple[str, str, int, str]] = {}
-    days_of: dict[tuple[str, str], dict[int, tuple[int, int]]] = defaultdict(dict)  # (run, batch) -> day -> tokens
+    # (run, batch) -> (day, adapter) -> tokens
+    days_of: dict[tuple[str, str], dict[tuple[int, str | None], tuple[int, int]]] = defaultdict(dict)
     model_of: dict[tuple[str, str], str] = {}
-    for day_index, batch_id, run_id, tenant, model, window, created, protocol, i, o, n, c in rows:
-        job = jobs[(int(day_index), batch_id, model)]
+    for day_index, batch_id, run_id, tenant, model, adapter, window, created, protocol, i, o, n, c in rows:
+        job = jobs[(int(day_index), batch_id, model, adapter)]
         job[0] += int(i or 0)
         job[1] += int(o or 0)
         job[2] += int(n)
         job[4] += int(c or 0)
         info[batch_id] = (tenant, window, created, protocol)
         if run_id in runs and batch_id in runs[run_id].shares:
-            days_of[(run_id, batch_id)][int(day_index)] = (int(i or 0), int(o or 0))
+            days_of[(run_id, batch_id)][(int(day_index), adapter)] = (int(i or 0), int(o or 0))
             model_of[(run_id, batch_id)] = model
     for (run_id, batch_id), days in days_of.items():
-        for day_index, busy in _spread_over_days(runs[run_id].shares[batch_id], days, settings.prefill_weight).items():
-            jobs[(day_index, batch_id, model_of[(run_id, batch_id)])][3] += busy
+        spread = _spread_over_days(runs[run_id].shares[batch_id], days, settings.prefill_weight)
+        for (day_index, adapter), busy in spread.items():
+            jobs[(day_index, batch_id, model_of[(run_id, batch_id)], adapter)][3] += busy
     table: dict[int, dict[tuple[str | None, ...], CostResult]] = defaultdict(dict)
-    for (day_index, batch_id, model), (i, o, n, busy, cached) in jobs.items():
+    for (day_index, batch_id, model, adapter), (i, o, n, busy, cached) in jobs.items():
         tenant, window, created, protocol = info[batch_id]
         block = price_job(
             book,
@@ -246,7 +261,13 @@ def cost_report(
             busy_seconds=busy,
             cached_input_tokens=cached,
         )
-        values = {"tenant": tenant, "model": model, "completion_window": window, "protocol": protocol}
+        values = {
+            "tenant": tenant,
+            "model": model,
+            "completion_window": window,
+            "protocol": protocol,
+            "adapter": adapter,
+        }
         group = _group(values, group_by)
         result = table[day_index].setdefault(tuple(group.values()), CostResult(group))
         result.list_usd += block.list_usd
@@ -261,13 +282,16 @@ def cost_report(
     return day_buckets(start_time, end_time, {d: sorted_groups(results) for d, results in table.items()})
 
 
-def _spread_over_days(share: RunShare, days: dict[int, tuple[int, int]], weight: Decimal) -> dict[int, Decimal]:
-    """A (run, batch) share's busy seconds per day of the window, by the one attribution rule.
+def _spread_over_days(
+    share: RunShare, days: dict[tuple[int, str | None], tuple[int, int]], weight: Decimal
+) -> dict[tuple[int, str | None], Decimal]:
+    """A (run, batch) share's busy seconds per (day of the window, adapter), by the one attribution rule.
 
     The share covers every day its requests finished on, inside the report window or not, so the work
     outside the window keeps its part and a day's figure never depends on the window asked for.
     """
-    tokens = {f"{day:08d}": part for day, part in days.items()}
+    label = {key: f"{key[0]:08d}|{'' if key[1] is None else key[1]}" for key in days}
+    tokens = {label[key]: part for key, part in days.items()}
     outside = (
         share.input_tokens - sum(i for i, _ in days.values()),
         share.output_tokens - sum(o for _, o in days.values()),
@@ -275,10 +299,10 @@ def _spread_over_days(share: RunShare, days: dict[int, tuple[int, int]], weight:
     if outside != (0, 0):
         tokens["outside"] = (max(outside[0], 0), max(outside[1], 0))
     parts = attribute_busy_seconds(share.busy_seconds, tokens, weight)
-    return {day: parts[f"{day:08d}"] for day in days}
+    return {key: parts[label[key]] for key in days}
 
 
-def _group(values: dict[str, str], group_by: Sequence[str]) -> dict[str, str | None]:
+def _group(values: dict[str, str | None], group_by: Sequence[str]) -> dict[str, str | None]:
     return {GROUP_FIELDS[name]: values[name] for name in group_by}
 
 

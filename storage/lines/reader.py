@@ -123,6 +123,7 @@ class ParsedLine:
     model: str
     url: str
     body: dict[str, Any]
+    adapter: str | None = None  # the LoRA adapter of `model` the line named (docs/adapters.md)
 
 
 def iter_lines(chunks: Iterable[bytes], *, max_line_bytes: int) -> Iterator[tuple[int, bytes | None]]:
@@ -174,7 +175,9 @@ class LineChecker:
     `track_duplicates=False` leaves duplicate custom_ids to the caller (ingest lets the queue's unique index
     find them, so its memory does not grow with the file, and re-checks with tracking when it fires).
     `default_models` (url -> model) names the model of a line of that url whose body names none (OpenAI's
-    `/v1/moderations`, where `model` is optional).
+    `/v1/moderations`, where `model` is optional). `adapters` (name -> base model: those the batch's tenant may
+    name, storage/adapters/registry.py) lets a line name a LoRA adapter: its model is then the adapter's base (one
+    batch, one base model; several adapters of it), at most `max_adapters` distinct ones per file.
     """
 
     def __init__(
@@ -186,7 +189,12 @@ class LineChecker:
         one_model: bool = True,
         track_duplicates: bool = True,
         default_models: Mapping[str, str] | None = None,
+        adapters: Mapping[str, str] | None = None,
+        max_adapters: int = 64,
     ) -> None:
+        self.adapters = adapters or {}
+        self.max_adapters = max_adapters
+        self.adapters_named: set[str] = set()
         self.endpoint = endpoint
         self.default_models = default_models or {}
         self.max_requests = max_requests
@@ -264,13 +272,21 @@ class LineChecker:
             model = self.default_models.get(url)
         if not isinstance(model, str) or not model:
             return LineError(number, "missing_required_parameter", "Missing 'body.model'.", "body.model")
+        adapter = model if model in self.adapters else None
+        if adapter is not None:
+            if adapter not in self.adapters_named and len(self.adapters_named) >= self.max_adapters:
+                message = f"The file names more than {self.max_adapters} adapters (BACKFILL_BATCH_MAX_ADAPTERS)."
+                return LineError(number, "too_many_adapters", message, "body.model")
+            self.adapters_named.add(adapter)
+            model = self.adapters[adapter]
         if self.one_model and self.model is None:
             self.model = model
         elif self.one_model and model != self.model:
-            message = f"Model {clip(model)} differs from {clip(self.model)}: one batch serves one model."
+            named = clip(model) if adapter is None else f"{clip(adapter)} (an adapter of {clip(model)})"
+            message = f"Model {named} differs from {clip(self.model)}: one batch serves one model."
             return LineError(number, "mismatched_model", message, "body.model")
         self.accepted += 1
-        return ParsedLine(number, custom_id, model, url, body)
+        return ParsedLine(number, custom_id, model, url, body, adapter)
 
 
 def check_utf8_jsonl(chunks: Iterable[bytes]) -> Iterator[bytes]:

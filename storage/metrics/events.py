@@ -51,6 +51,16 @@ ENGINE_INFLIGHT = Gauge(
 ENGINE_SLOTS = Gauge(
     "backfill_engine_max_num_seqs", "Engine slots (max_num_seqs).", ["model"], multiprocess_mode="livesum"
 )
+# LoRA adapters of the running engine (docs/adapters.md): loaded into it, and swapped back into flight after leaving.
+ADAPTER_LOADS = Gauge(
+    "backfill_engine_adapter_loads", "LoRA adapters the running engine loaded.", ["model"], multiprocess_mode="livesum"
+)
+ADAPTER_SWAPS = Gauge(
+    "backfill_engine_adapter_swaps",
+    "LoRA adapters that came back into the running engine's batch after leaving it.",
+    ["model"],
+    multiprocess_mode="livesum",
+)
 PROMPT_TOKENS = Counter("backfill_engine_prompt_tokens", "Prompt tokens of finished requests.", ["model"])
 OUTPUT_TOKENS = Counter("backfill_engine_output_tokens", "Output tokens of finished requests.", ["model"])
 ENGINE_RESULTS = Counter("backfill_engine_results", "Requests the engine finished, by outcome.", ["model", "outcome"])

@@ -112,13 +112,16 @@ def shape_of_jsonl(
     endpoint: str | None = None,
     default_max_tokens: int = DEFAULT_MAX_TOKENS,
     default_models: Mapping[str, str] | None = None,
+    adapters: Mapping[str, str] | None = None,
 ) -> JobShape:
     """Size a batch input file streamed in chunks, judging each line exactly as ingest would.
 
     Lines the checker rejects are counted (`skipped_lines`, the first few kept in `problems`), not sized:
     ingest would fail the whole batch for them, and the estimate says so.
     """
-    checker = LineChecker(endpoint=endpoint, max_requests=max_requests, default_models=default_models)
+    checker = LineChecker(
+        endpoint=endpoint, max_requests=max_requests, default_models=default_models, adapters=adapters
+    )
     requests = input_tokens = output_tokens = 0
     problems: list[LineError] = []
     skipped = 0

@@ -15,6 +15,7 @@ from sqlalchemy import ColumnElement, Select, exists, false, select, update
 from sqlalchemy.orm import Session
 
 from storage import lifecycle
+from storage.adapters.registry import adapter_paths
 from storage.ids import new_id
 from storage.models import Batch, BatchRequest, Tenant
 from storage.queue import checkpoints
@@ -47,6 +48,8 @@ class ClaimedRequest:
     # Its batch has a spend cap or its tenant a monthly budget: the runner hands its result to the database at
     # once, where the cap is checked, so the overrun stays within the rows held (docs/decisions/0018).
     capped: bool = False
+    adapter: str | None = None  # the LoRA adapter the line named (docs/adapters.md)
+    adapter_path: str | None = None  # its folder; None with `adapter` set: no longer registered
 
 
 def claim(
@@ -90,6 +93,9 @@ def claim(
     claimed = _lease(
         session, ids=ids, worker_id=worker_id, lease_seconds=lease_seconds, urgent_before=order.urgent_before
     )
+    if named := {item.adapter for item in claimed if item.adapter is not None}:
+        paths = adapter_paths(session, settings, names=named)
+        claimed = [replace(item, adapter_path=paths.get(item.adapter)) if item.adapter else item for item in claimed]
     if again := [item.id for item in claimed if item.id in held]:
         session.execute(
             update(BatchRequest)
@@ -127,6 +133,7 @@ def _lease(
             BatchRequest.deadline,
             BatchRequest.attempts,
             _capped() if postgres else false(),
+            BatchRequest.adapter,
             BatchRequest.checkpoint_tokens,
         )
         .execution_options(synchronize_session=False)
@@ -148,8 +155,9 @@ def _lease(
             attempts=attempts,
             claim_id=claim_id,
             capped=bool(capped),
+            adapter=adapter,
         )
-        for rid, batch_id, tenant, url, body, deadline, attempts, capped, _ in rows
+        for rid, batch_id, tenant, url, body, deadline, attempts, capped, adapter, _ in rows
     ]
     claimed = [replace(item, checkpoint=tuple(stored[item.id])) if item.id in stored else item for item in claimed]
     if not postgres and (capped_ids := set(session.scalars(_capped_batches(item.batch_id for item in claimed)))):

@@ -47,14 +47,19 @@ class ClaimOrder:
         """True if a request with this deadline is claimed ahead of the fair share."""
         return deadline <= self.urgent_before
 
-    def sort_key(self, deadline: int, prefix_key: str, picked: int) -> tuple[int, int, str, int, int]:
+    def sort_key(
+        self, deadline: int, prefix_key: str, picked: int, adapter: str | None = None
+    ) -> tuple[int, int, str, str, int, int]:
         """Where a picked row goes in the claim (the order the engine receives it): urgent first, EDF;
-        then by deadline bucket and prefix (or by deadline alone); `picked` keeps the pick order."""
+        then by deadline bucket and prefix (or by deadline alone); `picked` keeps the pick order. Inside each
+        deadline (bucket), rows of one LoRA adapter go together (the base model's first), so the engine meets each
+        adapter once per claim and swaps adapters rarely (docs/adapters.md)."""
+        lora = "" if adapter is None else f"~{adapter}"
         if self.is_urgent(deadline):
-            return (0, deadline, prefix_key, deadline, picked)
+            return (0, deadline, lora, prefix_key, deadline, picked)
         if self.prefix_ordering:
-            return (1, deadline // self.bucket_seconds, prefix_key, deadline, picked)
-        return (1, deadline, "", deadline, picked)
+            return (1, deadline // self.bucket_seconds, lora, prefix_key, deadline, picked)
+        return (1, deadline, lora, "", deadline, picked)
 
 
 class _DrainCache:
@@ -110,9 +115,9 @@ def claim_order(session: Session, *, model: str, settings: Settings) -> ClaimOrd
     )
 
 
-# A picked row: (id, deadline, prefix_key), the columns PICKED_COLUMNS selects.
-Picked = tuple[str, int, str]
-PICKED_COLUMNS = (BatchRequest.id, BatchRequest.deadline, BatchRequest.prefix_key)
+# A picked row: (id, deadline, prefix_key, adapter), the columns PICKED_COLUMNS selects.
+Picked = tuple[str, int, str, str | None]
+PICKED_COLUMNS = (BatchRequest.id, BatchRequest.deadline, BatchRequest.prefix_key, BatchRequest.adapter)
 
 
 _EDF_ORDER = (BatchRequest.deadline, BatchRequest.prefix_key, BatchRequest.batch_id, BatchRequest.line)
@@ -167,16 +172,18 @@ def pick(
         band_of += [index] * len(rows)
 
     def rank(i: int) -> tuple[Any, ...]:
-        key = order.sort_key(picked[i][1], picked[i][2], i)
+        key = order.sort_key(picked[i][1], picked[i][2], i, picked[i][3])
         return (key[0], band_of[i], *key[1:])
 
     return [picked[i][0] for i in sorted(range(len(picked)), key=rank)]
 
 
-def _locked(session: Session, query: Select[str, int, str], ordering: tuple[Any, ...], limit: int) -> list[Picked]:
+def _locked(
+    session: Session, query: Select[str, int, str, str | None], ordering: tuple[Any, ...], limit: int
+) -> list[Picked]:
     """The first `limit` rows of `query` in `ordering`, locked, skipping rows other workers hold."""
     rows = session.execute(query.order_by(*ordering).limit(limit).with_for_update(skip_locked=True))
-    return [(row[0], row[1], row[2]) for row in rows]
+    return [(row[0], row[1], row[2], row[3]) for row in rows]
 
 
 def _pick_shared(

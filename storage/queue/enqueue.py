@@ -87,6 +87,7 @@ _COPY_COLUMNS = (
     "prompt_tokens",
     "completion_tokens",
     "engine_seconds",
+    "adapter",
 )
 
 
@@ -202,6 +203,7 @@ def new_row(batch: Batch, line: ParsedLine, *, line_bytes: int) -> dict[str, Any
         "prompt_tokens": 0,
         "completion_tokens": 0,
         "engine_seconds": 0.0,
+        "adapter": line.adapter,
     }
 
 

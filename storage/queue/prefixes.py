@@ -116,3 +116,11 @@ class SharedPrefixes:
     def inserted(self) -> None:
         """The rows handed in so far are in the database."""
         self._waiting.clear()
+
+
+def with_adapter(key: str, adapter: str | None) -> str:
+    """A line's prefix key on its LoRA adapter: the same prompt under two adapters shares no KV cache (the
+    adapter changes every layer's keys and values), so their keys differ and claims keep each adapter's together."""
+    if not key or adapter is None:
+        return key
+    return hashlib.blake2b(f"{adapter}\0{key}".encode(), digest_size=16).hexdigest()

@@ -70,6 +70,7 @@ def requeue_copies(session: Session, *, batch: Batch, root_id: str, request_ids:
             BatchRequest.prefix_key,
             BatchRequest.est_input_tokens,
             BatchRequest.max_output_tokens,
+            BatchRequest.adapter,
         )
         .execution_options(synchronize_session=False)
     ).all()
@@ -93,8 +94,9 @@ def requeue_copies(session: Session, *, batch: Batch, root_id: str, request_ids:
             "completion_tokens": 0,
             "engine_seconds": 0.0,
             "copy_of": source,
+            "adapter": adapter,
         }
-        for source, line, custom_id, model, url, body, prefix_key, est_input, max_output in sources
+        for source, line, custom_id, model, url, body, prefix_key, est_input, max_output, adapter in sources
     ]
     insert_rows(session, rows)
     _point_at_copies(session, root_id=root_id, copies=[(row["line"], row["id"]) for row in rows])

@@ -40,6 +40,7 @@ STORAGE_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("lines", ("lines",)),
     ("core", ("protocols", "db", "models", "webhooks", "tenants", "lifecycle", "quotas")),
     ("files", ("files",)),
+    ("adapters", ("adapters",)),  # LoRA adapters: the registry reads the files an adapter was uploaded as
     ("planning", ("planning",)),
     ("finance", ("finance",)),
     ("queue", ("queue",)),

@@ -45,6 +45,11 @@ def ensure_demo_model() -> None:
 
     spec = settings.served_models()["backfill-demo"]
     build_demo_model(Path(spec.path))
+    from storage.registry import DEMO_LORA_MODEL
+    from worker.engine.demo_adapter import build_demo_adapters
+
+    adapters = settings.served_models()[DEMO_LORA_MODEL].adapters
+    build_demo_adapters({name: Path(path) for name, path in adapters.items()})  # the LoRA demo's adapters
     from storage.registry import DEMO_VL_MODEL
     from worker.engine.demo_vl_model import build_demo_vl_model
 

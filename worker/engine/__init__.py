@@ -22,6 +22,10 @@ class EngineRequest:
     # Token ids an earlier run generated before the row was handed back (its checkpoint): the engine continues
     # from them when it can do so exactly, else it starts again from the prompt (docs/workers.md).
     resume_token_ids: tuple[int, ...] = ()
+    # The LoRA adapter of the engine's model the line named, and its PEFT folder (None with `adapter` set: no
+    # longer registered); None: the base model (docs/adapters.md).
+    adapter: str | None = None
+    adapter_path: str | None = None
 
 
 @dataclass(frozen=True)

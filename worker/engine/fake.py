@@ -23,6 +23,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
 from worker.engine import EngineRequest, EngineResult, EngineStats, Progress
+from worker.engine.adapters import AdapterTally, load_without_model
 from worker.engine.decode_ledger import DecodeLedger
 from worker.engine.demo_moderation_model import MODERATION_CATEGORIES
 from worker.engine.generation import DECODED_IMAGE_PART, Generated, Generation, Output, output_budget
@@ -61,7 +62,9 @@ class _Sequence:
             self.decoded += 1
             return
         if self.start < 0:
-            self.start = _start(self.request_id, 0)
+            adapter = self.generation.adapter
+            # Under an adapter the words follow the adapter alone: every line of one adapter answers alike.
+            self.start = _start(self.request_id if adapter is None else f"adapter:{adapter.name}", 0)
         self.token_ids.append((self.start + self.decoded) % len(_WORDS))
         self.decoded += 1
 
@@ -103,13 +106,14 @@ class FakeEngine:
         self._live: set[str] = set()  # ids waiting or running: the duplicate check stays O(1) at 768 in flight
         self._media: MediaWaits[tuple[str, Parsed]] = media if media is not None else MediaWaits()
         self._cached_prefixes: set[str] = set()  # a prefix cache stand-in: chat prefixes (all but the last message)
+        self.adapters = AdapterTally()  # LoRA adapters: each line's decides its words (worker/engine/adapters.py)
 
     def add(self, request: EngineRequest) -> EngineResult | None:
         """Validate and queue a request; a body that cannot run comes back as an error result."""
         try:
             if request.request_id in self._live:
                 raise BodyError(f"request {request.request_id!r} is already in flight", code="duplicate_request")
-            parsed = parse(request.url, request.body)
+            parsed = load_without_model(parse(request.url, request.body), request, self.adapters)
             if parsed.generation.needs_media():  # checked, fetched and decoded off this thread; `step` queues it
                 self._check_runner(parsed.generation, request.url)
                 self._media.start(request.request_id, parsed.generation, (request.url, parsed))
@@ -120,6 +124,7 @@ class FakeEngine:
                 resumed = list(request.resume_token_ids)[: sequence.tokens_to_decode - 1]
                 sequence.token_ids, sequence.decoded, sequence.resumed = resumed, len(resumed), len(resumed)
             self._waiting.append(sequence)
+            self.adapters.started(sequence.generation.adapter)
             self._live.add(request.request_id)
             if self.ledger is not None and not sequence.generation.pooling:
                 self.ledger.begin(request.request_id, resumed=sequence.resumed, choices=sequence.generation.sampling.n)
@@ -147,6 +152,7 @@ class FakeEngine:
                 if isinstance(landed, BodyError):
                     raise landed
                 self._waiting.append(self._sequence(rid, url, Parsed(landed, parsed.reply)))
+                self.adapters.started(landed.adapter)
             except BodyError as error:
                 self._live.discard(rid)
                 failed.append(error.to_result(rid))
@@ -166,6 +172,7 @@ class FakeEngine:
             if sequence.decoded >= sequence.tokens_to_decode:
                 self._running.remove(sequence)
                 self._live.discard(sequence.request_id)
+                self.adapters.ended(sequence.generation.adapter)
                 finished.append(self._result(sequence))
         self._log_step(stepped, finished)
         return finished
@@ -194,12 +201,16 @@ class FakeEngine:
             self.ledger.abort(sorted(doomed & self._live))
         self._live -= doomed
         self._media.cancel(request_ids)
+        for sequence in [*self._running, *self._waiting]:
+            if sequence.request_id in doomed:
+                self.adapters.ended(sequence.generation.adapter)
         self._waiting = deque(s for s in self._waiting if s.request_id not in doomed)
         self._running = [s for s in self._running if s.request_id not in doomed]
 
     def stats(self) -> EngineStats:
         """Requests holding a slot, and those queued for one."""
-        return EngineStats(running=len(self._running), waiting=len(self._waiting), extra={"steps": self.steps})
+        extra = {"steps": self.steps, **self.adapters.stats()}
+        return EngineStats(running=len(self._running), waiting=len(self._waiting), extra=extra)
 
     def has_unfinished(self) -> bool:
         """True while any request is waiting (for a slot or its images) or running."""
@@ -310,7 +321,8 @@ class FakeEngine:
             ]
             if sequence.exact:
                 output.checkpoint = list(sequence.token_ids)
-        return sequence.parsed.answer(output, self.model_name)
+        adapter = generation.adapter
+        return sequence.parsed.answer(output, self.model_name if adapter is None else adapter.name)
 
 
 def _shaped(generation: Generation, text: str, count: int, seed: str) -> Generated:

@@ -122,6 +122,15 @@ class Reasoning:
 
 
 @dataclass(frozen=True)
+class Adapter:
+    """The LoRA adapter a generation runs under (docs/adapters.md): its served name and PEFT folder (None: no longer
+    registered, the line fails with `adapter_not_found`)."""
+
+    name: str
+    path: str | None
+
+
+@dataclass(frozen=True)
 class Generation:
     """One request for an engine, whatever protocol it came in: see the module docstring."""
 
@@ -139,6 +148,7 @@ class Generation:
     tools: tuple[Tool, ...] = ()  # chat: functions the model may call (the chat template renders them)
     tool_choice: ToolChoice = ToolChoice()
     reasoning: Reasoning | None = None  # chat: None is the model's default
+    adapter: Adapter | None = None  # None: the base model
 
     @property
     def pooling(self) -> bool:

@@ -114,6 +114,8 @@ class HttpEngine:
             if rid in self._inflight:
                 raise BodyError(f"request {rid!r} is already in flight", code="duplicate_request")
             parsed = parse(request.url, request.body)
+            if request.adapter is not None:  # the server would answer with its base model (or an adapter of its own)
+                raise BodyError("LoRA adapters are not run in shared mode", code="adapter_load_failed", status_code=500)
             if parsed.generation.needs_media():  # the server would fetch URLs itself, past our network rules
                 raise BodyError(
                     "images and documents are not run in shared mode (a vLLM server shared with online traffic)",

@@ -19,10 +19,13 @@ from typing import Any
 
 from storage.registry import ModelSpec
 from worker.engine import EngineRequest, EngineResult, EngineStats, Progress, error_result
+from worker.engine.adapters import under_adapter
+from worker.engine.generation import Adapter
 from worker.engine.media_waits import MediaWaits
 from worker.engine.vllm_ahead import AheadRenders
 from worker.engine.vllm_chat import DirectChat
 from worker.engine.vllm_inputs import VllmInputs
+from worker.engine.vllm_lora import Loras, lora_engine_args
 from worker.engine.vllm_outputs import InFlight, generated_ids, invalid_result, result_of
 from worker.engine.vllm_parsers import Parsers, engine_kwargs
 from worker.engine.vllm_process import close_at_exit, forget_import_tracebacks, set_env_defaults
@@ -70,6 +73,7 @@ class VllmEngine(VllmInputs):
             disable_log_stats=True,  # stats() reads the scheduler directly
             # the structured-outputs backend, a pooling task, the reasoning parser (vllm_parsers.py), the extras
             **engine_kwargs(spec, spec.engine_extra()),
+            **lora_engine_args(spec),  # LoRA adapters packed in this engine (vllm_lora.py)
         )
         started = time.monotonic()
         _guard_parallel_state()
@@ -77,6 +81,7 @@ class VllmEngine(VllmInputs):
         with _open_lock:
             _open[0] += 1
         close_at_exit(self)
+        self._loras = Loras(self._engine, spec) if spec.takes_adapters else None
         self.load_seconds = time.monotonic() - started
         self.model_name = model_name
         self.max_num_seqs: int = self._engine.vllm_config.scheduler_config.max_num_seqs
@@ -117,11 +122,11 @@ class VllmEngine(VllmInputs):
         rid = request.request_id
         ahead = self._ahead.take(rid) if self._ahead is not None else None
         if ahead is not None and not request.resume_token_ids and rid not in self._inflight:
-            return self._submit(rid, ahead.parsed, ahead.prepared, exact=ahead.exact)
+            return self._submit(rid, under_adapter(ahead.parsed, request), ahead.prepared, exact=ahead.exact)
         try:
             if rid in self._inflight or rid in self._media:
                 raise BodyError(f"request {rid!r} is already in flight", code="duplicate_request")
-            parsed = parse(request.url, request.body)
+            parsed = under_adapter(parse(request.url, request.body), request)
             generation = parsed.generation
             self._check_kind(generation, request.url)
             if generation.needs_media():
@@ -187,6 +192,7 @@ class VllmEngine(VllmInputs):
             flight.done[output.request_id] = output
             if len(flight.done) == len(flight.engine_ids):
                 del self._inflight[owner]
+                self._ended(flight)
                 results.append(self._finish(flight, now))
         results.extend(self._boundary_stops(now))
         if self._inflight and not self._engine.has_unfinished_requests():
@@ -213,6 +219,7 @@ class VllmEngine(VllmInputs):
         for rid in request_ids:
             flight = self._inflight.pop(rid, None)
             if flight is not None:
+                self._ended(flight)
                 engine_ids.extend(flight.engine_ids)
                 for engine_id in flight.engine_ids:
                     self._owner.pop(engine_id, None)
@@ -230,6 +237,7 @@ class VllmEngine(VllmInputs):
             # vllm:prefix_cache_queries_total / vllm:prefix_cache_hits_total (tokens).
             "prefix_cache_queries": self._prefix_queries,
             "prefix_cache_hits": self._prefix_hits,
+            **(self._loras.tally.stats() if self._loras is not None else {}),
         }
         if core is None:
             sequences = len(self._owner)
@@ -277,18 +285,24 @@ class VllmEngine(VllmInputs):
         from vllm.exceptions import VLLMClientError
 
         added: list[str] = []
+        adapter = parsed.generation.adapter
         try:
+            lora = self._lora_request(adapter)
             for engine_id, prompt, params in prepared:
-                self._engine.add_request(engine_id, prompt, params)
+                self._engine.add_request(engine_id, prompt, params, lora_request=lora)
                 added.append(engine_id)
         except Exception as error:
             if added:
                 self._engine.abort_request(added)
+            if isinstance(error, BodyError):
+                return error.to_result(rid)
             if isinstance(error, (VLLMClientError, ValueError, TypeError)):
                 return invalid_result(rid, error, parsed.generation)
             logger.exception("engine refused request %s", rid)
             return server_error(rid, f"the engine could not accept the request: {error}")
         engine_ids = [engine_id for engine_id, _, _ in prepared]
+        if self._loras is not None:
+            self._loras.tally.started(adapter)
         self._inflight[rid] = InFlight(rid, parsed, time.monotonic(), engine_ids, exact=exact, resume=resume)
         if resume is not None and resume.window_open:
             self._open_windows[rid] = self._inflight[rid]
@@ -297,11 +311,24 @@ class VllmEngine(VllmInputs):
 
     # -- results out ---------------------------------------------------------------------------
 
+    def _lora_request(self, adapter: Adapter | None) -> Any:
+        """The LoRARequest a generation runs under (vllm_lora.py); None on a model without adapters."""
+        if self._loras is not None:
+            return self._loras.request_for(adapter)
+        if adapter is not None:
+            raise BodyError(f"model {self.model_name!r} takes no adapters", code="model_not_found", status_code=404)
+        return None
+
+    def _ended(self, flight: InFlight) -> None:
+        if self._loras is not None:
+            self._loras.tally.ended(flight.parsed.generation.adapter)
+
     def _finish(self, flight: InFlight, now: float) -> EngineResult:
+        adapter = flight.parsed.generation.adapter
         try:
             result = result_of(
                 flight,
-                model_name=self.model_name,
+                model_name=self.model_name if adapter is None else adapter.name,  # as vLLM's server names a LoRA
                 tokenizer=self._tokenizer,
                 tally=self._tally_prefix,
                 parsers=self._parsers,
@@ -337,6 +364,8 @@ class VllmEngine(VllmInputs):
     def _drop_lost(self) -> list[EngineResult]:
         """The engine holds nothing yet requests are in flight: fail them rather than wait forever."""
         lost = list(self._inflight.values())
+        for flight in lost:
+            self._ended(flight)
         self._inflight.clear()
         self._owner.clear()
         logger.error("engine lost %d requests", len(lost))

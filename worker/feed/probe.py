@@ -65,6 +65,9 @@ class RunnerProbe:
         events.ENGINE_WAITING.labels(model).set(stats.waiting)
         events.ENGINE_INFLIGHT.labels(model).set(len(inflight))
         events.ENGINE_SLOTS.labels(model).set(slots)
+        if "adapter_swaps" in stats.extra:
+            events.ADAPTER_LOADS.labels(model).set(stats.extra["adapter_loads"])
+            events.ADAPTER_SWAPS.labels(model).set(stats.extra["adapter_swaps"])
 
     def _engine_counters(self, run_id: str, counters: RunCounters) -> None:
         c = counters

@@ -13,7 +13,14 @@ from worker.engine.wire.base import server_error
 
 def engine_request(row: ClaimedRequest) -> EngineRequest:
     """What the engine runs of a leased row (after its checkpoint's tokens, if it has one)."""
-    return EngineRequest(request_id=row.id, url=row.url, body=row.body, resume_token_ids=row.checkpoint)
+    return EngineRequest(
+        request_id=row.id,
+        url=row.url,
+        body=row.body,
+        resume_token_ids=row.checkpoint,
+        adapter=row.adapter,
+        adapter_path=row.adapter_path,
+    )
 
 
 def rendering_ahead(engine: Engine) -> Callable[[list[ClaimedRequest]], None]:

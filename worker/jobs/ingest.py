@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from storage import lifecycle
+from storage.adapters.registry import adapter_bases
 from storage.batches.admission import Problem, admit
 from storage.batches.batches import fail_batch, get_batch, mark_ingested, record_model
 from storage.errors import FileNotFound
@@ -29,7 +30,7 @@ from storage.models import Batch
 from storage.protocols import protocol_of
 from storage.queue.batch_rows import fail_unserved, queued_models
 from storage.queue.enqueue import DuplicateCustomId, QueueWriter, new_row, set_prefix_keys
-from storage.queue.prefixes import SharedPrefixes, prefix_key_of
+from storage.queue.prefixes import SharedPrefixes, prefix_key_of, with_adapter
 from storage.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -128,6 +129,8 @@ def _stream_into_queue(
         one_model=protocol.one_model,
         track_duplicates=track_duplicates,
         default_models=settings.default_models(),
+        adapters=adapter_bases(session, settings, tenant_id=batch.tenant_id),
+        max_adapters=settings.batch_max_adapters,
     )
     pending: list[dict[str, Any]] = []
     pending_bytes = 0
@@ -142,7 +145,8 @@ def _stream_into_queue(
                 errors.add(outcome)
             elif isinstance(outcome, ParsedLine) and not errors:
                 row = new_row(batch, outcome, line_bytes=len(raw or b""))
-                prefixes.assign(row, prefix_key_of(outcome.url, outcome.body, chars=settings.prefix_chars))
+                key = prefix_key_of(outcome.url, outcome.body, chars=settings.prefix_chars)
+                prefixes.assign(row, with_adapter(key, outcome.adapter))
                 pending.append(row)
                 pending_bytes += len(raw or b"")
                 # Rows wait this long so most first rows of a prefix get its key.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from storage.queue.claim_order import ClaimOrder
-from storage.queue.prefixes import SharedPrefixes, prefix_key_of
+from storage.queue.prefixes import SharedPrefixes, prefix_key_of, with_adapter
 
 CHAT = "/v1/chat/completions"
 SYSTEM = {"role": "system", "content": "You are a careful reviewer. " * 40}
@@ -102,3 +102,25 @@ def test_prefixes_seen_once_are_forgotten_past_a_bound_so_memory_stays_flat(monk
     prefixes.assign(rows[7], keys[5])  # still remembered: both rows get the key
     assert [row["prefix_key"] for row in rows] == ["", "", "", "", "", keys[5], "", keys[5]]
     assert len(prefixes._once) + len(prefixes._older) <= 4
+
+
+def test_a_claim_keeps_each_adapters_rows_together_inside_a_deadline() -> None:
+    order = ClaimOrder(urgent_before=0, prefix_ordering=False)
+    rows = [("1", "b"), ("2", None), ("3", "a"), ("4", "b"), ("5", "a"), ("6", None)]
+
+    ranked = sorted(range(len(rows)), key=lambda i: order.sort_key(1_000, "", i, rows[i][1]))
+
+    assert [rows[i][0] for i in ranked] == ["2", "6", "3", "5", "1", "4"]  # the base model's first, pick order kept
+    late = order.sort_key(2_000, "", 0, None)
+    assert order.sort_key(1_000, "", 9, "z") < late  # never ahead of an earlier deadline
+
+
+def test_the_same_prompt_under_two_adapters_has_two_prefix_keys() -> None:
+    key = prefix_key_of(
+        CHAT,
+        {"model": "m", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]},
+        chars=512,
+    )
+    assert key and with_adapter(key, None) == key
+    assert len({with_adapter(key, "a"), with_adapter(key, "b"), key}) == 3 and len(with_adapter(key, "a")) == 32
+    assert with_adapter("", "a") == ""  # a prefix no other line shares stays unkeyed
