@@ -74,8 +74,8 @@ def test_retry_trees_made_before_the_tree_migration_are_filled_in_by_it(backend:
 def test_rows_running_before_the_lease_table_keep_their_worker_and_lapse_when_their_expiry_did(
     backend: Backend,
 ) -> None:
-    from storage.queue.results import Outcome, record
     from storage.queue.reaping import release_expired_leases
+    from storage.queue.results import Outcome, record
 
     config = Config(str(ROOT / "alembic.ini"))
     config.set_main_option("script_location", str(ROOT / "migrations"))
