@@ -19,7 +19,10 @@ class JsonOutputFormat(Strict):
 
 
 class OutputConfig(Strict):
-    """`output_config` (anthropic.types.OutputConfigParam): the answer's format; `effort` is refused (below)."""
+    """`output_config` (anthropic.types.OutputConfigParam): the answer's format, and `effort`: how much the model
+    spends, which this server's models take as the reasoning effort their chat template renders when they think
+    (with `thinking` adaptive or enabled; otherwise accepted with no effect, as on a model that always spends what it
+    needs)."""
 
     format: JsonOutputFormat | None = None
     effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
@@ -30,14 +33,6 @@ def constraint_of(
 ) -> Constraint | None:
     """The answer's required shape, from `output_config.format` or the beta's top-level `output_format` (not with a
     prefilled answer: the JSON is the whole answer, from its first token)."""
-    if config is not None and config.effort is not None:
-        # Anthropic refuses effort on models that do not support it; none of this server's models vary theirs.
-        raise BodyError(
-            "output_config.effort: not supported by this server's models (send `thinking` to let a reasoning model "
-            "think, with `budget_tokens` to limit it)",
-            code="unsupported_parameter",
-            param="output_config",
-        )
     found = config.format if config is not None else None
     if found is not None and beta is not None:
         raise BodyError(

@@ -162,7 +162,9 @@ class MessagesBody(Strict):
             ),
             tools=tools,
             tool_choice=choice,
-            reasoning=tooling.reasoning_of(self.thinking),
+            reasoning=tooling.reasoning_of(
+                self.thinking, effort=self.output_config.effort if self.output_config else None
+            ),
             constraint=formats.constraint_of(self.output_config, self.output_format, prefill=self.prefill),
         )
 

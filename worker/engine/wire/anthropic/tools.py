@@ -179,13 +179,15 @@ def check_budget(thinking: MessagesThinking | None, *, max_tokens: int) -> None:
         )
 
 
-def reasoning_of(thinking: MessagesThinking | None) -> Reasoning | None:
-    """`thinking` as a neutral switch (None: the model's default)."""
+def reasoning_of(thinking: MessagesThinking | None, *, effort: str | None = None) -> Reasoning | None:
+    """`thinking` as a neutral switch (None: the model's default); `output_config.effort` goes to the chat template
+    as a reasoning effort when the model thinks (docs/anthropic.md)."""
     if thinking is None:
         return None
     return Reasoning(
         enabled=thinking.type != "disabled",
         budget_tokens=thinking.budget_tokens,
+        effort=effort if thinking.type != "disabled" else None,
         param="thinking",
         budget_param="thinking.budget_tokens",
         refusal="'{model}' does not support thinking.",

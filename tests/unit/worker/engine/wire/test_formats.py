@@ -59,10 +59,23 @@ def test_each_dialect_asks_for_the_same_schema_and_names_its_own_field() -> None
     assert constraint(MESSAGES, MESSAGES_BODY) is None
 
 
+def test_output_config_effort_is_the_reasoning_effort_of_a_thinking_answer() -> None:
+    """The corpus: pydantic-ai's adaptive thinking sends `output_config.effort` (Anthropic takes it on Opus 4.5 and
+    later); it was refused line by line."""
+    adaptive = {**MESSAGES_BODY, "thinking": {"type": "adaptive"}, "output_config": {"effort": "high"}}
+    reasoning = parse(MESSAGES, adaptive).generation.reasoning
+    assert reasoning is not None and reasoning.enabled and reasoning.effort == "high"
+    plain = parse(MESSAGES, {**MESSAGES_BODY, "output_config": {"effort": "low"}}).generation
+    assert plain.reasoning is None and plain.constraint is None  # accepted: nothing to think, nothing to shape
+    off = {**MESSAGES_BODY, "thinking": {"type": "disabled"}, "output_config": {"effort": "max"}}
+    assert (
+        parse(MESSAGES, off).generation.reasoning == parse(MESSAGES, {**off, "output_config": {}}).generation.reasoning
+    )
+
+
 @pytest.mark.parametrize(
     ("url", "body", "param", "says"),
     [
-        (MESSAGES, {**MESSAGES_BODY, "output_config": {"effort": "high"}}, "output_config", "effort: not supported"),
         (
             MESSAGES,
             {**MESSAGES_BODY, "output_config": {"format": {"type": "json_object"}}},
