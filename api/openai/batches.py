@@ -11,8 +11,10 @@ from api.errors import error_responses
 from api.openai.schemas import BatchCreate, BatchList, BatchObject, BatchPriority
 from api.paging import cursor_fields
 from storage.batches.batches import cancel_batch, create_batch, get_batch, list_batches
+from storage.batches.checks import attach_workflow, checks_spec
 from storage.batches.control import check_priority, pause_batch, resume_batch, set_priority
 from storage.batches.retries import retry_ids_of
+from storage.batches.trials import trial_spec
 from storage.errors import InvalidRequest, ModelNotFound
 from storage.files.files import get_file
 from storage.finance.budgets import check_file_within_budget, check_max_cost
@@ -48,6 +50,8 @@ def create(body: BatchCreate, session: DbSession, caller: Caller, blobs: Blobs, 
     model = _served_model(blobs, settings, source.blob_key, endpoint=body.endpoint)
     check_priority(session, settings, tenant_id=caller.tenant_id, priority=body.priority)
     cap = check_max_cost(None if body.max_cost_usd is None else micro_usd(body.max_cost_usd))
+    trial = None if body.trial is None else trial_spec(body.trial, max_lines=settings.trial_max_lines)
+    checks = None if body.checks is None else checks_spec(body.checks, endpoint=body.endpoint)
     check_file_within_budget(
         session,
         blobs,
@@ -70,6 +74,7 @@ def create(body: BatchCreate, session: DbSession, caller: Caller, blobs: Blobs, 
         priority=body.priority,
         max_cost_micro_usd=cap,
     )
+    attach_workflow(batch, trial=trial, checks=checks)
     wake_after_commit(session, "batch.ingest", batch_id=batch.id)
     return BatchObject.of(batch)
 

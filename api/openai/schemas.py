@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from storage.batches.batches import batch_errors
 from storage.batches.retries import RetryChoices
+from storage.batches.trials import trial_json
 from storage.batches.windows import is_background_window
 from storage.endpoints import canonical_url
 from storage.files.uploads import upload_status
@@ -85,6 +86,16 @@ class BatchCreate(BaseModel):
         description="Backfill extension (send it with `extra_body`): the batch stops claiming once its billed "
         'cost reaches this many US dollars (a decimal string, e.g. "12.50", more than 0), at most one request '
         "past it; its unrun requests end as `budget_exceeded` lines.",
+    )
+    trial: dict[str, Any] | None = Field(
+        default=None,
+        description='Backfill extension (`extra_body`, docs/workflow.md): run a sample first, e.g. `{"lines": 50}` or '
+        '`{"share": 0.01}`, with `"continue": "auto"` (go on when `min_success_rate` is met) or `"manual"` (pause).',
+    )
+    checks: dict[str, Any] | None = Field(
+        default=None,
+        description="Backfill extension (`extra_body`, docs/workflow.md): what each answer must pass (`schema`, "
+        "`json_schema`, `regex`, `enum`, `max_length`); a failing answer is drawn again, up to `max_attempts` (<= 5).",
     )
 
     @field_validator("endpoint")
@@ -206,6 +217,10 @@ class BatchObject(BaseModel):
         description="Backfill extension: set while the batch is paused (its status stays `in_progress`).",
     )
     max_cost_usd: str | None = Field(default=None, description="Backfill extension: the batch's spend cap, if any.")
+    trial: dict[str, Any] | None = Field(
+        default=None, description="Backfill extension: the trial asked for, its status and, once run, its report."
+    )
+    checks: dict[str, Any] | None = Field(default=None, description="Backfill extension: the answers' checks.")
 
     @classmethod
     def of(
@@ -249,6 +264,8 @@ class BatchObject(BaseModel):
             priority=row.priority,
             paused_at=row.paused_at,
             max_cost_usd=None if row.max_cost_micro_usd is None else usd_text(usd(row.max_cost_micro_usd)),
+            trial=trial_json(row),
+            checks=row.checks,
         )
 
 

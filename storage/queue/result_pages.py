@@ -74,6 +74,7 @@ def _columns() -> tuple[object, ...]:
         BatchRequest.response_body,
         BatchRequest.error_code,
         BatchRequest.error_message,
+        BatchRequest.check_attempts,
     )
 
 
@@ -94,5 +95,5 @@ def numbered_pages(*, batch_id: str, after: int, upto: int, page_rows: int = PAG
             rows = list(session.execute(query).all())
         if not rows:
             return
-        after = int(rows[-1][6])
-        yield [(r[0], r[1], r[2], r[3], r[4], r[5]) for r in rows]
+        after = int(rows[-1][7])
+        yield [(r[0], r[1], r[2], r[3], r[4], r[5], r[6]) for r in rows]

@@ -142,6 +142,7 @@ def _columns(table: Any) -> tuple[ColumnElement[Any], ...]:
         table.line,
         table.batch_id,
         table.copy_of,
+        table.check_attempts,
     )
 
 
@@ -165,7 +166,8 @@ def merged_pages(
         for row in rows:
             found = row if row[6] in lifecycle.REQ_TERMINAL else earlier.get(row[7])
             if found is not None:
-                page.append(((found[0], found[1], found[2], found[3], found[4], found[5]), found[6], found[7]))
+                result = (found[0], found[1], found[2], found[3], found[4], found[5], found[10])
+                page.append((result, found[6], found[7]))
         if page:
             yield page
         if left is not None:

@@ -119,7 +119,7 @@ class HttpEngine:
         try:
             if rid in self._inflight:
                 raise BodyError(f"request {rid!r} is already in flight", code="duplicate_request")
-            parsed = parse(request.url, request.body)
+            parsed = parse(request.url, request.body, seed=request.seed)
             if parsed.generation.needs_media():  # the server would fetch URLs itself, past our network rules
                 raise BodyError(
                     "images and documents are not run in shared mode (a vLLM server shared with online traffic)",

@@ -121,7 +121,7 @@ class VllmEngine(VllmInputs):
         try:
             if rid in self._inflight or rid in self._media:
                 raise BodyError(f"request {rid!r} is already in flight", code="duplicate_request")
-            parsed = parse(request.url, request.body)
+            parsed = parse(request.url, request.body, seed=request.seed)
             generation = parsed.generation
             self._check_kind(generation, request.url)
             if generation.needs_media():

@@ -1,0 +1,80 @@
+"""A batch's trial lines (storage/batches/trials.py): marking them, what is still open, what they came to."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from storage.batches import lifecycle
+from storage.models import BatchRequest
+
+
+@dataclass(frozen=True)
+class TrialRow:
+    """One ended trial line, as its report reads it."""
+
+    model: str
+    status: str
+    error_code: str | None
+    response_status: int | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    check_attempts: dict[str, Any] | None
+
+
+def mark_trial_rows(session: Session, *, batch_id: str, positions: Collection[int]) -> int:
+    """Mark the batch's lines at these 0-based positions (in line order) as trial lines; return how many."""
+    if not positions:
+        return 0
+    ranked = (
+        select(BatchRequest.id, (func.row_number().over(order_by=BatchRequest.line) - 1).label("pos"))
+        .where(BatchRequest.batch_id == batch_id)
+        .subquery()
+    )
+    chosen = select(ranked.c.id).where(ranked.c.pos.in_(sorted(positions)))
+    marked = session.execute(
+        update(BatchRequest)
+        .where(BatchRequest.batch_id == batch_id, BatchRequest.id.in_(chosen))
+        .values(trial=True)
+        .execution_options(synchronize_session=False)
+    )
+    return int(marked.rowcount or 0)  # type: ignore[attr-defined]
+
+
+def open_rows(session: Session, *, batch_ids: Collection[str], trial_only: bool) -> dict[str, int]:
+    """How many rows of each batch are still queued or running (only its trial lines with `trial_only`)."""
+    if not batch_ids:
+        return {}
+    where = [BatchRequest.batch_id.in_(sorted(batch_ids)), BatchRequest.status.in_(sorted(lifecycle.REQ_OPEN))]
+    if trial_only:
+        where.append(BatchRequest.trial.is_(True))
+    rows = session.execute(select(BatchRequest.batch_id, func.count()).where(*where).group_by(BatchRequest.batch_id))
+    return {batch_id: int(count) for batch_id, count in rows}
+
+
+def trial_results(session: Session, *, batch_id: str) -> list[TrialRow]:
+    """The batch's ended trial lines (a trial holds at most a few thousand), in line order."""
+    rows = session.execute(
+        select(
+            BatchRequest.model,
+            BatchRequest.status,
+            BatchRequest.error_code,
+            BatchRequest.response_status,
+            BatchRequest.prompt_tokens,
+            BatchRequest.completion_tokens,
+            BatchRequest.cached_tokens,
+            BatchRequest.check_attempts,
+        )
+        .where(
+            BatchRequest.batch_id == batch_id,
+            BatchRequest.trial.is_(True),
+            BatchRequest.status.in_(sorted(lifecycle.REQ_TERMINAL)),
+        )
+        .order_by(BatchRequest.line)
+    )
+    return [TrialRow(*row) for row in rows]
