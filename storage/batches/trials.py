@@ -148,7 +148,7 @@ def _conclude(session: Session, settings: Settings, *, batch: Batch) -> None:
     report = trial_report(lines, total_lines=batch.request_total)
     left = open_rows(session, batch_ids=[batch.id], trial_only=False).get(batch.id, 0)
     report["decision"] = decide(report, spec=spec, lines_left=left)
-    batch.trial, XX
+    batch.trial, batch.trial_status = {**spec, "report": report}, REPORTED
     session.flush()
     if report["decision"] == "paused":
         pause_batch(session, tenant_id=batch.tenant_id, batch_id=batch.id, protocol=protocol_of(batch))

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from storage.queue.claim import ClaimedRequest
+from storage.settings import get_settings
 from worker.engine import Engine, EngineRequest, EngineResult
 from worker.feed.checks import OwnSchema, answers_of, evaluate, own_schema
 
@@ -41,9 +42,8 @@ def redraw_seed(row: ClaimedRequest, attempt: int) -> int:
 class Redraws:
     """The checked lines a runner holds: screens the engine's results, draws failing answers again."""
 
-    def __init__(self, engine: Engine, *, bill_failed: bool) -> None:
+    def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.bill_failed = bill_failed
         self._lines: dict[str, _Line] = {}
         self.redrawn = 0  # answers drawn again since start (tests, the probe)
 
@@ -94,7 +94,8 @@ class Redraws:
         if failure is not None:
             failed.append({"attempt": len(failed) + 1, "check": failure.check, "message": failure.message})
         result.attempts = {"count": len(line.failed) + 1, "failed": failed}
-        if self.bill_failed:
+        # Read when the line closes: a runner outlives a settings change (its engine is loaded once).
+        if get_settings().checks_bill_failed_attempts:
             result.prompt_tokens += line.spent[0]
             result.completion_tokens += line.spent[1]
             result.cached_tokens += line.spent[2]

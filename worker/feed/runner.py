@@ -67,7 +67,7 @@ class Runner:
         self.refill_below = self.max_inflight - max(1, engine.max_num_seqs // 2)
         self.ledger = Ledger()  # every request this runner holds, by state
         self.checkpoints = Checkpoints(engine, model=model, settings=settings)  # their claims and stored tokens
-        self.redraws = Redraws(engine, bill_failed=settings.checks_bill_failed_attempts)  # checked answers
+        self.redraws = Redraws(engine)  # checked answers drawn again
         self.run = EngineRunTally(worker_id=self.worker_id, model=model, max_num_seqs=engine.max_num_seqs)
         self.probe = RunnerProbe(model)  # what it reports to Prometheus
         self.io = QueueIO(  # claims (rows rendered ahead) and every write; `close_io` stops its threads
