@@ -8,10 +8,11 @@ one of these), `max_length` (characters); `max_attempts` (1..5, default 3) answe
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
 from typing import Any
 
-import orjson
 from jsonschema.exceptions import SchemaError
 from jsonschema.validators import validator_for
 
@@ -77,7 +78,11 @@ def _attempts(raw: dict[str, Any]) -> int:
 
 
 def _schema(value: Any) -> dict[str, Any]:
-    if not isinstance(value, dict) or len(orjson.dumps(value)) > MAX_SCHEMA_BYTES:
+    size = MAX_SCHEMA_BYTES + 1
+    if isinstance(value, dict):
+        with contextlib.suppress(TypeError, ValueError):  # past what JSON can say back (a 4,300-digit integer)
+            size = len(json.dumps(value))
+    if not isinstance(value, dict) or size > MAX_SCHEMA_BYTES:
         raise InvalidValue(f"checks.json_schema must be a JSON schema object of at most {MAX_SCHEMA_BYTES} bytes.",
                            param="checks.json_schema")  # fmt: skip
     try:
@@ -85,6 +90,10 @@ def _schema(value: Any) -> dict[str, Any]:
     except SchemaError as error:
         raise InvalidValue(
             f"checks.json_schema is not a valid JSON schema: {error.message[:200]}", param="checks.json_schema"
+        ) from None
+    except Exception as error:  # what a hostile schema makes the validator raise ("$schema": [], ...): still a 400
+        raise InvalidValue(
+            f"checks.json_schema cannot be used: {type(error).__name__}.", param="checks.json_schema"
         ) from None
     return value
 
@@ -94,7 +103,7 @@ def _regex(value: Any) -> str:
         raise InvalidValue(f"checks.regex must be a string of 1 to {MAX_REGEX_CHARS} characters.", param="checks.regex")
     try:
         re.compile(value)
-    except re.error as error:
+    except (re.error, OverflowError, RecursionError, ValueError) as error:
         raise InvalidValue(f"checks.regex does not compile: {error}.", param="checks.regex") from None
     return value
 

@@ -64,7 +64,11 @@ def trial_spec(raw: Any, *, max_lines: int) -> dict[str, Any]:
 
 
 def _fraction(value: Any, *, param: str, low_open: bool = False, high: float = 1.0) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or (isinstance(value, float) and not math.isfinite(value))
+    ):
         raise InvalidValue(f"{param} must be a number.", param=param)
     if value < 0 or (low_open and value == 0) or value > high:
         low = "more than 0" if low_open else "at least 0"

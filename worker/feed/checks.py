@@ -138,7 +138,11 @@ def _json(value: Any, schema: dict[str, Any], *, check: str, what: str = "the an
         except ValueError:
             yield Failure(check, f"{what} is not JSON")
             return
-    error = next(iter(validator_for(schema)(schema).iter_errors(value)), None)
+    try:
+        error = next(iter(validator_for(schema)(schema).iter_errors(value)), None)
+    except Exception as failed:  # a schema the validator cannot apply ($ref elsewhere, ...): the answer fails it
+        yield Failure(check, f"{what} could not be checked against the schema ({type(failed).__name__})")
+        return
     if error is not None:
         yield Failure(check, f"{what} does not match the schema: {_clip(error.message)}")
 

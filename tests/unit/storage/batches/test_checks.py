@@ -56,3 +56,12 @@ def test_checks_apply_only_to_endpoints_that_generate_text() -> None:
     with pytest.raises(InvalidValue) as refused:
         checks_spec({}, endpoint="/v1/embeddings")
     assert refused.value.param == "checks"
+
+
+@pytest.mark.parametrize(
+    "schema", [{"$schema": []}, {"$schema": 5}, {"type": "object", "maximum": 10**5000}, {"$ref": 7}]
+)
+def test_a_hostile_json_schema_is_a_400_never_a_crash(schema: dict[str, Any]) -> None:
+    with pytest.raises(InvalidValue) as refused:
+        checks_spec({"json_schema": schema}, endpoint=CHAT)
+    assert refused.value.param == "checks.json_schema"

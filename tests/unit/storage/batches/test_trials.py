@@ -109,3 +109,8 @@ def test_the_decision_follows_continue_and_the_rate() -> None:
     assert decide({"success_rate": 0.89}, spec=auto, lines_left=5) == "paused"
     assert decide({"success_rate": 1.0}, spec={**auto, "continue": "manual"}, lines_left=5) == "paused"
     assert decide({"success_rate": 0.0}, spec=auto, lines_left=0) == "completed"
+
+
+def test_a_huge_integer_share_is_refused_not_a_crash() -> None:
+    with pytest.raises(InvalidValue):
+        trial_spec({"share": 10**400}, max_lines=100)

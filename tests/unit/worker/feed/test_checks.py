@@ -68,3 +68,9 @@ def test_a_line_own_schema_comes_from_its_body_and_an_unparseable_body_has_none(
     json_mode = {**body, "response_format": {"type": "json_object"}}
     assert own_schema("/v1/chat/completions", json_mode).json_object
     assert own_schema("/v1/chat/completions", {"model": "m"}) == OwnSchema()
+
+
+def test_a_schema_the_validator_cannot_apply_fails_the_answer_instead_of_raising() -> None:
+    remote = {"$ref": "http://169.254.169.254/schema.json"}  # never fetched
+    failure = evaluate({"json_schema": remote}, OwnSchema(), [Answer("{}")])
+    assert failure is not None and "could not be checked" in failure.message
