@@ -151,7 +151,9 @@ def _conclude(session: Session, settings: Settings, *, batch: Batch) -> None:
         )
     report = trial_report(lines, total_lines=batch.request_total)
     left = open_rows(session, batch_ids=[batch.id], trial_only=False).get(batch.id, 0)
-    report["decision"] = decide(report, spec=spec, lines_left=left)
+    # A batch cancelled or expired during its trial (its lines closed, the reaper's pass settles it) only reports.
+    ended = batch.status not in lifecycle.CONTROLLABLE
+    report["decision"] = "ended" if ended else decide(report, spec=spec, lines_left=left)
     batch.trial, batch.trial_status = {**spec, "report": report}, REPORTED
     session.flush()
     if report["decision"] == "paused":

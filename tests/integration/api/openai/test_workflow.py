@@ -206,3 +206,17 @@ def test_a_trial_reports_how_its_lines_fared_against_the_checks(api: LiveServer)
     assert checks["passed"] == report["succeeded"] and checks["redrawn"] >= checks["failed"]
     assert report["errors"] == ({"checks_failed": checks["failed"]} if checks["failed"] else {})
     client.batches.cancel(batch.id)
+
+
+def test_a_batch_cancelled_during_its_trial_reports_what_ran_and_stays_cancelled(api: LiveServer) -> None:
+    client = api.client(make_key("acme"))
+    batch = create(client, [chat_line(i, max_tokens=10**8) for i in range(6)], trial={"lines": 2})
+    wait_for(client, batch.id, {"in_progress"})
+
+    client.batches.cancel(batch.id)
+    ended = wait_for(client, batch.id)
+    report = wait_trial(client, batch.id, timeout=30).model_extra["trial"]["report"]  # type: ignore[index]
+
+    assert ended.status == "cancelled" and report["decision"] == "ended"
+    assert report["lines_run"] == 2 and report["errors"] == {"batch_cancelled": 2}
+    assert client.batches.retrieve(batch.id).status == "cancelled"
