@@ -62,15 +62,25 @@ def _stdev(values: Sequence[Decimal]) -> Decimal:
     return (sum(((v - mean) ** 2 for v in values), Decimal(0)) / (len(values) - 1)).sqrt()
 
 
-def projected_cost(costs: Sequence[Decimal], *, total_lines: int) -> dict[str, Any]:
-    """The whole batch's cost from its trial lines' costs: the trial's own plus the rest at the trial's mean, and a
-    95% interval (low never below what the trial already cost)."""
+def projected_cost(
+    costs: Sequence[Decimal], *, total_lines: int, stated: tuple[Sequence[Decimal], Decimal] | None = None
+) -> dict[str, Any]:
+    """The whole batch's cost from its trial lines' costs: the trial's own plus the rest, and a 95% interval (low
+    never below what the trial already cost). With `stated` (each trial line's cost at what it states up front,
+    and the whole batch's), the rest is projected by ratio: the trial's cost per stated dollar times the rest's
+    stated dollars (a ratio estimator: lines that state more cost more); else at the trial's mean per line."""
     n, spent = len(costs), sum(costs, Decimal(0))
     rest = max(total_lines - n, 0)
-    estimate = spent + rest * _mean(costs)
+    spread = costs
+    if stated is not None and sum(stated[0], Decimal(0)) > 0:
+        ratio = spent / sum(stated[0], Decimal(0))
+        estimate = spent + ratio * max(stated[1] - sum(stated[0], Decimal(0)), Decimal(0))
+        spread = [cost - ratio * x for cost, x in zip(costs, stated[0], strict=True)]  # what the ratio leaves out
+    else:
+        estimate = spent + rest * _mean(costs)
     half = Decimal(0)
     if n and rest:
-        half = Z_95 * total_lines * _stdev(costs) * ((1 - Decimal(n) / total_lines) / n).sqrt()
+        half = Z_95 * total_lines * _stdev(spread) * ((1 - Decimal(n) / total_lines) / n).sqrt()
     return {
         "estimate_usd": _usd(estimate),
         "low_usd": _usd(max(estimate - half, spent)),
@@ -93,8 +103,11 @@ def _checks(lines: Sequence[LineResult]) -> dict[str, int] | None:
     }
 
 
-def trial_report(lines: Sequence[LineResult], *, total_lines: int) -> dict[str, Any]:
-    """The report of a trial whose lines all ended (no decision yet: `decide` adds it)."""
+def trial_report(
+    lines: Sequence[LineResult], *, total_lines: int, stated: tuple[Sequence[Decimal], Decimal] | None = None
+) -> dict[str, Any]:
+    """The report of a trial whose lines all ended (no decision yet: `decide` adds it); `stated` as
+    `projected_cost` takes it."""
     run, ok = len(lines), [line for line in lines if line.ok]
     errors = Counter(line.error_code or "unknown" for line in lines if not line.ok)
     return {
@@ -107,7 +120,7 @@ def trial_report(lines: Sequence[LineResult], *, total_lines: int) -> dict[str, 
             "input": round(sum(line.input_tokens for line in ok) / len(ok), 1) if ok else 0.0,
             "output": round(sum(line.output_tokens for line in ok) / len(ok), 1) if ok else 0.0,
         },
-        "projected_cost": projected_cost([line.cost_usd for line in lines], total_lines=total_lines),
+        "projected_cost": projected_cost([line.cost_usd for line in lines], total_lines=total_lines, stated=stated),
     }
 
 

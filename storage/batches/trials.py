@@ -27,7 +27,7 @@ from storage.finance.prices import price_book, price_job
 from storage.models import Batch
 from storage.protocols import protocol_of
 from storage.queue.claim_tiers import TRIAL_RUNNING
-from storage.queue.trial_rows import mark_trial_rows, open_rows, trial_results
+from storage.queue.trial_rows import mark_trial_rows, open_rows, stated_tokens, trial_results
 from storage.settings import Settings
 
 RUNNING = TRIAL_RUNNING  # its home: storage/queue/claim_tiers.py (the claim reads it)
@@ -123,33 +123,36 @@ def _conclude(session: Session, settings: Settings, *, batch: Batch) -> None:
     spec = dict(batch.trial or {})
     spec.pop("report", None)
     book, checked = price_book(settings), batch.checks is not None
-    lines = []
-    for row in trial_results(session, batch_id=batch.id):
-        cost = Decimal(0)
-        if row.status == lifecycle.REQ_COMPLETED:
-            cost = price_job(
-                book,
-                model=row.model,
-                created_at=batch.created_at,
-                completion_window=batch.completion_window,
-                input_tokens=row.prompt_tokens,
-                output_tokens=row.completion_tokens,
-                busy_seconds=Decimal(0),
-                cached_input_tokens=row.cached_tokens,
-            ).billed_usd
-        lines.append(
-            line_result(
-                status=row.status,
-                error_code=row.error_code,
-                response_status=row.response_status,
-                input_tokens=row.prompt_tokens,
-                output_tokens=row.completion_tokens,
-                cost_usd=cost,
-                check_attempts=row.check_attempts,
-                checked=checked,
-            )
+
+    def cost(model: str, tokens_in: int, tokens_out: int, cached: int = 0) -> Decimal:
+        return price_job(
+            book, model=model, created_at=batch.created_at, completion_window=batch.completion_window,
+            input_tokens=tokens_in, output_tokens=tokens_out, busy_seconds=Decimal(0), cached_input_tokens=cached,
+        ).billed_usd  # fmt: skip
+
+    rows = trial_results(session, batch_id=batch.id)
+    lines = [
+        line_result(
+            status=row.status,
+            error_code=row.error_code,
+            response_status=row.response_status,
+            input_tokens=row.prompt_tokens,
+            output_tokens=row.completion_tokens,
+            cost_usd=cost(row.model, row.prompt_tokens, row.completion_tokens, row.cached_tokens)
+            if row.status == lifecycle.REQ_COMPLETED
+            else Decimal(0),
+            check_attempts=row.check_attempts,
+            checked=checked,
         )
-    report = trial_report(lines, total_lines=batch.request_total)
+        for row in rows
+    ]
+    # What every line states up front (its prompt's estimated tokens, its output budget), priced: the projection's
+    # ratio (lines that state more cost more), so a few long lines the trial missed still count.
+    stated = (
+        [cost(row.model, row.stated_input, row.stated_output) for row in rows],
+        sum((cost(m, i, o) for m, i, o in stated_tokens(session, batch_id=batch.id)), Decimal(0)),
+    )
+    report = trial_report(lines, total_lines=batch.request_total, stated=stated)
     left = open_rows(session, batch_ids=[batch.id], trial_only=False).get(batch.id, 0)
     # A batch cancelled or expired during its trial (its lines closed, the reaper's pass settles it) only reports.
     ended = batch.status not in lifecycle.CONTROLLABLE

@@ -25,6 +25,8 @@ class TrialRow:
     completion_tokens: int
     cached_tokens: int
     check_attempts: dict[str, Any] | None
+    stated_input: int = 0  # what the line states up front: its prompt's estimated tokens and its output budget
+    stated_output: int = 0
 
 
 def mark_trial_rows(session: Session, *, batch_id: str, positions: Collection[int]) -> int:
@@ -69,6 +71,8 @@ def trial_results(session: Session, *, batch_id: str) -> list[TrialRow]:
             BatchRequest.completion_tokens,
             BatchRequest.cached_tokens,
             BatchRequest.check_attempts,
+            BatchRequest.est_input_tokens,
+            BatchRequest.max_output_tokens,
         )
         .where(
             BatchRequest.batch_id == batch_id,
@@ -78,3 +82,13 @@ def trial_results(session: Session, *, batch_id: str) -> list[TrialRow]:
         .order_by(BatchRequest.line)
     )
     return [TrialRow(*row) for row in rows]
+
+
+def stated_tokens(session: Session, *, batch_id: str) -> list[tuple[str, int, int]]:
+    """Per model, what all the batch's lines state up front: (model, estimated prompt tokens, output budgets)."""
+    rows = session.execute(
+        select(BatchRequest.model, func.sum(BatchRequest.est_input_tokens), func.sum(BatchRequest.max_output_tokens))
+        .where(BatchRequest.batch_id == batch_id)
+        .group_by(BatchRequest.model)
+    )
+    return [(model, int(tokens_in or 0), int(tokens_out or 0)) for model, tokens_in, tokens_out in rows]

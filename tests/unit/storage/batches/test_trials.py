@@ -114,3 +114,28 @@ def test_the_decision_follows_continue_and_the_rate() -> None:
 def test_a_huge_integer_share_is_refused_not_a_crash() -> None:
     with pytest.raises(InvalidValue):
         trial_spec({"share": 10**400}, max_lines=100)
+
+
+def test_a_ratio_projection_follows_what_the_lines_state_and_is_exact_when_cost_follows_it() -> None:
+    # The trial's lines cost twice what they state; the whole file states $20 (long lines the trial missed).
+    costs, stated = [Decimal("0.2"), Decimal("0.4"), Decimal("0.6")], [Decimal("0.1"), Decimal("0.2"), Decimal("0.3")]
+    projected = projected_cost(costs, total_lines=50, stated=(stated, Decimal("20")))
+    assert projected["estimate_usd"] == "40.000000" == projected["low_usd"] == projected["high_usd"]
+    per_line = projected_cost(costs, total_lines=50)  # the mean per line knows nothing of the long lines
+    assert per_line["estimate_usd"] == "20.000000"
+
+
+def test_a_ratio_projection_widens_with_what_the_ratio_leaves_unexplained() -> None:
+    costs, stated = [Decimal("0.2"), Decimal("0.5"), Decimal("0.6")], [Decimal("0.1"), Decimal("0.2"), Decimal("0.3")]
+    projected = projected_cost(costs, total_lines=50, stated=(stated, Decimal("10")))
+    low, mid, high = (Decimal(projected[key]) for key in ("low_usd", "estimate_usd", "high_usd"))
+    assert low < mid < high and mid == (Decimal("1.3") + Decimal("1.3") / Decimal("0.6") * Decimal("9.4")).quantize(
+        Decimal("0.000001")
+    )
+
+
+def test_a_ratio_projection_with_nothing_stated_falls_back_to_the_mean_per_line() -> None:
+    costs = [Decimal("1"), Decimal("3")]
+    assert projected_cost(costs, total_lines=4, stated=([Decimal(0), Decimal(0)], Decimal(0))) == projected_cost(
+        costs, total_lines=4
+    )
