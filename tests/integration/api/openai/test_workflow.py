@@ -61,9 +61,9 @@ def test_a_manual_trial_runs_lines_spread_over_the_file_reports_pauses_and_resum
     assert report["decision"] == "paused" and report["tokens_per_line"]["output"] == 3.0
     cost = {key: Decimal(report["projected_cost"][key]) for key in ("estimate_usd", "low_usd", "high_usd")}
     trial_usd = Decimal(report["projected_cost"]["trial_usd"])
-    # Every line here has the same tokens: the rest costs 4 times the trial, and the interval has no width.
+    # Every line here costs the same: the rest costs 4 times the trial, within a few millionths of a dollar.
     assert trial_usd > 0 and abs(cost["estimate_usd"] - 5 * trial_usd) <= Decimal("0.000005")
-    assert cost["low_usd"] == cost["estimate_usd"] == cost["high_usd"]
+    assert cost["low_usd"] <= cost["estimate_usd"] <= cost["high_usd"] <= cost["low_usd"] + Decimal("0.000005")
 
     client.post(f"/batches/{batch.id}/resume", body={}, cast_to=Batch)
     done = wait_for(client, batch.id, timeout=60)
