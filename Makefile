@@ -48,7 +48,7 @@ fuzz: setup services
 # official SDKs: prints the pass counts per protocol and feature and each failing line (~4 min on 2 cores; the
 # default suite runs a smoke subset of it).
 corpus: setup
-	BACKFILL_CORPUS=all $(PY) -m pytest -s tests/e2e/test_corpus.py $(ARGS)
+	BACKFILL_CORPUS=all $(PY) -m pytest -s --timeout 3600 tests/e2e/test_corpus.py $(ARGS)
 
 # The fault-injection suite (docs/chaos.md): seeded runs against its own Postgres, Redis and S3, each checked
 # by the history checker; prints runs x outcomes, writes bench/out/chaos/summary-*.json. 35-60 min on 2 cores.

@@ -27,7 +27,7 @@ DbSession = Annotated[Session, Depends(_session, scope="function")]
 
 
 def api_key_of(*, x_api_key: str | None, authorization: str | None) -> str | None:
-    """The API key a request carries: `x-api-key` (Anthropic's SDK) or `Authorization: Bearer` (OpenAI's), on
+    """The API key a request carries: `x-api-key` or `Authorization: Bearer` (the SDKs send one or the other), on
     every route, so a route serving both protocols' batches takes either (api/fair_share.py reads it too)."""
     key = (x_api_key or "").strip()
     if not key and authorization and authorization[:7].lower() == "bearer ":

@@ -1,23 +1,22 @@
-"""The one error handler: every failure leaves as OpenAI's envelope (Anthropic's on Anthropic's routes), and the
-OpenAPI document says so."""
+"""The one error handler: every failure leaves in the envelope of the protocol whose path it came on (api/dialects.py),
+and the OpenAPI document says so."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
-from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 
-from api.anthropic import errors as anthropic
+from api.dialects import DIALECTS, dialect_of, requires_key
+from api.openai.errors import ErrorResponse
 from storage.errors import BackfillError, is_unavailable
 from storage.lines.reader import clip
 
@@ -30,41 +29,12 @@ UNAVAILABLE = (
 )
 
 
-class ErrorDetail(BaseModel):
-    message: str
-    type: str
-    param: str | None
-    code: str | None
-
-
-class ErrorResponse(BaseModel):
-    """OpenAI's error envelope, the body of every 4xx and 5xx."""
-
-    error: ErrorDetail
-
-
-def envelope(
-    status: int,
-    message: str,
-    *,
-    type_: str,
-    code: str | None,
-    param: str | None = None,
-    headers: Mapping[str, str] | None = None,
-) -> JSONResponse:
-    """OpenAI's error body: {"error": {"message", "type", "param", "code"}}."""
-    body: dict[str, Any] = {"error": {"message": message, "type": type_, "param": param, "code": code}}
-    return JSONResponse(body, status_code=status, headers=headers)
-
-
 def install(app: FastAPI) -> None:
     """Register the handlers on `app`, and make its OpenAPI document list the statuses they answer."""
 
     @app.exception_handler(BackfillError)
     async def _backfill(request: Request, error: BackfillError) -> JSONResponse:
-        if anthropic.is_anthropic(request):
-            return anthropic.envelope(error.status, error.message, headers=error.headers)
-        return envelope(
+        return dialect_of(request.url.path).envelope(
             error.status, error.message, type_=error.type, code=error.code, param=error.param, headers=error.headers
         )
 
@@ -79,9 +49,9 @@ def install(app: FastAPI) -> None:
         code = "invalid_request"
         if first.get("type") == "extra_forbidden":  # nothing sent is silently ignored
             message, code = f"Unrecognized request argument supplied: {clip(param, 80)}.", "unknown_parameter"
-        if anthropic.is_anthropic(request):
-            return anthropic.envelope(400, message)
-        return envelope(400, message, type_="invalid_request_error", code=code, param=param)
+        return dialect_of(request.url.path).envelope(
+            400, message, type_="invalid_request_error", code=code, param=param
+        )
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, error: HTTPException) -> Response:
@@ -90,11 +60,9 @@ def install(app: FastAPI) -> None:
             if request.method == "OPTIONS":
                 return Response(status_code=204, headers={"Allow": allow})
             error.headers = {**(error.headers or {}), "Allow": allow}
-        if anthropic.is_anthropic(request):
-            return anthropic.envelope(error.status_code, str(error.detail), headers=dict(error.headers or {}))
         code = "not_found" if error.status_code == 404 else None
         # Starlette's 405 carries `Allow`; keep whatever headers the exception names.
-        return envelope(
+        return dialect_of(request.url.path).envelope(
             error.status_code, str(error.detail), type_="invalid_request_error", code=code, headers=error.headers
         )
 
@@ -103,13 +71,12 @@ def install(app: FastAPI) -> None:
         if is_unavailable(error):  # Postgres or S3 down: a retry will do, and the SDKs retry a 503 by themselves
             log.warning("backing service unavailable: %s: %s", type(error).__name__, str(error)[:300])
             headers = {"Retry-After": str(RETRY_AFTER_SECONDS)}
-            if anthropic.is_anthropic(request):
-                return anthropic.envelope(503, UNAVAILABLE, headers=headers)
-            return envelope(503, UNAVAILABLE, type_="server_error", code="service_unavailable", headers=headers)
+            return dialect_of(request.url.path).envelope(
+                503, UNAVAILABLE, type_="server_error", code="service_unavailable", headers=headers
+            )
         log.exception("unhandled error")
-        if anthropic.is_anthropic(request):
-            return anthropic.envelope(500, "Internal server error.")
-        return envelope(500, "The server had an error processing your request.", type_="server_error", code=None)
+        dialect = dialect_of(request.url.path)
+        return dialect.envelope(500, dialect.internal_error, type_="server_error", code=None)
 
     app.openapi = _documented(app)  # type: ignore[method-assign]
 
@@ -138,16 +105,11 @@ def _documented(app: FastAPI) -> Callable[[], dict[str, Any]]:
         schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
         components = schema.setdefault("components", {}).setdefault("schemas", {})
         template = "#/components/schemas/{model}"
-        envelope_schema = ErrorResponse.model_json_schema(ref_template=template)
-        for name, definition in envelope_schema.pop("$defs", {}).items():
-            components.setdefault(name, definition)
-        components.setdefault("ErrorResponse", envelope_schema)
-        anthropic_schema = anthropic.AnthropicErrorResponse.model_json_schema(
-            ref_template="#/components/schemas/{model}"
-        )
-        for name, definition in anthropic_schema.pop("$defs", {}).items():
-            components.setdefault(name, definition)
-        components.setdefault("AnthropicErrorResponse", anthropic_schema)
+        for dialect in DIALECTS:
+            envelope_schema = dialect.schema.model_json_schema(ref_template=template)
+            for name, definition in envelope_schema.pop("$defs", {}).items():
+                components.setdefault(name, definition)
+            components.setdefault(dialect.schema.__name__, envelope_schema)
         for route in app.routes:
             if isinstance(route, APIRoute) and route.include_in_schema:
                 for method in route.methods:
@@ -167,11 +129,11 @@ def _document_errors(operation: dict[str, Any], route: APIRoute) -> None:
     statuses = {int(status) for status in responses if status[:1] in "45" and status != "422"}
     if responses.pop("422", None) is not None:
         statuses.add(400)
-    if _requires_key(route.dependant):
+    if requires_key(route.dependant):
         # 429: past the tenant's share of the request threads (api/fair_share.py); 503: the key is looked up in
         # the database, which may be down
         statuses |= {400, 401, 429, 503}
-    envelope_name = "AnthropicErrorResponse" if anthropic.is_anthropic_path(route.path_format) else "ErrorResponse"
+    envelope_name = dialect_of(route.path_format).schema.__name__
     if "{" in route.path_format:
         statuses.add(404)
     if route.methods & {"POST", "PUT", "PATCH"}:
@@ -181,16 +143,3 @@ def _document_errors(operation: dict[str, Any], route: APIRoute) -> None:
             "description": HTTPStatus(status).phrase,
             "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{envelope_name}"}}},
         }
-
-
-def _requires_key(dependant: Dependant) -> bool:
-    from api.anthropic.deps import principal_dependency as anthropic_principal
-    from api.deps import principal_dependency
-
-    stack: list[Dependant] = [dependant]
-    while stack:
-        current = stack.pop()
-        if current.call in (principal_dependency, anthropic_principal):
-            return True
-        stack.extend(current.dependencies)
-    return False

@@ -3,10 +3,10 @@
 Sync routes run on AnyIO's thread pool (`api_threads`). Without a share, one tenant's many clients took every
 thread and another tenant's simple GET waited behind them for seconds (issue 36 §11). This pure ASGI middleware,
 the outermost, counts a tenant's requests from the moment their headers arrive until their answer is sent (an
-upload's or a Message Batch create's streamed body, a streamed download: all of it counts). A request past the
+upload's or a streamed create's body, a streamed download: all of it counts). A request past the
 share waits for one of its tenant's slots, first come first served, on the event loop (no thread, its body
-unread) for up to WAIT_SECONDS; if none frees it is answered 429 with `Retry-After`: OpenAI's envelope
-(`rate_limit_exceeded`), Anthropic's on its paths (`rate_limit_error`). The SDKs retry a 429 by themselves after
+unread) for up to WAIT_SECONDS; if none frees it is answered 429 with `Retry-After` in its path's envelope
+(api/dialects.py). The SDKs retry a 429 by themselves after
 `Retry-After`. The wait smooths a burst (most of a tenant's 100 clients are served, not refused) and paces a client
 that retries a 429 at once: an immediate refusal let such clients spin, and the event loop's work for thousands
 of refusals a second slowed every other tenant's requests (bench/tenant_share.py).
@@ -28,10 +28,8 @@ import anyio.to_thread
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from api.anthropic.errors import envelope as anthropic_envelope
-from api.anthropic.errors import is_anthropic_path
 from api.deps import api_key_of
-from api.errors import envelope
+from api.dialects import dialect_of
 from storage.db import transaction
 from storage.errors import TenantBusy, is_unavailable
 from storage.tenants import hash_key, tenant_of_key
@@ -155,8 +153,6 @@ async def _refuse(scope: Scope, receive: Receive, send: Send, limit: int) -> Non
     request = Headers(scope=scope)
     if request.get("content-length", "0") != "0" or "transfer-encoding" in request:
         headers["Connection"] = "close"
-    if is_anthropic_path(scope["path"].rstrip("/")):
-        response = anthropic_envelope(error.status, error.message, headers=headers)
-    else:
-        response = envelope(error.status, error.message, type_=error.type, code=error.code, headers=headers)
+    envelope = dialect_of(scope["path"]).envelope
+    response = envelope(error.status, error.message, type_=error.type, code=error.code, headers=headers)
     await response(scope, receive, send)

@@ -8,8 +8,9 @@ limit. Three kinds of body, one rule each:
 - uploads (`POST /v1/files`): `upload_max_bytes` plus multipart framing, streamed into the route, which
   reads the form as it arrives (api/multipart.py); the file's lines are judged by the one line checker at
   ingest; an Uploads part (`POST /v1/uploads/{id}/parts`): `upload_part_max_bytes` plus framing, the same way;
-- the Anthropic create (`POST /v1/messages/batches`): `message_batch_max_bytes`, streamed into the route,
-  which splits it with the one bounded reader (storage/bounded_json.py) and judges each request;
+- a create whose requests are inline (each protocol's `streamed_create`, storage/protocols.py): its own limit,
+  streamed into the route, which splits it with the one bounded reader (storage/lines/bounded_json.py) and judges
+  each request;
 - every other body: at most 1 MiB, read here whole, then walked for depth and parsed strictly by the same
   bounded reader (off the event loop) before the app sees it: a 400 in the path's envelope, never a 500.
 """
@@ -17,21 +18,20 @@ limit. Three kinds of body, one rule each:
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
 import anyio.to_thread
-import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.anthropic.errors import is_anthropic_path
+from api.dialects import dialect_of
 from api.fair_share import TenantShare
 from storage.errors import InvalidRequest, RequestTooLarge
 from storage.lines.bounded_json import check_body
 
 UPLOAD_PATH = "/v1/files"
 UPLOAD_PART_PATH = re.compile(r"/v1/uploads/[^/]+/parts")  # an Uploads part (fullmatch)
-MESSAGE_BATCHES_PATH = "/v1/messages/batches"
 MULTIPART_SLACK_BYTES = 64 * 1024  # boundaries and part headers around the file
 BODY_MAX_BYTES = 1024 * 1024  # JSON bodies (batch creation, estimates): a few kB in practice
 
@@ -49,14 +49,14 @@ class RequestLimits:
         app: ASGIApp,
         *,
         upload_max_bytes: int,
-        message_batch_max_bytes: int,
         threads: int,
         upload_part_max_bytes: int = 64 * 1024 * 1024,
+        streamed_creates: Mapping[str, int] | None = None,
     ) -> None:
         self.app = app
         self.upload_max_bytes = upload_max_bytes
         self.upload_part_max_bytes = upload_part_max_bytes
-        self.message_batch_max_bytes = message_batch_max_bytes
+        self.streamed_creates = dict(streamed_creates or {})  # {path: body limit} of creates with inline requests
         self.threads = threads
         self._threads_set = False
 
@@ -67,8 +67,8 @@ class RequestLimits:
         path = scope["path"].rstrip("/")
         if path == UPLOAD_PATH:
             return self.upload_max_bytes + MULTIPART_SLACK_BYTES
-        if path == MESSAGE_BATCHES_PATH:
-            return self.message_batch_max_bytes
+        if path in self.streamed_creates:
+            return self.streamed_creates[path]
         if UPLOAD_PART_PATH.fullmatch(path):
             return self.upload_part_max_bytes + MULTIPART_SLACK_BYTES
         return None
@@ -181,36 +181,35 @@ async def _too_large(send: Send, scope: Scope, limit: int) -> None:
 
 
 async def _answer(send: Send, scope: Scope, status: int, message: str, *, code: str, param: str | None = None) -> None:
-    """The path's envelope (OpenAI's, or Anthropic's on its paths), closing the connection: the rest of the
-    body is never read."""
-    if is_anthropic_path(scope["path"].rstrip("/")):
-        kind = "request_too_large" if status == 413 else "invalid_request_error"
-        body = orjson.dumps({"type": "error", "error": {"type": kind, "message": message}})
-    else:
-        error = {"message": message, "type": "invalid_request_error", "param": param, "code": code}
-        body = orjson.dumps({"error": error})
-    headers: list[tuple[bytes, bytes]] = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
-        (b"connection", b"close"),
-    ]
-    start: dict[str, Any] = {"type": "http.response.start", "status": status, "headers": headers}
-    await send(start)
-    await send({"type": "http.response.body", "body": body})
+    """The path's envelope (api/dialects.py), closing the connection: the rest of the body is never read."""
+    envelope = dialect_of(scope["path"]).envelope
+    response = envelope(
+        status, message, type_="invalid_request_error", code=code, param=param, headers={"Connection": "close"}
+    )
+    await response(scope, _no_body, send)
+
+
+async def _no_body() -> Message:
+    return {"type": "http.disconnect"}
 
 
 def install(app: Any) -> None:
     """Add the limits to `app` with this deployment's upload limit and request threads, and each tenant's share of
     the threads (api/fair_share.py) outermost: a request past it is refused before its body is read."""
+    from storage.protocols import PROTOCOLS
     from storage.settings import get_settings
 
     settings = get_settings()
     app.add_middleware(
         RequestLimits,
         upload_max_bytes=settings.upload_max_bytes,
-        message_batch_max_bytes=settings.message_batch_max_bytes,
         threads=settings.api_threads,
         upload_part_max_bytes=settings.upload_part_max_bytes,
+        streamed_creates={
+            protocol.streamed_create: protocol.streamed_create_max_bytes(settings)
+            for protocol in PROTOCOLS.values()
+            if protocol.streamed_create is not None
+        },
     )
     if settings.tenant_request_share:
         app.add_middleware(TenantShare, limit=settings.tenant_request_share)

@@ -1,4 +1,4 @@
-"""The list envelope's cursor fields, written once for every list route (OpenAI's and Anthropic's)."""
+"""The list envelope's cursor fields, written once for every list route (every protocol's)."""
 
 from __future__ import annotations
 

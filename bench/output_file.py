@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main() -> int:
-    from storage.batches import lifecycle
+    from storage import lifecycle
     from storage.batches.batches import get_batch
     from storage.db import get_engine, transaction
     from storage.files.blobs import get_blob_store

@@ -32,7 +32,7 @@ def _worker(url: str, claim_size: int, start: Any, results: Any, index: int) -> 
     os.environ["BACKFILL_DATABASE_URL"] = url
     from storage.db import transaction
     from storage.queue.claim import claim
-    from storage.queue.leases import Outcome, record
+    from storage.queue.results import Outcome, record
     from storage.settings import get_settings
 
     worker_id = f"bench-{index}"
@@ -79,11 +79,12 @@ def reset(engine: sa.Engine) -> None:
     with engine.begin() as conn:
         conn.execute(
             sa.text(
-                "UPDATE batch_requests SET status='queued', attempts=0, lease_owner=NULL, lease_expires_at=NULL,"
+                "UPDATE batch_requests SET status='queued', attempts=0, lease_owner=NULL, lease_id=NULL,"
                 " response_status=NULL, response_body=NULL, run_id=NULL, finished_at=NULL"
             )
         )
         conn.execute(sa.text("UPDATE batches SET request_completed=0, request_failed=0"))
+        conn.execute(sa.text("DELETE FROM leases"))
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(sa.text("VACUUM ANALYZE batch_requests"))
 

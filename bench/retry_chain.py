@@ -110,7 +110,7 @@ def _tenant(batch_id: str) -> str:
 
 
 def _cancel(batch_id: str) -> None:
-    from storage.batches.batches import cancel_batch
+    from storage.batches.control import cancel_batch
     from storage.db import transaction
     from storage.files.blobs import get_blob_store
     from worker.jobs.finalize import finalize_batch

@@ -83,8 +83,14 @@ FULL = {
     # Issue 37: a batch mixing text, tool and image lines, Backfill vs run-batch once per model, start-ups excluded
     # (~4 min): `make bench ARGS="--only mixed-lines"`.
     "mixed-lines": ["bench/mixed_lines.py", "--lines", "600", "--tokens", "32"],
+    # Issue 41 section 2: virtual 8xH100 nodes on one Postgres through the real claim / record / renew code, ramped
+    # until the database saturates, long and short outputs (~10 min): `make bench ARGS="--only fleet"`.
+    "fleet": ["bench/fleet.py"],
+    # Issue 41 section 1: rows, WAL and statements per lease renewal and per claim + record (~3 min); the same
+    # script measures another checkout with BACKFILL_BENCH_CODE=<its path>: `make bench ARGS="--only lease_renewal"`.
+    "lease_renewal": ["bench/lease_renewal.py", "--requests", "20000", "--inflight", "768,3072", "--renewals", "20"],
 }
-DEFAULT_PARTS = ("engine", "runbatch", "ingest", "queue", "mixed-lines")
+DEFAULT_PARTS = ("engine", "runbatch", "ingest", "queue", "mixed-lines", "fleet")
 QUICK = {
     "engine": ["bench/engine.py", "--requests", "256", "--tokens", "32", "--stragglers", "192", "--rounds", "1"],
     "runbatch": [
@@ -114,6 +120,8 @@ QUICK = {
     "rolling-restart": ["bench/rolling_restart.py", "--quick"],
     "render-ahead": ["bench/render_ahead.py", "--steps", "200", "--rounds", "1"],
     "mixed-lines": ["bench/mixed_lines.py", "--lines", "60", "--tokens", "16"],
+    "fleet": ["bench/fleet.py", "--quick"],
+    "lease_renewal": ["bench/lease_renewal.py", "--requests", "5000", "--inflight", "768", "--renewals", "10"],
 }
 OUTPUTS = {part: f"{part}.json" for part in FULL}
 
@@ -184,7 +192,7 @@ def main() -> int:
         "--only",
         default="",
         help="comma-separated parts: engine,runbatch,ingest,queue,shared,shared_sim,prefix,prefix-race,gpu-timed,workers,"
-        "hostile-bodies,handback,rolling-restart,render-ahead,mixed-lines",
+        "hostile-bodies,handback,rolling-restart,render-ahead,mixed-lines,fleet,lease_renewal",
     )
     parser.add_argument("--no-write", action="store_true", help="print only; leave results.json and docs alone")
     parser.add_argument("--render", action="store_true", help="only rewrite docs/benchmarks.md from results.json")
@@ -267,6 +275,8 @@ _PREFIXES = {
     "rolling-restart": ("rolling_", "resume_discarded_"),
     "render-ahead": ("render_ahead_",),
     "mixed-lines": ("mixed_lines_",),
+    "fleet": ("fleet_",),
+    "lease_renewal": ("lease_renewal_",),
 }
 
 

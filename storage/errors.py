@@ -101,7 +101,7 @@ class PartTooLarge(UploadTooLarge):
 
 
 class RequestTooLarge(BackfillError):
-    """A request body over its size limit (an Anthropic Message Batch's 256 MB)."""
+    """A request body over its size limit (a create with inline requests: its protocol's limit)."""
 
     status = 413
     code = "request_too_large"

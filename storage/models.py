@@ -109,7 +109,7 @@ class Batch(Base):
     # Failed ingest attempts (an error no line explains) and when the next may run: bounded, then the batch fails.
     ingest_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     ingest_retry_at: Mapped[int | None] = mapped_column(BigInteger)
-    # Of request_failed, those cancelled or expired (Anthropic's request_counts tell them apart).
+    # Of request_failed, those cancelled or expired (a protocol's counts may tell them apart).
     request_cancelled: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     request_expired: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     created_at: Mapped[int] = mapped_column(BigInteger)
@@ -121,17 +121,17 @@ class Batch(Base):
     expired_at: Mapped[int | None] = mapped_column(BigInteger)
     cancelling_at: Mapped[int | None] = mapped_column(BigInteger)
     cancelled_at: Mapped[int | None] = mapped_column(BigInteger)
-    # Which API created the batch: "openai" or "anthropic" (storage/batches/message_batches.py renders the latter).
+    # Which API created the batch: a name of storage/protocols.py's table.
     protocol: Mapped[str] = mapped_column(String(16), default=OPENAI.name, server_default=OPENAI.name)
     archived_at: Mapped[int | None] = mapped_column(BigInteger)  # results removed after their retention
     deleted_at: Mapped[int | None] = mapped_column(BigInteger)  # deleted by its owner; kept for accounting
-    # The ended batch whose failed requests this one re-runs (storage/retries.py); None for a first attempt.
+    # The ended batch whose failed requests this one re-runs (storage/batches/retries.py); None for a first attempt.
     retry_of: Mapped[str | None] = mapped_column(String(64))
     # Which attempt of its retry tree this batch is: 0 the original, n the nth retry created in the tree.
     attempt: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # On a retry: its tree's original batch (storage/batches/retries.py reads a tree in one query); None on it.
     retry_root: Mapped[str | None] = mapped_column(String(64))
-    # Batch control (storage/batch_control.py): paused batches get no claims; higher priority claims first.
+    # Batch control (storage/batches/control.py): paused batches get no claims; higher priority claims first.
     paused_at: Mapped[int | None] = mapped_column(BigInteger)
     priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # `max_cost_usd` (a Backfill extension) in micro-dollars: billed cost at which the batch stops claiming.
@@ -149,7 +149,9 @@ class BatchRequest(Base):
     __tablename__ = "batch_requests"
     __table_args__ = (
         UniqueConstraint("batch_id", "custom_id", name="uq_batch_requests_batch_id_custom_id"),
-        Index("ix_batch_requests_queue", "model", "status", "deadline"),
+        # In the urgent claim's order (EDF: storage/queue/claim_order.py `_EDF_ORDER`), so a claim reads its rows off
+        # the index instead of sorting every urgent row of the backlog (a second at 100,000 rows: bench/fleet.py).
+        Index("ix_batch_requests_queue", "model", "status", "deadline", "prefix_key", "batch_id", "line"),
         # A tenant's share in prefix-aware claim order (storage/queue/claim_order.py), read straight off the index.
         Index(
             "ix_batch_requests_prefix_queue",
@@ -163,7 +165,7 @@ class BatchRequest(Base):
         ),
         # `superseded` last: a retry reads only the latest failures of each batch of its tree off this index.
         Index("ix_batch_requests_batch_status", "batch_id", "status", "superseded"),
-        Index("ix_batch_requests_lease", "status", "lease_expires_at"),
+        Index("ix_batch_requests_lease_id", "lease_id"),  # the rows of an expired lease, released by the reaper
         Index("ix_batch_requests_lease_owner", "lease_owner"),  # a worker's leases, released when it is gone
         Index("ix_batch_requests_finished_at", "finished_at"),  # daily cost and usage reports
         # Covers cost attribution (storage/finance/attribution.py): a run's work per batch is read from the index alone.
@@ -191,7 +193,8 @@ class BatchRequest(Base):
     max_output_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     lease_owner: Mapped[str | None] = mapped_column(String(128))
-    lease_expires_at: Mapped[float | None] = mapped_column(Float)
+    # The claim's lease (`Lease`) whose expiry holds this row: a renewal writes that one row, not this one.
+    lease_id: Mapped[str | None] = mapped_column(String(32))
     response_status: Mapped[int | None] = mapped_column(Integer)
     response_body: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     error_code: Mapped[str | None] = mapped_column(String(64))
@@ -205,7 +208,7 @@ class BatchRequest(Base):
     engine_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     run_id: Mapped[str | None] = mapped_column(String(64))
     finished_at: Mapped[float | None] = mapped_column(Float)
-    # The order a results reader first saw this finished request in (storage/queue/result_pages.py).
+    # The order a results reader first saw this finished request in (storage/queue/result_rows.py).
     result_seq: Mapped[int | None] = mapped_column(BigInteger)
     # How many generated token ids the row's checkpoint holds (its `CheckpointChunk`s, end to end): a claim
     # resumes the generation from them instead of decoding them again (storage/queue/checkpoints.py).
@@ -330,6 +333,24 @@ class WebhookAttempt(Base):
     status_code: Mapped[int | None] = mapped_column(Integer)
     error: Mapped[str | None] = mapped_column(String(500))
     response_body: Mapped[str | None] = mapped_column(Text)
+
+
+class Lease(Base):
+    """One claim's lease: its owner and expiry, which every queue row it leased points to (`lease_id`).
+
+    A worker renews the few leases it holds (one row write each) instead of every row in flight; the reaper
+    re-queues the running rows of an expired lease. No foreign key: a row ends or goes back with its `lease_id`
+    cleared, and a lease with no running rows left is deleted by its worker's next renewal or by the reaper.
+    """
+
+    __tablename__ = "leases"
+    # No index on `expires_at`: a renewal's update then stays HOT (no index entry written), and the reaper reads
+    # this small table (a few rows per worker) whole every pass.
+    __table_args__ = (Index("ix_leases_worker_id", "worker_id"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    worker_id: Mapped[str] = mapped_column(String(128))
+    expires_at: Mapped[float] = mapped_column(Float)
 
 
 class WorkerHeartbeat(Base):

@@ -1,6 +1,6 @@
 """Keyset paging, written once: a page of rows in key order strictly beyond an anchor row, in either direction.
 
-Every list in storage pages this way (OpenAI's `after`, Anthropic's `after_id`/`before_id`, the console's list,
+Every list in storage pages this way (`after`, `after_id`/`before_id`, the console's list,
 webhook endpoints and deliveries): no OFFSET, so a page costs the same however deep it is, and rows created
 meanwhile never shift a page. The key is `(created_at, id)`, or the id alone where ids are time-ordered.
 """

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
+from typing import Protocol as Structural
 
 from storage.lines import anthropic as anthropic_lines
 from storage.lines import openai as openai_lines
 
 if TYPE_CHECKING:
-    from storage.files.blobs.layout import BatchObject
-    from storage.models import Batch
     from storage.settings import Settings
 
 from storage.endpoints import (
@@ -30,6 +29,15 @@ from storage.endpoints import (
 )
 
 RenderLine = Callable[..., dict[str, Any]]
+# The objects finalize writes under a batch's folder (storage/files/blobs/layout.py names their keys).
+BatchObject = Literal["output.jsonl", "errors.jsonl", "manifest.json"]
+
+
+class HasProtocol(Structural):
+    """A row with a `protocol` column (a batch): models.py sits above this table, so it is not imported here."""
+
+    @property
+    def protocol(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -40,7 +48,7 @@ class ResultFile:
     successes: bool  # holds the completed requests
     failures: bool  # holds the failed, expired and cancelled ones
     purpose: str
-    name: BatchObject  # the object's name under the batch's folder (storage/files/blobs/layout.py)
+    name: BatchObject  # the object's name under the batch's folder
 
 
 @dataclass(frozen=True)
@@ -58,10 +66,32 @@ class Protocol:
     # (OpenAI: the error line's code; Anthropic: `canceled`, `expired` or the error's type): a retry's `codes`.
     error_kind: Callable[[int | None, str | None], str | None]
 
-    # What its API calls a batch's status, and its name for each of storage/batches/lifecycle.py's statuses
+    api_path: str  # where its batches live in the API: `{api_path}/{batch id}` and its control routes
+    # What its API calls a batch's status, and its name for each of storage/lifecycle.py's statuses
     # (None: those names as they are). Errors about a batch's status speak the caller's protocol.
     status_field: str = "status"
     status_names: Mapping[str, str] | None = None
+    results_route: str | None = None  # `{api_path}/{id}/{results_route}` streams its results (None: its files)
+    # A create whose body holds the requests themselves (its path; None: the requests are an uploaded file), and
+    # that body's limit, which the API's request limits apply before the route reads it (api/limits.py).
+    streamed_create: str | None = None
+    streamed_create_max_bytes: Callable[[Settings], int] = lambda settings: 0
+    internal_purposes: tuple[str, ...] = ()  # files it keeps for itself, not listed at /v1/files
+    # How long an ended batch's results are kept before the batch is archived (None: as long as its files live).
+    results_retention: Callable[[Settings], int | None] = lambda settings: None
+    endpoint_label: str | None = None  # what the console shows instead of the batch's endpoint
+
+    def batch_path(self, batch_id: str) -> str:
+        """The API path of one of its batches."""
+        return f"{self.api_path}/{batch_id}"
+
+    def results_path(self, batch_id: str) -> str | None:
+        """The API path that streams a batch's results, if this protocol has one (else they are its files)."""
+        return None if self.results_route is None else f"{self.batch_path(batch_id)}/{self.results_route}"
+
+    def keeps_every_request_in_one_file(self) -> bool:
+        """Whether its one result file holds every request (successes and failures alike)."""
+        return len(self.result_files) == 1 and self.result_files[0].successes and self.result_files[0].failures
 
     def owns(self, protocol: str) -> bool:
         """Whether a batch row's `protocol` column names this protocol."""
@@ -84,8 +114,9 @@ OPENAI = Protocol(
     ),
     render_line=openai_lines.result_line,
     error_kind=openai_lines.error_kind,
+    api_path="/v1/batches",
 )
-# Anthropic's `processing_status` of each batch status (the statuses of storage/batches/lifecycle.py).
+# Anthropic's `processing_status` of each batch status (the statuses of storage/lifecycle.py).
 _PROCESSING_STATUS = {
     "validating": "in_progress",
     "in_progress": "in_progress",
@@ -107,10 +138,17 @@ ANTHROPIC = Protocol(
     error_kind=anthropic_lines.error_kind,
     status_field="processing_status",
     status_names=_PROCESSING_STATUS,
+    api_path="/v1/messages/batches",
+    results_route="results",
+    streamed_create="/v1/messages/batches",
+    streamed_create_max_bytes=lambda settings: settings.message_batch_max_bytes,
+    internal_purposes=("message_batch_input", "message_batch_results"),
+    results_retention=lambda settings: settings.message_batch_retention_seconds,
+    endpoint_label="messages",
 )
 PROTOCOLS = {protocol.name: protocol for protocol in (OPENAI, ANTHROPIC)}
 
 
-def protocol_of(batch: Batch) -> Protocol:
+def protocol_of(batch: HasProtocol) -> Protocol:
     """The protocol a batch (anything with a `protocol` column) was created through; OpenAI for old rows."""
     return PROTOCOLS.get(batch.protocol, OPENAI)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
+from storage import lifecycle
 from storage.clock import now
 from storage.errors import QuotaExceeded
 from storage.models import Batch, File, Tenant, Upload
@@ -29,7 +29,7 @@ class Quota:
     max_files: int
     max_stored_bytes: int
     max_open_batches: int
-    max_priority: int = 0  # the highest batch priority the tenant may set (storage/batch_control.py)
+    max_priority: int = 0  # the highest batch priority the tenant may set (storage/batches/control.py)
 
 
 def quota_of(session: Session, settings: Settings, *, tenant_id: str) -> Quota:

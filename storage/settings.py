@@ -21,6 +21,7 @@ from storage.registry import (
     demo_moderation_model,
     demo_vl_model,
 )
+from storage.windows import BACKGROUND_WINDOW, offered_windows
 
 
 class SettingsError(RuntimeError):
@@ -38,27 +39,15 @@ class TenantQuota(BaseModel):
     max_priority: int | None = Field(default=None, ge=-100, le=100)  # the highest `priority` its batches may take
 
 
-_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 # An object key prefix: "" or plain segments such as "backfill/prod" (no leading "/", "..", "a//b").
 _PLAIN_KEY_PREFIX = r"^([A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*)?$"
 
 
-# The completion window with no deadline (storage/batch_control.py): claimed only when no deadline work waits.
-BACKGROUND_WINDOW = "background"
 # Of a SIGTERM'd GPU worker's grace (`shutdown_grace_seconds`), what the drain leaves for the rest: the running
 # engine step and task ending, the checkpoint write (384 sequences: under 1 s, docs/benchmarks.md), the
 # wake-up and the process exit. Generous on purpose: a shorter drain loses no work (what did not finish resumes
 # from its checkpoint), a SIGKILL before the write loses the decode since the last periodic checkpoint.
 SHUTDOWN_MARGIN_SECONDS = 10
-
-
-def window_seconds(window: str) -> int:
-    """Parse a completion window such as '24h', '90m' or '7d' into seconds (not 'background': it has none)."""
-    unit = window[-1:]
-    number = window[:-1]
-    if unit not in _DURATION_UNITS or not number.isdigit() or int(number) <= 0:
-        raise ValueError(f"bad completion window {window!r}: use a number and s, m, h or d, e.g. '24h'")
-    return int(number) * _DURATION_UNITS[unit]
 
 
 class Settings(BaseSettings):
@@ -247,7 +236,9 @@ class Settings(BaseSettings):
     # by default the list input price x this factor.
     cached_input_price_factor: Decimal = Field(default=Decimal("0.5"), ge=0, le=1)
 
-    @field_validator("price_book", "models", "enqueued_token_limits", "tenant_quotas", mode="before")
+    @field_validator(
+        "price_book", "models", "enqueued_token_limits", "tenant_quotas", "completion_windows", mode="before"
+    )
     @classmethod
     def _parse_json(cls, value: Any) -> Any:
         return json.loads(value) if isinstance(value, str) else value
@@ -274,23 +265,10 @@ class Settings(BaseSettings):
                 raise ValueError(f"{network!r} is not a network like 127.0.0.1/32 or 10.0.0.0/8") from None
         return value
 
-    @field_validator("completion_windows", mode="before")
-    @classmethod
-    def _parse_windows(cls, value: Any) -> Any:
-        return json.loads(value) if isinstance(value, str) else value
-
     @field_validator("completion_windows")
     @classmethod
     def _windows_valid(cls, value: dict[str, Decimal]) -> dict[str, Decimal]:
-        for window, discount in value.items():
-            if window != BACKGROUND_WINDOW:
-                window_seconds(window)
-            if not Decimal(0) <= discount < Decimal(1):
-                raise ValueError(f"discount for {window!r} must be in [0, 1)")
-        windows = {"24h": Decimal("0.5"), **value}
-        if BACKGROUND_WINDOW in windows and windows[BACKGROUND_WINDOW] <= windows["24h"]:
-            raise ValueError(f"the discount for {BACKGROUND_WINDOW!r} must be deeper than 24h's ({windows['24h']})")
-        return windows
+        return offered_windows(value)
 
     @field_validator("batch_file_expires_seconds")
     @classmethod

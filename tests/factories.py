@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from typing import Any
 
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
+from storage import lifecycle
 from storage.ids import new_id
 from storage.models import Batch, BatchRequest, EngineRun, Tenant
 from storage.planning.shapes import request_size
@@ -118,3 +120,23 @@ def make_request(
     session.add(request)
     session.flush()
     return request
+
+
+def expire_leases(session: Session, request_ids: Collection[str] | None = None) -> None:
+    """Let these running rows' leases lapse (every running row's by default), as if their worker stopped renewing
+    them: each owner's rows move to a lease of its own that expired a second ago (a lease is a claim's, so this
+    expires exactly these rows, not the rest of their claims)."""
+    from storage.clock import now_f
+    from storage.models import Lease
+
+    query = select(BatchRequest.id, BatchRequest.lease_owner).where(BatchRequest.status == lifecycle.REQ_RUNNING)
+    if request_ids is not None:
+        query = query.where(BatchRequest.id.in_(list(request_ids)))
+    owners: dict[str | None, list[str]] = {}
+    for request_id, owner in session.execute(query):
+        owners.setdefault(owner, []).append(request_id)
+    for owner, ids in owners.items():
+        lease = Lease(id=new_id("lease_"), worker_id=owner or "", expires_at=now_f() - 1)
+        session.add(lease)
+        session.flush()
+        session.execute(update(BatchRequest).where(BatchRequest.id.in_(ids)).values(lease_id=lease.id))

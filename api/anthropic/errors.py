@@ -10,13 +10,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from storage.lines.anthropic import error_type
 
-PREFIX = "/v1/messages"
+PREFIX = "/v1/messages"  # its paths: this one and those under it (api/dialects.py)
 
 
 class AnthropicErrorDetail(BaseModel):
@@ -29,16 +28,6 @@ class AnthropicErrorResponse(BaseModel):
 
     type: Literal["error"] = "error"
     error: AnthropicErrorDetail
-
-
-def is_anthropic_path(path: str) -> bool:
-    """True for a path of Anthropic's API."""
-    return path == PREFIX or path.startswith(PREFIX + "/")
-
-
-def is_anthropic(request: Request) -> bool:
-    """True for a request to Anthropic's API (its errors leave in Anthropic's envelope)."""
-    return is_anthropic_path(request.url.path)
 
 
 def envelope(status: int, message: str, *, headers: dict[str, str] | None = None) -> JSONResponse:

@@ -9,10 +9,7 @@ from api.anthropic.schemas import MessageBatch
 from api.deps import Config, DbSession
 from api.openai.schemas import BatchRetry
 from storage.batches.retries import RetryChoices, retry_batch
-from storage.finance.budgets import check_month_not_spent
 from storage.protocols import ANTHROPIC
-from storage.queue.batch_rows import queued_models
-from storage.wakeups import wake_after_commit
 
 router = APIRouter(prefix="/v1/messages/batches", tags=["message batches"])
 
@@ -31,10 +28,7 @@ def retry(
     when their code is named in `codes`). Succeeded requests are never run or billed again. 409 while the
     batch or one of its retries is still processing."""
     choices = body.choices() if body is not None else RetryChoices()
-    check_month_not_spent(session, settings, tenant_id=caller.tenant_id, what="a retry")
     batch = retry_batch(
         session, settings, tenant_id=caller.tenant_id, batch_id=message_batch_id, protocol=ANTHROPIC, choices=choices
     )
-    for model in queued_models(session, batch_id=batch.id):
-        wake_after_commit(session, "batch.run", model=model)
     return MessageBatch.of(batch, base_url=str(request.base_url), retries=[])

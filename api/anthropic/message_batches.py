@@ -18,8 +18,7 @@ from api.anthropic.status import require_ended_for_delete, require_ended_for_res
 from api.bodies import body_chunks
 from api.deps import Blobs, Config, Cursor, DbSession
 from api.paging import cursor_fields
-from storage.batches.batches import cancel_batch
-from storage.batches.control import pause_batch, resume_batch, set_priority
+from storage.batches.control import cancel_batch, pause_batch, resume_batch, set_priority
 from storage.batches.message_batches import (
     create_message_batch,
     delete_message_batch,
@@ -33,7 +32,6 @@ from storage.finance.job_cost import batch_cost_json
 from storage.models import Batch
 from storage.protocols import ANTHROPIC
 from storage.settings import Settings
-from storage.wakeups import wake_after_commit
 
 router = APIRouter(prefix="/v1/messages/batches", tags=["message batches"])
 
@@ -79,7 +77,6 @@ def create(request: Request, session: DbSession, caller: Caller, blobs: Blobs, s
 
     The body (up to `message_batch_max_bytes`, api/limits.py) streams through the one bounded reader."""
     batch = create_message_batch(session, blobs, settings, tenant_id=caller.tenant_id, chunks=body_chunks(request))
-    wake_after_commit(session, "batch.ingest", batch_id=batch.id)
     return _render(session, request, batch)
 
 
@@ -120,7 +117,6 @@ def cancel(message_batch_id: str, request: Request, session: DbSession, caller: 
     """Cancel a Message Batch: queued requests end as `canceled` at once, running ones within seconds."""
     require_in_progress(get_message_batch(session, tenant_id=caller.tenant_id, batch_id=message_batch_id))
     batch = cancel_batch(session, tenant_id=caller.tenant_id, batch_id=message_batch_id, protocol=ANTHROPIC)
-    wake_after_commit(session, "batch.finalize", batch_id=batch.id)
     return _render(session, request, batch)
 
 

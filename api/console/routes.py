@@ -20,7 +20,6 @@ from api.pages import page_response
 from storage.batches.batches import get_batch, search_batches
 from storage.batches.retries import retry_ids_of
 from storage.batches.retry_counts import retry_counts
-from storage.batches.windows import is_background_window
 from storage.clock import now_f
 from storage.errors import InvalidRequest, PermissionDenied
 from storage.finance.budgets import tenant_budgets, usd, usd_text
@@ -28,9 +27,10 @@ from storage.finance.job_cost import batch_cost_json
 from storage.metrics.events import ENGINE_BUSY_SECONDS
 from storage.metrics.queue_state import QUEUE_STATE
 from storage.models import Batch
-from storage.protocols import OPENAI
+from storage.protocols import OPENAI, protocol_of
 from storage.queue.failures import failures_by_code
 from storage.tenants import tenant_name, tenant_names
+from storage.windows import is_background_window
 
 router = APIRouter(prefix="/v1/console", tags=["console"])
 page_router = APIRouter()
@@ -63,10 +63,15 @@ def console_page(request: Request) -> HTMLResponse:
 
 def _row(batch: Batch, cost: dict[str, Any] | None, *, tenants: dict[str, str] | None = None) -> dict[str, Any]:
     """A batch as the console shows it; with `tenants` (an admin key's list of every tenant's), its tenant."""
+    protocol = protocol_of(batch)
     shown = {
         "id": batch.id,
         "protocol": batch.protocol,
+        # Where the console reaches the batch, and what it calls its endpoint: the protocol says, not the console.
+        "path": protocol.batch_path(batch.id),
+        "results_path": protocol.results_path(batch.id),
         "endpoint": batch.endpoint,
+        "endpoint_label": protocol.endpoint_label or batch.endpoint,
         "model": batch.model,
         "status": batch.status,
         "completion_window": batch.completion_window,

@@ -13,11 +13,8 @@ from api.openai.schemas import BatchObject, BatchRetry
 from storage.batches.results import merged_results, results_so_far
 from storage.batches.retries import RetryChoices, retry_batch
 from storage.errors import InvalidRequest
-from storage.finance.budgets import check_month_not_spent
 from storage.protocols import OPENAI
-from storage.queue.batch_rows import queued_models
 from storage.queue.usage import batch_usages
-from storage.wakeups import wake_after_commit
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
 RESULTS_LIMIT_MAX = 100_000  # lines in one results answer (a Message Batch holds up to 100,000)
@@ -42,12 +39,9 @@ def retry(
     budget_exceeded, server errors; client errors only when named in `codes`). Successes are never run or
     billed again. 409 while the batch or one of its retries still runs; 400 `nothing_to_retry`."""
     choices = body.choices() if body is not None else RetryChoices()
-    check_month_not_spent(session, settings, tenant_id=caller.tenant_id, what="a retry")
     batch = retry_batch(
         session, settings, tenant_id=caller.tenant_id, batch_id=batch_id, protocol=OPENAI, choices=choices
     )
-    for model in queued_models(session, batch_id=batch.id):
-        wake_after_commit(session, "batch.run", model=model)
     return BatchObject.of(batch, usage=batch_usages(session, batch_ids=[batch.id])[batch.id], retries=[])
 
 
@@ -68,7 +62,7 @@ def results(
     that answer; `limit` at most that many lines (`X-Has-More: true` when more are ready past `X-Next-After`).
     The answer's `ETag` changes whenever it may: with `If-None-Match`, a batch that has not moved answers 304
     with no body. `merged=true`: every request once over the batch and all its retries, the latest attempt
-    winning. A Message Batch's id works too (lines in Anthropic's format)."""
+    winning. A batch of another protocol works too (lines in its protocol's format)."""
     if merged and after is not None:
         raise InvalidRequest("`after` does not apply to the merged view.", param="after")
     if merged:

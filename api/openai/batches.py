@@ -10,22 +10,14 @@ from api.deps import Blobs, Caller, Config, Cursor, DbSession
 from api.errors import error_responses
 from api.openai.schemas import BatchCreate, BatchList, BatchObject, BatchPriority
 from api.paging import cursor_fields
-from storage.batches.batches import cancel_batch, create_batch, get_batch, list_batches
-from storage.batches.checks import attach_workflow, checks_spec
-from storage.batches.control import check_priority, pause_batch, resume_batch, set_priority
+from storage.batches.batches import get_batch, list_batches
+from storage.batches.control import cancel_batch, pause_batch, resume_batch, set_priority
+from storage.batches.creation import create_from_file, estimate_file
 from storage.batches.retries import retry_ids_of
-from storage.batches.trials import trial_spec
-from storage.errors import InvalidRequest, ModelNotFound
-from storage.files.files import get_file
-from storage.finance.budgets import check_file_within_budget, check_max_cost
 from storage.finance.goodput import batch_goodput
 from storage.finance.job_cost import batch_cost_json
-from storage.lines.reader import clip, peek_model
-from storage.planning.estimates import estimate_job, shape_of_jsonl
 from storage.protocols import OPENAI
 from storage.queue.usage import batch_usages
-from storage.strict import micro_usd
-from storage.wakeups import wake_after_commit
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
 
@@ -38,44 +30,10 @@ def create(body: BatchCreate, session: DbSession, caller: Caller, blobs: Blobs, 
     "background"` (no deadline: runs on spare capacity only, never expires, a deeper discount), `max_cost_usd`
     (a decimal string) caps what the batch may be billed; a tenant with a monthly budget is refused (400
     `budget_exceeded`) a batch whose estimate is more than what is left."""
-    if body.completion_window not in settings.completion_windows:
-        offered = ", ".join(sorted(settings.completion_windows))
-        raise InvalidRequest(
-            f"Invalid completion_window '{body.completion_window}': this server offers {offered}.",
-            param="completion_window",
-        )
-    source = get_file(session, tenant_id=caller.tenant_id, file_id=body.input_file_id)
-    if source.purpose != "batch":
-        raise InvalidRequest("The input file must have purpose 'batch'.", param="input_file_id")
-    model = _served_model(blobs, settings, source.blob_key, endpoint=body.endpoint)
-    check_priority(session, settings, tenant_id=caller.tenant_id, priority=body.priority)
-    cap = check_max_cost(None if body.max_cost_usd is None else micro_usd(body.max_cost_usd))
-    trial = None if body.trial is None else trial_spec(body.trial, max_lines=settings.trial_max_lines)
-    checks = None if body.checks is None else checks_spec(body.checks, endpoint=body.endpoint)
-    check_file_within_budget(
-        session,
-        blobs,
-        settings,
-        tenant_id=caller.tenant_id,
-        blob_key=source.blob_key,
-        endpoint=body.endpoint,
-        model=model,
-        completion_window=body.completion_window,
+    terms = body.terms()
+    batch = create_from_file(
+        session, blobs, settings, tenant_id=caller.tenant_id, input_file_id=body.input_file_id, terms=terms
     )
-    batch = create_batch(
-        session,
-        tenant_id=caller.tenant_id,
-        input_file_id=source.id,
-        endpoint=body.endpoint,
-        completion_window=body.completion_window,
-        model=model,
-        metadata=body.metadata,
-        output_expires_after_seconds=body.output_expires_after.seconds if body.output_expires_after else None,
-        priority=body.priority,
-        max_cost_micro_usd=cap,
-    )
-    attach_workflow(batch, trial=trial, checks=checks)
-    wake_after_commit(session, "batch.ingest", batch_id=batch.id)
     return BatchObject.of(batch)
 
 
@@ -83,43 +41,11 @@ def create(body: BatchCreate, session: DbSession, caller: Caller, blobs: Blobs, 
 def estimate(body: BatchCreate, session: DbSession, caller: Caller, blobs: Blobs, settings: Config) -> dict[str, Any]:
     """Dry run (a Backfill extension): estimated compute cost, start and finish of this job behind the
     current backlog, from measured engine throughput. Nothing is created."""
-    if body.completion_window not in settings.completion_windows:
-        raise InvalidRequest(f"Invalid completion_window '{body.completion_window}'.", param="completion_window")
-    source = get_file(session, tenant_id=caller.tenant_id, file_id=body.input_file_id)
-    model = _served_model(blobs, settings, source.blob_key, endpoint=body.endpoint)
-    if model is None:
-        raise InvalidRequest("The input file has no readable first line with 'body.model'.", param="input_file_id")
-    shape = shape_of_jsonl(
-        blobs.open_stream(source.blob_key, chunk_bytes=settings.stream_chunk_bytes),
-        endpoint=body.endpoint,
-        max_line_bytes=settings.line_max_bytes,
-        max_requests=settings.batch_max_requests,
-        default_models=settings.default_models(),
-    )
-    result = estimate_job(
-        session, model=model, shape=shape, settings=settings, completion_window=body.completion_window
+    terms = body.terms()
+    result = estimate_file(
+        session, blobs, settings, tenant_id=caller.tenant_id, input_file_id=body.input_file_id, terms=terms
     )
     return result.to_json()
-
-
-def _served_model(blobs: Blobs, settings: Config, blob_key: str, *, endpoint: str) -> str | None:
-    """The batch's model (its first line's), which must be served and able to answer `endpoint`."""
-    chunks = blobs.open_stream(blob_key, chunk_bytes=64 * 1024)
-    model = peek_model(chunks, max_line_bytes=settings.line_max_bytes, default_models=settings.default_models())
-    served = settings.served_models()
-    if model is not None and model not in served:
-        raise ModelNotFound(
-            f"The model {clip(model)} is not served here. Served models: {', '.join(sorted(served))}.",
-            param="model",
-        )
-    if model is not None and not served[model].serves(endpoint):
-        able = sorted(name for name, spec in served.items() if spec.serves(endpoint))
-        raise InvalidRequest(
-            f"The model '{model}' does not support {endpoint}. Models that do: {', '.join(able) or 'none'}.",
-            param="endpoint",
-            code="unsupported_endpoint",
-        )
-    return model
 
 
 @router.get("/{batch_id}", response_model=BatchObject)
@@ -155,7 +81,6 @@ def list_all(
 def cancel(batch_id: str, session: DbSession, caller: Caller) -> BatchObject:
     """Cancel a batch: queued requests end at once, running ones are aborted within seconds."""
     batch = cancel_batch(session, tenant_id=caller.tenant_id, batch_id=batch_id)
-    wake_after_commit(session, "batch.finalize", batch_id=batch.id)
     return BatchObject.of(batch, usage=batch_usages(session, batch_ids=[batch.id])[batch.id])
 
 
@@ -174,8 +99,6 @@ def resume(batch_id: str, session: DbSession, caller: Caller) -> BatchObject:
     """Resume a paused batch (a Backfill extension): its requests are claimed again. Idempotent while the batch
     runs; 409 once it has ended (or is ending), paused or not."""
     batch = resume_batch(session, tenant_id=caller.tenant_id, batch_id=batch_id)
-    if batch.model is not None:
-        wake_after_commit(session, "batch.run", model=batch.model)
     return BatchObject.of(batch, usage=batch_usages(session, batch_ids=[batch.id])[batch.id])
 
 

@@ -7,9 +7,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from storage.batches.batches import batch_errors
+from storage.batches.creation import BatchTerms
 from storage.batches.retries import RetryChoices
 from storage.batches.trials import trial_json
-from storage.batches.windows import is_background_window
 from storage.endpoints import canonical_url
 from storage.files.uploads import upload_status
 from storage.finance.budgets import usd, usd_text
@@ -17,6 +17,7 @@ from storage.models import Batch, File, Upload, UploadPart
 from storage.protocols import OPENAI
 from storage.queue.usage import TokenUsage
 from storage.strict import Priority, UsdAmount, micro_usd
+from storage.windows import is_background_window
 
 
 class FileObject(BaseModel):
@@ -98,6 +99,19 @@ class BatchCreate(BaseModel):
         "`json_schema`, `regex`, `enum`, `max_length`); a failing answer is drawn again, up to `max_attempts` (<= 5).",
     )
 
+    def terms(self) -> BatchTerms:
+        """What this create asks for beside its file."""
+        return BatchTerms(
+            endpoint=self.endpoint,
+            completion_window=self.completion_window,
+            priority=self.priority,
+            max_cost_micro_usd=None if self.max_cost_usd is None else micro_usd(self.max_cost_usd),
+            metadata=self.metadata,
+            output_expires_after_seconds=self.output_expires_after.seconds if self.output_expires_after else None,
+            trial=self.trial,
+            checks=self.checks,
+        )
+
     @field_validator("endpoint")
     @classmethod
     def _endpoint_known(cls, value: str) -> str:
@@ -129,7 +143,7 @@ class BatchRetry(BaseModel):
         max_length=64,
         description="Error codes to re-run besides the default ones (batch_expired, batch_cancelled, "
         "budget_exceeded and server errors), as the protocol shows them: on OpenAI's error lines "
-        "`context_length_exceeded`, ...; on Anthropic's results the error type, `invalid_request_error`, ...",
+        "`context_length_exceeded`, ...; elsewhere the error type its results show, `invalid_request_error`, ...",
     )
     priority: Priority | None = Field(
         default=None,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from bench.measures.entry import entry
+from bench.measures.fleet import fleet_rows, lease_renewal_rows
 from bench.measures.mixed import mixed_lines_rows
 from bench.measures.race import prefix_race_rows
 from bench.measures.resume import handback_rows, rolling_rows
@@ -227,6 +228,10 @@ def measures(parts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         rows += _render_ahead_rows(ahead)
     if mixed := parts.get("mixed-lines"):
         rows += mixed_lines_rows(mixed)
+    if fleet := parts.get("fleet"):
+        rows += fleet_rows(fleet)
+    if leases := parts.get("lease_renewal"):
+        rows += lease_renewal_rows(leases)
     return rows
 
 

@@ -5,7 +5,7 @@ Revises: 0003
 Create Date: 2026-12-10 09:00:00.000000
 
 `webhook_events` is the outbox: a row is written in the same transaction as the batch status change it
-reports (storage/batches/lifecycle.py), with one `webhook_deliveries` row per subscribed endpoint. The deliverer
+reports (storage/lifecycle.py), with one `webhook_deliveries` row per subscribed endpoint. The deliverer
 (worker/jobs/webhooks.py) reads due deliveries from here, so a crash between commit and send loses nothing.
 """
 

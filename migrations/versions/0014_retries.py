@@ -7,7 +7,7 @@ Create Date: 2026-12-01 19:30:00.000000
 `batches.retry_of` links a retry (a batch re-running the failed requests of an ended one) to its origin;
 `batches.attempt` orders the batches of one retry tree (0 the original, n the nth retry created in it).
 `batch_requests.result_seq` numbers a batch's finished requests in the order a results reader first saw them
-(storage/queue/result_pages.py), so `GET /v1/batches/{id}/results?after=` returns each line once.
+(storage/queue/result_rows.py), so `GET /v1/batches/{id}/results?after=` returns each line once.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """workflow: trial runs and checked answers (issue 40, sections 1 and 2)
 
 Revision ID: 0024_workflow
-Revises: 0021_reasoning_tokens
+Revises: 0022_leases
 Create Date: 2026-12-04 18:00:00.000000
 
 `batches.trial` (the trial's spec, its report once run) and `batches.trial_status` (running while only trial
@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0024_workflow"
-down_revision = "0021_reasoning_tokens"
+down_revision = "0022_leases"  # 0023 (adapters) is another branch's: the lead re-chains on merge
 branch_labels = None
 depends_on = None
 

@@ -5,21 +5,19 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-import orjson
-from sqlalchemy import String, cast, select, text, update
+from sqlalchemy import String, cast, select, update
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
-from storage.batches.windows import deadline_for
+from storage import lifecycle
 from storage.clock import now
-from storage.errors import BatchNotCancellable, BatchNotFound
+from storage.errors import BatchNotFound
 from storage.ids import new_id
 from storage.models import Batch
 from storage.paging import keyset_page
 from storage.protocols import OPENAI, Protocol
-from storage.queue import batch_rows
 from storage.quotas import check_batch_room
 from storage.settings import get_settings
+from storage.windows import deadline_for
 
 
 def create_batch(
@@ -132,71 +130,6 @@ def batches_validating(session: Session) -> list[str]:
     """Ids of batches waiting for validation (ingest picks them up), but not those backing off a failed try."""
     due = (Batch.ingest_retry_at.is_(None)) | (Batch.ingest_retry_at <= now())
     return list(session.scalars(select(Batch.id).where(Batch.status == lifecycle.VALIDATING, due)))
-
-
-def cancel_batch(session: Session, *, tenant_id: str, batch_id: str, protocol: Protocol = OPENAI) -> Batch:
-    """Move the batch to `cancelling` and turn its unfinished requests into cancelled error lines.
-
-    Requests already in an engine lose their lease here; their worker aborts them at its next lease
-    renewal (within seconds) and any result it still produces is dropped.
-    """
-    batch = get_batch(session, tenant_id=tenant_id, batch_id=batch_id, lock=True, protocol=protocol)
-    if not lifecycle.can_transition(batch.status, lifecycle.CANCELLING):
-        shown = protocol.shown_status(batch.status)
-        raise BatchNotCancellable(f"Cannot cancel batch {batch.id}: its {protocol.status_field} is '{shown}'.")
-    lifecycle.transition(batch, lifecycle.CANCELLING)  # which also ends a pause
-    batch_rows.close_open_requests(
-        session,
-        batch=batch,
-        statuses=tuple(lifecycle.REQ_OPEN),
-        status=lifecycle.REQ_CANCELLED,
-        code="batch_cancelled",
-        message="The batch was cancelled before this request ran.",
-    )
-    return batch
-
-
-def add_counts(
-    session: Session, *, batch_id: str, completed: int, failed: int, cancelled: int = 0, expired: int = 0
-) -> None:
-    """Move a batch's live request counts (an atomic increment, safe with concurrent workers); `cancelled`
-    and `expired` say how many of `failed` ended that way."""
-    session.execute(
-        update(Batch)
-        .where(Batch.id == batch_id)
-        .values(
-            request_completed=Batch.request_completed + completed,
-            request_failed=Batch.request_failed + failed,
-            request_cancelled=Batch.request_cancelled + cancelled,
-            request_expired=Batch.request_expired + expired,
-        )
-        .execution_options(synchronize_session=False)
-    )
-
-
-_ADD_COUNTS_JSON = text(
-    """
-    UPDATE batches AS b SET request_completed = b.request_completed + v.completed,
-        request_failed = b.request_failed + v.failed
-    FROM json_to_recordset(CAST(:counts AS json)) AS v(id text, completed int, failed int)
-    WHERE b.id = v.id
-    """
-)
-
-
-def add_counts_of(session: Session, counts: dict[str, tuple[int, int]]) -> None:
-    """`add_counts` for several batches at once, {batch_id: (completed, failed)}: one statement on Postgres
-    (a worker's flush of results touches tens of batches), one per batch elsewhere."""
-    if not counts:
-        return
-    if session.get_bind().dialect.name != "postgresql":
-        for batch_id, (completed, failed) in counts.items():
-            add_counts(session, batch_id=batch_id, completed=completed, failed=failed)
-        return
-    rows = [
-        {"id": batch_id, "completed": completed, "failed": failed} for batch_id, (completed, failed) in counts.items()
-    ]
-    session.execute(_ADD_COUNTS_JSON, {"counts": orjson.dumps(rows).decode()})
 
 
 def batch_errors(errors: list[dict[str, Any]] | None) -> dict[str, Any] | None:

@@ -1,4 +1,5 @@
-"""Batch control (Backfill extensions): pause and resume, priority, and the background tier.
+"""Batch control, shared by every protocol: cancel, and (Backfill extensions) pause and resume, priority, and the
+background tier.
 
 A paused batch keeps its status (`in_progress`, which every SDK parses) and carries `paused_at`; the claim
 skips it (storage/queue/claim_order.py) at once, and each request running in an engine is handed back by its
@@ -14,17 +15,19 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
+from storage import lifecycle
 from storage.batches.batches import get_batch
 from storage.clock import now
-from storage.errors import BatchNotControllable, PriorityNotAllowed
+from storage.errors import BatchNotCancellable, BatchNotControllable, PriorityNotAllowed
 from storage.models import Batch
 from storage.protocols import OPENAI, Protocol
+from storage.queue import batch_rows
 from storage.quotas import quota_of
 from storage.settings import Settings
 from storage.strict import MAX_PRIORITY as MAX_PRIORITY  # the range's home is storage/strict.py
 from storage.strict import MIN_PRIORITY as MIN_PRIORITY
 from storage.strict import priority_value
+from storage.wakeups import wake_after_commit
 
 
 def check_priority(session: Session, settings: Settings, *, tenant_id: str, priority: int) -> int:
@@ -62,12 +65,15 @@ def pause_batch(session: Session, *, tenant_id: str, batch_id: str, protocol: Pr
 
 
 def resume_batch(session: Session, *, tenant_id: str, batch_id: str, protocol: Protocol = OPENAI) -> Batch:
-    """Let the batch be claimed again; resuming a running batch that is not paused is a no-op, resuming one that
-    has ended (paused or not) is BatchNotControllable, as pausing it is."""
+    """Let the batch be claimed again, waking its models' workers after commit; resuming a running batch that is
+    not paused is a no-op, resuming one that has ended (paused or not) is BatchNotControllable, as pausing it is."""
     batch = _controllable(session, tenant_id=tenant_id, batch_id=batch_id, protocol=protocol, verb="resume")
     if batch.paused_at is not None:
         batch.paused_at = None
         session.flush()
+    models = [batch.model] if batch.model is not None else batch_rows.queued_models(session, batch_id=batch.id)
+    for model in models:
+        wake_after_commit(session, "batch.run", model=model)
     return batch
 
 
@@ -79,4 +85,28 @@ def set_priority(
     batch = _controllable(session, tenant_id=tenant_id, batch_id=batch_id, protocol=protocol, verb="re-prioritise")
     batch.priority = priority
     session.flush()
+    return batch
+
+
+def cancel_batch(session: Session, *, tenant_id: str, batch_id: str, protocol: Protocol = OPENAI) -> Batch:
+    """Move the batch to `cancelling`, turn its unfinished requests into cancelled error lines and wake finalize
+    after commit.
+
+    Requests already in an engine lose their lease here; their worker aborts them at its next lease
+    renewal (within seconds) and any result it still produces is dropped.
+    """
+    batch = get_batch(session, tenant_id=tenant_id, batch_id=batch_id, lock=True, protocol=protocol)
+    if not lifecycle.can_transition(batch.status, lifecycle.CANCELLING):
+        shown = protocol.shown_status(batch.status)
+        raise BatchNotCancellable(f"Cannot cancel batch {batch.id}: its {protocol.status_field} is '{shown}'.")
+    lifecycle.transition(batch, lifecycle.CANCELLING)  # which also ends a pause
+    wake_after_commit(session, "batch.finalize", batch_id=batch.id)
+    batch_rows.close_open_requests(
+        session,
+        batch=batch,
+        statuses=tuple(lifecycle.REQ_OPEN),
+        status=lifecycle.REQ_CANCELLED,
+        code="batch_cancelled",
+        message="The batch was cancelled before this request ran.",
+    )
     return batch

@@ -9,11 +9,9 @@ overwrites the same key: a manifest never points at objects that are not there.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import orjson
-from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from storage.batches.batches import get_batch
@@ -23,13 +21,10 @@ from storage.files.blobs import BlobStore
 from storage.files.blobs.layout import batch_object_key
 from storage.finance.job_cost import batch_cost_json
 from storage.models import Batch, File
-from storage.protocols import ANTHROPIC
+from storage.protocols import protocol_of
 from storage.settings import Settings
 
-log = logging.getLogger(__name__)
-
 MANIFEST_VERSION = 1
-_SECTIONS = ("input_file", "output", "errors")
 _STAMPS = (
     "created_at",
     "in_progress_at",
@@ -60,10 +55,10 @@ def build_manifest(session: Session, *, batch: Batch, folder: str, settings: Set
     """The manifest of a batch whose result files are recorded (`output_file_id`, `error_file_id`)."""
     output = session.get(File, batch.output_file_id) if batch.output_file_id else None
     errors = session.get(File, batch.error_file_id) if batch.error_file_id else None
-    # Every request is one line of exactly one file: an OpenAI batch's completed ones in output, the rest in
-    # errors; an Anthropic batch has no errors file, its one results file holds every request.
+    # Every request is one line of exactly one file: the completed ones in output, the rest in errors, unless the
+    # protocol keeps one results file with every request.
     ended = batch.request_completed + batch.request_failed
-    output_lines = ended if ANTHROPIC.owns(batch.protocol) else batch.request_completed
+    output_lines = ended if protocol_of(batch).keeps_every_request_in_one_file() else batch.request_completed
     return {
         "object": "batch.manifest",
         "version": MANIFEST_VERSION,
@@ -100,24 +95,6 @@ def write_manifest(
     batch.manifest_key = key
     session.flush()
     return manifest
-
-
-def forget_file(session: Session, blobs: BlobStore, *, file_id: str) -> None:
-    """A file is being deleted: wherever an ended batch's manifest names it, its key, size and SHA-256 become
-    null (the rest of the manifest stays as finalize wrote it), so no manifest points at a missing object."""
-    named = or_(Batch.input_file_id == file_id, Batch.output_file_id == file_id, Batch.error_file_id == file_id)
-    for key in session.scalars(select(Batch.manifest_key).where(named, Batch.manifest_key.is_not(None))):
-        assert key is not None
-        try:
-            manifest = orjson.loads(b"".join(blobs.open_stream(key)))
-        except Exception:  # a manifest already gone or unreadable must not stop the file's deletion
-            log.warning("manifest %s could not be read to forget file %s", key, file_id, exc_info=True)
-            continue
-        for section in _SECTIONS:
-            entry = manifest.get(section)
-            if isinstance(entry, dict) and entry.get("file_id") == file_id:
-                entry.update(key=None, bytes=None, sha256=None)
-        blobs.put_stream(key, [orjson.dumps(manifest, option=orjson.OPT_INDENT_2) + b"\n"])
 
 
 def manifest_key(session: Session, *, tenant_id: str, batch_id: str) -> str:

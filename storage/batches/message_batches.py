@@ -12,33 +12,33 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from sqlalchemy import or_, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
+from storage import lifecycle
+from storage.batches.archive import drop_content
 from storage.batches.batches import create_batch, get_batch
-from storage.batches.control import check_priority
+from storage.batches.creation import check_extensions
 from storage.clock import now
 from storage.endpoints import MESSAGES_URL
 from storage.errors import InvalidRequest, NotFound
 from storage.files.blobs import BlobStore
 from storage.files.blobs.layout import input_file_key
 from storage.files.files import create_file, tenant_folder
-from storage.finance.budgets import check_file_within_budget, check_max_cost
+from storage.finance.budgets import check_file_within_budget
 from storage.ids import new_id
 from storage.lines.anthropic import RequestsReader, unqueued_results
 from storage.lines.reader import clip
 from storage.models import Batch, File
 from storage.paging import keyset_page
 from storage.protocols import ANTHROPIC
-from storage.queue.batch_rows import scrub_content
 from storage.settings import Settings
 from storage.strict import parse_usd, priority_value
+from storage.wakeups import wake_after_commit
 
 INPUT_PURPOSE = "message_batch_input"
 RESULTS_PURPOSE = "message_batch_results"
 WINDOW = "24h"  # Anthropic's only processing window
-ARCHIVE_PER_PASS = 100
 
 # What an ended batch's requests became when it ended before any was queued (Anthropic result types).
 _UNQUEUED_OUTCOME = {lifecycle.CANCELLED: "canceled", lifecycle.EXPIRED: "expired", lifecycle.FAILED: "errored"}
@@ -63,6 +63,7 @@ def create_message_batch(
 
     The body is never held whole: each request is written on as one JSONL line as it arrives. A shape
     problem anywhere fails the whole create (400 naming every bad request) and removes the partial object.
+    Ingest is woken after commit.
     """
     reader = RequestsReader(
         max_requests=settings.message_batch_max_requests,
@@ -110,6 +111,7 @@ def create_message_batch(
     )
     batch.request_total = reader.count
     session.flush()
+    wake_after_commit(session, "batch.ingest", batch_id=batch.id)
     return batch
 
 
@@ -119,9 +121,9 @@ def _extensions(
     """The create's Backfill extensions beside `requests` (as OpenAI's `extra_body` carries them): the priority
     (checked against the tenant's cap) and the spend cap in micro-dollars."""
     priority = priority_value(given.get("priority", 0))  # the same strict rules as OpenAI's create body
-    check_priority(session, settings, tenant_id=tenant_id, priority=priority)
     cost = given.get("max_cost_usd")
-    return priority, check_max_cost(None if cost is None else parse_usd(cost, param="max_cost_usd"))
+    cap = None if cost is None else parse_usd(cost, param="max_cost_usd")
+    return priority, check_extensions(session, settings, tenant_id=tenant_id, priority=priority, max_cost_micro_usd=cap)
 
 
 def get_message_batch(session: Session, *, tenant_id: str, batch_id: str, lock: bool = False) -> Batch:
@@ -191,50 +193,10 @@ def delete_message_batch(session: Session, *, batch: Batch) -> list[str]:
     _require_ended(batch)
     batch.deleted_at = now()
     manifest, batch.manifest_key = batch.manifest_key, None  # it names the objects going now: it goes too
-    return _drop_content(session, batch) + ([manifest] if manifest else [])
-
-
-def archive_due(session: Session, *, retention_seconds: int, limit: int = ARCHIVE_PER_PASS) -> list[str]:
-    """Archive Anthropic batches whose results passed their retention; return the object keys to remove."""
-    cutoff = now() - retention_seconds
-    due = list(
-        session.scalars(
-            select(Batch)
-            .where(
-                Batch.protocol == ANTHROPIC.name,
-                Batch.archived_at.is_(None),
-                Batch.status.in_(lifecycle.TERMINAL),
-                or_(
-                    Batch.completed_at <= cutoff,
-                    Batch.cancelled_at <= cutoff,
-                    Batch.expired_at <= cutoff,
-                    Batch.failed_at <= cutoff,
-                ),
-            )
-            .limit(limit)
-            .with_for_update(skip_locked=True)
-        )
-    )
-    keys: list[str] = []
-    for batch in due:
-        batch.archived_at = now()
-        keys += _drop_content(session, batch)
-    return keys
+    return drop_content(session, batch) + ([manifest] if manifest else [])
 
 
 def _require_ended(batch: Batch) -> None:
     """Results and deletion need an ended batch (the API says so first, in Anthropic's words)."""
     if batch.status not in lifecycle.TERMINAL:
         raise NotEnded(f"Message Batch {batch.id} has not ended yet.")
-
-
-def _drop_content(session: Session, batch: Batch) -> list[str]:
-    scrub_content(session, batch_id=batch.id)
-    keys = []
-    for file_id in (batch.input_file_id, batch.output_file_id, batch.error_file_id):
-        row = session.get(File, file_id) if file_id else None
-        if row is not None and row.deleted_at is None:
-            row.deleted_at = now()
-            keys.append(row.blob_key)
-    session.flush()
-    return keys

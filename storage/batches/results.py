@@ -1,10 +1,10 @@
 """A batch's result lines read from the queue rows: while it runs (with a cursor), or merged with its retries.
 
-Each line is rendered in the batch's own format (OpenAI's output/error lines, Anthropic's `{custom_id,
-result}`), each request at most once per answer. `after` is an opaque cursor (`rs_<n>`, see
-storage/queue/result_pages.py): the answer's `next_after` fetches only what finished since. `limit` bounds
-an answer (the cursor then points past its last line); its `version` changes whenever the answer may, so a
-reader polling a batch that has not moved is told so without a line being read (HTTP: ETag, 304).
+Each line is rendered in the batch's own format (its protocol's `render_line`), each request at most once per
+answer. `after` is an opaque cursor (`rs_<n>`, see storage/queue/result_rows.py): the answer's `next_after`
+fetches only what finished since. `limit` bounds an answer (the cursor then points past its last line); its
+`version` changes whenever the answer may, so a reader polling a batch that has not moved is told so without a
+line being read (HTTP: ETag, 304).
 """
 
 from __future__ import annotations
@@ -16,15 +16,13 @@ from dataclasses import dataclass
 import orjson
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
+from storage import lifecycle
 from storage.batches.batches import get_batch
 from storage.batches.retries import retry_tree
 from storage.errors import InvalidValue
-from storage.lines.anthropic import result_line as message_result_line
-from storage.lines.openai import result_line
 from storage.models import Batch
-from storage.protocols import ANTHROPIC
-from storage.queue.result_pages import PAGE_ROWS, number_results, numbered_pages
+from storage.protocols import protocol_of
+from storage.queue.result_rows import PAGE_ROWS, number_results, numbered_pages
 from storage.queue.retry_rows import merged_pages
 from storage.strict import cursor_number
 
@@ -75,7 +73,7 @@ def results_so_far(
     # Numbers are 1..upto without a gap (each numbering chunk counts on from the highest number, under the
     # batch's lock), so the first `limit` lines after the cursor are exactly the numbers up to start + limit.
     end = upto if limit is None else min(upto, start + limit)
-    render = message_result_line if ANTHROPIC.owns(batch.protocol) else result_line
+    render = protocol_of(batch).render_line
 
     pages = numbered_pages(batch_id=batch.id, after=start, upto=end, page_rows=min(page_rows, limit or page_rows))
     lines = (orjson.dumps(render(*row)) + b"\n" for page in pages for row in page)
@@ -98,7 +96,7 @@ def merged_results(
     winning. Reads one row per line (storage/queue/retry_rows.py), however many retries the tree holds."""
     batch = get_batch(session, tenant_id=tenant_id, batch_id=batch_id)
     tree = retry_tree(session, batch=batch)
-    render = message_result_line if ANTHROPIC.owns(batch.protocol) else result_line
+    render = protocol_of(batch).render_line
     incomplete = any(member.status not in lifecycle.TERMINAL for member in tree)
     pages = merged_pages(
         tree={member.id: member.attempt for member in tree},

@@ -10,7 +10,7 @@ holds at most `retry_max_attempts` retries.
 Retried by default: requests that ended because their batch expired or was cancelled (`batch_expired`,
 `batch_cancelled`), the budget stopped it (`budget_exceeded`) or the engine or server failed (a 5xx or no
 response). Client errors (`context_length_exceeded`, bad parameters, 4xx) only when named in `codes`, by the
-code the batch's protocol shows its users (OpenAI: the error line's code; Anthropic: the error's type).
+code the batch's protocol shows its users (storage/protocols.py `error_kind`).
 
 A retry keeps its origin's spend cap (what is left of it after what the origin and its retries were billed)
 and its priority (within the tenant's cap today), unless the caller sets its own.
@@ -26,17 +26,19 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
+from storage import lifecycle
 from storage.batches.batches import create_batch, get_batch
 from storage.batches.checks import attach_workflow
 from storage.batches.control import MIN_PRIORITY, check_priority
 from storage.errors import BatchNotRetryable, BudgetExceeded, NothingToRetry, RetryLimitReached
-from storage.finance.budgets import MICRO, batch_spend, usd, usd_text
+from storage.finance.budgets import MICRO, batch_spend, check_month_not_spent, usd, usd_text
 from storage.models import Batch
 from storage.protocols import Protocol, protocol_of
+from storage.queue.batch_rows import queued_models
 from storage.queue.retry_rows import Failure, latest_failures, requeue_copies
 from storage.quotas import quota_of
 from storage.settings import Settings
+from storage.wakeups import wake_after_commit
 
 RETRYABLE_CODES = frozenset({"batch_expired", "batch_cancelled", "budget_exceeded"})
 _ENDED = (lifecycle.COMPLETED, lifecycle.EXPIRED, lifecycle.CANCELLED)
@@ -73,7 +75,9 @@ def retry_batch(
 ) -> Batch:
     """Create and queue a retry of an ended batch: its requests whose latest attempt (over the batch and its
     retries) is a retryable error line. BatchNotRetryable (409) while any of the tree runs or past the tree's
-    retry limit; NothingToRetry (400). Everything is read first; the tree's lock is taken only to write."""
+    retry limit; NothingToRetry (400); BudgetExceeded while the tenant's month is spent. Everything is read first;
+    the tree's lock is taken only to write. The models it queued work for are woken after commit."""
+    check_month_not_spent(session, settings, tenant_id=tenant_id, what="a retry")
     origin = get_batch(session, tenant_id=tenant_id, batch_id=batch_id, protocol=protocol)
     tree = retry_tree(session, batch=origin)
     _check_can_retry(origin, tree, settings)
@@ -106,6 +110,8 @@ def retry_batch(
     retry.request_total = total
     lifecycle.transition(retry, lifecycle.IN_PROGRESS)
     session.flush()
+    for model in queued_models(session, batch_id=retry.id):
+        wake_after_commit(session, "batch.run", model=model)
     return retry
 
 

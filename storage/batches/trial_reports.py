@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from storage.batches import lifecycle
+from storage import lifecycle
 
 Z_95 = Decimal("1.96")
 _MICRO = Decimal("0.000001")

@@ -19,18 +19,18 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
+from storage import lifecycle
 from storage.batches.control import pause_batch
 from storage.batches.trial_reports import decide, line_result, trial_report
 from storage.errors import InvalidValue
 from storage.finance.prices import price_book, price_job
 from storage.models import Batch
 from storage.protocols import protocol_of
-from storage.queue.claim_tiers import TRIAL_RUNNING
+from storage.queue.claim_bands import TRIAL_RUNNING
 from storage.queue.trial_rows import mark_trial_rows, open_rows, stated_tokens, trial_results
 from storage.settings import Settings
 
-RUNNING = TRIAL_RUNNING  # its home: storage/queue/claim_tiers.py (the claim reads it)
+RUNNING = TRIAL_RUNNING  # its home: storage/queue/claim_bands.py (the claim reads it)
 REPORTED = "reported"
 MAX_SHARE = 0.5  # a trial is a sample: at most half the batch
 _KEYS = frozenset({"lines", "share", "continue", "min_success_rate"})

@@ -9,20 +9,21 @@ from urllib.parse import quote
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from storage.batches.manifests import forget_file
 from storage.clock import now
 from storage.errors import FileNotFound, InvalidRequest, QuotaExceeded
 from storage.files.blobs import BlobStore, StoredBlob, delete_on_rollback
 from storage.files.blobs.layout import input_file_key, tenant_segment
+from storage.files.manifest_refs import forget_file
 from storage.ids import new_id
 from storage.models import File
 from storage.paging import keyset_page
+from storage.protocols import PROTOCOLS
 from storage.quotas import check_file_room
 from storage.settings import get_settings
 from storage.tenants import tenant_name
 
-# Files Backfill keeps for an Anthropic Message Batch (its requests, its results): not listed at /v1/files.
-INTERNAL_PURPOSES = ("message_batch_input", "message_batch_results")
+# Files a protocol keeps for its own batches (their inline requests, their results): not listed at /v1/files.
+INTERNAL_PURPOSES = tuple(purpose for protocol in PROTOCOLS.values() for purpose in protocol.internal_purposes)
 
 
 def create_file(

@@ -16,9 +16,9 @@ import time
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from storage.batches.manifests import forget_file
 from storage.clock import now
 from storage.files.blobs import BlobStore
+from storage.files.manifest_refs import forget_file
 from storage.models import File
 
 log = logging.getLogger(__name__)

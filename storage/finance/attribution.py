@@ -18,9 +18,10 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
+from storage import lifecycle
 from storage.finance.prices import to_decimal
 from storage.models import BatchRequest, EngineRun
+from storage.planning.shapes import exact_work
 
 BILLED = BatchRequest.status == lifecycle.REQ_COMPLETED
 
@@ -53,7 +54,10 @@ def attribute_busy_seconds(
         raise ValueError("token counts must not be negative")
     exponent = min(int(total.as_tuple().exponent), -9)
     grains = int(total.scaleb(-exponent))
-    work = {job: Fraction(o) + Fraction(prefill_weight) * i for job, (i, o) in shares.items()}
+    work = {
+        job: exact_work(output_tokens=o, input_tokens=i, prefill_weight=prefill_weight)
+        for job, (i, o) in shares.items()
+    }
     if not any(work.values()):
         work = dict.fromkeys(shares, Fraction(1))
     whole = sum(work.values())

@@ -18,10 +18,10 @@ from typing import Any
 from sqlalchemy import ColumnElement, case, func, select
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
-from storage.batches.windows import BACKGROUND_WINDOW
+from storage import lifecycle
 from storage.finance.reports import DAY_SECONDS, GROUP_FIELDS, Bucket, check_window, day_buckets, sorted_groups
 from storage.models import Batch, BatchRequest
+from storage.windows import BACKGROUND_WINDOW
 
 _GROUP_COLUMNS = {
     "tenant": BatchRequest.tenant_id,

@@ -65,8 +65,8 @@ def run_costs(session: Session, run_id: str, *, settings: Settings) -> RunCosts 
 def batch_cost(session: Session, *, batch: Batch, settings: Settings) -> CostBlock | None:
     """The job's cost block from its completed requests and their runs (None when nothing is billable yet).
 
-    Tokens are priced at their own model's list price, so a batch mixing models (an Anthropic Message
-    Batch may) sums one priced part per model; an engine run serves one model, so its share goes with it.
+    Tokens are priced at their own model's list price, so a batch mixing models (a protocol
+    may allow it) sums one priced part per model; an engine run serves one model, so its share goes with it.
     """
     own = session.execute(
         select(

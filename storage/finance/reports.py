@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, Integer, cast, func, literal_column, select
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
+from storage import lifecycle
 from storage.errors import InvalidRequest
 from storage.finance.attribution import RunShare, attribute_busy_seconds, attribute_runs
 from storage.finance.prices import price_book, price_job, usd_text
@@ -37,7 +37,7 @@ GROUP_FIELDS = {
     "tenant": "tenant_id",
     "model": "model",
     "completion_window": "completion_window",
-    "protocol": "protocol",  # the API the batch came through: openai or anthropic
+    "protocol": "protocol",  # the API the batch came through (storage/protocols.py)
 }
 _GROUP_COLUMNS = {
     "tenant": BatchRequest.tenant_id,
@@ -215,7 +215,7 @@ def cost_report(
     runs = attribute_runs(session, run_ids=(r[2] for r in rows if r[2]), prefill_weight=settings.prefill_weight)
     book = price_book(settings)
     # (day, batch, model) -> [input, output, requests, busy seconds, cached input]; a batch may mix models
-    # (Anthropic's may), an engine run serves one, so a (run, batch) share belongs to one model.
+    # (storage/protocols.py `one_model`), an engine run serves one, so a (run, batch) share belongs to one model.
     jobs: dict[tuple[int, str, str], list[Any]] = defaultdict(lambda: [0, 0, 0, Decimal(0), 0])
     info: dict[str, tuple[str, str, int, str]] = {}
     days_of: dict[tuple[str, str], dict[int, tuple[int, int]]] = defaultdict(dict)  # (run, batch) -> day -> tokens

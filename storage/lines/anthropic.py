@@ -18,11 +18,11 @@ from typing import Any
 
 import orjson
 
+from storage.endpoints import MESSAGES_URL
 from storage.errors import InvalidRequest, RequestTooLarge
 from storage.lines.bounded_json import REQUESTS_REQUIRED, RequestsSplitter, value_problem
 from storage.lines.reader import iter_lines, may_be_unstorable
 
-MESSAGES_URL = "/v1/messages"
 CUSTOM_ID = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # fullmatch: `$` would let a trailing newline through
 MODEL_MAX_CHARS = 200  # batch_requests.model
 DESCRIBED_PROBLEMS = 20  # problems spelled out in the 400; every bad index is listed regardless
@@ -64,7 +64,7 @@ class RequestsReader:
     def lines(self, chunks: Iterable[bytes]) -> Iterator[bytes]:
         """JSONL bytes in ~1 MiB chunks; once a problem is seen, nothing more is yielded (but all is read).
 
-        The body is split into its requests by the one bounded reader (storage/bounded_json.py): depth is
+        The body is split into its requests by the one bounded reader (storage/lines/bounded_json.py): depth is
         counted over the bytes before anything is built, and no request is held past its size limit.
         """
         splitter = RequestsSplitter(max_item_bytes=RAW_SLACK * self.max_request_bytes, extensions=EXTENSIONS)

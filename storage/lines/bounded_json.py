@@ -3,9 +3,10 @@ anything is built; then strict parsing (orjson: valid UTF-8, no lone surrogates)
 value rules (integers in the signed 64-bit range, no NUL in control-plane strings).
 
 Two shapes use it. Every small JSON body (batch create, estimate, webhook endpoints) goes through
-`check_body` in the API's request-limits middleware (api/limits.py). The Anthropic create body, up to
-256 MB, is split into its `requests` items by `RequestsSplitter` without ever holding more than one item
-(capped) in memory; each item is then parsed and checked on its own (storage/message_batch_lines.py).
+`check_body` in the API's request-limits middleware (api/limits.py). A create body that holds its
+requests inline (hundreds of MB) is split into its `requests` items by `RequestsSplitter` without ever holding
+more than one item (capped) in memory; each item is then parsed and checked on its own (by its protocol's line
+format, storage/lines/).
 
 Depth is counted the way the line checker counts it: the outermost value is level 1. No Python
 recursion, no path prefixes: a body of 100,000 `[` costs one pass and a few integers.

@@ -1,8 +1,8 @@
 """OpenAI's batch line formats: `BatchRequestLine` in (the queue's input format for both protocols), and
 `BatchResultLine` out (the lines of an output or error file, one per request).
 
-The one reader and the one checker of input lines are protocol-neutral (storage/lines/reader.py); Anthropic's
-formats are storage/lines/anthropic.py.
+The one reader and the one checker of input lines are protocol-neutral (storage/lines/reader.py); each other
+protocol's formats have a module of their own beside this one.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 `iter_lines` is the only way a JSONL stream is split into lines (bounded: an over-long line is reported, never
 buffered whole); `LineChecker` is the only judge of a line, used by ingest and by the estimate alike. The lines
-it checks are the queue's input format, OpenAI's batch line (storage/lines/openai.py), which an Anthropic create
-body is also written as (storage/lines/anthropic.py). Per-line problems are data (`LineError`), never
+it checks are the queue's input format, OpenAI's batch line (storage/lines/openai.py), which a create body
+with inline requests is also written as (by its protocol's line format). Per-line problems are data (`LineError`), never
 exceptions: validation reports every bad line with its number.
 """
 
@@ -170,7 +170,7 @@ class LineChecker:
 
     `endpoint` and `model` are the batch's (decided when it was created); with either left None the first
     valid line sets it, for callers that size a file before a batch exists (the estimate, the CLI).
-    `one_model=False` lets each line name its own model (an Anthropic Message Batch may mix models).
+    `one_model=False` lets each line name its own model (a protocol whose batches may mix models).
     `track_duplicates=False` leaves duplicate custom_ids to the caller (ingest lets the queue's unique index
     find them, so its memory does not grow with the file, and re-checks with tracking when it fires).
     `default_models` (url -> model) names the model of a line of that url whose body names none (OpenAI's

@@ -9,12 +9,14 @@ row once this way (`est_input_tokens`, `max_output_tokens`).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 
 from storage.endpoints import EMBEDDINGS_URL, MODERATIONS_URL
-from storage.lines.reader import LineError
+from storage.lines.reader import LineChecker, LineError, iter_lines
 
 DEFAULT_MAX_TOKENS = 256
 MAX_OUTPUT_TOKENS = 2**31 - 1  # `max_output_tokens` is a 32-bit column; no engine produces more anyway
@@ -89,6 +91,45 @@ def work(*, output_tokens: float, input_tokens: float, prefill_weight: Decimal) 
     return output_tokens + float(prefill_weight) * input_tokens
 
 
+def exact_work(*, output_tokens: int, input_tokens: int, prefill_weight: Decimal) -> Fraction:
+    """`work` as an exact fraction: a run's busy time is divided by it to the last digit (finance/attribution.py)."""
+    return Fraction(output_tokens) + Fraction(prefill_weight) * input_tokens
+
+
 def work_of(shape: JobShape, prefill_weight: Decimal) -> float:
     """The work of a shape (`work`)."""
     return work(output_tokens=shape.output_tokens, input_tokens=shape.input_tokens, prefill_weight=prefill_weight)
+
+
+MAX_PROBLEMS = 20  # line problems an estimate echoes; `skipped_lines` counts them all
+
+
+def shape_of_jsonl(
+    chunks: Iterable[bytes],
+    *,
+    max_line_bytes: int,
+    max_requests: int,
+    endpoint: str | None = None,
+    default_max_tokens: int = DEFAULT_MAX_TOKENS,
+    default_models: Mapping[str, str] | None = None,
+) -> JobShape:
+    """Size a batch input file streamed in chunks, judging each line exactly as ingest would.
+
+    Lines the checker rejects are counted (`skipped_lines`, the first few kept in `problems`), not sized:
+    ingest would fail the whole batch for them, and the estimate says so.
+    """
+    checker = LineChecker(endpoint=endpoint, max_requests=max_requests, default_models=default_models)
+    requests = input_tokens = output_tokens = 0
+    problems: list[LineError] = []
+    skipped = 0
+    for number, raw in iter_lines(chunks, max_line_bytes=max_line_bytes):
+        outcome = checker.check(number, raw, max_line_bytes=max_line_bytes)
+        if isinstance(outcome, LineError):
+            skipped += 1
+            if len(problems) < MAX_PROBLEMS:
+                problems.append(outcome)
+        elif outcome is not None:
+            requests += 1
+            input_tokens += request_size(outcome.url, outcome.body, line_bytes=len(raw or b""))[0]
+            output_tokens += output_limit(outcome.body, outcome.url, default_max_tokens)
+    return JobShape(requests, input_tokens, output_tokens, checker.model, skipped, tuple(problems))

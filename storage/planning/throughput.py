@@ -1,4 +1,4 @@
-"""The node's measured rate of work for a model, and how long its open backlog takes to drain."""
+"""The node's measured rate of work for a model (storage/queue/backlog.py: how long its open backlog takes to drain)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from storage.models import EngineRun
-from storage.planning.shapes import work, work_of
-from storage.queue.backlog import backlog
+from storage.planning.shapes import work
 from storage.settings import Settings
 
 DEFAULT_TOKENS_PER_SECOND = 1000.0
@@ -56,9 +55,3 @@ def throughput(
     """The model's measured rate of work, or the default rate (source "default") before any measurement."""
     measured = measured_throughput(session, model=model, prefill_weight=settings.prefill_weight)
     return measured or Throughput(default_tokens_per_second, default_tokens_per_second, "default", 0)
-
-
-def drain_seconds(session: Session, *, model: str, settings: Settings) -> float:
-    """Seconds the node needs to finish every open request of `model` at its measured (or default) rate."""
-    rate = throughput(session, model=model, settings=settings)
-    return work_of(backlog(session, model=model), settings.prefill_weight) / rate.work_per_second

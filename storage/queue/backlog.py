@@ -11,9 +11,11 @@ from dataclasses import dataclass
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
+from storage import lifecycle
 from storage.models import Batch, BatchRequest
-from storage.planning.shapes import JobShape
+from storage.planning.shapes import JobShape, work_of
+from storage.planning.throughput import throughput
+from storage.settings import Settings
 
 
 def open_count(session: Session, *, batch_id: str) -> int:
@@ -138,3 +140,9 @@ def open_work_by_deadline(
         .group_by(BatchRequest.model, BatchRequest.deadline)
     ).all()
     return [(model, int(deadline), int(n), int(out or 0), int(inp or 0)) for model, deadline, n, out, inp in rows]
+
+
+def drain_seconds(session: Session, *, model: str, settings: Settings) -> float:
+    """Seconds the node needs to finish every open request of `model` at its measured (or default) rate."""
+    rate = throughput(session, model=model, settings=settings)
+    return work_of(backlog(session, model=model), settings.prefill_weight) / rate.work_per_second

@@ -8,9 +8,10 @@ from collections.abc import Collection
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from storage.batches import batches, lifecycle
+from storage import lifecycle
 from storage.clock import now, now_f
 from storage.models import Batch, BatchRequest
+from storage.queue.batch_counts import add_counts
 from storage.queue.checkpoints import drop_ended
 
 UNSERVED_CODE = "model_not_found"
@@ -29,7 +30,7 @@ def queued_models(session: Session, *, batch_id: str) -> list[str]:
 def fail_unserved(session: Session, *, batch_id: str, served: Collection[str]) -> int:
     """End the batch's queued requests for models this deployment does not serve as 404 results.
 
-    A batch may mix models: a request naming one nobody serves must end (as Anthropic's `not_found_error`)
+    A batch may mix models: a request naming one nobody serves must end (a 404 in its protocol's words)
     instead of waiting for a worker that never comes. Returns how many requests it ended.
     """
     queued = (BatchRequest.batch_id == batch_id, BatchRequest.status == lifecycle.REQ_QUEUED)
@@ -58,7 +59,7 @@ def fail_unserved(session: Session, *, batch_id: str, served: Collection[str]) -
         ended += int(result.rowcount or 0)  # type: ignore[attr-defined]
     if ended:
         drop_ended(session, batch_id=batch_id)
-        batches.add_counts(session, batch_id=batch_id, completed=0, failed=ended)
+        add_counts(session, batch_id=batch_id, completed=0, failed=ended)
     return ended
 
 
@@ -94,7 +95,7 @@ def close_open_requests(
             error_code=code,
             error_message=message,
             lease_owner=None,
-            lease_expires_at=None,
+            lease_id=None,
             finished_at=now(),
             checkpoint_tokens=0,
         )
@@ -106,6 +107,6 @@ def close_open_requests(
         session.flush()
         ended = {"cancelled": count} if status == lifecycle.REQ_CANCELLED else {}
         ended = {"expired": count} if status == lifecycle.REQ_EXPIRED else ended
-        batches.add_counts(session, batch_id=batch.id, completed=0, failed=count, **ended)
+        add_counts(session, batch_id=batch.id, completed=0, failed=count, **ended)
         session.refresh(batch)
     return count

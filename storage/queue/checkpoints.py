@@ -14,10 +14,10 @@ A write carries the id of the claim its generation runs under (`Generated`) and 
 `claim_id` is still that one: each claim sets a new one, so the stored ids are always a prefix of the
 generation that appends to them, and a late write from an earlier holder never lands on a later one's.
 
-A periodic checkpoint goes with a lease renewal (`save_renewing`, called by leases.py `renew`): the guarded
-UPDATE that moves a row's count also sets its lease's new expiry, so a checkpointing renewal writes one new
-version of the row, not two; the guards are the same (this worker's running row, the write's claim, the count
-it read), and a row whose checkpoint does not land is renewed by the plain renewal.
+A periodic checkpoint goes with a lease renewal (leases.py `renew`): the renewal itself writes no queue row (it
+moves the expiry of the worker's `leases` rows, storage/queue/lease_expiry.py), so a checkpoint is the only new
+version of its row; the guards are `save_checkpoints`' own (this worker's running row, the write's claim, the
+count it read).
 
 Packed compactly, never as text: little-endian int32 ids, zlib-compressed, either interleaved (a plain zlib
 stream, the first version's only format: its first byte is 0x78) or byte plane by byte plane (a `PLANES`
@@ -40,7 +40,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, case, delete, insert, select, update
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
+from storage import lifecycle
 from storage.models import BatchRequest, CheckpointChunk
 from storage.queue.enqueue import ids_match
 
@@ -105,16 +105,6 @@ def save_checkpoints(session: Session, *, worker_id: str, checkpoints: Mapping[s
     return held | moved
 
 
-def save_renewing(
-    session: Session, *, worker_id: str, checkpoints: Mapping[str, Generated], lease_expires_at: float
-) -> set[str]:
-    """`save_checkpoints` inside a lease renewal: the UPDATE that moves a row's count also sets its lease's new
-    expiry (one row version instead of two); return the ids whose lease it renewed (storage/queue/leases.py
-    `renew` renews the others). The guards are `save_checkpoints`' own: only this worker's running rows, under
-    the write's claim, from the count it read."""
-    return _append(session, checkpoints, _held_by(worker_id), lease_expires_at=lease_expires_at)[1]
-
-
 def _held_by(worker_id: str) -> ColumnElement[bool]:
     return (BatchRequest.status == lifecycle.REQ_RUNNING) & (BatchRequest.lease_owner == worker_id)
 
@@ -130,9 +120,7 @@ def save_handed_back(session: Session, *, checkpoints: Mapping[str, Generated]) 
     return held | moved
 
 
-def _append(
-    session: Session, checkpoints: Mapping[str, Generated], guard: Any, *, lease_expires_at: float | None = None
-) -> tuple[set[str], set[str]]:
+def _append(session: Session, checkpoints: Mapping[str, Generated], guard: Any) -> tuple[set[str], set[str]]:
     """Read each row's count, then move it to the ids' length where it is still that; add the new ids' chunks.
     Return the ids whose rows held them all already, and those whose count this moved."""
     wanted = {rid: g for rid, g in checkpoints.items() if g.token_ids and g.claim_id}
@@ -158,8 +146,6 @@ def _append(
         )
         .values(checkpoint_tokens=case({rid: len(wanted[rid].token_ids) for rid in since}, value=BatchRequest.id))
     )
-    if lease_expires_at is not None:  # a renewal's checkpoint: the lease moves in the same row version
-        statement = statement.values(lease_expires_at=lease_expires_at)
     moved = set(session.scalars(statement.returning(BatchRequest.id).execution_options(synchronize_session=False)))
     if moved:
         chunks = [

@@ -14,15 +14,15 @@ from typing import Any
 from sqlalchemy import ColumnElement, Select, exists, false, select, update
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
-from storage.clock import now_f
+from storage import lifecycle
 from storage.ids import new_id
 from storage.models import Batch, BatchRequest, Tenant
 from storage.queue import checkpoints
+from storage.queue.claim_bands import open_batches
 from storage.queue.claim_caps import cap_rooms
 from storage.queue.claim_order import ClaimOrder, claim_order, pick
-from storage.queue.claim_tiers import open_batches
 from storage.queue.enqueue import ids_match
+from storage.queue.lease_expiry import open_lease
 from storage.settings import Settings
 
 
@@ -116,7 +116,7 @@ def _lease(
         .values(
             status=lifecycle.REQ_RUNNING,
             lease_owner=worker_id,
-            lease_expires_at=now_f() + lease_seconds,
+            lease_id=claim_id,  # the claim's lease, inserted below: renewals move its expiry, not the rows'
             attempts=BatchRequest.attempts + 1,
             claim_id=claim_id,
         )
@@ -133,12 +133,23 @@ def _lease(
         )
         .execution_options(synchronize_session=False)
     ).all()
+    if rows:  # storage/queue/lease_expiry.py; in this transaction, so no one sees the rows without it
+        open_lease(session, worker_id=worker_id, lease_seconds=lease_seconds, lease_id=claim_id)
     order = {request_id: index for index, request_id in enumerate(ids)}
     # Under the lease just taken: no checkpoint write can land meanwhile.
     stored = checkpoints.load(session, counts={row[0]: row[-1] for row in rows})
     claimed = [
         ClaimedRequest(
-            rid, batch_id, tenant, url, body, deadline, deadline <= urgent_before, attempts, (), claim_id, bool(capped)
+            id=rid,
+            batch_id=batch_id,
+            tenant_id=tenant,
+            url=url,
+            body=body,
+            deadline=deadline,
+            urgent=deadline <= urgent_before,
+            attempts=attempts,
+            claim_id=claim_id,
+            capped=bool(capped),
         )
         for rid, batch_id, tenant, url, body, deadline, attempts, capped, _ in rows
     ]

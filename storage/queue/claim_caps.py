@@ -25,11 +25,12 @@ from decimal import Decimal
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
-from storage.finance.budgets import stop_at_cap, usd
+from storage import lifecycle
+from storage.finance.budgets import usd
 from storage.finance.prices import PriceBook, price_book, price_job
 from storage.models import Batch, BatchRequest
 from storage.queue.enqueue import ids_match
+from storage.queue.spend_stops import stop_at_cap
 from storage.settings import Settings
 from storage.wakeups import wake_after_commit
 

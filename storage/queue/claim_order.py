@@ -1,12 +1,12 @@
 """The order in which `storage.queue.claim.claim` hands out queued work: the deadline ramp and prefix grouping.
 
-Two tiers. *Urgent* requests — deadline nearer than the urgency horizon — go first, earliest deadline
+First the urgent band: *urgent* requests — deadline nearer than the urgency horizon — go first, earliest deadline
 first across all tenants, because a request that misses its deadline is worth nothing. The horizon is the
 larger of `urgent_within_seconds` and `urgent_drain_multiple` x the time the node needs to drain the
 model's whole backlog at its measured throughput, so the ramp widens on its own when the node falls
 behind (under overload everything is urgent and the queue is plain EDF). Everything else is shared fairly
 by tenant, band by band (higher priority first, background batches last; paused batches, and those with no
-room under their spend cap, not at all: storage/queue/claim_tiers.py, claim_caps.py); within a tenant's share
+room under their spend cap, not at all: storage/queue/claim_bands.py, claim_caps.py); within a tenant's share
 rows are taken by deadline bucket, then prefix key, so requests that share a prompt prefix (a system prompt) run
 together and vLLM's prefix cache serves them. Rows whose prefix no other line of their file shares keep the
 empty key and go in line order.
@@ -24,11 +24,11 @@ from typing import Any
 from sqlalchemy import Select, all_, func, or_, select, true
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
+from storage import lifecycle
 from storage.clock import now
 from storage.models import BatchRequest
-from storage.planning.throughput import drain_seconds
-from storage.queue.claim_tiers import OpenBatch, claim_bands, open_batches
+from storage.queue.backlog import drain_seconds
+from storage.queue.claim_bands import OpenBatch, claim_bands, open_batches
 from storage.queue.enqueue import id_array
 from storage.settings import Settings
 
@@ -63,6 +63,7 @@ class _DrainCache:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._computing = threading.Lock()  # one thread reads the backlog at a time; the others use the last value
         self._values: dict[tuple[str, str], tuple[float, float]] = {}
 
     def get(self, session: Session, *, model: str, settings: Settings) -> float:
@@ -71,7 +72,14 @@ class _DrainCache:
             cached = self._values.get(key)
         if cached is not None and time.monotonic() - cached[0] < HORIZON_MAX_AGE_SECONDS:
             return cached[1]
-        seconds = drain_seconds(session, model=model, settings=settings)
+        # Stale: one thread recomputes while the others go on with the stale value (a process's claimer threads all
+        # found it stale at once and each read every open row: 12 concurrent scans of 200,000 rows, bench/fleet.py).
+        if not self._computing.acquire(blocking=cached is None):
+            return cached[1] if cached is not None else 0.0
+        try:
+            seconds = drain_seconds(session, model=model, settings=settings)
+        finally:
+            self._computing.release()
         with self._lock:
             self._values[key] = (time.monotonic(), seconds)
         return seconds
@@ -102,10 +110,9 @@ def claim_order(session: Session, *, model: str, settings: Settings) -> ClaimOrd
     )
 
 
-_Picked = tuple[str, int, str]  # id, deadline, prefix_key
-
-
-_PICKED = (BatchRequest.id, BatchRequest.deadline, BatchRequest.prefix_key)
+# A picked row: (id, deadline, prefix_key), the columns PICKED_COLUMNS selects.
+Picked = tuple[str, int, str]
+PICKED_COLUMNS = (BatchRequest.id, BatchRequest.deadline, BatchRequest.prefix_key)
 
 
 _EDF_ORDER = (BatchRequest.deadline, BatchRequest.prefix_key, BatchRequest.batch_id, BatchRequest.line)
@@ -128,32 +135,32 @@ def pick(
     taken: list[str] | None = None,
 ) -> list[str]:
     """Lock (SKIP LOCKED) up to `limit` queued rows of `model` and return their ids in claim order: urgent rows
-    (EDF), then band by band (storage/queue/claim_tiers.py: deadline work before background, higher priority
+    (EDF), then band by band (storage/queue/claim_bands.py: deadline work before background, higher priority
     first), a fair share across tenants inside each band. Rows of paused batches, of those in `held` (no room
     under their spend cap) and those in `taken` (this claim's already) are never picked. `batches`: what
     `open_batches` read, if the caller did."""
     current = now()
     if batches is None:
         batches = open_batches(session, model=model)
-    tiers = claim_bands(batches, urgent_before=order.urgent_before, held=held)
+    bands = claim_bands(batches, urgent_before=order.urgent_before, held=held)
     queued: tuple[Any, ...] = (
         BatchRequest.model == model,
         BatchRequest.status == lifecycle.REQ_QUEUED,
         BatchRequest.deadline > current,
     )
-    if tiers.held:
-        queued = (*queued, BatchRequest.batch_id.not_in(tiers.held))
+    if bands.held:
+        queued = (*queued, BatchRequest.batch_id.not_in(bands.held))
     if taken:
         queued = (*queued, _not_picked(session, taken))
     if trialing := [b.id for b in batches if b.trialing]:  # a batch in its trial gives its trial lines only
         queued = (*queued, or_(BatchRequest.batch_id.not_in(trialing), BatchRequest.trial.is_(True)))
-    picked: list[_Picked] = []
+    picked: list[Picked] = []
     if order.urgent_before > current:
-        urgent = select(*_PICKED).where(*queued, BatchRequest.deadline <= order.urgent_before)
+        urgent = select(*PICKED_COLUMNS).where(*queued, BatchRequest.deadline <= order.urgent_before)
         picked = _locked(session, urgent, _EDF_ORDER, limit)
     band_of = [0] * len(picked)
     rest = (*queued, BatchRequest.deadline > order.urgent_before)
-    for index, band in enumerate(tiers.bands):
+    for index, band in enumerate(bands.bands):
         if len(picked) >= limit:
             break
         where = rest if band.batch_ids is None else (*rest, BatchRequest.batch_id.in_(band.batch_ids))
@@ -168,7 +175,7 @@ def pick(
     return [picked[i][0] for i in sorted(range(len(picked)), key=rank)]
 
 
-def _locked(session: Session, query: Select[str, int, str], ordering: tuple[Any, ...], limit: int) -> list[_Picked]:
+def _locked(session: Session, query: Select[str, int, str], ordering: tuple[Any, ...], limit: int) -> list[Picked]:
     """The first `limit` rows of `query` in `ordering`, locked, skipping rows other workers hold."""
     rows = session.execute(query.order_by(*ordering).limit(limit).with_for_update(skip_locked=True))
     return [(row[0], row[1], row[2]) for row in rows]
@@ -176,7 +183,7 @@ def _locked(session: Session, query: Select[str, int, str], ordering: tuple[Any,
 
 def _pick_shared(
     session: Session, *, queued: tuple[Any, ...], heads: dict[str, int], order: ClaimOrder, limit: int
-) -> list[_Picked]:
+) -> list[Picked]:
     """Equal shares per tenant, nearest deadline first; shares a tenant cannot fill pass to the others.
 
     `heads` (each tenant's nearest deadline, nearest first) comes from the small `batches` table rather than
@@ -185,7 +192,7 @@ def _pick_shared(
     if limit <= 0:
         return []
     tenants = dict(heads)
-    picked: list[_Picked] = []
+    picked: list[Picked] = []
     remaining = limit
     while tenants and remaining > 0:
         share = max(1, math.ceil(remaining / len(tenants)))
@@ -213,17 +220,15 @@ def _not_picked(session: Session, ids: list[str]) -> Any:
     return BatchRequest.id.not_in(ids)
 
 
-def _pick_tenant(
-    session: Session, *, where: tuple[Any, ...], order: ClaimOrder, head: int, limit: int
-) -> list[_Picked]:
+def _pick_tenant(session: Session, *, where: tuple[Any, ...], order: ClaimOrder, head: int, limit: int) -> list[Picked]:
     """One tenant's next rows: by deadline, or deadline bucket by bucket and by prefix key inside each."""
     if not order.prefix_ordering:
-        return _locked(session, select(*_PICKED).where(*where), _DEADLINE_ORDER, limit)
-    rows: list[_Picked] = []
+        return _locked(session, select(*PICKED_COLUMNS).where(*where), _DEADLINE_ORDER, limit)
+    rows: list[Picked] = []
     start: int | None = head
     while start is not None and len(rows) < limit:
         end = (start // order.bucket_seconds + 1) * order.bucket_seconds
-        bucket = select(*_PICKED).where(*where, BatchRequest.deadline >= start, BatchRequest.deadline < end)
+        bucket = select(*PICKED_COLUMNS).where(*where, BatchRequest.deadline >= start, BatchRequest.deadline < end)
         rows += _locked(session, bucket, _PREFIX_ORDER, limit - len(rows))
         if len(rows) < limit:
             start = session.scalar(select(func.min(BatchRequest.deadline)).where(*where, BatchRequest.deadline >= end))

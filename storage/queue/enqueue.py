@@ -14,7 +14,7 @@ from sqlalchemy import String, Table, any_, bindparam, func, insert, literal, se
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
+from storage import lifecycle
 from storage.ids import IdPool
 from storage.lines.reader import ParsedLine
 from storage.models import Batch, BatchRequest, Tenant

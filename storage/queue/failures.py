@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
+from storage import lifecycle
 from storage.models import BatchRequest
 
 LINES_PER_CODE = 50  # line numbers listed per code; `count` has them all

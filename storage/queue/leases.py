@@ -1,47 +1,22 @@
-"""Results: renew leases, record finished requests (only while the lease holds), hand work back.
-
-Each request ends in exactly one result however often it ran: a result is stored only by the worker
-that still holds the row's lease.
+"""Leases: a worker renews the rows it runs, takes back rows the reaper re-queued while it still ran them, and
+releases rows it hands back. Results are recorded only while the lease holds (storage/queue/results.py).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any, cast
+from collections.abc import Mapping
 
-import orjson
-from sqlalchemy import Table, bindparam, select, text, update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
-from storage.batches.batches import add_counts_of
-from storage.clock import now_f
-from storage.finance.budgets import stop_over_budget
+from storage import lifecycle
 from storage.models import BatchRequest
-from storage.queue.checkpoints import Generated, drop_ended, save_checkpoints, save_renewing
+from storage.queue import lease_expiry
+from storage.queue.checkpoints import Generated, save_checkpoints
 from storage.queue.claim_caps import within_caps
-from storage.queue.enqueue import ids_match, lock_batches_of
-from storage.queue.handback import hand_back_paused, not_paused
+from storage.queue.enqueue import ids_match
+from storage.queue.handback import not_paused
 from storage.settings import get_settings
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """A finished request as the runner reports it."""
-
-    request_id: str
-    status_code: int
-    body: dict[str, Any]
-    prompt_tokens: int
-    completion_tokens: int
-    engine_seconds: float
-    error_code: str | None = None
-    error_message: str | None = None
-    cached_tokens: int = 0
-    reasoning_tokens: int = 0  # of completion_tokens: thinking
-    check_attempts: dict[str, Any] | None = None  # a checked line's attempts (worker/feed/checks.py)
 
 
 def renew(
@@ -54,30 +29,28 @@ def renew(
 ) -> set[str]:
     """Extend this worker's leases; return the ids it no longer holds (cancelled, expired, re-queued).
 
-    `checkpoints` (periodic ones, of rows among these) are stored on the way: a row whose count a checkpoint
-    moves gets its new expiry in that same UPDATE (`save_renewing`: one row version, not two), the rest here.
+    One read of this worker's running rows (which of these it still holds, and under which leases), then one
+    write per lease they point to (a claim's: storage/queue/lease_expiry.py), not per row; leases of this worker
+    no running row points to any more go. `checkpoints` (periodic ones, of rows among these) are stored on the way.
     """
     if not request_ids:
         return set()
-    expires = now_f() + lease_seconds
-    renewed: set[str] = set()
     given = checkpoints or {}
     if due := {rid: given[rid] for rid in set(request_ids) & set(given)}:
-        renewed = save_renewing(session, worker_id=worker_id, checkpoints=due, lease_expires_at=expires)
-    if not (rest := sorted(set(request_ids) - renewed)):
-        return set()
-    held = session.scalars(
-        update(BatchRequest)
-        .where(
-            ids_match(session, rest),
-            BatchRequest.status == lifecycle.REQ_RUNNING,
-            BatchRequest.lease_owner == worker_id,
-        )
-        .values(lease_expires_at=expires)
-        .returning(BatchRequest.id)
-        .execution_options(synchronize_session=False)
+        save_checkpoints(session, worker_id=worker_id, checkpoints=due)
+    # This worker's running rows, off the lease-owner index: no membership test of hundreds of ids per row.
+    mine = dict(
+        session.execute(
+            select(BatchRequest.id, BatchRequest.lease_id).where(
+                BatchRequest.lease_owner == worker_id, BatchRequest.status == lifecycle.REQ_RUNNING
+            )
+        ).all()
     )
-    return set(rest) - set(held)
+    named = set(request_ids)
+    lease_ids = {lease_id for rid, lease_id in mine.items() if rid in named and lease_id}
+    lease_expiry.extend(session, worker_id=worker_id, lease_ids=lease_ids, lease_seconds=lease_seconds)
+    lease_expiry.drop_empty(session, worker_id=worker_id, keep=lease_ids)
+    return named - set(mine)
 
 
 def take_back(session: Session, *, worker_id: str, request_ids: list[str], lease_seconds: int) -> set[str]:
@@ -91,6 +64,7 @@ def take_back(session: Session, *, worker_id: str, request_ids: list[str], lease
         request_ids = within_caps(session, get_settings(), request_ids=request_ids)
     if not request_ids:
         return set()
+    lease = lease_expiry.open_lease(session, worker_id=worker_id, lease_seconds=lease_seconds)
     retaken = session.scalars(
         update(BatchRequest)
         .where(
@@ -98,189 +72,11 @@ def take_back(session: Session, *, worker_id: str, request_ids: list[str], lease
             lifecycle.rows_moving(lifecycle.REQ_QUEUED, to=lifecycle.REQ_RUNNING),
             not_paused(),
         )
-        .values(status=lifecycle.REQ_RUNNING, lease_owner=worker_id, lease_expires_at=now_f() + lease_seconds)
+        .values(status=lifecycle.REQ_RUNNING, lease_owner=worker_id, lease_id=lease)
         .returning(BatchRequest.id)
         .execution_options(synchronize_session=False)
     )
     return set(retaken)
-
-
-@dataclass(frozen=True)
-class Recorded:
-    """What `record_outcomes` did: {batch_id: results stored + requests a spend cap ended}, and which results landed."""
-
-    batches: dict[str, int]
-    stored: frozenset[str]
-
-
-def record(session: Session, *, worker_id: str, run_id: str, outcomes: list[Outcome]) -> dict[str, int]:
-    """Store finished requests this worker still holds; return {batch_id: results stored} (`record_outcomes`)."""
-    return record_outcomes(session, worker_id=worker_id, run_id=run_id, outcomes=outcomes).batches
-
-
-def record_outcomes(session: Session, *, worker_id: str, run_id: str, outcomes: list[Outcome]) -> Recorded:
-    """Store finished requests this worker still holds; say which landed and which batches they changed.
-
-    A result for a row that was cancelled, expired or re-leased meanwhile is dropped, so each request
-    ends in exactly one line however often it ran; one for a row of a paused batch is dropped and the row
-    handed back (`hand_back_paused`): a paused batch makes no progress. The batches are locked first (see
-    `lock_batches_of`), then one UPDATE stores every result the lease check lets through and reports which rows took it.
-    A batch whose spend cap is now reached has its queued requests ended (`stop_over_budget`); those
-    batches (their tenant's others too) are in the answer, so a caller finalizes any with nothing open.
-    The lock tells which batches are paused or capped: with none, those two steps send no statement.
-    """
-    if not outcomes:
-        return Recorded({}, frozenset())
-    ids = [o.request_id for o in outcomes]
-    locked = lock_batches_of(session, request_ids=ids)
-    if locked.paused and (paused := hand_back_paused(session, worker_id=worker_id, request_ids=ids)):
-        outcomes = [o for o in outcomes if o.request_id not in paused]
-        if not outcomes:
-            return Recorded({}, frozenset())
-    if session.get_bind().dialect.name == "postgresql":
-        stored = _store_json(session, worker_id=worker_id, run_id=run_id, outcomes=outcomes)  # drops checkpoints too
-    else:
-        stored = _store_executemany(session, worker_id=worker_id, run_id=run_id, outcomes=outcomes)
-        drop_ended(session, request_ids=[o.request_id for o in outcomes])  # their checkpoints resume nothing now
-    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    for _, batch_id, status in stored:
-        counts[batch_id][0 if status == lifecycle.REQ_COMPLETED else 1] += 1
-    add_counts_of(session, {batch_id: (completed, failed) for batch_id, (completed, failed) in counts.items()})
-    stored_counts = {batch_id: completed + failed for batch_id, (completed, failed) in counts.items()}
-    capped = [batch_id for batch_id in stored_counts if batch_id in locked.capped]
-    stopped = stop_over_budget(session, get_settings(), batch_ids=capped)  # spend caps: budgets.py
-    batches = {b: stored_counts.get(b, 0) + stopped.get(b, 0) for b in stored_counts | stopped}
-    return Recorded(batches, frozenset(row[0] for row in stored))
-
-
-# A result moves a running row to completed or failed, checked against the table once, here: both statements
-# below pick their rows by this status and set each row's own end status.
-(_RESULT_FROM,) = lifecycle.request_move(lifecycle.REQ_RUNNING, to=(lifecycle.REQ_COMPLETED, lifecycle.REQ_FAILED))
-
-
-def _final_status(outcome: Outcome) -> str:
-    return lifecycle.REQ_COMPLETED if 200 <= outcome.status_code < 300 else lifecycle.REQ_FAILED
-
-
-# Postgres: every result in one statement. The rows travel as one JSON document, the response bodies as a
-# second one, a JSON array zipped to the rows by position: json_to_recordset would decode a body's escapes
-# and refuse "\u0000" (which a model can emit), while json_array_elements hands each element over as json,
-# verbatim.
-# The same statement deletes the checkpoint chunks of the rows it ended (`drop_ended`'s work: nothing resumes
-# them now); every other path that ends a row drops its own (storage/queue/batch_rows.py, reaping.py).
-_STORE_JSON = text(
-    """
-    WITH stored AS (
-    UPDATE batch_requests AS r SET
-        status = v.status, response_status = v.code, response_body = b.body,
-        error_code = v.error_code, error_message = v.error_message, prompt_tokens = v.prompt,
-        completion_tokens = v.completion, cached_tokens = v.cached, reasoning_tokens = v.reasoning,
-        engine_seconds = v.seconds, run_id = :run_id, check_attempts = v.attempts,
-        lease_owner = NULL, lease_expires_at = NULL, finished_at = :finished, checkpoint_tokens = 0
-    FROM ROWS FROM (json_to_recordset(CAST(:rows AS json)) AS (
-            id text, status text, code int, error_code text, error_message text,
-            prompt int, completion int, cached int, reasoning int, seconds float8, attempts json
-        )) WITH ORDINALITY AS v(
-            id, status, code, error_code, error_message, prompt, completion, cached, reasoning, seconds, attempts, n
-        ),
-        json_array_elements(CAST(:bodies AS json)) WITH ORDINALITY AS b(body, n)
-    WHERE b.n = v.n AND r.id = v.id AND r.status = :from_status AND r.lease_owner = :worker_id
-    RETURNING r.id, r.batch_id, r.status
-    ), dropped AS (
-    DELETE FROM checkpoint_chunks AS c USING stored AS s WHERE c.request_id = s.id
-    )
-    SELECT id, batch_id, status FROM stored
-    """
-)
-
-
-def _store_json(session: Session, *, worker_id: str, run_id: str, outcomes: list[Outcome]) -> list[Any]:
-    rows = [
-        {
-            "id": o.request_id,
-            "status": _final_status(o),
-            "code": o.status_code,
-            "error_code": o.error_code,
-            "error_message": o.error_message.replace("\x00", "\ufffd") if o.error_message else o.error_message,
-            "prompt": o.prompt_tokens,
-            "completion": o.completion_tokens,
-            "cached": o.cached_tokens,
-            "reasoning": o.reasoning_tokens,
-            "seconds": o.engine_seconds,
-            "attempts": o.check_attempts,
-        }
-        for o in outcomes
-    ]
-    params = {
-        "rows": orjson.dumps(rows).decode(),
-        "bodies": (b"[" + b",".join(orjson.dumps(o.body) for o in outcomes) + b"]").decode(),
-        "run_id": run_id,
-        "finished": now_f(),
-        "from_status": _RESULT_FROM,
-        "worker_id": worker_id,
-    }
-    return list(session.execute(_STORE_JSON, params).all())
-
-
-def _store_executemany(session: Session, *, worker_id: str, run_id: str, outcomes: list[Outcome]) -> list[Any]:
-    """Other databases: one executemany UPDATE, then a read-back of the rows now carrying this stamp."""
-    finished = now_f()
-    table = cast(Table, BatchRequest.__table__)
-    statement = (
-        table.update()
-        .where(
-            table.c.id == bindparam("b_id"),
-            table.c.status == _RESULT_FROM,
-            table.c.lease_owner == worker_id,
-        )
-        .values(
-            status=bindparam("b_status"),
-            response_status=bindparam("b_code"),
-            response_body=bindparam("b_body", type_=table.c.response_body.type),
-            error_code=bindparam("b_error_code"),
-            error_message=bindparam("b_error_message"),
-            prompt_tokens=bindparam("b_prompt"),
-            completion_tokens=bindparam("b_completion"),
-            cached_tokens=bindparam("b_cached"),
-            reasoning_tokens=bindparam("b_reasoning"),
-            engine_seconds=bindparam("b_seconds"),
-            check_attempts=bindparam("b_attempts", type_=table.c.check_attempts.type),
-            run_id=run_id,
-            lease_owner=None,
-            lease_expires_at=None,
-            finished_at=finished,
-            checkpoint_tokens=0,
-        )
-    )
-    session.connection().execute(
-        statement,
-        [
-            {
-                "b_id": o.request_id,
-                "b_status": _final_status(o),
-                "b_code": o.status_code,
-                "b_body": o.body,
-                "b_error_code": o.error_code,
-                "b_error_message": o.error_message,
-                "b_prompt": o.prompt_tokens,
-                "b_completion": o.completion_tokens,
-                "b_cached": o.cached_tokens,
-                "b_reasoning": o.reasoning_tokens,
-                "b_seconds": o.engine_seconds,
-                "b_attempts": o.check_attempts,
-            }
-            for o in outcomes
-        ],
-    )
-    return list(
-        session.execute(
-            select(BatchRequest.id, BatchRequest.batch_id, BatchRequest.status).where(
-                BatchRequest.id.in_([o.request_id for o in outcomes]),
-                BatchRequest.run_id == run_id,
-                BatchRequest.finished_at == finished,
-            )
-        ).all()
-    )
 
 
 def release(
@@ -309,7 +105,7 @@ def release(
         .values(
             status=lifecycle.REQ_QUEUED,
             lease_owner=None,
-            lease_expires_at=None,
+            lease_id=None,
             attempts=BatchRequest.attempts - 1,
         )
         .execution_options(synchronize_session=False)
@@ -323,27 +119,3 @@ def has_expired_requests(session: Session, *, batch_id: str) -> bool:
         BatchRequest.batch_id == batch_id, BatchRequest.status == lifecycle.REQ_EXPIRED
     )
     return session.scalar(query.limit(1)) is not None
-
-
-ResultRow = tuple[str, str, int | None, dict[str, Any] | None, str | None, str | None, dict[str, Any] | None]
-
-
-def iter_results(session: Session, *, batch_id: str, statuses: tuple[str, ...]) -> Iterator[ResultRow]:
-    """The batch's finished requests in these statuses, in line order, streamed (id, custom_id, status code,
-    body, error code, error message, checked attempts): what one result line is made of."""
-    query = (
-        select(
-            BatchRequest.id,
-            BatchRequest.custom_id,
-            BatchRequest.response_status,
-            BatchRequest.response_body,
-            BatchRequest.error_code,
-            BatchRequest.error_message,
-            BatchRequest.check_attempts,
-        )
-        .where(BatchRequest.batch_id == batch_id, BatchRequest.status.in_(statuses))
-        .order_by(BatchRequest.line)
-        .execution_options(yield_per=1000)
-    )
-    for row in session.execute(query):
-        yield (row[0], row[1], row[2], row[3], row[4], row[5], row[6])

@@ -13,7 +13,7 @@ import orjson
 
 from storage.endpoints import CHAT_URL, COMPLETIONS_URL, MESSAGES_URL, RESPONSES_URL
 
-# Anthropic's /v1/messages is keyed like chat, with the system prompt (a separate field) leading.
+# /v1/messages is keyed like chat, with the system prompt (a separate field) leading.
 
 
 def prefix_key_of(url: str, body: dict[str, Any], *, chars: int) -> str:

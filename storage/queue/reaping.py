@@ -14,10 +14,11 @@ from typing import Any
 from sqlalchemy import ColumnElement, select, update
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
-from storage.batches.batches import add_counts
+from storage import lifecycle
 from storage.clock import now, now_f
 from storage.models import Batch, BatchRequest
+from storage.queue import lease_expiry
+from storage.queue.batch_counts import add_counts
 from storage.queue.batch_rows import close_open_requests
 from storage.queue.checkpoints import drop_ended
 from storage.queue.enqueue import lock_batches_of
@@ -30,12 +31,15 @@ def release_expired_leases(session: Session, *, max_attempts: int, stale_seconds
     With `stale_seconds`, rows of a worker whose heartbeat is fresher than that are a handover: re-queued
     with their attempt given back, never failed.
     """
-    expired = (BatchRequest.lease_expires_at < now_f(),)  # of running rows: the statements below pick those
+    leases = lease_expiry.lock_expired(session)  # a renewal committing first keeps its lease (skipped)
+    expired = (lease_expiry.without_lease(leases),)  # of running rows: the statements below pick those
     handed_over = 0
     if stale_seconds is not None:
         live = BatchRequest.lease_owner.in_(live_worker_ids(stale_seconds=stale_seconds))
         handed_over = _requeue(session, (*expired, live), attempts=BatchRequest.attempts - 1)
-    return handed_over + _requeue_or_fail(session, expired, max_attempts=max_attempts)
+    released = handed_over + _requeue_or_fail(session, expired, max_attempts=max_attempts)
+    lease_expiry.forget(session, lease_ids=leases)  # no running row points to them now
+    return released
 
 
 def release_worker_leases(session: Session, *, worker_ids: Collection[str], max_attempts: int) -> int:
@@ -43,7 +47,9 @@ def release_worker_leases(session: Session, *, worker_ids: Collection[str], max_
     if not worker_ids:
         return 0
     owned = (BatchRequest.lease_owner.in_(list(worker_ids)),)
-    return _requeue_or_fail(session, owned, max_attempts=max_attempts)
+    released = _requeue_or_fail(session, owned, max_attempts=max_attempts)
+    lease_expiry.forget(session, worker_ids=worker_ids)
+    return released
 
 
 def _requeue_or_fail(session: Session, where: tuple[ColumnElement[bool], ...], *, max_attempts: int) -> int:
@@ -62,7 +68,7 @@ def _requeue_or_fail(session: Session, where: tuple[ColumnElement[bool], ...], *
                 error_code="engine_error",
                 error_message=f"The request was interrupted {max_attempts} times; giving up.",
                 lease_owner=None,
-                lease_expires_at=None,
+                lease_id=None,
                 finished_at=now_f(),
                 checkpoint_tokens=0,
             )
@@ -82,7 +88,7 @@ def _requeue_or_fail(session: Session, where: tuple[ColumnElement[bool], ...], *
 def _requeue(session: Session, where: tuple[ColumnElement[bool], ...], *, attempts: Any = None) -> int:
     """Put the matching running rows back in the queue (with `attempts`, their count set to that)."""
     running = lifecycle.rows_moving(lifecycle.REQ_RUNNING, to=lifecycle.REQ_QUEUED)
-    values: dict[str, Any] = {"status": lifecycle.REQ_QUEUED, "lease_owner": None, "lease_expires_at": None}
+    values: dict[str, Any] = {"status": lifecycle.REQ_QUEUED, "lease_owner": None, "lease_id": None}
     if attempts is not None:
         values["attempts"] = attempts
     requeued = session.execute(

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
+from storage import lifecycle
 from storage.models import Batch, BatchRequest
 from storage.planning.shapes import JobShape, work_of
 from storage.planning.throughput import throughput

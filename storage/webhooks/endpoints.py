@@ -15,7 +15,7 @@ from storage.paging import keyset_page
 from storage.webhooks.signing import new_secret
 from storage.webhooks.targets import TargetPolicy, resolve_target
 
-# What Backfill emits (OpenAI's batch events; Anthropic message batches send the same ones).
+# What Backfill emits (OpenAI's batch events; every protocol's batches send the same ones).
 EVENT_TYPES = ("batch.completed", "batch.failed", "batch.expired", "batch.cancelled")
 NAME_MAX_CHARS = 200
 KEEP_OLD_SECRET_SECONDS = 24 * 3600

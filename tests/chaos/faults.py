@@ -17,7 +17,7 @@ from typing import Literal
 
 import sqlalchemy as sa
 
-from storage.batches import lifecycle
+from storage import lifecycle
 from storage.models import BatchRequest
 from tests.chaos.deployment import Deployment
 from tests.chaos.history import FaultRecord

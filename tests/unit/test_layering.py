@@ -6,8 +6,7 @@ imports nothing else of worker/; only the vLLM adapter imports vllm (so the API 
 client/ (the HTTP client commands) imports nothing of api/, worker/ or storage/ beyond the shared constants of
 storage/protocols.py (and the settings, for the embedded server's key file). No SQL outside storage/: no SQLAlchemy statement, no `text()`, no `COPY`, no session
 query call; and inside storage/, no statement that writes `batch_requests` outside storage/queue/. The
-protocol names ("openai", "anthropic") are spelled only in storage/protocols.py, and nothing outside
-storage/ compares a batch's protocol: it asks the protocol object. The worker sets no attribute of a batch
+protocol seam is test_protocol_seam.py's, storage's own order test_storage_layers.py's. The worker sets no attribute of a batch
 row: storage functions do (`mark_ingested`, `fail_batch`, `attach_result_file`). The runner and the slot call only what
 the `Engine` protocol declares: no `getattr` on an engine.
 Each rule's checker is also run on a snippet that breaks it, so a checker that stopped seeing anything
@@ -134,46 +133,6 @@ def test_the_queue_guard_sees_a_write_put_back_into_batches(snippet: str) -> Non
     assert writes_to_the_queue(ast.parse(snippet))
 
 
-PROTOCOL_NAMES = {"openai", "anthropic"}
-
-
-def protocol_spellings(tree: ast.Module, *, outside_storage: bool) -> list[str]:
-    """Protocol names spelled as strings, and (outside storage/) comparisons of a batch's protocol."""
-    found = [
-        f"line {node.lineno}: {node.value!r}"
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.lower() in PROTOCOL_NAMES
-    ]
-    if outside_storage:
-        found += [
-            f"line {node.lineno}: {ast.unparse(node)}"
-            for node in ast.walk(tree)
-            if isinstance(node, ast.Compare)
-            and any(
-                isinstance(side, ast.Attribute) and side.attr == "protocol" for side in [node.left, *node.comparators]
-            )
-        ]
-    return found
-
-
-def test_protocol_names_live_in_the_protocol_module() -> None:
-    bad = {
-        path: found
-        for package in ("api", "storage", "worker")  # client/ has no protocol column ("openai" is its SDK there)
-        for path, tree in sources(package)
-        if path != "storage/protocols.py"
-        and (found := protocol_spellings(tree, outside_storage=not path.startswith("storage/")))
-    }
-    assert bad == {}
-
-
-@pytest.mark.parametrize(
-    "snippet", ["one_model = batch.protocol == OPENAI\n", "if protocol == 'anthropic':\n    pass\n"]
-)
-def test_the_protocol_guard_sees_a_comparison_put_back_into_ingest(snippet: str) -> None:
-    assert protocol_spellings(ast.parse(snippet), outside_storage=True)
-
-
 def batch_attribute_writes(tree: ast.Module) -> list[str]:
     """Assignments to a batch row's attributes (`batch.status = ...`): storage functions make those."""
     return [
@@ -195,7 +154,7 @@ def test_the_worker_changes_batches_only_through_storage() -> None:
 
 # The request-only statuses; the others ("completed", "failed", ...) are batch statuses too, spelled beside them.
 REQUEST_ONLY_STATUSES = {"queued", "running"}
-LIFECYCLE = "storage/batches/lifecycle.py"
+LIFECYCLE = "storage/lifecycle.py"
 
 
 def request_status_spellings(tree: ast.Module) -> list[str]:

@@ -11,11 +11,12 @@ from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Any
 
+from storage.batches.estimates import Estimate, estimate_job
 from storage.db import transaction
-from storage.planning.estimates import Estimate, estimate_job, shape_of_jsonl
-from storage.planning.shapes import DEFAULT_MAX_TOKENS
+from storage.planning.shapes import DEFAULT_MAX_TOKENS, shape_of_jsonl
 from storage.planning.throughput import DEFAULT_TOKENS_PER_SECOND
-from storage.settings import get_settings, window_seconds
+from storage.settings import get_settings
+from storage.windows import window_seconds
 
 _CHUNK_BYTES = 1024 * 1024
 

@@ -17,7 +17,7 @@ class EngineRequest:
     """One queued line, handed to the engine: `request_id` is the batch_requests row id."""
 
     request_id: str
-    url: str  # "/v1/chat/completions", "/v1/completions" or "/v1/embeddings"
+    url: str  # one of the endpoints a protocol serves (storage/protocols.py `PROTOCOLS`, storage/endpoints.py)
     body: dict[str, Any]
     # Token ids an earlier run generated before the row was handed back (its checkpoint): the engine continues
     # from them when it can do so exactly, else it starts again from the prompt (docs/workers.md).

@@ -271,7 +271,7 @@ class Output:
 def output_budget(generation: Generation, *, prompt_tokens: int, max_model_len: int, default: int | None = None) -> int:
     """The output cap to run with: what the body asked for, else its default, else `default` (the model's), else
     the rest of the context. A prompt that leaves no room is a 400 (`context_length_exceeded`); a cap beyond the
-    context too, as OpenAI and vLLM's server answer, unless the limit clamps (Anthropic's max_tokens then stops
+    context too, as OpenAI and vLLM's server answer, unless the limit clamps (a Messages max_tokens then stops
     at the context's end, `model_context_window_exceeded`)."""
     limit = generation.limit
     room = max_model_len - prompt_tokens

@@ -33,7 +33,7 @@ import httpx
 from storage.registry import ModelSpec, SharedModeSpec
 from worker.engine import EngineRequest, EngineResult, EngineStats, Progress
 from worker.engine.generation import Generation, context_length_error
-from worker.engine.http_wire import output_of, refusal, server_request
+from worker.engine.http_wire import ServerRetry, output_of, refusal, server_answer, server_request
 from worker.engine.prefill_stage import STAGING_AHEAD, PaceGate, PrefillStager, Staging
 from worker.engine.shared_budget import DispatchBudget, MetricsError, parse_load
 from worker.engine.tools import check_capabilities
@@ -46,13 +46,7 @@ STEP_WAIT_SECONDS = 0.05
 RETRY_BASE_SECONDS = 0.5
 RETRY_MAX_SECONDS = 8.0
 PACED_AHEAD = 8  # with prefill pacing: requests the runner may hand over beyond those on the server
-_RETRY_STATUS = {408, 429}
-_GOOD_FINISH = {None, "stop", "length", "tool_calls"}
 _YIELDED = "yielded"  # marker on the done-queue: the call was cancelled to free a slot for online work
-
-
-class _Retry(Exception):
-    """This attempt failed in a way another attempt may not (5xx, dropped connection, aborted sequence)."""
 
 
 @dataclass
@@ -327,26 +321,15 @@ class HttpEngine:
             try:
                 response = await self._client.post(f"{self.base_url}{flight.url}", json=flight.payload)
                 return self._result(flight, response)
-            except (httpx.HTTPError, _Retry) as error:
+            except (httpx.HTTPError, ServerRetry) as error:
                 last = f"{type(error).__name__}: {error}"
                 log.info("attempt %d of %s failed: %s", attempt + 1, rid, last)
         return server_error(rid, f"the inference server failed this request {self.shared.max_attempts} times ({last})")
 
     def _result(self, flight: _Flight, response: httpx.Response) -> EngineResult:
-        rid, status = flight.request_id, response.status_code
-        if status >= 500 or status in _RETRY_STATUS:
-            raise _Retry(f"HTTP {status}: {response.text[:300]}")
-        try:
-            body = response.json()
-        except ValueError:
-            raise _Retry(f"HTTP {status} with a body that is not JSON: {response.text[:300]}") from None
-        if not isinstance(body, dict):
-            raise _Retry(f"HTTP {status} with a JSON body that is not an object")
-        if status >= 300:
-            return refusal(rid, status, body, names=(self.server_model, self.model_name))
-        reasons = {choice.get("finish_reason") for choice in body.get("choices", [])}
-        if not reasons <= _GOOD_FINISH:  # e.g. "abort": the server dropped the sequence; run it again
-            raise _Retry(f"the server ended the request early ({', '.join(sorted(map(str, reasons)))})")
+        rid, body = flight.request_id, server_answer(response)
+        if response.status_code >= 300:
+            return refusal(rid, response.status_code, body, names=(self.server_model, self.model_name))
         usage = body.get("usage") or {}
         prompt = int(usage.get("prompt_tokens") or 0)
         # Reported when the server runs with --enable-prompt-tokens-details; 0 otherwise.

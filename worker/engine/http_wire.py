@@ -1,11 +1,13 @@
 """What the shared-mode HTTP engine (worker/engine/http_engine.py) sends a vLLM server and makes of its answers:
 a neutral `Generation` as the request of the server's OpenAI endpoint it amounts to, the server's answer as a
 neutral `Output` (the line's wire module answers it, as it answers the in-process engine's), a 4xx as the line's
-error."""
+error, and which answers are worth another attempt (`server_answer`)."""
 
 from __future__ import annotations
 
 from typing import Any
+
+import httpx
 
 from storage.endpoints import CHAT_URL, COMPLETIONS_URL, EMBEDDINGS_URL
 from worker.engine import EngineResult
@@ -188,3 +190,28 @@ def refusal(rid: str, status: int, body: dict[str, Any], *, names: tuple[str, st
     if not isinstance(code, str):  # vLLM puts the HTTP status here; keep OpenAI's string codes stable
         code = "context_length_exceeded" if "context length" in message else "invalid_request"
     return EngineResult(rid, status, body, error_code=code, error_message=message)
+
+
+RETRY_STATUS = {408, 429}
+GOOD_FINISH = {None, "stop", "length", "tool_calls"}
+
+
+class ServerRetry(Exception):
+    """This attempt failed in a way another attempt may not (5xx, dropped connection, aborted sequence)."""
+
+
+def server_answer(response: httpx.Response) -> dict[str, Any]:
+    """The JSON object the server answered (a refusal's too); ServerRetry when another attempt may do better."""
+    status = response.status_code
+    if status >= 500 or status in RETRY_STATUS:
+        raise ServerRetry(f"HTTP {status}: {response.text[:300]}")
+    try:
+        body = response.json()
+    except ValueError:
+        raise ServerRetry(f"HTTP {status} with a body that is not JSON: {response.text[:300]}") from None
+    if not isinstance(body, dict):
+        raise ServerRetry(f"HTTP {status} with a JSON body that is not an object")
+    reasons = {choice.get("finish_reason") for choice in body.get("choices", [])} if status < 300 else set()
+    if not reasons <= GOOD_FINISH:  # e.g. "abort": the server dropped the sequence; run it again
+        raise ServerRetry(f"the server ended the request early ({', '.join(sorted(map(str, reasons)))})")
+    return body

@@ -5,7 +5,7 @@ time per engine step (docs/benchmarks.md, stop 31): on a GPU node that is time t
 runner's claimer thread now renders the rows of each claim before handing them over (`Engine.prepare`), with a
 `DirectChat` on a tokenizer of its own (a deep copy, probed like the engine's): the engine thread's tokenizer is
 never shared with another thread, so Hugging Face's "Already borrowed" cannot arise. Chat requests (Responses
-too) and Anthropic messages without a prefill are rendered ahead; what is not (completions, embeddings, a
+too) and Messages requests without a prefill are rendered ahead; what is not (completions, embeddings, a
 prefill, a resumed request, a body that fails, a prompt near the context length) is rendered by `add` on the
 engine's thread as before, and its errors reported from there. Nothing here imports vLLM.
 

@@ -49,7 +49,7 @@ class VllmInputs:
         from vllm.renderers import ChatParams
 
         # What LLM.chat() passes for a plain Hugging Face tokenizer; `continue_final` answers by continuing
-        # a final assistant turn (Anthropic's prefill) instead of starting a new one; `extra`: the tools and
+        # a final assistant turn (a Messages prefill) instead of starting a new one; `extra`: the tools and
         # thinking switch (vllm_parsers.py).
         kwargs: dict[str, Any] = {"add_generation_prompt": not continue_final, "continue_final_message": continue_final}
         kwargs |= {"tools": None, "tokenize": False, **(extra or {})}
@@ -156,7 +156,7 @@ class VllmInputs:
 
         # No cap asked: the generation config's default, else the rest of the context (as vLLM's server); a cap
         # beyond the context is refused with OpenAI's 400, or stops at the context when the limit clamps
-        # (Anthropic's max_tokens: `model_context_window_exceeded`).
+        # (a Messages max_tokens: `model_context_window_exceeded`).
         default = self._defaults.get("max_tokens")
         limit = output_budget(
             generation, prompt_tokens=prompt_tokens, max_model_len=self._max_model_len, default=default

@@ -38,7 +38,8 @@ from sqlalchemy.orm import Session
 from storage.db import transaction
 from storage.queue.checkpoints import Generated
 from storage.queue.claim import ClaimedRequest, claim
-from storage.queue.leases import Outcome, release
+from storage.queue.leases import release
+from storage.queue.results import Outcome
 from storage.settings import Settings
 from worker.engine import EngineResult
 from worker.feed import writes

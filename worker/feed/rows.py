@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from storage.json_values import UnstorableValue, storable
 from storage.queue.claim import ClaimedRequest
-from storage.queue.leases import Outcome
+from storage.queue.results import Outcome
 from worker.engine import Engine, EngineRequest, EngineResult
+from worker.engine.wire.base import server_error
 
 
 def engine_request(row: ClaimedRequest) -> EngineRequest:
@@ -24,11 +26,19 @@ def rendering_ahead(engine: Engine) -> Callable[[list[ClaimedRequest]], None]:
 
 
 def outcome_of(result: EngineResult) -> Outcome:
-    """What the database stores of one engine result."""
+    """What the database stores of one engine result: its body as the database holds JSON (`storable`); an answer no
+    JSON column can hold becomes that line's error (a 500), never a write that fails for the whole flush."""
+    try:
+        body = storable(result.body)
+    except UnstorableValue as error:
+        failed = server_error(result.request_id, f"the answer could not be stored as JSON ({error})")
+        failed.prompt_tokens, failed.completion_tokens = result.prompt_tokens, result.completion_tokens
+        failed.engine_seconds = result.engine_seconds
+        return outcome_of(failed)
     return Outcome(
         request_id=result.request_id,
         status_code=result.status_code,
-        body=result.body,
+        body=body,
         prompt_tokens=result.prompt_tokens,
         completion_tokens=result.completion_tokens,
         engine_seconds=result.engine_seconds,

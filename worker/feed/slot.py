@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from storage.clock import now_f
 from storage.db import transaction
 from storage.planning.shapes import JobShape, work_of
-from storage.planning.throughput import DEFAULT_TOKENS_PER_SECOND, measured_throughput
+from storage.planning.throughput import throughput
 from storage.queue.backlog import open_work_by_deadline
 from storage.settings import Settings
 from worker.engine import Engine
@@ -56,8 +56,7 @@ def read_backlogs(
 
 
 def _rate(session: Session, model: str, settings: Settings) -> float:
-    measured = measured_throughput(session, model=model, prefill_weight=settings.prefill_weight)
-    return measured.work_per_second if measured is not None else DEFAULT_TOKENS_PER_SECOND
+    return throughput(session, model=model, settings=settings).work_per_second
 
 
 @dataclass(frozen=True)

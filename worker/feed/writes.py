@@ -21,7 +21,8 @@ from storage.metrics.events import count_decode_tokens
 from storage.queue.backlog import done_batches
 from storage.queue.checkpoints import Generated, restart, save_checkpoints, save_handed_back, still_open
 from storage.queue.handback import paused_of
-from storage.queue.leases import Outcome, record_outcomes, release, renew, take_back
+from storage.queue.leases import release, renew, take_back
+from storage.queue.results import Outcome, record_outcomes
 from storage.settings import get_settings
 from worker.engine import EngineResult
 

@@ -16,17 +16,18 @@ from collections.abc import Iterator
 import orjson
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
+from storage import lifecycle
 from storage.batches.batches import attach_result_file, get_batch
 from storage.batches.manifests import write_manifest
 from storage.db import transaction
 from storage.files.blobs import BlobStore, StoredBlob
-from storage.files.blobs.layout import BatchObject, batch_object_key
+from storage.files.blobs.layout import batch_object_key
 from storage.files.files import record_result_file, tenant_folder
 from storage.metrics.events import observe_finalized
-from storage.protocols import Protocol, RenderLine, protocol_of
+from storage.protocols import BatchObject, Protocol, RenderLine, protocol_of
 from storage.queue.backlog import batch_done
-from storage.queue.leases import has_expired_requests, iter_results
+from storage.queue.leases import has_expired_requests
+from storage.queue.result_rows import iter_results
 from storage.settings import get_settings
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 Rows are inserted in chunks inside a savepoint while checking; any bad line rolls the savepoint back,
 so a rejected file leaves no queue rows and costs no compute. Once every line is valid, admission
-(storage/planning/admission.py `admit`) judges the queue as it would be with the job in it and returns a
+(storage/batches/admission.py `admit`) judges the queue as it would be with the job in it and returns a
 verdict: a rejection, or warnings. The batch row changes only through storage/batches/batches.py.
 """
 
@@ -16,7 +16,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
+from storage import lifecycle
+from storage.batches.admission import Problem, admit
 from storage.batches.batches import fail_batch, get_batch, mark_ingested, record_model
 from storage.batches.trials import start_trial
 from storage.errors import FileNotFound
@@ -26,7 +27,6 @@ from storage.files.uploads import fill_checksum
 from storage.lines.reader import LineChecker, LineError, ParsedLine, ProblemList, clip, iter_lines
 from storage.metrics import events
 from storage.models import Batch
-from storage.planning.admission import Problem, admit
 from storage.protocols import protocol_of
 from storage.queue.batch_rows import fail_unserved, queued_models
 from storage.queue.enqueue import DuplicateCustomId, QueueWriter, new_row, set_prefix_keys
@@ -90,7 +90,7 @@ def _ingest(session: Session, blobs: BlobStore, settings: Settings, *, batch: Ba
         )
     if not errors and count == 0:
         errors.add(LineError(0, "empty_file", "The input file has no requests."))
-    one_model = protocol_of(batch).one_model  # an Anthropic batch may mix models; unserved ones end as 404s
+    one_model = protocol_of(batch).one_model  # a batch that may mix models: unserved ones end as 404s
     if not errors and one_model and batch.model not in settings.served_models():
         errors.add(LineError(1, "model_not_found", f"The model {clip(batch.model)} is not served here."))
     if errors:

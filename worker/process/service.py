@@ -15,13 +15,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
+from storage import lifecycle
+from storage.batches.archive import archive_due
 from storage.batches.batches import batches_validating, get_batch, note_ingest_failure
-from storage.batches.message_batches import archive_due
 from storage.db import transaction
 from storage.files.blobs import get_blob_store
 from storage.files.retention import sweep_expired_files
 from storage.files.uploads import sweep_uploads
+from storage.protocols import PROTOCOLS
 from storage.queue.backlog import batch_done
 from storage.queue.batch_rows import queued_models
 from storage.queue.enqueue import refresh_statistics
@@ -258,7 +259,7 @@ def _ingest(batch_id: str) -> str:
         status = ingest_batch(session, get_blob_store(), settings, batch_id=batch_id)
         batch = get_batch(session, tenant_id=None, batch_id=batch_id)
         enqueued = batch.request_total if status == lifecycle.IN_PROGRESS else 0
-        if enqueued:  # each model the batch queued work for (an Anthropic batch may mix them)
+        if enqueued:  # each model the batch queued work for (a batch whose lines name their models may mix them)
             for model in queued_models(session, batch_id=batch_id):
                 wake_after_commit(session, "batch.run", model=model)
             if batch_done(session, batch_id=batch_id):  # every request already ended (unserved models)
@@ -296,9 +297,13 @@ def reap_once() -> Reaped:
 
 
 def archive_once() -> int:
-    """Archive Anthropic batches past their results retention, then remove their objects; return how many objects."""
-    with transaction() as session:
-        keys = archive_due(session, retention_seconds=get_settings().message_batch_retention_seconds)
+    """Archive batches past their protocol's results retention, then remove their objects; return how many objects."""
+    keys: list[str] = []
+    for protocol in PROTOCOLS.values():
+        retention = protocol.results_retention(get_settings())
+        if retention is not None:
+            with transaction() as session:
+                keys += archive_due(session, protocol=protocol, retention_seconds=retention)
     blobs = get_blob_store()
     for key in keys:  # after commit: a failed delete leaves an orphan object, never a batch without results
         blobs.delete(key)

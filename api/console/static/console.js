@@ -145,7 +145,7 @@
     return h("tr", { "data-batch": b.id, "data-tenant": b.tenant },
       h("td", {}, theirs ? h("code", {}, b.id) : h("a", { href: "#/batch/" + encodeURIComponent(b.id) }, h("code", {}, b.id)), " ",
         b.tenant !== undefined ? h("span", { class: "badge tenant" }, b.tenant) : null, " ",
-        h("small", { class: "note" }, (b.protocol === "anthropic" ? "messages" : b.endpoint) + (b.retry_of ? " · retry of " + b.retry_of.slice(-8) : "")
+        h("small", { class: "note" }, b.endpoint_label + (b.retry_of ? " · retry of " + b.retry_of.slice(-8) : "")
           + (b.priority ? " · priority " + b.priority : "") + (b.max_cost_usd !== null && b.max_cost_usd !== undefined ? " · cap " + usd(b.max_cost_usd) : ""))),
       h("td", { "data-label": "Status" }, h("span", { class: "badge " + shownStatus(b) }, shownStatus(b))),
       h("td", { class: "progress" }, bar(c), h("small", {}, " " + figure(c.completed) + " done · " + figure(c.failed) + " failed · " + figure(c.total))),
@@ -251,7 +251,7 @@
     const live = await window.BackfillControls.results(b, api, 5);
     let lines = live ? live.text.split("\n").filter(Boolean).slice(0, 5) : null;
     if (!lines && b.output_file_id) lines = await firstLines("/v1/files/" + encodeURIComponent(b.output_file_id) + "/content", 5);
-    if (!lines && b.protocol === "anthropic" && ENDED.includes(b.status)) lines = await firstLines("/v1/messages/batches/" + encodeURIComponent(b.id) + "/results", 5);
+    if (!lines && b.results_path && ENDED.includes(b.status)) lines = await firstLines(b.results_path, 5);
     if (!lines || !lines.length) return h("p", { class: "note" }, ENDED.includes(b.status) ? "No results." : "Results appear here as lines finish.");
     const answers = lines.map(answerOf).filter(Boolean);
     const raw = h("pre", { id: "results-preview" }, lines.map((l) => { try { return JSON.stringify(JSON.parse(l), null, 1); } catch { return l; } }).join("\n\n"));
@@ -270,7 +270,7 @@
       if (o.type === "function_call") calls.push([o.name, o.arguments]);
       if (o.type === "reasoning") thoughts.push((o.content || o.summary || []).map((p) => p.text).join("\n"));
     }
-    for (const block of Array.isArray(body.content) ? body.content : []) {  // anthropic messages
+    for (const block of Array.isArray(body.content) ? body.content : []) {  // a Messages answer's content blocks
       if (block.type === "tool_use") calls.push([block.name, JSON.stringify(block.input)]);
       if (block.type === "thinking") thoughts.push(block.thinking);
     }
@@ -332,8 +332,8 @@
     };
     if (b.output_file_id) file("output", b.output_file_id, b.id + "_output.jsonl");
     if (b.error_file_id) file("errors", b.error_file_id, b.id + "_errors.jsonl");
-    if (b.protocol === "anthropic" && ENDED.includes(b.status))
-      items.push(h("p", {}, h("button", { type: "button", class: "plain", "data-download": "results", onclick: () => download("/v1/messages/batches/" + encodeURIComponent(b.id) + "/results", b.id + "_results.jsonl") }, "Download results")));
+    if (b.results_path && ENDED.includes(b.status))
+      items.push(h("p", {}, h("button", { type: "button", class: "plain", "data-download": "results", onclick: () => download(b.results_path, b.id + "_results.jsonl") }, "Download results")));
     file("input", b.input_file_id, b.id + "_input.jsonl");
     return h("div", {}, items);
   }

@@ -1,11 +1,11 @@
 "use strict";
 // The batch controls, in one place: cancel, pause, resume, priority and retry (the batch-control routes,
-// under /v1/batches or /v1/messages/batches by protocol). Each action asks for confirmation, calls its route
+// under the batch's own path, which the console's list gives: `b.path`). Each action asks for confirmation, calls its route
 // and reports the server's answer as it is. `api(method, path, body)` resolves to {ok, status, body}.
 window.BackfillControls = (function () {
-  const base = (b) => (b.protocol === "anthropic" ? "/v1/messages/batches/" : "/v1/batches/") + encodeURIComponent(b.id);
+  const base = (b) => b.path;
   const ENDED = ["completed", "failed", "expired", "cancelled"];
-  const CONTROLLABLE = ["validating", "in_progress"];  // storage/batches/lifecycle.py: CONTROLLABLE
+  const CONTROLLABLE = ["validating", "in_progress"];  // storage/lifecycle.py: CONTROLLABLE
   const ACTIONS = [
     { name: "pause", label: "Pause", when: (b) => CONTROLLABLE.includes(b.status) && !b.paused_at,
       confirm: (b) => "Pause " + b.id + "? No new lines start until you resume; running ones go back to the queue. The window keeps running.",

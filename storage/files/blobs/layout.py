@@ -20,11 +20,9 @@ objects written under an older rule stay readable when the rule or the prefix ch
 from __future__ import annotations
 
 import re
-from typing import Literal
 
+from storage.protocols import BatchObject
 from storage.settings import get_settings
-
-BatchObject = Literal["output.jsonl", "errors.jsonl", "manifest.json"]
 
 _PLAIN_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # fullmatch: `$` would pass a trailing newline
 _TENANT_ID = re.compile(r"^tenant_")

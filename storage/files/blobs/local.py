@@ -16,7 +16,7 @@ from pathlib import Path
 
 import orjson
 
-from storage.files.blobs import PartsGone, PartSizeMismatch, StoredBlob, StoredPart
+from storage.files.blobs.store import PartsGone, PartSizeMismatch, StoredBlob, StoredPart
 
 MANIFEST = "manifest.json"
 

@@ -15,8 +15,8 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
 
-from storage.files.blobs import PartsGone, PartSizeMismatch, PartsOutOfOrder, StoredBlob, StoredPart
 from storage.files.blobs.layout import content_type
+from storage.files.blobs.store import PartsGone, PartSizeMismatch, PartsOutOfOrder, StoredBlob, StoredPart
 from storage.metrics.events import count_s3_error
 
 _S3_ERRORS = (BotoCoreError, ClientError)

@@ -379,7 +379,7 @@ FIGURES_INSIDE = """s => { const svg = document.querySelector(s), width = svg.vi
 
 def retried_batch(tenant: str) -> str:
     """A cancelled batch of 3 lines whose retry completed all 3 (rows as a retry leaves them)."""
-    from storage.batches import lifecycle
+    from storage import lifecycle
     from storage.db import transaction
 
     with transaction() as session:

@@ -172,7 +172,10 @@ def body_routes() -> list[tuple[str, str]]:
 def test_every_body_taking_route_reads_its_body_through_the_bounded_reader() -> None:
     """Only the middleware (small bodies, before FastAPI's own parse) and the two streamed routes touch a
     body, the streamed ones through api/bodies.py; no route reads one another way."""
-    from api.limits import MESSAGE_BATCHES_PATH, UPLOAD_PATH
+    from api.limits import UPLOAD_PATH
+    from storage.protocols import ANTHROPIC
+
+    MESSAGE_BATCHES_PATH = ANTHROPIC.streamed_create
 
     assert ("POST", UPLOAD_PATH) in body_routes() and ("POST", MESSAGE_BATCHES_PATH) in body_routes()
     offenders = []

@@ -68,3 +68,39 @@ def test_retry_trees_made_before_the_tree_migration_are_filled_in_by_it(backend:
     with get_engine().begin() as connection:
         assert connection.execute(tree_state).all() == before
     assert sum(row[1] for row in before) == 8 and sum(row[2] is not None for row in before) == 4
+
+
+@pytest.mark.backfill_env({"BACKFILL_MODELS": json.dumps({"fake-model": {"path": "fake:"}})})
+def test_rows_running_before_the_lease_table_keep_their_worker_and_lapse_when_their_expiry_did(
+    backend: Backend,
+) -> None:
+    from storage.queue.reaping import release_expired_leases
+    from storage.queue.results import Outcome, record
+
+    config = Config(str(ROOT / "alembic.ini"))
+    config.set_main_option("script_location", str(ROOT / "migrations"))
+    submit_job([chat(i) for i in range(3)])
+    command.downgrade(config, "0021_reasoning_tokens")
+    try:
+        with (
+            get_engine().begin() as connection
+        ):  # two rows running under w1 (one lapsed), one under w2, as 0021 kept them
+            ids = [row for (row,) in connection.execute(text("SELECT id FROM batch_requests ORDER BY line"))]
+            running = (
+                "UPDATE batch_requests SET status = 'running', lease_owner = :w, lease_expires_at = :e WHERE id = :i"
+            )
+            connection.execute(
+                text(running),
+                [
+                    {"w": "w1", "e": 9e12, "i": ids[0]},
+                    {"w": "w1", "e": 1.0, "i": ids[1]},
+                    {"w": "w2", "e": 1.0, "i": ids[2]},
+                ],
+            )
+    finally:
+        command.upgrade(config, "head")
+    with transaction() as session:
+        assert release_expired_leases(session, max_attempts=3) == 1  # w2's lapsed; w1's lease is its latest expiry
+    with transaction() as session:  # w1 still holds both: its results land
+        outcomes = [Outcome(rid, 200, {"ok": True}, 1, 1, 0.1) for rid in ids[:2]]
+        assert sum(record(session, worker_id="w1", run_id="run_1", outcomes=outcomes).values()) == 2

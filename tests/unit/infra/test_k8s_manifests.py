@@ -230,3 +230,19 @@ def test_the_api_listening_on_every_interface_reads_its_metrics_token_from_a_sec
         ref = refs["BACKFILL_METRICS_TOKEN"]  # serve --host 0.0.0.0 refuses to start without it
         if ref["name"] in secrets:
             assert secrets[ref["name"]]["stringData"][ref["key"]]
+
+
+def test_pgbouncer_pools_transactions_with_the_prepared_statements_psycopg_makes() -> None:
+    """The optional PgBouncer (infra/k8s/pgbouncer, compose profile `pgbouncer`): valid objects, transaction pooling,
+    protocol-level prepared statements kept (psycopg prepares a statement run 5 times), a Service on 6432."""
+    rendered = render(INFRA / "k8s" / "pgbouncer")
+    for item in rendered:
+        kubernetes_validate.validate(item, KUBERNETES_VERSION, strict=True)
+    (deployment,) = [item for item in rendered if item["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["POOL_MODE"] == "transaction" and int(env["MAX_PREPARED_STATEMENTS"]) > 0
+    (service,) = [item for item in rendered if item["kind"] == "Service"]
+    assert service["spec"]["ports"][0]["port"] == 6432
+    compose = yaml.safe_load((INFRA / "docker-compose.yml").read_text())["services"]["pgbouncer"]
+    assert compose["environment"]["POOL_MODE"] == "transaction" and compose["profiles"] == ["pgbouncer"]

@@ -12,8 +12,7 @@ from pydantic import ValidationError
 
 from storage.endpoints import CHAT_URL, EMBEDDINGS_URL, MODERATIONS_URL, RESPONSES_URL
 from storage.lines.reader import LineChecker, LineError, ParsedLine, peek_model
-from storage.planning.estimates import shape_of_jsonl
-from storage.planning.shapes import request_size
+from storage.planning.shapes import request_size, shape_of_jsonl
 from storage.protocols import OPENAI
 from storage.registry import STRUCTURED_OUTPUTS, ModelSpec
 from storage.settings import Settings

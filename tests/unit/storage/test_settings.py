@@ -13,7 +13,8 @@ from pydantic import ValidationError
 
 from storage.planning.roofline import HARDWARE_PRESETS, ModelShape, max_num_seqs_for
 from storage.registry import ModelSpec
-from storage.settings import SHUTDOWN_MARGIN_SECONDS, Settings, window_seconds
+from storage.settings import SHUTDOWN_MARGIN_SECONDS, Settings
+from storage.windows import window_seconds
 
 LLAMA_70B = {
     "architectures": ["LlamaForCausalLM"],

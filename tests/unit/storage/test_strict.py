@@ -8,7 +8,7 @@ from decimal import Decimal
 import pytest
 from pydantic import BaseModel
 
-from storage.batches import lifecycle
+from storage import lifecycle
 from storage.errors import InvalidValue
 from storage.protocols import ANTHROPIC, OPENAI
 from storage.strict import Priority, UsdAmount, cursor_number, micro_usd, parse_usd, priority_value, usd_amount

@@ -9,13 +9,13 @@ from typing import Any
 import httpx
 import pytest
 
-from storage.batches import lifecycle
-from storage.batches.windows import BACKGROUND_DEADLINE
+from storage import lifecycle
 from storage.clock import now
 from storage.db import transaction
 from storage.finance.budgets import month_start
 from storage.models import Batch
 from storage.protocols import ANTHROPIC
+from storage.windows import BACKGROUND_DEADLINE
 from tests.conftest import Backend, LiveServer, make_key, start_server
 from tests.factories import DAY0, make_batch, make_request, make_tenant
 
@@ -92,6 +92,15 @@ def test_batch_list_shows_both_protocols_of_my_tenant_only_with_filters_search_a
     nightly = listed["data"][0]
     assert nightly["request_counts"] == {"total": 4, "completed": 1, "failed": 3}
     assert nightly["cost"]["discount_pct"] == "50.00"
+    # The console reaches each batch where its protocol's API serves it, and streams results where it has a route.
+    paths = {row["id"]: (row["path"], row["results_path"], row["endpoint_label"]) for row in listed["data"]}
+    assert paths[seeded["nightly"]] == (f"/v1/batches/{seeded['nightly']}", None, "/v1/chat/completions")
+    messages = seeded["messages"]
+    assert paths[messages] == (
+        f"/v1/messages/batches/{messages}",
+        f"/v1/messages/batches/{messages}/results",
+        "messages",
+    )
 
     cancelled = get(server, key, "/v1/console/batches", status="cancelled").json()["data"]
     assert [row["id"] for row in cancelled] == [seeded["cancelled"]]

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from storage.batches import lifecycle
+from storage import lifecycle
 from storage.db import transaction
 from tests.conftest import Backend, LiveServer, make_key, start_server
 from tests.factories import DAY, DAY0, make_batch, make_request, make_run, make_tenant

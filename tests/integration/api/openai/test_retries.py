@@ -126,7 +126,7 @@ def test_results_stream_while_the_batch_runs_and_the_cursor_returns_only_new_lin
     whole, _ = get_results(client, batch.id)
     assert sorted(line["custom_id"] for line in whole) == sorted(f"req-{i}" for i in range(9))
 
-    from storage.queue.result_pages import numbered_pages
+    from storage.queue.result_rows import numbered_pages
 
     pages = list(numbered_pages(batch_id=batch.id, after=0, upto=9, page_rows=2))  # what the route streams
     assert [len(page) for page in pages] == [2, 2, 2, 2, 1]

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from sqlalchemy import event, select, update
 
-from storage.batches.batches import cancel_batch
+from storage.batches.control import cancel_batch
 from storage.batches.results import merged_results
 from storage.batches.retries import RetryChoices, retry_batch
 from storage.db import get_engine, transaction

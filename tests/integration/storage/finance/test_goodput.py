@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
+from storage import lifecycle
 from storage.finance.goodput import batch_goodput, goodput_report
 from storage.models import Batch
 from tests.factories import DAY, DAY0, make_batch, make_request, make_tenant

@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import select
 
 from storage.batches.control import pause_batch, resume_batch, set_priority
-from storage.batches.windows import BACKGROUND_DEADLINE
-from storage.clock import now, now_f
+from storage.clock import now
 from storage.db import transaction
 from storage.errors import BatchNotControllable, PriorityNotAllowed
 from storage.models import Batch, BatchRequest
@@ -20,7 +19,9 @@ from storage.queue.handback import paused_of
 from storage.queue.leases import release, renew, take_back
 from storage.queue.reaping import expire_overdue, release_expired_leases
 from storage.settings import Settings, get_settings
+from storage.windows import BACKGROUND_DEADLINE
 from tests.conftest import Backend
+from tests.factories import expire_leases
 from tests.integration.jobs import chat, submit_job
 
 pytestmark = pytest.mark.backfill_env(
@@ -136,7 +137,7 @@ def test_a_paused_batchs_rows_whose_holder_died_go_back_at_lease_expiry_and_are_
     with transaction() as session:
         pause_batch(session, tenant_id=tenant_of(batch_id), batch_id=batch_id)
     with transaction() as session:
-        session.execute(update(BatchRequest).values(lease_expires_at=now_f() - 1))
+        expire_leases(session)
         assert release_expired_leases(session, max_attempts=3) == 2
         assert take_back(session, worker_id="w1", request_ids=running, lease_seconds=60) == set()
     assert claim_some(8, worker="w2") == []  # queued, and paused
@@ -146,7 +147,7 @@ def test_a_paused_batchs_rows_whose_holder_died_go_back_at_lease_expiry_and_are_
 
 
 def test_cancel_works_while_paused_and_an_ended_batch_cannot_be_paused(backend: Backend) -> None:
-    from storage.batches.batches import cancel_batch
+    from storage.batches.control import cancel_batch
 
     batch_id, _ = submit_job([chat(i) for i in range(3)], deadline=now() + 20 * HOUR)
     tenant = tenant_of(batch_id)
@@ -182,7 +183,7 @@ def test_a_claim_that_raced_the_pause_records_nothing_while_paused(backend: Back
     """Found by the chaos suite: a claim whose pick read the batch before the pause committed leased its rows
     after the pause, so their results landed while the batch was paused. They are handed back."""
     from storage.db import get_sessionmaker
-    from storage.queue.leases import Outcome, record
+    from storage.queue.results import Outcome, record
 
     if backend.name != "postgres":
         pytest.skip("needs two concurrent writers")

@@ -12,10 +12,9 @@ import pytest
 from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.orm import Session
 
-from storage.batches.batches import cancel_batch
-from storage.batches.control import pause_batch, resume_batch
+from storage.batches.control import cancel_batch, pause_batch, resume_batch
 from storage.db import get_sessionmaker, transaction
-from storage.models import Batch, BatchRequest, CheckpointChunk
+from storage.models import Batch, BatchRequest, CheckpointChunk, Lease
 from storage.queue.checkpoints import (
     Generated,
     restart,
@@ -25,8 +24,9 @@ from storage.queue.checkpoints import (
     unpack_tokens,
 )
 from storage.queue.claim import ClaimedRequest, claim
-from storage.queue.leases import Outcome, record, release, renew
+from storage.queue.leases import release, renew
 from storage.queue.reaping import expire_overdue, release_worker_leases
+from storage.queue.results import Outcome, record
 from storage.settings import get_settings
 from tests.conftest import Backend
 from tests.integration.jobs import chat, submit_job
@@ -192,9 +192,7 @@ def test_two_concurrent_writers_from_the_same_count_store_one_of_them_whole(
     assert _chunks(rid) == [(0, [1] * 10)] and _row(rid).checkpoint_tokens == 10
 
 
-def test_a_renewal_stores_due_checkpoints_in_the_row_versions_it_writes_anyway_under_the_same_guards(
-    backend: Backend,
-) -> None:
+def test_a_renewal_writes_only_the_checkpoints_due_and_the_leases_under_the_same_guards(backend: Backend) -> None:
     submit_job([chat(i) for i in range(4)])
     claims = _claim("w1")
     a, b, c = sorted(claims)
@@ -205,22 +203,29 @@ def test_a_renewal_stores_due_checkpoints_in_the_row_versions_it_writes_anyway_u
         b: Generated("claim-of-an-earlier-run", [2] * 5),  # another claim's generation: never stored
         other: Generated(claims[a], [3] * 5),  # another worker's row: neither renewed nor stored
     }
-    updated = "SELECT pg_stat_get_xact_tuples_updated(CAST('batch_requests' AS regclass))"
+    updated = "SELECT pg_stat_get_xact_tuples_updated(CAST(:t AS regclass))"
     with transaction() as session:
-        session.execute(update(BatchRequest).where(BatchRequest.id.in_(ids)).values(lease_expires_at=1.0))
-        before = session.scalar(text(updated)) if backend.name == "postgres" else 0
+        session.execute(update(Lease).values(expires_at=1.0))
+        postgres = backend.name == "postgres"
+        before = [session.scalar(text(updated), {"t": t}) for t in ("batch_requests", "leases")] if postgres else []
         assert renew(session, worker_id="w1", request_ids=ids, lease_seconds=600, checkpoints=due) == {other}
-        if backend.name == "postgres":  # one new version per renewed row, the checkpoint's included
-            assert session.scalar(text(updated)) - before == 3
+        if postgres:  # the checkpoint's row version, and w1's one lease: no row renewed
+            after = [session.scalar(text(updated), {"t": t}) for t in ("batch_requests", "leases")]
+            assert [x - y for x, y in zip(after, before, strict=True)] == [1, 1]
         # a shorter write (the count moved past it) renews and stores nothing
         assert not renew(session, worker_id="w1", request_ids=[a], lease_seconds=600, checkpoints={a: due[a]})
     assert _chunks(a) == [(0, [1] * 5)] and _row(a).checkpoint_tokens == 5
     assert _chunks(b) == [] and _row(b).checkpoint_tokens == 0 and _chunks(other) == []
-    assert all(_row(rid).lease_expires_at > 100 for rid in (a, b, c)) and _row(other).lease_expires_at == 1.0
+    assert all(_lease_expiry(rid) > 100 for rid in (a, b, c)) and _lease_expiry(other) == 1.0
     with transaction() as session:  # the next write appends after the count, as `save_checkpoints` does
         later = {a: Generated(claims[a], [1] * 5 + [4] * 3)}
         assert not renew(session, worker_id="w1", request_ids=[a, b], lease_seconds=600, checkpoints=later)
     assert _chunks(a) == [(0, [1] * 5), (5, [4] * 3)]
+
+
+def _lease_expiry(request_id: str) -> float:
+    with transaction() as session:
+        return session.get_one(Lease, _row(request_id).lease_id).expires_at
 
 
 def test_a_paused_request_keeps_the_tokens_its_worker_stores_after_losing_the_lease(backend: Backend) -> None:

@@ -20,10 +20,12 @@ from storage.db import get_sessionmaker, transaction
 from storage.models import Batch, BatchRequest
 from storage.queue.claim import ClaimedRequest, claim
 from storage.queue.claim_order import ClaimOrder
-from storage.queue.leases import Outcome, record, release, take_back
+from storage.queue.leases import release, take_back
 from storage.queue.reaping import release_expired_leases
+from storage.queue.results import Outcome, record
 from storage.settings import get_settings
 from tests.conftest import Backend
+from tests.factories import expire_leases
 from tests.integration.jobs import chat, submit_job
 
 PRICES = {
@@ -126,8 +128,9 @@ def _hand_over(request_id: str) -> None:
     deadline moves a second later, so the next claim picks the batch's other rows first."""
     with transaction() as session:
         row = session.get_one(BatchRequest, request_id)
-        row.lease_expires_at, row.deadline = 0.0, row.deadline + 1
+        row.deadline += 1
         session.flush()
+        expire_leases(session, [request_id])
         assert release_expired_leases(session, max_attempts=3) == 1
 
 

@@ -12,7 +12,7 @@ from sqlalchemy import select
 from storage.clock import now
 from storage.db import get_sessionmaker, transaction
 from storage.models import BatchRequest
-from storage.planning.throughput import drain_seconds
+from storage.queue.backlog import drain_seconds
 from storage.queue.claim import ClaimedRequest, claim
 from storage.queue.claim_order import ClaimOrder, claim_order, drain_cache, urgency_horizon
 from storage.settings import Settings, get_settings

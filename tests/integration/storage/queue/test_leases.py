@@ -15,7 +15,7 @@ from storage.models import Batch, BatchRequest, CheckpointChunk, Tenant
 from storage.queue.backlog import done_batches
 from storage.queue.claim import claim
 from storage.queue.enqueue import lock_batches_of
-from storage.queue.leases import Outcome, record, record_outcomes
+from storage.queue.results import Outcome, record, record_outcomes
 from storage.settings import get_settings
 from tests.conftest import Backend
 from tests.integration.jobs import chat, submit_job
@@ -55,7 +55,7 @@ def test_requests_cancelled_while_a_worker_picks_them_are_not_run(
     import threading
 
     import storage.queue.claim as claim_module
-    from storage.batches.batches import cancel_batch
+    from storage.batches.control import cancel_batch
 
     batch_id, _ = submit_job([chat(i) for i in range(5)])
     with transaction() as session:

@@ -9,10 +9,9 @@ import json
 import threading
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import select
 
 from storage.batches.control import pause_batch, resume_batch
-from storage.clock import now_f
 from storage.db import transaction
 from storage.models import Batch, BatchRequest
 from storage.queue.claim import claim
@@ -20,6 +19,7 @@ from storage.queue.leases import release
 from storage.queue.reaping import release_expired_leases
 from storage.settings import get_settings
 from tests.conftest import Backend
+from tests.factories import expire_leases
 from tests.integration.worker.feed.test_checkpoints import (
     StoppingEngine,
     answer,
@@ -124,7 +124,7 @@ def test_a_dead_holders_paused_rows_go_back_when_its_lease_expires_and_run_after
     control(batch_id, "pause")
     assert other_worker_claims() == []
     with transaction() as session:
-        session.execute(update(BatchRequest).values(lease_expires_at=now_f() - 1))
+        expire_leases(session)
         assert release_expired_leases(session, max_attempts=3) == 2
     assert other_worker_claims() == []  # queued again, but paused
     control(batch_id, "resume")
@@ -145,7 +145,7 @@ class ReapedMidway(StoppingEngine):
         results = super().step()
         if self.steps == self.at and self.feeding is not None:
             with transaction() as session:
-                session.execute(update(BatchRequest).values(lease_expires_at=now_f() - 1))
+                expire_leases(session)
                 release_expired_leases(session, max_attempts=5)
             self.feeding.io.request_claim(4, held=frozenset(self.feeding.held()))
             self.feeding.io.drain()  # the claim is done: the runner admits its rows at its next top-up

@@ -11,11 +11,11 @@ from prometheus_client import REGISTRY
 
 from storage.db import transaction
 from storage.files.blobs import get_blob_store
-from storage.models import BatchRequest
-from storage.queue import leases
+from storage.queue import results as leases_results
 from storage.queue.claim import claim
 from storage.settings import get_settings
 from tests.conftest import Backend
+from tests.factories import expire_leases
 from tests.integration.jobs import chat, create_job
 from tests.integration.worker.feed.test_runner import enqueue, make_runner
 from worker.jobs.ingest import ingest_batch
@@ -37,7 +37,7 @@ def test_a_lease_the_reaper_released_is_counted_and_its_next_claim_is_a_reclaim(
     )
     with transaction() as session:
         claim(session, settings=get_settings(), model="fake-model", worker_id="dead-worker", limit=3, lease_seconds=5)
-        session.execute(BatchRequest.__table__.update().values(lease_expires_at=0.0))  # type: ignore[attr-defined]
+        expire_leases(session)
     with transaction() as session:
         reap(session)
     assert metric("backfill_lease_expiries_total") - expired == 3
@@ -117,7 +117,7 @@ def test_every_result_s_claim_to_commit_latency_is_observed_while_later_results_
         records.append(1)
         if len(records) == 1:  # bounded: if the runner waits for this commit first, the test shows it below
             second_handed_over.wait(timeout=10)
-        return leases.record_outcomes(*args, **kwargs)
+        return leases_results.record_outcomes(*args, **kwargs)
 
     monkeypatch.setattr(runner.io, "submit", counted_submit)
     monkeypatch.setattr(writes, "record_outcomes", first_record_waits_for_the_second_flush)

@@ -10,16 +10,17 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import select
 
 from storage.db import transaction
 from storage.files.blobs import get_blob_store
 from storage.files.files import get_file
 from storage.models import Batch, BatchRequest
-from storage.queue import leases as results
+from storage.queue import leases, results
 from storage.queue.reaping import release_expired_leases
 from storage.settings import get_settings
 from tests.conftest import Backend
+from tests.factories import expire_leases
 from tests.integration.worker.feed.test_runner import enqueue, statuses
 from worker.engine import EngineResult
 from worker.engine.fake import FakeEngine
@@ -54,7 +55,7 @@ def output_custom_ids(batch_id: str) -> list[str]:
 def requeue_expired() -> int:
     """The reaper after every lease ran out: held rows go back to the queue."""
     with transaction() as session:
-        session.execute(update(BatchRequest).where(BatchRequest.status == "running").values(lease_expires_at=0.0))
+        expire_leases(session)
     with transaction() as session:
         return release_expired_leases(session, max_attempts=3)
 
@@ -243,7 +244,7 @@ def test_a_row_requeued_under_the_runner_and_claimed_back_during_a_renewal_runs_
     renewed_lost, claimed = threading.Event(), threading.Event()
 
     def renew(session: Any, **kwargs: Any) -> set[str]:
-        lost = results.renew(session, **kwargs)
+        lost = leases.renew(session, **kwargs)
         if lost:
             renewed_lost.set()
         return lost
@@ -256,7 +257,7 @@ def test_a_row_requeued_under_the_runner_and_claimed_back_during_a_renewal_runs_
 
     def take_back(session: Any, **kwargs: Any) -> set[str]:
         assert claimed.wait(10)
-        return results.take_back(session, **kwargs)
+        return leases.take_back(session, **kwargs)
 
     queue_io_claim = queue_io.claim
     triggered: list[bool] = []

@@ -9,17 +9,17 @@ from collections.abc import Collection
 import pytest
 from sqlalchemy import func, select
 
-from storage.batches import lifecycle
-from storage.batches.batches import cancel_batch
+from storage import lifecycle
+from storage.batches.control import cancel_batch
 from storage.db import transaction
 from storage.files.blobs import get_blob_store
 from storage.models import Batch, BatchRequest, EngineRun
 from storage.queue.claim import claim
-from storage.queue.leases import record
 from storage.queue.reaping import release_expired_leases
+from storage.queue.results import record
 from storage.settings import get_settings
 from tests.conftest import Backend
-from tests.factories import make_batch, make_tenant
+from tests.factories import expire_leases, make_batch, make_tenant
 from worker.engine import EngineRequest, EngineResult
 from worker.engine.fake import FakeEngine
 from worker.feed.runner import Runner
@@ -92,9 +92,7 @@ def test_a_result_for_a_lost_lease_is_dropped_and_the_request_runs_again(backend
         claimed = claim(
             session, settings=get_settings(), model="fake-model", worker_id="dead-worker", limit=3, lease_seconds=5
         )
-        session.execute(
-            BatchRequest.__table__.update().values(lease_expires_at=0.0)  # type: ignore[attr-defined]
-        )
+        expire_leases(session)
     assert len(claimed) == 3
     with transaction() as session:
         assert release_expired_leases(session, max_attempts=3) == 3
@@ -102,7 +100,7 @@ def test_a_result_for_a_lost_lease_is_dropped_and_the_request_runs_again(backend
     while runner.run_for(5.0):
         pass
     # The dead worker comes back and reports: nothing it says is stored.
-    from storage.queue.leases import Outcome
+    from storage.queue.results import Outcome
 
     late = [Outcome(c.id, 200, {"late": True}, 1, 1, 0.1) for c in claimed]
     with transaction() as session:
@@ -253,3 +251,34 @@ def test_lines_waiting_for_their_images_do_not_hold_the_engine_from_another_tena
     while runner.run_for(2.0):
         pass
     assert statuses(slow) == {"completed": 4}
+
+
+class _HugeIntegerEngine(FakeEngine):
+    """Answers the first request with a tool input holding an integer past 64 bits (a random model did: its JSON
+    answer's number, parsed as Python parses JSON), and another past a float's range."""
+
+    def _result(self, sequence):  # type: ignore[no-untyped-def]
+        result = super()._result(sequence)
+        if result.request_id == self.huge_id:
+            result.body["choices"][0]["message"]["parsed"] = {"n": 10**30, "m": -(10**400), "ok": 7}
+        return result
+
+
+def test_an_answer_holding_an_integer_past_64_bits_is_stored_and_every_line_runs_on(backend: Backend) -> None:
+    """Issue 37 corpus run: an Anthropic tool input with a 30-digit integer failed every write of the runner
+    (orjson holds 64-bit integers), so the worker retried the same flush forever and no tenant's line landed."""
+    batch_id = enqueue(6)
+    other = enqueue(4, tenant="globex")
+    engine = _HugeIntegerEngine("fake-model", max_num_seqs=4, max_model_len=10**9)
+    with transaction() as session:
+        engine.huge_id = session.scalars(  # type: ignore[attr-defined]
+            select(BatchRequest.id).where(BatchRequest.batch_id == batch_id, BatchRequest.line == 1)
+        ).one()
+    runner = Runner(engine, model="fake-model", settings=get_settings(), worker_id="w1")
+    while runner.run_for(5.0):
+        pass
+    assert statuses(batch_id) == {"completed": 6} and statuses(other) == {"completed": 4}
+    with transaction() as session:
+        stored = session.get(BatchRequest, engine.huge_id)  # type: ignore[attr-defined]
+        assert stored is not None and stored.response_body is not None
+        assert stored.response_body["choices"][0]["message"]["parsed"] == {"n": 1e30, "m": None, "ok": 7}

@@ -9,7 +9,7 @@ import time
 import pytest
 from sqlalchemy import func, select
 
-from storage.batches import lifecycle
+from storage import lifecycle
 from storage.clock import now, now_f
 from storage.db import transaction
 from storage.ids import new_id

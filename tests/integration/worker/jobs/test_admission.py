@@ -7,7 +7,7 @@ import json
 import pytest
 from sqlalchemy import func, select, update
 
-from storage.batches import lifecycle
+from storage import lifecycle
 from storage.clock import now
 from storage.db import transaction
 from storage.models import Batch, BatchRequest

@@ -16,7 +16,7 @@ import pytest
 from openai.types.webhooks import BatchCompletedWebhookEvent
 from sqlalchemy import func, select
 
-from storage.batches import lifecycle
+from storage import lifecycle
 from storage.db import transaction
 from storage.models import WebhookDelivery, WebhookEvent
 from storage.settings import get_settings

@@ -160,7 +160,7 @@ def test_a_claim_that_returns_rows_the_worker_already_runs_is_a_re_lease_not_a_n
         session.execute(
             BatchRequest.__table__.update()
             .where(BatchRequest.id.in_([item.id for item in first]))
-            .values(status="queued", lease_owner=None, lease_expires_at=None)
+            .values(status="queued", lease_owner=None, lease_id=None)
         )
     with transaction() as session:
         again = claim(

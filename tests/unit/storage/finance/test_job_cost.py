@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
+from storage import lifecycle
 from storage.db import get_engine
 from storage.finance.job_cost import batch_cost, batch_cost_json, run_costs
 from storage.settings import Settings

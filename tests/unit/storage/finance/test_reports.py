@@ -10,7 +10,7 @@ from decimal import Decimal
 import pytest
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
+from storage import lifecycle
 from storage.errors import InvalidRequest
 from storage.finance.job_cost import batch_cost, run_costs
 from storage.finance.reports import cost_report, page_json, parse_group_by, to_csv, usage_report

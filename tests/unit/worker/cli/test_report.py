@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from storage.batches import lifecycle
+from storage import lifecycle
 from storage.db import transaction
 from tests.conftest import Backend
 from tests.factories import DAY, DAY0, make_batch, make_request, make_run, make_tenant

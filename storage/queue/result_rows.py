@@ -1,4 +1,8 @@
-"""Result lines read in pages while a batch runs (the merged view of a batch and its retries: retry_rows.py).
+"""Result rows read back: the one reader of what a result line is made of (`result_columns`, `ResultRow`), over
+a whole batch in line order (`iter_results`, finalize) or in numbered pages while it runs (`numbered_pages`); the
+merged view of a batch and its retries (retry_rows.py) reads the same columns.
+
+Pages while a batch runs:
 
 A running batch's requests finish in any order, so a line-number cursor would skip a line that finishes
 after a later one was read. Instead a reader numbers the finished requests no reader numbered yet
@@ -11,14 +15,14 @@ Pages are short keyset reads, each in its own transaction: memory stays bounded 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
+from storage import lifecycle
 from storage.db import transaction
 from storage.models import Batch, BatchRequest
-from storage.queue.leases import ResultRow
 
 PAGE_ROWS = 1000
 _TERMINAL = tuple(sorted(lifecycle.REQ_TERMINAL))
@@ -66,16 +70,38 @@ def _top(session: Session, *, batch_id: str) -> int:
     return int(session.scalar(select(func.max(BatchRequest.result_seq)).where(BatchRequest.batch_id == batch_id)) or 0)
 
 
-def _columns() -> tuple[object, ...]:
+# (id, custom_id, status code, body, error code, error message, checked attempts): what one result line is made of.
+ResultRow = tuple[str, str, int | None, dict[str, Any] | None, str | None, str | None, dict[str, Any] | None]
+
+
+def result_columns(table: Any = BatchRequest) -> tuple[Any, ...]:
+    """The columns of a `ResultRow`, of `batch_requests` or an alias of it."""
     return (
-        BatchRequest.id,
-        BatchRequest.custom_id,
-        BatchRequest.response_status,
-        BatchRequest.response_body,
-        BatchRequest.error_code,
-        BatchRequest.error_message,
-        BatchRequest.check_attempts,
+        table.id,
+        table.custom_id,
+        table.response_status,
+        table.response_body,
+        table.error_code,
+        table.error_message,
+        table.check_attempts,
     )
+
+
+def result_row(row: Any) -> ResultRow:
+    """The first seven columns of a row read with `result_columns` (first) as a `ResultRow`."""
+    return (row[0], row[1], row[2], row[3], row[4], row[5], row[6])
+
+
+def iter_results(session: Session, *, batch_id: str, statuses: tuple[str, ...]) -> Iterator[ResultRow]:
+    """The batch's finished requests in these statuses, in line order, streamed: what finalize writes."""
+    query = (
+        select(*result_columns())
+        .where(BatchRequest.batch_id == batch_id, BatchRequest.status.in_(statuses))
+        .order_by(BatchRequest.line)
+        .execution_options(yield_per=1000)
+    )
+    for row in session.execute(query):
+        yield result_row(row)
 
 
 def numbered_pages(*, batch_id: str, after: int, upto: int, page_rows: int = PAGE_ROWS) -> Iterator[list[ResultRow]]:
@@ -83,7 +109,7 @@ def numbered_pages(*, batch_id: str, after: int, upto: int, page_rows: int = PAG
     while after < upto:
         with transaction() as session:
             query = (
-                select(*_columns(), BatchRequest.result_seq)  # type: ignore[call-overload]
+                select(*result_columns(), BatchRequest.result_seq)
                 .where(
                     BatchRequest.batch_id == batch_id,
                     BatchRequest.result_seq > after,
@@ -95,5 +121,5 @@ def numbered_pages(*, batch_id: str, after: int, upto: int, page_rows: int = PAG
             rows = list(session.execute(query).all())
         if not rows:
             return
-        after = int(rows[-1][7])
-        yield [(r[0], r[1], r[2], r[3], r[4], r[5], r[6]) for r in rows]
+        after = int(rows[-1][-1])  # result_seq, after the result columns
+        yield [result_row(r) for r in rows]

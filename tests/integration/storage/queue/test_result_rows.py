@@ -1,4 +1,4 @@
-"""Numbering results for the `?after=` cursor (storage/queue/result_pages.py): chunk by chunk in short
+"""Numbering results for the `?after=` cursor (storage/queue/result_rows.py): chunk by chunk in short
 transactions, each line numbered once, the cursor continuing where the last read stopped; SQLite and Postgres."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from sqlalchemy import select, update
 
 from storage.db import transaction
 from storage.models import BatchRequest
-from storage.queue.result_pages import number_results, numbered_pages
+from storage.queue.result_rows import number_results, numbered_pages
 from tests.conftest import Backend
 from tests.integration.jobs import chat, submit_job
 

@@ -13,54 +13,19 @@ deadlines.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
 from sqlalchemy.orm import Session
 
-from storage.batches.windows import BACKGROUND_DEADLINE, is_background_window
 from storage.clock import now_f
 from storage.finance.prices import CostBlock, price_book, price_job
-from storage.lines.reader import LineChecker, LineError, iter_lines
-from storage.planning.shapes import DEFAULT_MAX_TOKENS, JobShape, output_limit, request_size, work_of
-from storage.planning.throughput import DEFAULT_TOKENS_PER_SECOND, Throughput, measured_throughput
+from storage.planning.shapes import JobShape, work_of
+from storage.planning.throughput import DEFAULT_TOKENS_PER_SECOND, Throughput, throughput
 from storage.queue.backlog import backlog
-from storage.settings import Settings, window_seconds
-
-MAX_PROBLEMS = 20  # line problems an estimate echoes; `skipped_lines` counts them all
-
-
-def shape_of_jsonl(
-    chunks: Iterable[bytes],
-    *,
-    max_line_bytes: int,
-    max_requests: int,
-    endpoint: str | None = None,
-    default_max_tokens: int = DEFAULT_MAX_TOKENS,
-    default_models: Mapping[str, str] | None = None,
-) -> JobShape:
-    """Size a batch input file streamed in chunks, judging each line exactly as ingest would.
-
-    Lines the checker rejects are counted (`skipped_lines`, the first few kept in `problems`), not sized:
-    ingest would fail the whole batch for them, and the estimate says so.
-    """
-    checker = LineChecker(endpoint=endpoint, max_requests=max_requests, default_models=default_models)
-    requests = input_tokens = output_tokens = 0
-    problems: list[LineError] = []
-    skipped = 0
-    for number, raw in iter_lines(chunks, max_line_bytes=max_line_bytes):
-        outcome = checker.check(number, raw, max_line_bytes=max_line_bytes)
-        if isinstance(outcome, LineError):
-            skipped += 1
-            if len(problems) < MAX_PROBLEMS:
-                problems.append(outcome)
-        elif outcome is not None:
-            requests += 1
-            input_tokens += request_size(outcome.url, outcome.body, line_bytes=len(raw or b""))[0]
-            output_tokens += output_limit(outcome.body, outcome.url, default_max_tokens)
-    return JobShape(requests, input_tokens, output_tokens, checker.model, skipped, tuple(problems))
+from storage.settings import Settings
+from storage.windows import BACKGROUND_DEADLINE, is_background_window, window_seconds
 
 
 @dataclass(frozen=True)
@@ -126,9 +91,7 @@ def estimate_job(
     if default_tokens_per_second <= 0:
         raise ValueError("the default throughput must be positive")
     at = now_f() if at is None else at
-    rate = measured_throughput(session, model=model, prefill_weight=settings.prefill_weight) or Throughput(
-        default_tokens_per_second, default_tokens_per_second, "default", 0
-    )
+    rate = throughput(session, model=model, settings=settings, default_tokens_per_second=default_tokens_per_second)
     queued = backlog(session, model=model)
     backlog_seconds = work_of(queued, settings.prefill_weight) / rate.work_per_second
     job_seconds = work_of(shape, settings.prefill_weight) / rate.work_per_second

@@ -27,7 +27,7 @@ CANCELLING = "cancelling"
 CANCELLED = "cancelled"
 
 TERMINAL = frozenset({FAILED, COMPLETED, EXPIRED, CANCELLED})
-# Statuses in which a batch may be paused, resumed or re-prioritised (storage/batch_control.py). Pausing is
+# Statuses in which a batch may be paused, resumed or re-prioritised (storage/batches/control.py). Pausing is
 # no status of its own: the batch stays `in_progress` (an SDK-valid status) with `paused_at` set.
 CONTROLLABLE = frozenset({VALIDATING, IN_PROGRESS})
 

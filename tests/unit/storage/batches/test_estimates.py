@@ -8,8 +8,9 @@ from decimal import Decimal
 import pytest
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
-from storage.planning.estimates import estimate_job, shape_of_jsonl
+from storage import lifecycle
+from storage.batches.estimates import estimate_job
+from storage.planning.shapes import shape_of_jsonl
 from storage.planning.throughput import measured_throughput
 from storage.queue.backlog import backlog
 from storage.settings import Settings

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from storage.batches.windows import BACKGROUND_DEADLINE, deadline_for
-from storage.planning.admission import edf_finish_times
+from storage.batches.admission import edf_finish_times
 from storage.planning.shapes import JobShape
 from storage.queue.backlog import OpenJob
 from storage.settings import Settings
+from storage.windows import BACKGROUND_DEADLINE, deadline_for
 
 
 def job(batch_id: str, deadline: int, requests: int) -> OpenJob:

@@ -3,7 +3,7 @@
 Non-urgent work is claimed band by band: batches with a deadline before background batches, and within
 each, higher `priority` first; inside a band tenants share fairly (storage/queue/claim_order.py). Held
 batches (paused, or with no room under their spend cap: storage/queue/claim_caps.py) are in no band and their
-rows are left out of the urgent tier too. Reading the batches (not aggregating every queued row) keeps the
+rows are left out of the urgent band too. Reading the batches (not aggregating every queued row) keeps the
 claim cheap at 50,000 queued rows. When every batch is in one band and none is held, the band carries no
 batch filter, so the claim's queries are those of a plain queue.
 """
@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from storage.batches import lifecycle
-from storage.batches.windows import BACKGROUND_WINDOW
+from storage import lifecycle
 from storage.clock import now
 from storage.models import Batch
+from storage.windows import BACKGROUND_WINDOW
 
 TRIAL_RUNNING = "in_progress"  # storage/batches/trials.py RUNNING (storage/queue/ imports no workflow module)
 
@@ -67,7 +67,7 @@ def open_batches(session: Session, *, model: str) -> list[OpenBatch]:
             Batch.max_cost_micro_usd,
             Batch.trial_status,
         )
-        # A batch whose requests name several models (an Anthropic Message Batch) has no single model.
+        # A batch whose requests name several models (storage/protocols.py `one_model`) has no single model.
         .where(or_(Batch.model == model, Batch.model.is_(None)), Batch.status == lifecycle.IN_PROGRESS)
         .order_by(Batch.expires_at, Batch.id)
     ).all()

@@ -6,7 +6,7 @@ import ast
 
 import pytest
 
-from storage.batches import lifecycle
+from storage import lifecycle
 from storage.errors import BatchNotCancellable, IllegalTransition
 from storage.models import Batch
 from tests.unit.test_layering import sources
