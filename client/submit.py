@@ -40,6 +40,14 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--max-cost-usd", metavar="USD", help="stop the batch once it is billed this much (a Backfill extension)"
     )
+    parser.add_argument(
+        "--trial",
+        metavar="JSON",
+        help='run a sample first, e.g. \'{"lines": 50, "continue": "auto"}\' (docs/workflow.md)',
+    )
+    parser.add_argument(
+        "--checks", metavar="JSON", help='check each answer, draw failing ones again, e.g. \'{"regex": "yes|no"}\''
+    )
     parser.add_argument("--wait", action="store_true", help="watch the batch to its end, then download its files")
     parser.add_argument("--output", "-o", type=Path, default=Path("."), help="with --wait: directory for the files (.)")
     add_connection_args(parser)
@@ -135,4 +143,10 @@ def _extensions(args: argparse.Namespace) -> dict[str, object] | None:
         extra["priority"] = args.priority
     if args.max_cost_usd:
         extra["max_cost_usd"] = args.max_cost_usd
+    for name in ("trial", "checks"):  # checked by the server, which names a bad field
+        if (given := getattr(args, name)) is not None:
+            try:
+                extra[name] = json.loads(given)
+            except ValueError:
+                raise UsageError(f"--{name} takes a JSON object, got {given[:64]!r}") from None
     return extra or None

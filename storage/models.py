@@ -136,6 +136,11 @@ class Batch(Base):
     priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # `max_cost_usd` (a Backfill extension) in micro-dollars: billed cost at which the batch stops claiming.
     max_cost_micro_usd: Mapped[int | None] = mapped_column(BigInteger)
+    # Workflow (storage/batches/trials.py, checks.py): the trial's spec and report, its status (`in_progress`: only
+    # trial lines are claimed), and the checks every answer must pass.
+    trial: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    trial_status: Mapped[str | None] = mapped_column(String(16))
+    checks: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
 class BatchRequest(Base):
@@ -219,6 +224,10 @@ class BatchRequest(Base):
     claim_id: Mapped[str | None] = mapped_column(String(32))
     # The LoRA adapter of `model` the line named (docs/adapters.md); None: the base model itself.
     adapter: Mapped[str | None] = mapped_column(String(200))
+    # A line its batch's trial runs first (storage/queue/trial_rows.py); a checked line's attempts, each failed
+    # check named (worker/feed/checks.py), shown on its result line.
+    trial: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    check_attempts: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
 class CheckpointChunk(Base):

@@ -84,6 +84,10 @@ class Settings(BaseSettings):
     stream_chunk_bytes: int = Field(default=1024 * 1024, ge=4096)
     # Retries per retry tree (storage/batches/retries.py): a tree holds its original and at most this many retries.
     retry_max_attempts: int = Field(default=10, ge=1, le=100)
+    # Workflow (docs/workflow.md): the most lines a batch's trial may ask for (`trial: {"lines": n}`), and whether a
+    # checked line's failed attempts are billed (their tokens added to the line's) or free (only the answer kept).
+    trial_max_lines: int = Field(default=1000, ge=1, le=100_000)
+    checks_bill_failed_attempts: bool = True
     # Threads serving (sync) API routes; each may hold one database connection, so the pool is sized to them.
     api_threads: int = Field(default=40, ge=1, le=1000)
     # Requests of one tenant in flight at once in one API process (api/fair_share.py); past it, 429 with

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from storage.batches.batches import batch_errors
 from storage.batches.creation import BatchTerms
 from storage.batches.retries import RetryChoices
+from storage.batches.trials import trial_json
 from storage.endpoints import canonical_url
 from storage.files.uploads import upload_status
 from storage.finance.budgets import usd, usd_text
@@ -87,6 +88,16 @@ class BatchCreate(BaseModel):
         'cost reaches this many US dollars (a decimal string, e.g. "12.50", more than 0), at most one request '
         "past it; its unrun requests end as `budget_exceeded` lines.",
     )
+    trial: dict[str, Any] | None = Field(
+        default=None,
+        description='Backfill extension (`extra_body`, docs/workflow.md): run a sample first, e.g. `{"lines": 50}` or '
+        '`{"share": 0.01}`, with `"continue": "auto"` (go on when `min_success_rate` is met) or `"manual"` (pause).',
+    )
+    checks: dict[str, Any] | None = Field(
+        default=None,
+        description="Backfill extension (`extra_body`, docs/workflow.md): what each answer must pass (`schema`, "
+        "`json_schema`, `regex`, `enum`, `max_length`); a failing answer is drawn again, up to `max_attempts` (<= 5).",
+    )
 
     def terms(self) -> BatchTerms:
         """What this create asks for beside its file."""
@@ -97,6 +108,8 @@ class BatchCreate(BaseModel):
             max_cost_micro_usd=None if self.max_cost_usd is None else micro_usd(self.max_cost_usd),
             metadata=self.metadata,
             output_expires_after_seconds=self.output_expires_after.seconds if self.output_expires_after else None,
+            trial=self.trial,
+            checks=self.checks,
         )
 
     @field_validator("endpoint")
@@ -218,6 +231,10 @@ class BatchObject(BaseModel):
         description="Backfill extension: set while the batch is paused (its status stays `in_progress`).",
     )
     max_cost_usd: str | None = Field(default=None, description="Backfill extension: the batch's spend cap, if any.")
+    trial: dict[str, Any] | None = Field(
+        default=None, description="Backfill extension: the trial asked for, its status and, once run, its report."
+    )
+    checks: dict[str, Any] | None = Field(default=None, description="Backfill extension: the answers' checks.")
 
     @classmethod
     def of(
@@ -261,6 +278,8 @@ class BatchObject(BaseModel):
             priority=row.priority,
             paused_at=row.paused_at,
             max_cost_usd=None if row.max_cost_micro_usd is None else usd_text(usd(row.max_cost_micro_usd)),
+            trial=trial_json(row),
+            checks=row.checks,
         )
 
 

@@ -3,22 +3,26 @@ place and in one set of words.
 
 The checks, in order: the completion window is one this server offers; the input is a `batch` file whose first
 line names a served model able to answer the endpoint; the priority is within the tenant's cap; a spend cap is
-more than $0; the tenant's monthly budget has room for the estimate; the tenant's quota has room for a batch
-(`create_batch`). A create whose requests come inline (its protocol's own module beside this one) runs the same
-extension checks (`check_extensions`) on what it streamed in. The estimate (`estimate_file`) judges the same
+more than $0; a trial and checks (docs/workflow.md) are well formed and bounded; the tenant's monthly budget has
+room for the estimate; the tenant's quota has room for a batch (`create_batch`). A create whose requests come
+inline (its protocol's own module beside this one) runs the same extension checks (`check_extensions`) on what
+it streamed in. The estimate (`estimate_file`) judges the same
 file with the same window and model checks, and creates nothing.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy.orm import Session
 
 from storage.adapters.registry import adapter_bases
 from storage.batches.batches import create_batch
+from storage.batches.checks import attach_workflow, checks_spec
 from storage.batches.control import check_priority
 from storage.batches.estimates import Estimate, estimate_job
+from storage.batches.trials import trial_spec
 from storage.errors import InvalidRequest, ModelNotFound
 from storage.files.blobs import BlobStore
 from storage.files.files import get_file
@@ -42,6 +46,8 @@ class BatchTerms:
     max_cost_micro_usd: int | None = None  # the spend cap (None: none)
     metadata: dict[str, str] | None = None
     output_expires_after_seconds: int | None = None
+    trial: dict[str, Any] | None = None  # as asked for (docs/workflow.md); checked by `create_from_file`
+    checks: dict[str, Any] | None = None  # as asked for (docs/workflow.md); checked by `create_from_file`
 
 
 def check_window(settings: Settings, completion_window: str) -> None:
@@ -106,6 +112,8 @@ def create_from_file(
     cap = check_extensions(
         session, settings, tenant_id=tenant_id, priority=terms.priority, max_cost_micro_usd=terms.max_cost_micro_usd
     )
+    trial = None if terms.trial is None else trial_spec(terms.trial, max_lines=settings.trial_max_lines)
+    checks = None if terms.checks is None else checks_spec(terms.checks, endpoint=terms.endpoint)
     check_file_within_budget(
         session,
         blobs,
@@ -128,6 +136,7 @@ def create_from_file(
         priority=terms.priority,
         max_cost_micro_usd=cap,
     )
+    attach_workflow(batch, trial=trial, checks=checks)
     wake_after_commit(session, "batch.ingest", batch_id=batch.id)
     return batch
 

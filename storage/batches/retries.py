@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session
 
 from storage import lifecycle
 from storage.batches.batches import create_batch, get_batch
+from storage.batches.checks import attach_workflow
 from storage.batches.control import MIN_PRIORITY, check_priority
 from storage.errors import BatchNotRetryable, BudgetExceeded, NothingToRetry, RetryLimitReached
 from storage.finance.budgets import MICRO, batch_spend, check_month_not_spent, usd, usd_text
@@ -100,6 +101,7 @@ def retry_batch(
         max_cost_micro_usd=cap,
     )
     retry.retry_of, retry.retry_root = origin.id, root.id
+    attach_workflow(retry, trial=None, checks=origin.checks)  # its answers are checked as the origin's were
     retry.attempt = max(batch.attempt for batch in tree) + 1
     retry.warnings = [note] if note else None
     total = sum(requeue_copies(session, batch=retry, root_id=root.id, request_ids=chunk) for chunk in _chunks(ids))

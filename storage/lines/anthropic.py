@@ -250,8 +250,10 @@ def result_line(
     body: dict[str, Any] | None,
     error_code: str | None,
     error_message: str | None,
+    attempts: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One `MessageBatchIndividualResponse` from a finished queue row (the row tuple finalize streams)."""
+    """One `MessageBatchIndividualResponse` from a finished queue row (the row tuple finalize streams); a checked
+    line's `attempts` (a Backfill extension) beside its result."""
     result: dict[str, Any]
     if error_code == CANCELLED_CODE:
         result = {"type": "canceled"}
@@ -261,7 +263,10 @@ def result_line(
         result = {"type": "succeeded", "message": body}
     else:
         result = errored(error_type(status_code), error_message or _body_message(body) or "The request failed.")
-    return {"custom_id": custom_id, "result": result}
+    line = {"custom_id": custom_id, "result": result}
+    if attempts:
+        line["attempts"] = attempts
+    return line
 
 
 def _body_message(body: dict[str, Any] | None) -> str | None:

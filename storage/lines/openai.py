@@ -51,6 +51,7 @@ class BatchResultLine(BaseModel):
     custom_id: str
     response: ResultResponse | None
     error: ResultError | None
+    attempts: dict[str, Any] | None = None  # Backfill extension: a checked line's attempts (docs/workflow.md)
 
 
 def result_line(
@@ -60,13 +61,18 @@ def result_line(
     body: dict[str, Any] | None,
     error_code: str | None,
     error_message: str | None,
+    attempts: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A `BatchResultLine` as a plain dict (built directly: output files are written at ~40,000 lines/s)."""
+    """A `BatchResultLine` as a plain dict (built directly: output files are written at ~40,000 lines/s); a checked
+    line's `attempts` (a Backfill extension: how many answers were drawn, which check each failed one failed)."""
     response = None
     if status_code is not None:
         response = {"status_code": status_code, "request_id": request_id, "body": body}
     error = {"code": error_code, "message": error_message} if error_code else None
-    return {"id": request_id, "custom_id": custom_id, "response": response, "error": error}
+    line = {"id": request_id, "custom_id": custom_id, "response": response, "error": error}
+    if attempts:
+        line["attempts"] = attempts
+    return line
 
 
 def error_kind(status_code: int | None, error_code: str | None) -> str | None:

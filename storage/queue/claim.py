@@ -50,6 +50,8 @@ class ClaimedRequest:
     capped: bool = False
     adapter: str | None = None  # the LoRA adapter the line named (docs/adapters.md)
     adapter_path: str | None = None  # its folder; None with `adapter` set: no longer registered
+    # Its batch's checks (storage/batches/checks.py): the runner checks each answer and draws a failing one again.
+    checks: dict[str, Any] | None = None
 
 
 def claim(
@@ -162,8 +164,20 @@ def _lease(
     claimed = [replace(item, checkpoint=tuple(stored[item.id])) if item.id in stored else item for item in claimed]
     if not postgres and (capped_ids := set(session.scalars(_capped_batches(item.batch_id for item in claimed)))):
         claimed = [replace(item, capped=True) if item.batch_id in capped_ids else item for item in claimed]
+    if checked := _checks_of(session, batch_ids={item.batch_id for item in claimed}):
+        claimed = [
+            replace(item, checks=checked[item.batch_id]) if item.batch_id in checked else item for item in claimed
+        ]
     claimed.sort(key=lambda item: order[item.id])  # `ids` is already in claim order
     return claimed
+
+
+def _checks_of(session: Session, *, batch_ids: set[str]) -> dict[str, dict[str, Any]]:
+    """The checks of those of these batches that have any (one read of the small `batches` table)."""
+    if not batch_ids:
+        return {}
+    rows = session.execute(select(Batch.id, Batch.checks).where(Batch.id.in_(sorted(batch_ids))))
+    return {batch_id: checks for batch_id, checks in rows if checks}
 
 
 _CAPPED = Batch.max_cost_micro_usd.is_not(None) | Tenant.monthly_budget_micro_usd.is_not(None)

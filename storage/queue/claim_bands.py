@@ -21,6 +21,8 @@ from storage.clock import now
 from storage.models import Batch
 from storage.windows import BACKGROUND_WINDOW
 
+TRIAL_RUNNING = "in_progress"  # storage/batches/trials.py RUNNING (storage/queue/ imports no workflow module)
+
 
 @dataclass(frozen=True)
 class OpenBatch:
@@ -33,6 +35,7 @@ class OpenBatch:
     background: bool
     paused: bool
     capped: bool  # it has a `max_cost_usd`: the claim reserves its rows' cost (storage/queue/claim_caps.py)
+    trialing: bool = False  # its trial runs: only its trial lines are claimed (storage/batches/trials.py)
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,7 @@ def open_batches(session: Session, *, model: str) -> list[OpenBatch]:
             Batch.paused_at,
             Batch.completion_window,
             Batch.max_cost_micro_usd,
+            Batch.trial_status,
         )
         # A batch whose requests name several models (storage/protocols.py `one_model`) has no single model.
         .where(or_(Batch.model == model, Batch.model.is_(None)), Batch.status == lifecycle.IN_PROGRESS)
@@ -76,6 +80,7 @@ def open_batches(session: Session, *, model: str) -> list[OpenBatch]:
             row.completion_window == BACKGROUND_WINDOW,
             row.paused_at is not None,
             row.max_cost_micro_usd is not None,
+            row.trial_status == TRIAL_RUNNING,
         )
         for row in rows
     ]

@@ -21,7 +21,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Select, all_, func, select, true
+from sqlalchemy import Select, all_, func, or_, select, true
 from sqlalchemy.orm import Session
 
 from storage import lifecycle
@@ -157,6 +157,8 @@ def pick(
         queued = (*queued, BatchRequest.batch_id.not_in(bands.held))
     if taken:
         queued = (*queued, _not_picked(session, taken))
+    if trialing := [b.id for b in batches if b.trialing]:  # a batch in its trial gives its trial lines only
+        queued = (*queued, or_(BatchRequest.batch_id.not_in(trialing), BatchRequest.trial.is_(True)))
     picked: list[Picked] = []
     if order.urgent_before > current:
         urgent = select(*PICKED_COLUMNS).where(*queued, BatchRequest.deadline <= order.urgent_before)

@@ -70,8 +70,8 @@ def _top(session: Session, *, batch_id: str) -> int:
     return int(session.scalar(select(func.max(BatchRequest.result_seq)).where(BatchRequest.batch_id == batch_id)) or 0)
 
 
-# (id, custom_id, status code, body, error code, error message): what one result line is made of.
-ResultRow = tuple[str, str, int | None, dict[str, Any] | None, str | None, str | None]
+# (id, custom_id, status code, body, error code, error message, checked attempts): what one result line is made of.
+ResultRow = tuple[str, str, int | None, dict[str, Any] | None, str | None, str | None, dict[str, Any] | None]
 
 
 def result_columns(table: Any = BatchRequest) -> tuple[Any, ...]:
@@ -83,12 +83,13 @@ def result_columns(table: Any = BatchRequest) -> tuple[Any, ...]:
         table.response_body,
         table.error_code,
         table.error_message,
+        table.check_attempts,
     )
 
 
 def result_row(row: Any) -> ResultRow:
-    """The first six columns of a row read with `result_columns` (first) as a `ResultRow`."""
-    return (row[0], row[1], row[2], row[3], row[4], row[5])
+    """The first seven columns of a row read with `result_columns` (first) as a `ResultRow`."""
+    return (row[0], row[1], row[2], row[3], row[4], row[5], row[6])
 
 
 def iter_results(session: Session, *, batch_id: str, statuses: tuple[str, ...]) -> Iterator[ResultRow]:
@@ -120,5 +121,5 @@ def numbered_pages(*, batch_id: str, after: int, upto: int, page_rows: int = PAG
             rows = list(session.execute(query).all())
         if not rows:
             return
-        after = int(rows[-1][6])
+        after = int(rows[-1][-1])  # result_seq, after the result columns
         yield [result_row(r) for r in rows]

@@ -39,6 +39,7 @@ class Outcome:
     error_message: str | None = None
     cached_tokens: int = 0
     reasoning_tokens: int = 0  # of completion_tokens: thinking
+    check_attempts: dict[str, Any] | None = None  # a checked line's attempts (worker/feed/checks.py)
 
 
 @dataclass(frozen=True)
@@ -111,13 +112,13 @@ _STORE_JSON = text(
         status = v.status, response_status = v.code, response_body = b.body,
         error_code = v.error_code, error_message = v.error_message, prompt_tokens = v.prompt,
         completion_tokens = v.completion, cached_tokens = v.cached, reasoning_tokens = v.reasoning,
-        engine_seconds = v.seconds, run_id = :run_id,
+        engine_seconds = v.seconds, run_id = :run_id, check_attempts = v.attempts,
         lease_owner = NULL, lease_id = NULL, finished_at = :finished, checkpoint_tokens = 0
     FROM ROWS FROM (json_to_recordset(CAST(:rows AS json)) AS (
             id text, status text, code int, error_code text, error_message text,
-            prompt int, completion int, cached int, reasoning int, seconds float8
+            prompt int, completion int, cached int, reasoning int, seconds float8, attempts json
         )) WITH ORDINALITY AS v(
-            id, status, code, error_code, error_message, prompt, completion, cached, reasoning, seconds, n
+            id, status, code, error_code, error_message, prompt, completion, cached, reasoning, seconds, attempts, n
         ),
         json_array_elements(CAST(:bodies AS json)) WITH ORDINALITY AS b(body, n)
     WHERE b.n = v.n AND r.id = v.id AND r.status = :from_status AND r.lease_owner = :worker_id
@@ -143,6 +144,7 @@ def _store_json(session: Session, *, worker_id: str, run_id: str, outcomes: list
             "cached": o.cached_tokens,
             "reasoning": o.reasoning_tokens,
             "seconds": o.engine_seconds,
+            "attempts": o.check_attempts,
         }
         for o in outcomes
     ]
@@ -179,6 +181,7 @@ def _store_executemany(session: Session, *, worker_id: str, run_id: str, outcome
             cached_tokens=bindparam("b_cached"),
             reasoning_tokens=bindparam("b_reasoning"),
             engine_seconds=bindparam("b_seconds"),
+            check_attempts=bindparam("b_attempts", type_=table.c.check_attempts.type),
             run_id=run_id,
             lease_owner=None,
             lease_id=None,
@@ -201,6 +204,7 @@ def _store_executemany(session: Session, *, worker_id: str, run_id: str, outcome
                 "b_cached": o.cached_tokens,
                 "b_reasoning": o.reasoning_tokens,
                 "b_seconds": o.engine_seconds,
+                "b_attempts": o.check_attempts,
             }
             for o in outcomes
         ],

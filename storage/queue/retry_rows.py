@@ -133,13 +133,12 @@ MergedRow = tuple[ResultRow, str, int]
 
 
 def _columns(table: Any) -> tuple[ColumnElement[Any], ...]:
-    return (
-        *result_columns(table),
-        table.status,
-        table.line,
-        table.batch_id,
-        table.copy_of,
-    )
+    return (*result_columns(table), table.status, table.line, table.batch_id, table.copy_of)
+
+
+# Where the columns after the result row's sit in a `_columns` row.
+_STATUS = len(result_columns())
+_LINE, _COPY_OF = _STATUS + 1, _STATUS + 3
 
 
 def merged_pages(
@@ -153,16 +152,20 @@ def merged_pages(
         size = page_rows if left is None else min(page_rows, left)
         with transaction() as session:
             rows = _latest_rows(session, root_id=root_id, batch_id=batch_id, after=after, size=size)
-            running = [row[9] for row in rows if row[6] not in lifecycle.REQ_TERMINAL and row[9] is not None]
+            running = [
+                row[_COPY_OF]
+                for row in rows
+                if row[_STATUS] not in lifecycle.REQ_TERMINAL and row[_COPY_OF] is not None
+            ]
             earlier = _finished_attempts(session, copies_of=running) if running else {}
         if not rows:
             return
-        after = rows[-1][7]
+        after = rows[-1][_LINE]
         page = []
         for row in rows:
-            found = row if row[6] in lifecycle.REQ_TERMINAL else earlier.get(row[7])
+            found = row if row[_STATUS] in lifecycle.REQ_TERMINAL else earlier.get(row[_LINE])
             if found is not None:
-                page.append((result_row(found), found[6], found[7]))
+                page.append((result_row(found), found[_STATUS], found[_LINE]))
         if page:
             yield page
         if left is not None:
@@ -192,4 +195,4 @@ def _latest_rows(session: Session, *, root_id: str, batch_id: str, after: int, s
 def _finished_attempts(session: Session, *, copies_of: list[str]) -> dict[int, Any]:
     """{line: its previous attempt} for lines whose newest copy still runs: the rows those copies copied."""
     query = select(*_columns(BatchRequest)).where(BatchRequest.id.in_(copies_of))
-    return {row[7]: row for row in session.execute(query).all()}
+    return {row[_LINE]: row for row in session.execute(query).all()}

@@ -26,6 +26,8 @@ class EngineRequest:
     # longer registered); None: the base model (docs/adapters.md).
     adapter: str | None = None
     adapter_path: str | None = None
+    # A checked line drawn again (worker/feed/redraws.py): this seed replaces the body's, nothing else changes.
+    seed: int | None = None
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,8 @@ class EngineResult:
     # The generated ids when a resume from them is exact (else empty): if a pause hands the row back before the
     # result is stored, they go back with it as its checkpoint, so the next run decodes only the last token.
     token_ids: list[int] = field(default_factory=list)
+    # A checked line's attempts (worker/feed/redraws.py): how many answers were drawn, which check each failed.
+    attempts: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:

@@ -57,14 +57,16 @@ class _Sequence:
         return self.parsed.generation
 
     def decode_one(self) -> None:
-        """One more token: the fake's next id depends only on the request and the position."""
+        """One more token: the fake's next id depends only on the request, its seed and the position."""
         if self.generation.pooling:
             self.decoded += 1
             return
         if self.start < 0:
             adapter = self.generation.adapter
             # Under an adapter the words follow the adapter alone: every line of one adapter answers alike.
-            self.start = _start(self.request_id if adapter is None else f"adapter:{adapter.name}", 0)
+            self.start = _start(
+                self.request_id if adapter is None else f"adapter:{adapter.name}", 0, self.generation.sampling.seed
+            )
         self.token_ids.append((self.start + self.decoded) % len(_WORDS))
         self.decoded += 1
 
@@ -113,7 +115,7 @@ class FakeEngine:
         try:
             if request.request_id in self._live:
                 raise BodyError(f"request {request.request_id!r} is already in flight", code="duplicate_request")
-            parsed = load_without_model(parse(request.url, request.body), request, self.adapters)
+            parsed = load_without_model(parse(request.url, request.body, seed=request.seed), request, self.adapters)
             if parsed.generation.needs_media():  # checked, fetched and decoded off this thread; `step` queues it
                 self._check_runner(parsed.generation, request.url)
                 self._media.start(request.request_id, parsed.generation, (request.url, parsed))
@@ -360,8 +362,10 @@ def _count_tokens(item: str | list[int]) -> int:
     return len(item) if isinstance(item, list) else max(1, len(item.split()))
 
 
-def _start(request_id: str, index: int) -> int:
-    return int(hashlib.sha256(f"{request_id}/{index}".encode()).hexdigest(), 16)
+def _start(request_id: str, index: int, seed: int | None = None) -> int:
+    """Where a choice starts in the word list: another seed (a redraw's) starts it elsewhere."""
+    key = f"{request_id}/{index}" if seed is None else f"{request_id}/{index}/{seed}"
+    return int(hashlib.sha256(key.encode()).hexdigest(), 16)
 
 
 def _text(request_id: str, index: int, count: int) -> str:

@@ -113,7 +113,7 @@ class HttpEngine:
         try:
             if rid in self._inflight:
                 raise BodyError(f"request {rid!r} is already in flight", code="duplicate_request")
-            parsed = parse(request.url, request.body)
+            parsed = parse(request.url, request.body, seed=request.seed)
             if request.adapter is not None:  # the server would answer with its base model (or an adapter of its own)
                 raise BodyError("LoRA adapters are not run in shared mode", code="adapter_load_failed", status_code=500)
             if parsed.generation.needs_media():  # the server would fetch URLs itself, past our network rules

@@ -126,7 +126,7 @@ class VllmEngine(VllmInputs):
         try:
             if rid in self._inflight or rid in self._media:
                 raise BodyError(f"request {rid!r} is already in flight", code="duplicate_request")
-            parsed = under_adapter(parse(request.url, request.body), request)
+            parsed = under_adapter(parse(request.url, request.body, seed=request.seed), request)
             generation = parsed.generation
             self._check_kind(generation, request.url)
             if generation.needs_media():

@@ -135,7 +135,7 @@ class VllmInputs:
     def _render_ahead(self, request: EngineRequest, direct: DirectChat) -> Ahead | None:
         """What `add` builds of a chat request whose answer starts a new turn (no prefill) and whose messages are
         plain text (as the direct path renders them), built on another thread with that thread's `direct`."""
-        parsed = parse(request.url, request.body)
+        parsed = parse(request.url, request.body, seed=request.seed)
         generation = parsed.generation
         turns = generation.plain_turns() if generation.kind == "chat" and not generation.continue_final else None
         if turns is None or (prompt := direct.render(turns)) is None:

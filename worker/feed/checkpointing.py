@@ -90,6 +90,16 @@ class Checkpoints:
             self.ended[result.request_id] = Generated(claim_id, result.token_ids[:-1])
         self.forget([result.request_id])
 
+    def restarted(self, request_ids: Iterable[str]) -> dict[str, str]:
+        """Requests whose generation starts again from the prompt in the engine (a redraw of a checked answer):
+        their stored ids resume nothing now; return {request: claim} for the caller to drop them."""
+        restarted = {}
+        for rid in request_ids:
+            self.stored.pop(rid, None)
+            if rid in self.claims:
+                restarted[rid] = self.claims[rid]
+        return restarted
+
     def kept(self, results: Iterable[EngineResult]) -> dict[str, Generated]:
         """The tokens `finished` kept of these results (handed to the writer with them)."""
         return {r.request_id: kept for r in results if (kept := self.ended.pop(r.request_id, None)) is not None}

@@ -53,4 +53,5 @@ def outcome_of(result: EngineResult) -> Outcome:
         error_message=result.error_message,
         cached_tokens=result.cached_tokens,
         reasoning_tokens=result.reasoning_tokens,
+        check_attempts=result.attempts,
     )

@@ -31,6 +31,7 @@ from worker.feed.engine_run import EngineRunTally
 from worker.feed.ledger import Ledger, State
 from worker.feed.probe import RunnerProbe
 from worker.feed.queue_io import QueueIO
+from worker.feed.redraws import Redraws
 from worker.feed.rows import engine_request, outcome_of, rendering_ahead
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ class Runner:
         self.refill_below = self.max_inflight - max(1, engine.max_num_seqs // 2)
         self.ledger = Ledger()  # every request this runner holds, by state
         self.checkpoints = Checkpoints(engine, model=model, settings=settings)  # their claims and stored tokens
+        self.redraws = Redraws(engine)  # checked answers drawn again
         self.run = EngineRunTally(worker_id=self.worker_id, model=model, max_num_seqs=engine.max_num_seqs)
         self.probe = RunnerProbe(model)  # what it reports to Prometheus
         self.io = QueueIO(  # claims (rows rendered ahead) and every write; `close_io` stops its threads
@@ -154,6 +156,7 @@ class Runner:
             running = sorted(self.ledger.running())
             checkpoints = self.checkpoints.of(running)  # before the abort forgets them
             self.engine.abort(running)
+            self.redraws.forget(running)
             try:  # on the writer thread, after every write handed over before it
                 return self.io.hand_back(self.ledger.hand_back(), checkpoints)
             finally:
@@ -223,6 +226,7 @@ class Runner:
                 self.ledger.refuse(refused)
                 continue
             self.ledger.admit(row.id)
+            self.redraws.admitted(row)
             if not self.checkpoints.admitted(row.id, claim_id=row.claim_id, stored=len(row.checkpoint)):
                 restarted[row.id] = row.claim_id
         self.io.restart(restarted)  # queued before any write of their new tokens
@@ -253,7 +257,9 @@ class Runner:
 
     def _step(self) -> None:
         started = time.perf_counter()
-        results = self.engine.step()
+        results, redrawn = self.redraws.screen(self.engine.step())  # answers failing their checks: drawn again
+        if redrawn:
+            self.io.restart(self.checkpoints.restarted(redrawn))
         seconds, stats = time.perf_counter() - started, self.engine.stats()
         self.run.stepped(seconds, stats, finished=len(results), backlog=self._queue_backlog)
         urgent = self.ledger.urgent()
@@ -271,6 +277,7 @@ class Runner:
         """Requests the ledger no longer holds (lost, paused): out of the engine, their checkpoints forgotten."""
         self.engine.abort(sorted(request_ids))
         self.checkpoints.forget(request_ids)
+        self.redraws.forget(request_ids)
         self._signal_urgency()
 
     # --- the I/O threads ------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
+from storage.batches.trials import settle_trials
 from storage.db import transaction
 from storage.metrics.events import count_decode_tokens
 from storage.queue.backlog import done_batches
@@ -22,6 +23,7 @@ from storage.queue.checkpoints import Generated, restart, save_checkpoints, save
 from storage.queue.handback import paused_of
 from storage.queue.leases import release, renew, take_back
 from storage.queue.results import Outcome, record_outcomes
+from storage.settings import get_settings
 from worker.engine import EngineResult
 
 
@@ -91,6 +93,7 @@ def commit(flushes: list[Flush], *, worker_id: str) -> list[str]:
             outcomes = [o for flush in flushes if flush.run_id == run_id for o in flush.outcomes]
             recorded = record_outcomes(session, worker_id=worker_id, run_id=run_id, outcomes=outcomes)
             touched, stored = touched | set(recorded.batches), stored | recorded.stored
+        settle_trials(session, get_settings(), batch_ids=sorted(touched))  # a trial's last line: report, pause
         done = done_batches(session, batch_ids=sorted(touched))
         keep_handed_back(session, {r: g for f in flushes for r, g in f.kept.items() if r not in stored})
     return list(done)

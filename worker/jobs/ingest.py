@@ -20,6 +20,7 @@ from storage import lifecycle
 from storage.adapters.registry import adapter_bases
 from storage.batches.admission import Problem, admit
 from storage.batches.batches import fail_batch, get_batch, mark_ingested, record_model
+from storage.batches.trials import start_trial
 from storage.errors import FileNotFound
 from storage.files.blobs import BlobStore
 from storage.files.files import get_file
@@ -106,6 +107,7 @@ def _ingest(session: Session, blobs: BlobStore, settings: Settings, *, batch: Ba
     savepoint.commit()
     checksum.record(session, file_id=source.id)
     mark_ingested(session, batch=batch, request_total=count, warnings=verdict.warnings)
+    start_trial(session, settings, batch=batch)  # a trial's lines claimed first (storage/batches/trials.py)
     log.info("batch %s ingested: %d requests", batch.id, count)
     return batch.status
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
+from storage.batches.trials import settle_trials
 from storage.metrics.events import count_lease_expiries
 from storage.queue.backlog import batches_ready_to_finalize, models_waiting_unserved
 from storage.queue.reaping import expire_overdue, release_expired_leases, release_worker_leases
@@ -41,6 +42,7 @@ def reap(session: Session) -> Reaped:
     requeued += release_expired_leases(session, max_attempts=MAX_ATTEMPTS, stale_seconds=stale_seconds)
     count_lease_expiries(requeued)
     expired = expire_overdue(session)
+    settle_trials(session, get_settings(), batch_ids=None)  # trial lines the passes above ended (out of tries)
     ready = batches_ready_to_finalize(session)
     # Wake a model's GPU worker only when its queue waits and no worker holds any of its rows: a busy
     # worker keeps claiming by itself, and extra wake-ups would pile up in the broker behind it.

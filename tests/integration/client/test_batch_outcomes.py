@@ -64,3 +64,20 @@ def test_submit_wait_says_when_the_spend_cap_stopped_the_batch(cli, tmp_path: Pa
     assert code == 0 and " completed · " in summary, out  # the batch ended as OpenAI's would: completed
     assert "stopped early: the batch stopped at its max_cost_usd of $10" in summary, summary
     assert "its unrun lines ended as budget_exceeded" in summary
+
+
+def test_submit_sends_a_trial_and_checks_and_the_batch_shows_them(
+    cli, server: LiveServer, key: str, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_bytes(to_jsonl([chat_line(i, max_tokens=1) for i in range(6)]))
+    trial = '{"lines": 2, "continue": "auto", "min_success_rate": 0}'
+    code, out, _ = cli(
+        "submit", str(jobs), "--trial", trial, "--checks", '{"max_length": 40}', "--wait", "-o", str(tmp_path)
+    )
+    assert code == 0, out
+    batch = server.client(key).batches.list().data[0]
+    assert batch.model_extra and batch.model_extra["trial"]["report"]["lines_run"] == 2
+    assert batch.model_extra["checks"] == {"schema": True, "max_attempts": 3, "max_length": 40}
+    code, _, err = cli("submit", str(jobs), "--trial", "{lines: 2}")
+    assert code != 0 and "--trial takes a JSON object" in err

@@ -6,6 +6,7 @@ This is the table of wire formats: the one place in worker/ that picks a protoco
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from storage.endpoints import MESSAGES_URL
@@ -16,9 +17,11 @@ from worker.engine.wire.openai import parse_openai
 __all__ = ["Parsed", "parse"]
 
 
-def parse(url: str, body: Any) -> Parsed:
+def parse(url: str, body: Any, *, seed: int | None = None) -> Parsed:
     """A line's body as what an engine runs and how its output is answered; BodyError (naming the field, in the
-    protocol's words) if it cannot run."""
-    if url == MESSAGES_URL:
-        return parse_messages(body)
-    return parse_openai(url, body)
+    protocol's words) if it cannot run. `seed` (a redraw's, worker/feed/redraws.py) replaces the body's."""
+    parsed = parse_messages(body) if url == MESSAGES_URL else parse_openai(url, body)
+    if seed is None:
+        return parsed
+    generation = replace(parsed.generation, sampling=replace(parsed.generation.sampling, seed=seed))
+    return replace(parsed, generation=generation)

@@ -191,3 +191,12 @@ def test_a_batch_refused_before_queueing_reports_each_request_errored_with_the_r
     assert all(p.result.error.error.type == "rate_limit_error" for p in parsed)  # type: ignore[union-attr]
     cancelled = b"".join(unqueued_results([out], outcome="canceled", refusal=None, max_line_bytes=10_000))
     assert [json.loads(x)["result"] for x in cancelled.splitlines()] == [{"type": "canceled"}] * 2
+
+
+def test_a_checked_message_result_carries_its_attempts_beside_the_result() -> None:
+    from storage.lines.anthropic import result_line
+
+    attempts = {"count": 3, "failed": [{"attempt": i, "check": "schema", "message": "x"} for i in (1, 2, 3)]}
+    line = result_line("r", "a", 422, {"content": []}, "checks_failed", "Every one of 3 answers failed", attempts)
+    assert line["attempts"] == attempts and line["result"]["type"] == "errored"
+    assert line["result"]["error"]["error"]["message"] == "Every one of 3 answers failed"

@@ -27,3 +27,13 @@ def test_a_failed_response_keeps_its_status_and_its_error_code() -> None:
     line = BatchResultLine.model_validate_json(orjson.dumps(raw))
     assert line.response is not None and line.response.status_code == 400
     assert line.error is not None and line.error.code == "invalid_request"
+
+
+def test_a_checked_line_carries_its_attempts_and_an_unchecked_line_has_none() -> None:
+    from storage.lines.openai import BatchResultLine, result_line
+
+    attempts = {"count": 2, "failed": [{"attempt": 1, "check": "regex", "message": "no"}]}
+    checked = result_line("batch_req_1", "a", 200, {"ok": True}, None, None, attempts)
+    plain = result_line("batch_req_2", "b", 200, {"ok": True}, None, None)
+    assert BatchResultLine.model_validate(checked).attempts == attempts
+    assert "attempts" not in plain

@@ -1,0 +1,137 @@
+"""A trial's report (pure arithmetic over its ended lines): success by error code, checks, tokens per line, and
+the whole batch's cost projected from the trial with an interval.
+
+The projection: the trial's billed cost is known exactly; the rest of the batch is projected from the trial's
+mean cost per line, with a 95% interval from the spread of those costs (the total of a simple random sample
+without replacement: half-width z * N * s * sqrt((1 - n/N) / n)). The trial's lines are spread evenly over
+the file (a systematic sample), which this formula treats as random: honest unless the file's cost cycles
+with the sampling step. Money is Decimal throughout and shown as 6-place strings.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from storage import lifecycle
+
+Z_95 = Decimal("1.96")
+_MICRO = Decimal("0.000001")
+
+
+@dataclass(frozen=True)
+class LineResult:
+    """An ended trial line: whether it succeeded (else its error code), its tokens, its billed cost, its checks."""
+
+    ok: bool
+    error_code: str | None
+    input_tokens: int
+    output_tokens: int
+    cost_usd: Decimal
+    attempts: int = 1  # answers drawn (checks: more than one when a check failed)
+    checked: bool = False  # its batch has checks
+    checks_passed: bool = False
+
+
+def line_result(
+    *, status: str, error_code: str | None, response_status: int | None, input_tokens: int, output_tokens: int,
+    cost_usd: Decimal, check_attempts: dict[str, Any] | None, checked: bool,
+) -> LineResult:  # fmt: skip
+    """A trial row as the report reads it: an ended line without a code is named by its HTTP status."""
+    ok = status == lifecycle.REQ_COMPLETED
+    code = None if ok else (error_code or (f"http_{response_status}" if response_status else status))
+    attempts = int((check_attempts or {}).get("count", 1))
+    return LineResult(ok, code, input_tokens, output_tokens, cost_usd, attempts, checked, checked and ok)
+
+
+def _usd(value: Decimal) -> str:
+    return str(value.quantize(_MICRO))
+
+
+def _mean(values: Sequence[Decimal]) -> Decimal:
+    return sum(values, Decimal(0)) / len(values) if values else Decimal(0)
+
+
+def _stdev(values: Sequence[Decimal]) -> Decimal:
+    if len(values) < 2:
+        return Decimal(0)
+    mean = _mean(values)
+    return (sum(((v - mean) ** 2 for v in values), Decimal(0)) / (len(values) - 1)).sqrt()
+
+
+def projected_cost(
+    costs: Sequence[Decimal], *, total_lines: int, stated: tuple[Sequence[Decimal], Decimal] | None = None
+) -> dict[str, Any]:
+    """The whole batch's cost from its trial lines' costs: the trial's own plus the rest, and a 95% interval (low
+    never below what the trial already cost). With `stated` (each trial line's cost at what it states up front,
+    and the whole batch's), the rest is projected by ratio: the trial's cost per stated dollar times the rest's
+    stated dollars (a ratio estimator: lines that state more cost more); else at the trial's mean per line."""
+    n, spent = len(costs), sum(costs, Decimal(0))
+    rest = max(total_lines - n, 0)
+    spread = costs
+    if stated is not None and sum(stated[0], Decimal(0)) > 0:
+        ratio = spent / sum(stated[0], Decimal(0))
+        estimate = spent + ratio * max(stated[1] - sum(stated[0], Decimal(0)), Decimal(0))
+        spread = [cost - ratio * x for cost, x in zip(costs, stated[0], strict=True)]  # what the ratio leaves out
+    else:
+        estimate = spent + rest * _mean(costs)
+    half = Decimal(0)
+    if n and rest:
+        half = Z_95 * total_lines * _stdev(spread) * ((1 - Decimal(n) / total_lines) / n).sqrt()
+    return {
+        "estimate_usd": _usd(estimate),
+        "low_usd": _usd(max(estimate - half, spent)),
+        "high_usd": _usd(estimate + half),
+        "confidence": 0.95,
+        "trial_usd": _usd(spent),
+        "lines": total_lines,
+    }
+
+
+def _checks(lines: Sequence[LineResult]) -> dict[str, int] | None:
+    checked = [line for line in lines if line.checked]
+    if not checked:
+        return None
+    return {
+        "passed": sum(1 for line in checked if line.checks_passed),
+        "passed_first_time": sum(1 for line in checked if line.checks_passed and line.attempts == 1),
+        "redrawn": sum(1 for line in checked if line.attempts > 1),
+        "failed": sum(1 for line in checked if line.error_code == "checks_failed"),
+    }
+
+
+def trial_report(
+    lines: Sequence[LineResult], *, total_lines: int, stated: tuple[Sequence[Decimal], Decimal] | None = None
+) -> dict[str, Any]:
+    """The report of a trial whose lines all ended (no decision yet: `decide` adds it); `stated` as
+    `projected_cost` takes it."""
+    run, ok = len(lines), [line for line in lines if line.ok]
+    errors = Counter(line.error_code or "unknown" for line in lines if not line.ok)
+    return {
+        "lines_run": run,
+        "succeeded": len(ok),
+        "success_rate": round(len(ok) / run, 4) if run else 0.0,
+        "errors": dict(sorted(errors.items())),
+        "checks": _checks(lines),
+        "tokens_per_line": {
+            "input": round(sum(line.input_tokens for line in ok) / len(ok), 1) if ok else 0.0,
+            "output": round(sum(line.output_tokens for line in ok) / len(ok), 1) if ok else 0.0,
+        },
+        "projected_cost": projected_cost([line.cost_usd for line in lines], total_lines=total_lines, stated=stated),
+    }
+
+
+def decide(report: dict[str, Any], *, spec: dict[str, Any], lines_left: int) -> str:
+    """What the batch does after its trial: `completed` (nothing left to run), `continued` (auto, rate met) or
+    `paused` (manual, or the rate missed)."""
+    if lines_left == 0:
+        return "completed"
+    if spec.get("continue") == "auto" and report["success_rate"] >= spec["min_success_rate"]:
+        return "continued"
+    return "paused"
+
+
+CostOf = Callable[[str, int, int, int], Decimal]  # (model, input, output, cached) -> billed USD

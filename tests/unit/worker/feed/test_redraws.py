@@ -1,0 +1,96 @@
+"""Redraws on the fake engine (worker/feed/redraws.py): a failing answer is drawn again with a new seed, up to the
+batch's limit; the final result carries its attempts; failed attempts are billed as the operator says."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from storage.queue.claim import ClaimedRequest
+from tests.conftest import reset_caches
+from worker.engine import EngineRequest, EngineResult
+from worker.engine.fake import FakeEngine
+from worker.feed.redraws import Redraws, redraw_seed
+
+
+@pytest.fixture(autouse=True)
+def _fresh_settings() -> Iterator[None]:
+    """The settings these tests set are read afresh, and dropped after them."""
+    reset_caches()
+    yield
+    reset_caches()
+
+
+def row(rid: str, checks: dict[str, Any], *, seed: int | None = None) -> ClaimedRequest:
+    body: dict[str, Any] = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    if seed is not None:
+        body["seed"] = seed
+    return ClaimedRequest(rid, "batch_1", "acme", "/v1/chat/completions", body, 10**10, checks=checks)
+
+
+def run(rows: list[ClaimedRequest]) -> tuple[list[EngineResult], Redraws]:
+    engine = FakeEngine(max_num_seqs=8)
+    redraws = Redraws(engine)
+    for item in rows:
+        assert engine.add(request_of(item)) is None
+        redraws.admitted(item)
+    final: list[EngineResult] = []
+    while engine.has_unfinished():
+        done, _ = redraws.screen(engine.step())
+        final += done
+    return final, redraws
+
+
+def request_of(item: ClaimedRequest) -> EngineRequest:
+    return EngineRequest(request_id=item.id, url=item.url, body=item.body)
+
+
+def text(result: EngineResult) -> str:
+    return str(result.body["choices"][0]["message"]["content"])
+
+
+def test_a_failing_answer_is_drawn_again_until_it_passes_and_says_how_many_attempts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("BACKFILL_CHECKS_BILL_FAILED_ATTEMPTS", "true")
+    reset_caches()
+    results, redraws = run([row(f"r{i}", {"regex": "lorem|ipsum", "max_attempts": 5}) for i in range(16)])
+
+    assert len(results) == 16 and redraws.redrawn > 0
+    for result in results:
+        attempts = result.attempts
+        assert attempts is not None and attempts["count"] == len(attempts["failed"]) + (1 if result.ok else 0)
+        if result.ok:
+            assert text(result) in ("lorem", "ipsum") and result.completion_tokens == attempts["count"]
+        else:
+            assert (
+                result.error_code == "checks_failed"
+                and attempts["count"] == 5
+                and text(result) not in ("lorem", "ipsum")
+            )
+    assert any(r.ok and r.attempts and r.attempts["count"] > 1 for r in results)
+
+
+def test_failed_attempts_cost_nothing_when_the_operator_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BACKFILL_CHECKS_BILL_FAILED_ATTEMPTS", "false")
+    reset_caches()
+    results, _ = run([row(f"r{i}", {"regex": "lorem|ipsum", "max_attempts": 5}) for i in range(16)])
+
+    assert all(result.completion_tokens == 1 for result in results)
+    assert any(r.attempts and r.attempts["count"] > 1 for r in results)
+
+
+def test_a_line_that_passes_first_time_or_has_no_checks_is_not_drawn_again() -> None:
+    results, redraws = run([row("a", {"max_attempts": 3}), row("b", {})])  # "b": its batch has no checks
+    by_id = {result.request_id: result for result in results}
+    assert redraws.redrawn == 0
+    assert by_id["a"].attempts == {"count": 1, "failed": []} and by_id["b"].attempts is None
+
+
+def test_a_redraw_seed_moves_from_the_line_own_seed_and_differs_per_attempt() -> None:
+    seeded = row("a", {}, seed=42)
+    assert redraw_seed(seeded, 2) == 42 + 7919 and redraw_seed(seeded, 3) == 42 + 2 * 7919
+    unseeded = row("b", {})
+    assert len({redraw_seed(unseeded, attempt) for attempt in range(2, 6)}) == 4
