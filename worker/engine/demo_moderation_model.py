@@ -18,25 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from worker.engine.demo_model import SEED, VOCAB_SIZE, build_offline
+from worker.engine.wire.openai.moderations import CATEGORIES
 
 MARKER_FILE = "backfill-demo-moderation.json"
 VERSION = 2  # 2: images (an Idefics3 classifier, was a text-only Llama one) and a 32k context
-# OpenAI's moderation categories (openai.types.Moderation), in the order its answers list them.
-MODERATION_CATEGORIES = (
-    "harassment",
-    "harassment/threatening",
-    "hate",
-    "hate/threatening",
-    "illicit",
-    "illicit/violent",
-    "self-harm",
-    "self-harm/intent",
-    "self-harm/instructions",
-    "sexual",
-    "sexual/minors",
-    "violence",
-    "violence/graphic",
-)
+MODERATION_CATEGORIES = CATEGORIES  # its labels: OpenAI's categories, in the order its answers list them
 TEXT_SHAPE: dict[str, Any] = {  # smaller than the demo model's: it only reads
     "hidden_size": 128,
     "intermediate_size": 384,
