@@ -71,8 +71,10 @@ def demo_embedding_model_path(vllm_cache_env: Path, tmp_path_factory: pytest.Tem
 
 @pytest.fixture(scope="session")
 def vllm_chat_engine(demo_model_path: Path) -> Iterator[VllmEngine]:
-    """A warm vLLM engine on the demo model, 4 sequences at a time, 1024-token context."""
-    spec = ModelSpec(path=str(demo_model_path), max_num_seqs=CHAT_MAX_NUM_SEQS, max_model_len=1024)
+    """A warm vLLM engine on the demo model, 4 sequences at a time, 1024-token context, in float32 as the
+    embedded default serves it: in bf16 its random weights tie top logits exactly (a greedy choice between
+    equal logits follows the kernel's rounding, so prefill and decode of the same ids may pick differently)."""
+    spec = ModelSpec(path=str(demo_model_path), dtype="float32", max_num_seqs=CHAT_MAX_NUM_SEQS, max_model_len=1024)
     engine = VllmEngine("backfill-demo", spec)
     yield engine
     engine.close()

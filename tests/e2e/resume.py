@@ -47,7 +47,7 @@ def rows_of(batch_id: str) -> dict[str, tuple[str, int]]:
         return {custom_id: (status, tokens) for custom_id, status, tokens in session.execute(query)}
 
 
-def wait_until_checkpointed_mid_decode(batch_id: str, *, alive: Callable[[], bool], timeout: float = 240) -> None:
+def wait_until_checkpointed_mid_decode(batch_id: str, *, alive: Callable[[], bool], timeout: float = 420) -> None:
     """Until a request still running has a periodic checkpoint: tokens are generated and the batch is not done."""
     deadline = time.monotonic() + timeout
     while True:
