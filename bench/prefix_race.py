@@ -163,7 +163,7 @@ def backfill_side(
 
 
 def engine_time(database: Path, *, started_wall: float) -> dict[str, float]:
-    """The server's engine runs (storage/models.py EngineRun): seconds inside `engine.step()`, steps, and the
+    """The server's engine runs (storage/models/ EngineRun): seconds inside `engine.step()`, steps, and the
     mean sequences a step ran, to tell the engine's time from Backfill's own; and from the rows, when the first
     line reached the engine and the last result was stored, in seconds from the first upload."""
     with sqlite3.connect(database) as conn:

@@ -33,6 +33,7 @@ STORAGE_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "planning.roofline",
             "registry",
             "settings",
+            "outbound_settings",
             "windows",
             "wakeups",
         ),
