@@ -61,3 +61,10 @@ def test_the_workload_names_the_base_and_every_adapter_and_keeps_the_seeds_lines
              zip(p.bodies, p.lines, strict=True)]  # fmt: skip
     assert strip == [(b, line) for p in plan for b, line in zip(p.bodies, p.lines, strict=True)]
     assert all(isinstance(line, InputLine) for batch in named for line in batch.lines)
+
+
+def test_the_chaos_adapters_answer_with_different_first_words_on_the_fake() -> None:
+    from worker.engine.fake import _WORDS, _start
+
+    firsts = {_start(f"adapter:{name}", 0, None) % len(_WORDS) for name in ADAPTERS}
+    assert len(firsts) == len(ADAPTERS)
