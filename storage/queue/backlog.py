@@ -129,7 +129,7 @@ def with_lora_work(session: Session, settings: Settings, *, model: str, jobs: li
         )
         .group_by(BatchRequest.batch_id, BatchRequest.adapter)
     ).all()
-    ranks = adapter_ranks(session, settings, names={adapter for _, adapter, _, _ in tokens})
+    ranks = adapter_ranks(session, settings, names={str(adapter) for _, adapter, _, _ in tokens})
     extra: dict[str, float] = {}
     for batch_id, adapter, input_tokens, output_tokens in tokens:
         if adapter not in ranks:
