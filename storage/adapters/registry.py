@@ -16,7 +16,14 @@ from pathlib import Path
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
-from storage.adapters.weights import CONFIG_FILE, WEIGHTS_FILE, AdapterFacts, InvalidAdapter, check_adapter
+from storage.adapters.weights import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    AdapterFacts,
+    InvalidAdapter,
+    check_adapter,
+    lora_config,
+)
 from storage.clock import now
 from storage.errors import InvalidRequest, NotFound, QuotaExceeded
 from storage.files.blobs import BlobStore
@@ -94,6 +101,25 @@ def adapter_paths(session: Session, settings: Settings, *, names: Collection[str
     found = {name: ref.path for name, ref in _configured(settings).items() if name in wanted}
     rows = session.execute(select(Adapter.name, Adapter.path).where(Adapter.name.in_(sorted(wanted)))).all()
     return {**found, **{name: path for name, path in rows}}
+
+
+def adapter_ranks(
+    session: Session, settings: Settings, *, names: Collection[str]
+) -> dict[str, tuple[int, list[str] | str]]:
+    """name -> (rank, target_modules) of these adapters (what the planner's LoRA overhead needs): registered ones as
+    registration recorded them, the model registry's from their adapter_config.json; an unknown one is absent."""
+    wanted = sorted(set(names))
+    if not wanted:
+        return {}
+    found: dict[str, tuple[int, list[str] | str]] = {}
+    for name, ref in _configured(settings).items():
+        config = lora_config(Path(ref.path)) if name in wanted else None
+        if config is not None:
+            found[name] = config
+    rows = session.execute(
+        select(Adapter.name, Adapter.rank, Adapter.target_modules).where(Adapter.name.in_(wanted))
+    ).all()
+    return {**found, **{name: (rank, targets) for name, rank, targets in rows}}
 
 
 def get_adapter(session: Session, settings: Settings, *, name_or_id: str, tenant_id: str | None) -> AdapterRef:

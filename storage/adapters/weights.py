@@ -61,6 +61,19 @@ def check_adapter(folder: Path, *, base_path: str, max_rank: int, max_bytes: int
     )
 
 
+def lora_config(folder: Path) -> tuple[int, list[str] | str] | None:
+    """(rank, target_modules) of the PEFT LoRA adapter in `folder`; None if its config is missing or invalid."""
+    path = folder / CONFIG_FILE
+    try:
+        if path.stat().st_size > CONFIG_MAX_BYTES:
+            return None
+        config = _read_config(path)
+    except (OSError, InvalidAdapter):
+        return None
+    targets = config["target_modules"]
+    return config["r"], targets if isinstance(targets, str) else list(targets)
+
+
 def _read_config(path: Path) -> dict[str, Any]:
     try:
         config = json.loads(path.read_bytes())

@@ -15,7 +15,7 @@ from storage.clock import now_f
 from storage.models import Batch
 from storage.planning.shapes import work_of
 from storage.planning.throughput import Throughput, throughput
-from storage.queue.backlog import OpenJob, open_jobs
+from storage.queue.backlog import OpenJob, open_jobs, with_lora_work
 from storage.settings import Settings
 from storage.tenants import tenant_name
 
@@ -68,10 +68,11 @@ def admission_check(
     at: float | None = None,
 ) -> Admission:
     """Project the model's open work (`jobs`, read if not given), this batch's rows included, earliest
-    deadline first at the measured speed."""
+    deadline first at the measured speed; adapter lines weigh their LoRA overhead (storage/planning/lora.py)."""
     at = now_f() if at is None else at
     rate = throughput(session, model=model, settings=settings)
     jobs = open_jobs(session, model=model) if jobs is None else jobs
+    jobs = with_lora_work(session, settings, model=model, jobs=jobs)  # adapter lines' extra FLOPs (idempotent)
 
     def project(selected: Iterable[OpenJob]) -> dict[str, float]:
         return edf_finish_times(

@@ -38,6 +38,7 @@ class JobShape:
     model: str | None = None
     skipped_lines: int = 0  # lines a file had that ingest would reject (so the batch would fail validation)
     problems: tuple[LineError, ...] = ()  # the first of them
+    lora_work: float = 0.0  # the extra work of its adapter lines (storage/planning/lora.py), in output tokens
 
 
 def output_limit(body: Any, url: str | None, default_max_tokens: int = DEFAULT_MAX_TOKENS) -> int:
@@ -97,8 +98,9 @@ def exact_work(*, output_tokens: int, input_tokens: int, prefill_weight: Decimal
 
 
 def work_of(shape: JobShape, prefill_weight: Decimal) -> float:
-    """The work of a shape (`work`)."""
-    return work(output_tokens=shape.output_tokens, input_tokens=shape.input_tokens, prefill_weight=prefill_weight)
+    """The work of a shape (`work`), its adapter lines' LoRA overhead included."""
+    tokens = work(output_tokens=shape.output_tokens, input_tokens=shape.input_tokens, prefill_weight=prefill_weight)
+    return tokens + shape.lora_work
 
 
 MAX_PROBLEMS = 20  # line problems an estimate echoes; `skipped_lines` counts them all

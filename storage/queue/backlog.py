@@ -6,14 +6,16 @@ Jobs are sized as ingest stored them (`est_input_tokens`, `max_output_tokens`): 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session
 
 from storage import lifecycle
+from storage.adapters.registry import adapter_ranks
 from storage.models import Batch, BatchRequest
-from storage.planning.shapes import JobShape, work_of
+from storage.planning.lora import adapter_factor
+from storage.planning.shapes import JobShape, work, work_of
 from storage.planning.throughput import throughput
 from storage.settings import Settings
 
@@ -105,6 +107,39 @@ def open_jobs(session: Session, *, model: str, tenant_id: str | None = None) -> 
         OpenJob(batch_id, tenant, int(deadline), JobShape(int(n), int(i or 0), int(o or 0), model))
         for batch_id, tenant, deadline, n, i, o in session.execute(query.group_by(*columns))
     ]
+
+
+def with_lora_work(session: Session, settings: Settings, *, model: str, jobs: list[OpenJob]) -> list[OpenJob]:
+    """`jobs` with the LoRA overhead of their open adapter lines (storage/planning/lora.py) in their work: each
+    adapter's tokens weigh (factor - 1) more. Unchanged for a model that takes no adapters."""
+    spec = settings.served_models().get(model)
+    if spec is None or not spec.takes_adapters:
+        return jobs
+    tokens = session.execute(
+        select(
+            BatchRequest.batch_id,
+            BatchRequest.adapter,
+            func.sum(BatchRequest.est_input_tokens),
+            func.sum(BatchRequest.max_output_tokens),
+        )
+        .where(
+            BatchRequest.model == model,
+            BatchRequest.adapter.is_not(None),
+            BatchRequest.status.in_(lifecycle.REQ_OPEN),
+        )
+        .group_by(BatchRequest.batch_id, BatchRequest.adapter)
+    ).all()
+    ranks = adapter_ranks(session, settings, names={str(adapter) for _, adapter, _, _ in tokens})
+    extra: dict[str, float] = {}
+    for batch_id, adapter, input_tokens, output_tokens in tokens:
+        if adapter not in ranks:
+            continue  # deleted since: its lines fail without running
+        rank, targets = ranks[adapter]
+        factor = adapter_factor(spec.path, rank=rank, targets=targets)
+        weight = settings.prefill_weight
+        done = work(output_tokens=int(output_tokens or 0), input_tokens=int(input_tokens or 0), prefill_weight=weight)
+        extra[batch_id] = extra.get(batch_id, 0.0) + (factor - 1.0) * done
+    return [replace(job, shape=replace(job.shape, lora_work=extra.get(job.batch_id, 0.0))) for job in jobs]
 
 
 def backlog(session: Session, *, model: str) -> JobShape:

@@ -75,9 +75,12 @@ def backfill_env(
     timing: Timing,
     demo_model_cache: Path,
     ledger_dir: Path | None = None,
+    lora: dict[str, object] | None = None,
 ) -> dict[str, str]:
-    """The BACKFILL_* settings every process of one run shares."""
+    """The BACKFILL_* settings every process of one run shares; `lora`: the model's adapter settings
+    (tests/chaos/adapters.py)."""
     spec = model_spec(engine, demo_model_cache=demo_model_cache, timing=timing, ledger_dir=ledger_dir)
+    spec.update(lora or {})
     return {
         "BACKFILL_DATABASE_URL": cluster.postgres.url(database),
         "BACKFILL_REDIS_URL": cluster.redis.url(redis_db),

@@ -31,6 +31,9 @@ Checkpoints (issue 21) add one, over the fake engines' decode ledger (`decode`; 
 * discarded: a run whose only hand-backs are graceful (SIGTERM drains, pauses) threw away more than 1% of the
   decode tokens of its delivered requests, or a run with a GPU worker killed -9 lost more than the stated
   checkpoint bound per killed in-flight request.
+
+Adapters (issue 39) add `adapter`: a line answered under another model or adapter than it named
+(tests/chaos/adapters.py).
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ KINDS = (
     "paused_progress",
     "overrun",
     "discarded",
+    "adapter",
 )
 
 
@@ -67,6 +71,7 @@ class InputLine:
 
     custom_id: str
     expect_error: str | None = None
+    model: str | None = None  # the model or adapter it named, in runs with adapters (tests/chaos/adapters.py)
 
 
 @dataclass(frozen=True)
@@ -171,6 +176,8 @@ class History:
     # DecodeFigures as a dict; None on the real engine), and the stated crash bound per killed request.
     decode: dict[str, Any] | None = None
     checkpoint_bound_tokens: int = 0
+    adapters: tuple[str, ...] = ()  # the adapters the run served (tests/chaos/adapters.py)
+    adapter_answers_alike: bool = False  # the fake engine: every answer of one adapter is a prefix of another
     max_num_seqs: int = 8
 
     @property
@@ -275,6 +282,9 @@ def check(history: History, *, stuck_bound_seconds: float = 60.0) -> Verdict:
     check_pauses(verdict, history)
     check_overrun(verdict, history)
     check_discards(verdict, history)
+    from tests.chaos.adapters import check_adapters
+
+    check_adapters(verdict, history)
     return verdict
 
 

@@ -25,6 +25,7 @@ import redis
 import sqlalchemy as sa
 
 from storage.models import Batch, BatchRequest, File
+from tests.chaos.adapters import ADAPTERS, adapter_folders, lora_spec, name_adapters
 from tests.chaos.control import run_tenant
 from tests.chaos.control_rules import cap_overruns
 from tests.chaos.decode_rules import decode_summary, record_decode
@@ -69,6 +70,7 @@ class RunOptions:
         return 60.0 if self.engine == "fake" else 180.0
 
     keep_database: bool = False
+    adapters: bool = False  # lines name the base or one of three LoRA adapters (tests/chaos/adapters.py)
 
 
 @dataclass
@@ -155,6 +157,7 @@ def staged(
     gpu_workers: int = 1,
     planned_requests: int = 1,
     keep_database: bool = False,
+    adapters: bool = False,
 ) -> Iterator[Stage]:
     """A fresh database (from the migrated template), Redis db and bucket; API keys; the processes started.
 
@@ -175,6 +178,7 @@ def staged(
         timing=timing or Timing(),
         demo_model_cache=cluster.cache,
         ledger_dir=run_dir / LEDGER if engine == "fake" else None,
+        lora=lora_spec(adapter_folders(cluster.cache)) if adapters else None,
     )
     if engine == "vllm":
         env.update(vllm_env(cluster.cache))
@@ -201,11 +205,13 @@ def run_seed(
 ) -> tuple[RunReport, History]:
     """Run one seed end to end and check it; the processes are gone when this returns."""
     scenario = scenario or scenario_for(seed)
-    run_dir = out / f"seed-{seed:04d}-{scenario.name}-{options.engine}"
+    run_dir = out / f"seed-{seed:04d}-{_name(scenario, options)}-{options.engine}"
     run_dir.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(run_dir / LEDGER, ignore_errors=True)  # a replay of the seed in the same directory starts afresh
     plan = plan_workload(random.Random(f"workload/{seed}"), model=MODEL, size=SIZES[options.size])
     budget = plan_budget(random.Random(f"budget/{seed}"), size=SIZES[options.size])
+    if options.adapters:
+        plan = name_adapters(plan, random.Random(f"adapters/{seed}"), base=MODEL)
     history = History(
         seed=seed,
         scenario=scenario.name,
@@ -214,6 +220,8 @@ def run_seed(
         gpu_workers=scenario.gpu_workers,
         inflight_bound_per_worker=INFLIGHT_BOUND_PER_WORKER,
         checkpoint_bound_tokens=options.timing.checkpoint_bound_tokens(),
+        adapters=ADAPTERS if options.adapters else (),
+        adapter_answers_alike=options.adapters and options.engine == "fake",
     )
     with staged(
         cluster,
@@ -225,6 +233,7 @@ def run_seed(
         gpu_workers=scenario.gpu_workers,
         planned_requests=sum(len(p.lines) for p in plan),
         keep_database=options.keep_database,
+        adapters=options.adapters,
     ) as stage:
         history.started_at = time.time()
         injector = Injector(scenario, stage.deployment, cluster, stage.probe, started_at=history.started_at)
@@ -305,6 +314,10 @@ def _drive(
     return {**clients, ADMIN: admin}
 
 
+def _name(scenario: Scenario, options: RunOptions) -> str:
+    return f"{scenario.name}+lora" if options.adapters else scenario.name
+
+
 def _report(
     seed: int,
     scenario: Scenario,
@@ -317,7 +330,7 @@ def _report(
 ) -> RunReport:
     return RunReport(
         seed=seed,
-        scenario=scenario.name,
+        scenario=_name(scenario, options),
         engine=options.engine,
         faults=", ".join(f"{f.kind}@{f.started_at - history.started_at:.1f}s" for f in history.faults) or "-",
         summary=verdict.summary(),

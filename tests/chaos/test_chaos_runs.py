@@ -41,3 +41,19 @@ def test_a_seeded_fault_run_loses_duplicates_and_leaves_nothing_unexplained(
     # chunks, short chaos generations still lose some pause-race work (docs/chaos.md); `make chaos` judges it.
     findings = [f for f in report.findings if f["kind"] != "discarded"]
     assert not findings, f"{table([report])}\n" + "\n".join(str(f) for f in findings) + f"\nlogs: {report.run_dir}"
+
+
+ADAPTER_SEED = int(os.environ.get("BACKFILL_CHAOS_ADAPTER_SEED", "7"))
+
+
+def test_a_mixed_adapter_workload_survives_a_gpu_kill(chaos_cluster: Cluster, tmp_path: Path) -> None:
+    """Issue 39: lines naming the base model and three LoRA adapters (tests/chaos/adapters.py) while the GPU worker
+    is killed -9: nothing lost or duplicated, and every answer came from the adapter its line named."""
+    scenario = scenario_for(ADAPTER_SEED, kind="kill_gpu")
+    options = RunOptions(size=CI_SIZE, adapters=True)
+    report, history = run_seed(chaos_cluster, ADAPTER_SEED, out=tmp_path, options=options, scenario=scenario)
+    named = {line.model for source in history.inputs.values() for line in source.lines}
+    assert len(named) == 4, f"the workload named {named}, not the base and three adapters"
+    assert history.faults and history.faults[0].kind == "kill_gpu", f"the kill did not fire: {history.faults}"
+    findings = [f for f in report.findings if f["kind"] != "discarded"]
+    assert not findings, f"{table([report])}\n" + "\n".join(str(f) for f in findings) + f"\nlogs: {report.run_dir}"

@@ -76,7 +76,7 @@
     state.key = null; state.session = null; state.samples.clear(); state.pendingFile = null; window.BackfillControls.forget();
     $("nav").hidden = true; $("sign-out").hidden = true; $("key").value = "";
     for (const id of ["batch-table", "file-table", "hook-table"]) $(id).tBodies[0].replaceChildren();
-    for (const id of ["batch-errors", "batch-preview", "hook-secret", "hook-deliveries", "admin-overview", "finance-chart", "finance-table", "upload-result"]) $(id).replaceChildren();
+    for (const id of ["batch-errors", "batch-preview", "hook-secret", "hook-deliveries", "admin-overview", "finance-chart", "finance-table", "finance-adapters", "upload-result"]) $(id).replaceChildren();
     show("signin");
     say(message || "Signed out: the key is forgotten.");
   }
@@ -521,6 +521,25 @@
       h("div", { class: "legend" }, h("span", {}, h("i", { class: "list" }), "list price"), h("span", {}, h("i", { class: "billed" }), "billed")));
     $("finance-table").replaceChildren(h("table", {}, h("thead", {}, h("tr", {}, h("th", {}, "Day"), h("th", { class: "num" }, "List"), h("th", { class: "num" }, "Billed"), h("th", { class: "num" }, "Saved"))),
       h("tbody", {}, days.filter((d) => d.list > 0).map((d) => h("tr", {}, h("td", {}, d.day), h("td", { class: "num" }, usd(d.list)), h("td", { class: "num" }, usd(d.billed)), h("td", { class: "num" }, usd(d.list - d.billed)))))));
+    await loadAdapterCosts(start);
+  }
+  // Cost per model and LoRA adapter (docs/adapters.md): the costs report grouped by model and adapter, summed over days.
+  async function loadAdapterCosts(start) {
+    const answer = await api("GET", "/v1/organization/costs?start_time=" + start + "&group_by=model,adapter");
+    if (!answer.ok) { $("finance-adapters").replaceChildren(h("p", { class: "note" }, failure(answer))); return; }
+    const rows = new Map();
+    for (const bucket of answer.body.data) for (const r of bucket.results) {
+      const key = JSON.stringify([r.model, r.adapter]);
+      const row = rows.get(key) || { model: r.model, adapter: r.adapter, requests: 0, list: 0, billed: 0 };
+      row.requests += r.num_model_requests; row.list += Number(r.list_usd); row.billed += Number(r.billed_usd);
+      rows.set(key, row);
+    }
+    const sorted = [...rows.values()].sort((a, b) => b.billed - a.billed || String(a.adapter).localeCompare(String(b.adapter)));
+    $("finance-adapters").replaceChildren(sorted.length ? h("table", { id: "adapter-cost-table" },
+      h("thead", {}, h("tr", {}, h("th", {}, "Model"), h("th", {}, "Adapter"), h("th", { class: "num" }, "Requests"), h("th", { class: "num" }, "List"), h("th", { class: "num" }, "Billed"))),
+      h("tbody", {}, sorted.map((r) => h("tr", { "data-model": r.model, "data-adapter": r.adapter || "" }, h("td", {}, r.model), h("td", {}, r.adapter || h("em", {}, "base")),
+        h("td", { class: "num" }, String(r.requests)), h("td", { class: "num" }, usd(r.list)), h("td", { class: "num" }, usd(r.billed))))))
+      : h("p", { class: "note" }, "No line finished in these 14 days."));
   }
 
   // ---- operations (admin keys) ----

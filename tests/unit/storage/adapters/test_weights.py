@@ -91,3 +91,19 @@ def test_missing_files_a_non_lora_config_and_too_many_bytes_are_refused(tmp_path
     config.write_text(json.dumps({"peft_type": "LORA", "r": 8, "target_modules": ["q_proj"], "use_dora": True}))
     with pytest.raises(InvalidAdapter, match="DoRA"):
         check(tmp_path / "a", base)
+
+
+def test_a_2_gb_adapter_is_refused_by_its_size_before_a_byte_of_it_is_read(
+    tmp_path: Path, base: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_adapter(tmp_path / "huge", seed=1)
+    with (tmp_path / "huge" / "adapter_model.safetensors").open("r+b") as weights:
+        weights.truncate(2 * 1024**3)  # sparse: 2 GiB on paper, nothing written
+
+    def read(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the weights were read")
+
+    monkeypatch.setattr("storage.adapters.weights._read_header", read)
+    monkeypatch.setattr("storage.adapters.weights._read_config", read)
+    with pytest.raises(InvalidAdapter, match=r"is 2147\d+ bytes; at most 268435456 \(BACKFILL_ADAPTER_MAX_BYTES\)"):
+        check(tmp_path / "huge", base, max_bytes=256 * 1024 * 1024)
