@@ -559,6 +559,13 @@
     $("chart-queue").replaceChildren(hbars("queue-chart", depth, Math.max(1, ...depth.map((r) => r.total)), [["running", "running"], ["queued", "queued"]]));
     $("chart-risk").replaceChildren(hbars("risk-chart", risk, Math.max(1, ...risk.map((r) => r.total)), [["failed", "requests that may miss their deadline"]]));
     $("chart-busy").replaceChildren(hbars("busy-chart", busyRows, 1, [["done", "share of the last poll's seconds spent in engine steps"]]));
+    // one row per completion window: the median of (actual - predicted finish) over the week's ended batches
+    const late = (sec) => (sec === 0 ? "on time" : sec > 0 ? left(sec) + " late" : left(-sec) + " early");
+    const finish = (o.finish_errors || []).map((w) => ({ name: w.completion_window, total: w.median_error_seconds,
+      parts: [{ cls: w.median_error_seconds > 0 ? "failed" : "done", value: Math.abs(w.median_error_seconds) }], label: late(w.median_error_seconds),
+      title: "median " + late(w.median_error_seconds) + ", worst " + late(w.worst_error_seconds) + " over " + w.batches + " batches (" + w.expired + " expired)" }));
+    $("chart-finish").replaceChildren(finish.length ? hbars("finish-chart", finish, Math.max(60, ...finish.map((r) => Math.abs(r.total))), [["failed", "later than predicted"], ["done", "earlier"]])
+      : h("p", { class: "note" }, "No batch with a predicted finish has ended this week."));
     $("admin-overview").replaceChildren(h("table", { id: "overview-table" }, h("thead", {}, h("tr", {}, ["Model", "Queued", "Running", "At risk", "Slack", "Goodput", "Engine busy"].map((t, i) => h("th", { class: i ? "num" : null }, t)))),
       h("tbody", {}, o.models.map((m) => { const busy = share(m); return h("tr", {}, h("td", {}, m.model), h("td", { class: "num" }, figure(m.open.queued || 0)), h("td", { class: "num" }, figure(m.open.running || 0)),
         h("td", { class: "num" }, String(m.at_risk ?? "–")), h("td", { class: "num" }, m.slack_seconds === null || m.slack_seconds === undefined ? "–" : left(m.slack_seconds)),
