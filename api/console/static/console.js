@@ -422,11 +422,27 @@
       parts.push(h("div", { class: "problems", id: "upload-problems" }, h("p", {}, bad + " bad " + (bad === 1 ? "line" : "lines") + ": fix " + (bad === 1 ? "it" : "them") + " before creating the batch" + (e.problems.length < bad ? " (first " + e.problems.length + " shown)" : "") + "."),
         h("ul", {}, e.problems.map((p) => h("li", { "data-line": p.line }, h("b", {}, "Line " + (p.line === null ? "?" : p.line)), " · " + p.code + ": " + p.message)))));
     }
+    if (e.windows && e.windows.length) parts.push(windowMenu(e.windows, choice));
     result.replaceChildren(...parts);
     checked = choice;
     $("upload-create").hidden = false; $("upload-create").disabled = bad > 0;
     say(bad ? "Found " + bad + " bad lines." : "The file is valid: review the estimate and create the batch.", bad > 0);
   });
+  // every window the server offers: its deadline, admission's predicted finish, its price; "Use" picks it for the create
+  function windowMenu(windows, choice) {
+    const rows = windows.map((w) => h("tr", { "data-window": w.completion_window, class: w.completion_window === choice.completion_window ? "chosen" : null },
+      h("td", {}, w.completion_window), h("td", {}, w.deadline_at === null ? "none" : when(w.deadline_at)), h("td", {}, when(w.finish_at)),
+      h("td", { class: "num" }, usd(w.price.billed_usd)), h("td", { class: "num" }, percent(w.price.discount_pct)),
+      h("td", {}, w.admitted ? (w.warning ? "yes, at risk" : "yes") : h("span", { title: w.reason ? w.reason.message : "" }, "no: " + (w.reason ? w.reason.code : "refused"))),
+      h("td", {}, h("button", { type: "button", class: "plain", disabled: !w.admitted, onclick: (event) => {
+        choice.completion_window = w.completion_window; $("upload-window").value = w.completion_window;
+        for (const row of event.target.closest("tbody").rows) row.classList.toggle("chosen", row.dataset.window === w.completion_window);
+        say("Window " + w.completion_window + ": " + usd(w.price.billed_usd) + ", finishing by " + when(w.finish_at) + ".");
+      } }, "Use"))));
+    return h("table", { id: "upload-menu", "aria-label": "Every window: deadline, predicted finish, price" },
+      h("thead", {}, h("tr", {}, ["Window", "Deadline", "Predicted finish", "Billed", "Discount", "Admitted", ""].map((t, i) => h("th", { class: i === 3 || i === 4 ? "num" : null }, t)))),
+      h("tbody", {}, rows));
+  }
   $("upload-create").addEventListener("click", async () => {
     if (!checked) return;
     const created = await api("POST", "/v1/batches", { ...checked, metadata: metadata() });

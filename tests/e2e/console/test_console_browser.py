@@ -194,6 +194,12 @@ def test_a_tenant_uploads_watches_reads_errors_downloads_controls_and_cancels(
     page.fill("#upload-cap", "0.01")
     page.click("#upload-check")
     expect(page.locator("#upload-create")).to_be_enabled()
+    # every offered window with its deadline, predicted finish and price (issue 40 §3); the one asked for is chosen
+    menu = page.locator("#upload-menu tbody tr")
+    expect(menu).to_have_count(2)
+    assert menu.evaluate_all("rows => rows.map(r => r.dataset.window)") == ["24h", "background"]
+    expect(page.locator("#upload-menu tr.chosen")).to_have_attribute("data-window", "24h")
+    expect(page.locator("#upload-menu tr[data-window=background] td").nth(1)).to_have_text("none")
     page.click("#upload-create")
     page.wait_for_url("**/console#/batch/batch_*")
     expect(page.locator("#batch-progress svg.bar")).to_have_count(1)
