@@ -357,7 +357,9 @@ def test_a_tenant_uploads_watches_reads_errors_downloads_controls_and_cancels(
     # the good batch ended: its finish against admission's prediction, on its window's row (issue 40 §3)
     finish = page.locator("#finish-chart g[data-model='24h']")
     expect(finish).to_have_count(1)
-    expect(finish.locator("title")).to_have_text(re.compile(r"24h: median \d+ (s|min) (late|early)|24h: median on time"))
+    expect(finish.locator("title")).to_have_text(
+        re.compile(r"24h: median \d+ (s|min) (late|early)|24h: median on time")
+    )
     expect(finish.locator("title")).to_contain_text(re.compile(r"over [1-9]\d* batches \(0 expired\)"))
     assert page.evaluate(FIGURES_INSIDE, "#finish-chart"), "a figure of the finish chart is cut off"
     shot(page, "operations")
