@@ -16,7 +16,7 @@ from fastapi.responses import Response
 from api.deps import Config
 from storage.errors import Unauthorized
 from storage.metrics import exposition
-from storage.metrics.events import PROCESS_INFO
+from storage.metrics.events import PROCESS_INFO, prepare_windows
 from storage.metrics.queue_state import QUEUE_STATE
 
 router = APIRouter(tags=["metrics"])
@@ -30,5 +30,6 @@ def metrics(settings: Config, authorization: Annotated[str | None, Header()] = N
         if not hmac.compare_digest(sent.encode(), settings.metrics_token.encode()):
             raise Unauthorized("Scraping /metrics needs 'Authorization: Bearer <BACKFILL_METRICS_TOKEN>'.")
     PROCESS_INFO.labels("api").set(1)
+    prepare_windows(settings.completion_windows)  # each offered window's finish-error series, at zero until used
     body, content_type = exposition(QUEUE_STATE)
     return Response(body, media_type=content_type)

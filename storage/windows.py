@@ -3,6 +3,7 @@ when a batch expires, and the background tier, whose batches have no deadline.""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from decimal import Decimal
 
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -45,3 +46,12 @@ def deadline_for(completion_window: str, *, created_at: int) -> int:
     if is_background_window(completion_window):
         return BACKGROUND_DEADLINE
     return created_at + window_seconds(completion_window)
+
+
+def by_length(windows: Iterable[str]) -> list[str]:
+    """Windows shortest first, the background tier last (a menu's order)."""
+    return sorted(windows, key=lambda window: (is_background_window(window), _length(window), window))
+
+
+def _length(window: str) -> int:
+    return 0 if is_background_window(window) else window_seconds(window)

@@ -18,6 +18,7 @@ from api.deps import Caller, Config, Cursor, DbSession
 from api.errors import error_responses
 from api.pages import page_response
 from storage.batches.batches import get_batch, search_batches
+from storage.batches.finish_predictions import finish_errors
 from storage.batches.retries import retry_ids_of
 from storage.batches.retry_counts import retry_counts
 from storage.clock import now_f
@@ -38,6 +39,7 @@ page_router = APIRouter()
 STATUSES = ("validating", "in_progress", "finalizing", "completed", "failed", "expired", "cancelling", "cancelled")
 Status = Annotated[str | None, Query(max_length=16, description="Only batches in this status.")]
 Search = Annotated[str | None, Query(max_length=128, description="Part of a batch id or of its metadata.")]
+FINISH_ERRORS_SECONDS = 7 * 86400  # the operations page's predicted-against-actual chart: the last week's batches
 
 
 @functools.lru_cache(maxsize=1)
@@ -161,9 +163,10 @@ def budgets(session: DbSession, caller: Caller, settings: Config) -> dict[str, A
 
 
 @router.get("/overview", response_model=dict[str, Any], responses=error_responses(403))
-def overview(caller: Caller) -> dict[str, Any]:
+def overview(session: DbSession, caller: Caller) -> dict[str, Any]:
     """Backfill extension, admin keys only: the operator's numbers of `/metrics` (queue depth by model and
-    state, deadlines at risk, slack, goodput, engine busy seconds of this process)."""
+    state, deadlines at risk, slack, goodput, engine busy seconds of this process), and how the predicted finishes
+    of the batches that ended this week compare with their actual ones, per completion window (`finish_errors`)."""
     if not caller.is_admin:
         raise PermissionDenied("Only admin keys may read the operator overview.")
     snap = QUEUE_STATE.snapshot()
@@ -190,4 +193,5 @@ def overview(caller: Caller) -> dict[str, Any]:
         "at": now_f(),
         "ok": snap.ok,
         "models": sorted(models.values(), key=lambda m: m["model"]),
+        "finish_errors": [row.to_json() for row in finish_errors(session, since=int(now_f()) - FINISH_ERRORS_SECONDS)],
     }

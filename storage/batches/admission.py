@@ -66,11 +66,13 @@ def admission_check(
     settings: Settings,
     jobs: list[OpenJob] | None = None,
     at: float | None = None,
+    rate: Throughput | None = None,
 ) -> Admission:
     """Project the model's open work (`jobs`, read if not given), this batch's rows included, earliest
-    deadline first at the measured speed; adapter lines weigh their LoRA overhead (storage/planning/lora.py)."""
+    deadline first at the measured speed (or `rate`); adapter lines weigh their LoRA overhead
+    (storage/planning/lora.py)."""
     at = now_f() if at is None else at
-    rate = throughput(session, model=model, settings=settings)
+    rate = throughput(session, model=model, settings=settings) if rate is None else rate
     jobs = open_jobs(session, model=model) if jobs is None else jobs
     jobs = with_lora_work(session, settings, model=model, jobs=jobs)  # adapter lines' extra FLOPs (idempotent)
 
@@ -92,6 +94,16 @@ class Verdict:
 
     rejection: Problem | None = None
     warnings: tuple[Problem, ...] = ()
+    finish_at: float | None = None  # the predicted finish (the latest of its models'), kept on the batch
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """Admission's answer for one model of a job: a rejection or warnings, and the projection it came from."""
+
+    rejection: Problem | None
+    warnings: tuple[Problem, ...]
+    check: Admission  # the projection: the job's predicted finish
 
 
 def admit(session: Session, settings: Settings, *, batch: Batch, models: Iterable[str]) -> Verdict:
@@ -100,37 +112,53 @@ def admit(session: Session, settings: Settings, *, batch: Batch, models: Iterabl
     windows at the measured throughput (`admission_policy`: a `deadline_at_risk` warning, or
     `deadline_infeasible`)."""
     warnings: list[Problem] = []
+    finish: list[float] = []
     for model in models:
-        rejection, more = _admit_model(session, settings, batch=batch, model=model)
-        if rejection is not None:
-            return Verdict(rejection)
-        warnings += more
-    return Verdict(None, tuple(warnings))
+        jobs = open_jobs(session, model=model)
+        judged = judge(session, settings, batch_id=batch.id, tenant_id=batch.tenant_id, model=model, jobs=jobs)
+        if judged.rejection is not None:
+            return Verdict(judged.rejection)
+        warnings += judged.warnings
+        finish.append(judged.check.finish_at)
+    return Verdict(None, tuple(warnings), max(finish, default=None))
 
 
-def _admit_model(
-    session: Session, settings: Settings, *, batch: Batch, model: str
-) -> tuple[Problem | None, list[Problem]]:
-    limit = _token_limit(session, settings, tenant_id=batch.tenant_id)
-    if limit is None and settings.admission_policy == "off":
-        return None, []
-    jobs = open_jobs(session, model=model)
+def judge(
+    session: Session,
+    settings: Settings,
+    *,
+    batch_id: str,
+    tenant_id: str | None,
+    model: str,
+    jobs: list[OpenJob],
+    at: float | None = None,
+    rate: Throughput | None = None,
+    estimate: bool = False,
+) -> Judgement:
+    """Judge the job `batch_id` among the model's open `jobs` (its own included): the tenant's quota, then its
+    projection against `admission_policy`. The projection is made whatever the policy: it is the job's predicted
+    finish. `estimate`: the words of a dry run (storage/batches/window_menu.py), nothing was enqueued."""
+    check = admission_check(session, batch_id=batch_id, model=model, settings=settings, jobs=jobs, at=at, rate=rate)
+    limit = None if tenant_id is None else _token_limit(session, settings, tenant_id=tenant_id)
     if limit is not None:
-        mine = [job for job in jobs if job.tenant_id == batch.tenant_id]
+        mine = [job for job in jobs if job.tenant_id == tenant_id]
         enqueued = sum(job.shape.input_tokens for job in mine)
         if enqueued > limit:
-            added = sum(job.shape.input_tokens for job in mine if job.batch_id == batch.id)
-            quota = _quota_problem(session, batch, model=model, limit=limit, enqueued=enqueued - added, added=added)
-            return quota, []
-    if settings.admission_policy == "off":
-        return None, []
-    check = admission_check(session, batch_id=batch.id, model=model, settings=settings, jobs=jobs)
-    if check.fits:
-        return None, []
+            added = sum(job.shape.input_tokens for job in mine if job.batch_id == batch_id)
+            quota = _quota_problem(
+                session, tenant_id or "", model=model, limit=limit, enqueued=enqueued - added, added=added
+            )
+            return Judgement(quota, (), check)
+    if settings.admission_policy == "off" or check.fits:
+        return Judgement(None, (), check)
     measured = check.throughput.source == "measured"
     if settings.admission_policy == "reject" and measured:
-        return _problem("deadline_infeasible", _deadline_message(check, rejected=True)), []
-    return None, [_problem("deadline_at_risk", _deadline_message(check, rejected=False))]
+        return Judgement(
+            _problem("deadline_infeasible", _deadline_message(check, rejected=True, estimate=estimate)), (), check
+        )
+    return Judgement(
+        None, (_problem("deadline_at_risk", _deadline_message(check, rejected=False, estimate=estimate)),), check
+    )
 
 
 def _problem(code: str, message: str) -> Problem:
@@ -149,8 +177,8 @@ def _token_limit(session: Session, settings: Settings, *, tenant_id: str) -> int
     return settings.enqueued_token_limit
 
 
-def _quota_problem(session: Session, batch: Batch, *, model: str, limit: int, enqueued: int, added: int) -> Problem:
-    name = tenant_name(session, tenant_id=batch.tenant_id) or batch.tenant_id
+def _quota_problem(session: Session, tenant_id: str, *, model: str, limit: int, enqueued: int, added: int) -> Problem:
+    name = tenant_name(session, tenant_id=tenant_id) or tenant_id
     message = (
         f"Enqueued token limit reached for {model} in organization {name}. Limit: {limit:,} enqueued "
         f"tokens; {enqueued:,} are already enqueued and this batch adds about {added:,}. Please try again "
@@ -159,7 +187,7 @@ def _quota_problem(session: Session, batch: Batch, *, model: str, limit: int, en
     return _problem("token_limit_exceeded", message)
 
 
-def _deadline_message(check: Admission, *, rejected: bool) -> str:
+def _deadline_message(check: Admission, *, rejected: bool, estimate: bool = False) -> str:
     rate = check.throughput
     speed = f"{rate.work_per_second:,.0f} tokens/s"
     basis = f"the measured {speed}" if rate.source == "measured" else f"an assumed {speed} (not measured yet)"
@@ -171,7 +199,12 @@ def _deadline_message(check: Admission, *, rejected: bool) -> str:
         )
     if check.newly_late:
         parts.append(f"it would push {len(check.newly_late)} accepted batches past their deadlines")
-    outcome = "The batch was not enqueued." if rejected else "The batch was accepted anyway; it may expire unfinished."
+    if estimate:
+        outcome = "It would not be enqueued." if rejected else "It would be accepted anyway; it may expire unfinished."
+    else:
+        outcome = (
+            "The batch was not enqueued." if rejected else "The batch was accepted anyway; it may expire unfinished."
+        )
     return f"At {basis} behind the current backlog, {' and '.join(parts)}. {outcome}"
 
 

@@ -168,10 +168,17 @@ def record_model(batch: Batch, *, model: str | None) -> None:
 
 
 def mark_ingested(
-    session: Session, *, batch: Batch, request_total: int, warnings: Iterable[dict[str, Any]] = ()
+    session: Session,
+    *,
+    batch: Batch,
+    request_total: int,
+    warnings: Iterable[dict[str, Any]] = (),
+    predicted_finish_at: float | None = None,
 ) -> None:
-    """A validated and admitted batch: its request count, admission's warnings, and `in_progress`."""
+    """A validated and admitted batch: its request count, admission's warnings and predicted finish, and
+    `in_progress`."""
     batch.warnings = list(warnings) or None
+    batch.predicted_finish_at = None if predicted_finish_at is None else round(predicted_finish_at)
     batch.request_total = request_total
     lifecycle.transition(batch, lifecycle.IN_PROGRESS)
     session.flush()

@@ -159,4 +159,11 @@ def estimate_file(
         default_models=settings.default_models(),
         adapters=adapters,
     )
-    return estimate_job(session, model=model, shape=shape, settings=settings, completion_window=terms.completion_window)
+    return estimate_job(
+        session,
+        model=model,
+        shape=shape,
+        settings=settings,
+        completion_window=terms.completion_window,
+        tenant_id=tenant_id,
+    )

@@ -8,7 +8,8 @@ none), input ~ bytes / 4 with an estimate per image (storage/planning/shapes.py 
 is every queued or running request of the model, sized the same way once at ingest (`est_input_tokens`,
 `max_output_tokens`). `estimate_job` starts a job after the whole backlog (the pessimistic case); admission
 (`admission_check`) projects the open jobs earliest deadline first, as the queue serves them once they near their
-deadlines.
+deadlines, and the estimate's `windows` menu (storage/batches/window_menu.py) is that projection for each offered
+window: the finish, price and verdict a create on it would get.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from storage.batches.window_menu import WindowOption, window_menu
 from storage.clock import now_f
 from storage.finance.prices import CostBlock, price_book, price_job
 from storage.planning.shapes import JobShape, work_of
@@ -43,6 +45,7 @@ class Estimate:
     finish_at: float
     deadline_at: float
     cost: CostBlock
+    windows: tuple[WindowOption, ...] = ()  # the menu: every offered window (storage/batches/window_menu.py)
 
     @property
     def fits_window(self) -> bool:
@@ -74,6 +77,7 @@ class Estimate:
             "deadline_at": int(self.deadline_at),
             "fits_window": self.fits_window,
             "cost": cost,
+            "windows": [option.to_json() for option in self.windows],
         }
 
 
@@ -86,8 +90,10 @@ def estimate_job(
     completion_window: str = "24h",
     default_tokens_per_second: float = DEFAULT_TOKENS_PER_SECOND,
     at: float | None = None,
+    tenant_id: str | None = None,
 ) -> Estimate:
-    """Estimate compute cost, start and finish of a job of `shape` submitted now behind the model's backlog."""
+    """Estimate compute cost, start and finish of a job of `shape` submitted now behind the model's backlog, and
+    the menu of every offered window (admission's projection; `tenant_id`: whose quota applies)."""
     if default_tokens_per_second <= 0:
         raise ValueError("the default throughput must be positive")
     at = now_f() if at is None else at
@@ -119,4 +125,14 @@ def estimate_job(
         if is_background_window(completion_window)
         else at + window_seconds(completion_window),
         cost=cost,
+        windows=window_menu(
+            session,
+            settings,
+            model=model,
+            shape=shape,
+            rate=rate,
+            at=at,
+            job_seconds=job_seconds,
+            tenant_id=tenant_id,
+        ),
     )

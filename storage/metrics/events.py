@@ -118,6 +118,16 @@ INGEST_SECONDS = Histogram(
 FINALIZE_SECONDS = Histogram(
     "backfill_finalize_seconds", "Write one batch's result files and end it.", ["status"], buckets=DURATION_BUCKETS
 )
+# Actual minus predicted finish of an ended batch (storage/batches/finish_predictions.py): negative is early.
+FINISH_ERROR_BUCKETS = (-86400, -21600, -3600, -900, -300, -60, -10, 0, 10, 60, 300, 900, 3600, 21600, 86400)
+FINISH_OUTCOMES = ("completed", "expired")
+FINISH_ERROR_SECONDS = Histogram(
+    "backfill_batch_finish_error_seconds",
+    "Ended batches' actual minus predicted finish, by completion window and outcome (completed; expired: the "
+    "deadline passed first, so the error is at least this); negative: earlier than predicted.",
+    ["window", "outcome"],
+    buckets=FINISH_ERROR_BUCKETS,
+)
 COST_KINDS = ("list", "discount", "billed", "compute")
 BATCH_COST_USD = Counter(
     "backfill_batch_cost_usd",
@@ -229,3 +239,17 @@ def observe_finalized(manifest: dict[str, Any], *, seconds: float) -> None:
         return
     for kind in COST_KINDS:
         BATCH_COST_USD.labels(model, kind).inc(float(cost[f"{kind}_usd"]))
+
+
+def prepare_windows(windows: Iterable[str]) -> None:
+    """Create the finish-error series of every offered window at zero, so a dashboard sees them before a batch ends."""
+    for window in windows:
+        for outcome in FINISH_OUTCOMES:
+            FINISH_ERROR_SECONDS.labels(window, outcome)
+
+
+def observe_finish_error(*, window: str, outcome: str, seconds: float) -> None:
+    """A batch ended (`completed` or `expired`) this many seconds after its predicted finish (negative: before)."""
+    if outcome not in FINISH_OUTCOMES:
+        raise ValueError(f"unknown finish outcome {outcome!r}: use one of {', '.join(FINISH_OUTCOMES)}")
+    FINISH_ERROR_SECONDS.labels(window, outcome).observe(seconds)

@@ -88,6 +88,9 @@ class Batch(Base):
     trial: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     trial_status: Mapped[str | None] = mapped_column(String(16))
     checks: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # When admission predicted the batch would finish (unix seconds; storage/batches/window_menu.py): its finish is
+    # checked against it when it ends (storage/batches/finish_predictions.py). None: made before 0025, or a retry.
+    predicted_finish_at: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class BatchRequest(Base):

@@ -119,5 +119,25 @@ def render(estimate: Estimate) -> str:
             f"after {cost.discount_pct.quantize(Decimal('1'))}% off for {estimate.completion_window}",
             f"start:      {_when(estimate.start_at)}",
             f"finish:     {_when(estimate.finish_at)} - {verdict} the window (closes {_when(estimate.deadline_at)})",
+            *render_menu(estimate),
         ]
     )
+
+
+def render_menu(estimate: Estimate) -> list[str]:
+    """The menu as a table: each offered window's deadline, predicted finish, price and admission's verdict."""
+    if not estimate.windows:
+        return []
+    head = f"{'window':<12} {'deadline':<23} {'predicted finish':<23} {'list':>10} {'off':>4} {'billed':>10}  admitted"
+    rows = ["", "every window this server offers (finish: admission's projection, earliest deadline first):", head]
+    for option in estimate.windows:
+        cost = option.cost
+        deadline = "none (background)" if option.deadline_at is None else _when(option.deadline_at)
+        verdict = "yes" if option.admitted else f"no: {(option.problem or {}).get('code')}"
+        if option.admitted and option.problem is not None:
+            verdict = f"yes, at risk ({option.problem.get('code')})"
+        rows.append(
+            f"{option.window:<12} {deadline:<23} {_when(option.finish_at):<23} {_usd(cost.list_usd):>10} "
+            f"{cost.discount_pct.quantize(Decimal('1')):>3}% {_usd(cost.billed_usd):>10}  {verdict}"
+        )
+    return rows

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from storage import lifecycle
 from storage.batches.batches import attach_result_file, get_batch
+from storage.batches.finish_predictions import observe_finish
 from storage.batches.manifests import write_manifest
 from storage.db import transaction
 from storage.files.blobs import BlobStore, StoredBlob
@@ -83,6 +84,7 @@ def finalize_batch(blobs: BlobStore, *, batch_id: str) -> str | None:
         lifecycle.transition(batch, target)
         manifest = write_manifest(session, blobs, batch=batch, folder=folder, settings=get_settings())
     observe_finalized(manifest, seconds=time.perf_counter() - started)
+    observe_finish(batch)  # its predicted finish against this one
     log.info("batch %s finalized as %s", batch_id, target)
     return target
 

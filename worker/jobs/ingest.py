@@ -106,7 +106,9 @@ def _ingest(session: Session, blobs: BlobStore, settings: Settings, *, batch: Ba
         return _reject(batch, verdict.rejection)
     savepoint.commit()
     checksum.record(session, file_id=source.id)
-    mark_ingested(session, batch=batch, request_total=count, warnings=verdict.warnings)
+    mark_ingested(
+        session, batch=batch, request_total=count, warnings=verdict.warnings, predicted_finish_at=verdict.finish_at
+    )
     start_trial(session, settings, batch=batch)  # a trial's lines claimed first (storage/batches/trials.py)
     log.info("batch %s ingested: %d requests", batch.id, count)
     return batch.status

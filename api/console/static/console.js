@@ -422,11 +422,27 @@
       parts.push(h("div", { class: "problems", id: "upload-problems" }, h("p", {}, bad + " bad " + (bad === 1 ? "line" : "lines") + ": fix " + (bad === 1 ? "it" : "them") + " before creating the batch" + (e.problems.length < bad ? " (first " + e.problems.length + " shown)" : "") + "."),
         h("ul", {}, e.problems.map((p) => h("li", { "data-line": p.line }, h("b", {}, "Line " + (p.line === null ? "?" : p.line)), " · " + p.code + ": " + p.message)))));
     }
+    if (e.windows && e.windows.length) parts.push(windowMenu(e.windows, choice));
     result.replaceChildren(...parts);
     checked = choice;
     $("upload-create").hidden = false; $("upload-create").disabled = bad > 0;
     say(bad ? "Found " + bad + " bad lines." : "The file is valid: review the estimate and create the batch.", bad > 0);
   });
+  // every window the server offers: its deadline, admission's predicted finish, its price; "Use" picks it for the create
+  function windowMenu(windows, choice) {
+    const rows = windows.map((w) => h("tr", { "data-window": w.completion_window, class: w.completion_window === choice.completion_window ? "chosen" : null },
+      h("td", {}, w.completion_window), h("td", {}, w.deadline_at === null ? "none" : when(w.deadline_at)), h("td", {}, when(w.finish_at)),
+      h("td", { class: "num" }, usd(w.price.billed_usd)), h("td", { class: "num" }, percent(w.price.discount_pct)),
+      h("td", {}, w.admitted ? (w.warning ? "yes, at risk" : "yes") : h("span", { title: w.reason ? w.reason.message : "" }, "no: " + (w.reason ? w.reason.code : "refused"))),
+      h("td", {}, h("button", { type: "button", class: "plain", disabled: !w.admitted, onclick: (event) => {
+        choice.completion_window = w.completion_window; $("upload-window").value = w.completion_window;
+        for (const row of event.target.closest("tbody").rows) row.classList.toggle("chosen", row.dataset.window === w.completion_window);
+        say("Window " + w.completion_window + ": " + usd(w.price.billed_usd) + ", finishing by " + when(w.finish_at) + ".");
+      } }, "Use"))));
+    return h("table", { id: "upload-menu", "aria-label": "Every window: deadline, predicted finish, price" },
+      h("thead", {}, h("tr", {}, ["Window", "Deadline", "Predicted finish", "Billed", "Discount", "Admitted", ""].map((t, i) => h("th", { class: i === 3 || i === 4 ? "num" : null }, t)))),
+      h("tbody", {}, rows));
+  }
   $("upload-create").addEventListener("click", async () => {
     if (!checked) return;
     const created = await api("POST", "/v1/batches", { ...checked, metadata: metadata() });
@@ -578,6 +594,13 @@
     $("chart-queue").replaceChildren(hbars("queue-chart", depth, Math.max(1, ...depth.map((r) => r.total)), [["running", "running"], ["queued", "queued"]]));
     $("chart-risk").replaceChildren(hbars("risk-chart", risk, Math.max(1, ...risk.map((r) => r.total)), [["failed", "requests that may miss their deadline"]]));
     $("chart-busy").replaceChildren(hbars("busy-chart", busyRows, 1, [["done", "share of the last poll's seconds spent in engine steps"]]));
+    // one row per completion window: the median of (actual - predicted finish) over the week's ended batches
+    const late = (sec) => (sec === 0 ? "on time" : sec > 0 ? left(sec) + " late" : left(-sec) + " early");
+    const finish = (o.finish_errors || []).map((w) => ({ name: w.completion_window, total: w.median_error_seconds,
+      parts: [{ cls: w.median_error_seconds > 0 ? "failed" : "done", value: Math.abs(w.median_error_seconds) }], label: late(w.median_error_seconds),
+      title: "median " + late(w.median_error_seconds) + ", worst " + late(w.worst_error_seconds) + " over " + w.batches + " batches (" + w.expired + " expired)" }));
+    $("chart-finish").replaceChildren(finish.length ? hbars("finish-chart", finish, Math.max(60, ...finish.map((r) => Math.abs(r.total))), [["failed", "later than predicted"], ["done", "earlier"]])
+      : h("p", { class: "note" }, "No batch with a predicted finish has ended this week."));
     $("admin-overview").replaceChildren(h("table", { id: "overview-table" }, h("thead", {}, h("tr", {}, ["Model", "Queued", "Running", "At risk", "Slack", "Goodput", "Engine busy"].map((t, i) => h("th", { class: i ? "num" : null }, t)))),
       h("tbody", {}, o.models.map((m) => { const busy = share(m); return h("tr", {}, h("td", {}, m.model), h("td", { class: "num" }, figure(m.open.queued || 0)), h("td", { class: "num" }, figure(m.open.running || 0)),
         h("td", { class: "num" }, String(m.at_risk ?? "–")), h("td", { class: "num" }, m.slack_seconds === null || m.slack_seconds === undefined ? "–" : left(m.slack_seconds)),

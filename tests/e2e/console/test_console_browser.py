@@ -194,6 +194,12 @@ def test_a_tenant_uploads_watches_reads_errors_downloads_controls_and_cancels(
     page.fill("#upload-cap", "0.01")
     page.click("#upload-check")
     expect(page.locator("#upload-create")).to_be_enabled()
+    # every offered window with its deadline, predicted finish and price (issue 40 §3); the one asked for is chosen
+    menu = page.locator("#upload-menu tbody tr")
+    expect(menu).to_have_count(2)
+    assert menu.evaluate_all("rows => rows.map(r => r.dataset.window)") == ["24h", "background"]
+    expect(page.locator("#upload-menu tr.chosen")).to_have_attribute("data-window", "24h")
+    expect(page.locator("#upload-menu tr[data-window=background] td").nth(1)).to_have_text("none")
     page.click("#upload-create")
     page.wait_for_url("**/console#/batch/batch_*")
     expect(page.locator("#batch-progress svg.bar")).to_have_count(1)
@@ -348,6 +354,14 @@ def test_a_tenant_uploads_watches_reads_errors_downloads_controls_and_cancels(
     assert int(depth.get_attribute("data-value") or 0) > 1000
     assert depth.locator("text").last.text_content() == f"{int(depth.get_attribute('data-value') or 0):,}"
     assert page.evaluate(FIGURES_INSIDE, "#queue-chart"), "a figure of the queue chart is cut off"
+    # the good batch ended: its finish against admission's prediction, on its window's row (issue 40 §3)
+    finish = page.locator("#finish-chart g[data-model='24h']")
+    expect(finish).to_have_count(1)
+    expect(finish.locator("title")).to_have_text(
+        re.compile(r"24h: median \d+ (s|min) (late|early)|24h: median on time")
+    )
+    expect(finish.locator("title")).to_contain_text(re.compile(r"over [1-9]\d* batches \(0 expired\)"))
+    assert page.evaluate(FIGURES_INSIDE, "#finish-chart"), "a figure of the finish chart is cut off"
     shot(page, "operations")
     ops.batches.cancel(busy.id)
     page.goto(f"{live.base_url}/console#/batch/{busy.id}")  # 1,600 cancelled lines: the page lists 50 and says so

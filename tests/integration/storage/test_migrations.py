@@ -104,3 +104,30 @@ def test_rows_running_before_the_lease_table_keep_their_worker_and_lapse_when_th
     with transaction() as session:  # w1 still holds both: its results land
         outcomes = [Outcome(rid, 200, {"ok": True}, 1, 1, 0.1) for rid in ids[:2]]
         assert sum(record(session, worker_id="w1", run_id="run_1", outcomes=outcomes).values()) == 2
+
+
+@pytest.mark.backfill_env({"BACKFILL_MODELS": json.dumps({"fake-model": {"path": "fake:"}})})
+def test_a_batch_ingested_before_the_prediction_migration_has_none_and_is_never_compared(backend: Backend) -> None:
+    from storage.batches.batches import get_batch
+    from storage.batches.finish_predictions import finish_error, finish_errors
+
+    config = Config(str(ROOT / "alembic.ini"))
+    config.set_main_option("script_location", str(ROOT / "migrations"))
+    command.downgrade(config, "0024_workflow")
+    try:
+        with get_engine().connect() as connection:  # 0024's batches have no predicted finish
+            columns = [row[1] for row in connection.execute(text("SELECT * FROM batches LIMIT 0")).cursor.description]
+        assert "predicted_finish_at" not in columns
+    finally:
+        command.upgrade(config, "head")
+    old, _ = submit_job([chat(0)])
+    with get_engine().begin() as connection:  # as a batch from before 0025 that ended: no prediction
+        connection.execute(
+            text("UPDATE batches SET predicted_finish_at = NULL, status = 'completed', completed_at = 1")
+        )
+    new, _ = submit_job([chat(1)])  # ingested after: admission's prediction is kept
+    with transaction() as session:
+        before, after = (get_batch(session, tenant_id=None, batch_id=batch_id) for batch_id in (old, new))
+        assert before.predicted_finish_at is None and finish_error(before) is None
+        assert after.predicted_finish_at is not None and after.predicted_finish_at >= after.created_at
+        assert finish_errors(session, since=0) == []

@@ -13,7 +13,8 @@ from prometheus_client import REGISTRY
 
 from storage.metrics import events
 
-ALLOWED_LABELS = {"model", "outcome", "code", "operation", "error", "kind", "status", "role", "le"}
+# `window`: a completion window, one the operator offers (a create on any other is refused).
+ALLOWED_LABELS = {"model", "outcome", "code", "operation", "error", "kind", "status", "role", "window", "le"}
 
 
 def test_no_event_metric_is_labelled_by_anything_unbounded() -> None:

@@ -122,6 +122,10 @@ def test_estimate_prints_cost_and_schedule(
     assert (estimate["model"], estimate["requests"], estimate["throughput"]["source"]) == ("fake-model", 1, "measured")
     assert estimate["job_seconds"] == pytest.approx(2.0, abs=0.1) and estimate["fits_window"] is True
     assert "fits the window" in table and "measured over 1 recent runs" in table
+    menu = table.splitlines()[table.splitlines().index(next(r for r in table.splitlines() if r.startswith("window"))) :]
+    assert [row.split()[0] for row in menu[1:]] == ["24h", "background"]  # every offered window, background last
+    assert menu[2].split()[1:3] == ["none", "(background)"] and menu[1].endswith("yes")
+    assert [option["completion_window"] for option in estimate["windows"]] == ["24h", "background"]
 
 
 def test_estimate_refuses_an_unserved_model_and_a_missing_file(
