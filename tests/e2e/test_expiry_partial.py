@@ -29,7 +29,9 @@ def live(demo_model_path: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
     from tests.conftest import configure
     from worker.cli.migrate import migrate_database
 
-    models = {"backfill-demo": {"path": str(demo_model_path), "max_num_seqs": 4, "max_model_len": 1024}}
+    models = {
+        "backfill-demo": {"path": str(demo_model_path), "max_num_seqs": 4, "max_model_len": 1024, "dtype": "float32"}
+    }
     env = {"BACKFILL_DATA_DIR": str(tmp_path / "data"), "BACKFILL_MODELS": json.dumps(models), **CHECKPOINT_ENV}
     configure(monkeypatch, env)
     migrate_database()
