@@ -96,6 +96,7 @@ def test_lines_generating_at_expiry_end_with_the_text_so_far_as_a_length_stop(li
         number = line["custom_id"].removeprefix("cut-")
         assert full[number].startswith(so_far[number])  # what the uninterrupted generation had at that token
     tokens = sorted(line["response"]["body"]["usage"]["completion_tokens"] for line in cut)
+    print(f"a cut line: {json.dumps(cut[0])}")
     print(f"cut at expiry: {len(cut)} lines with {tokens} tokens, {len(expired)} batch_expired")
     assert done.model_extra and float(done.model_extra["cost"]["billed_usd"]) > 0  # billed for what was generated
 
