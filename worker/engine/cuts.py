@@ -3,8 +3,9 @@ answers at expiry").
 
 When a batch's completion window closes on a request still generating, the runner asks its engine to `cut` it:
 the engine stops the sequence and answers it from the tokens it has, through the line's own wire module, so
-the answer reads like one that reached its token limit (`finish_reason: "length"`, Responses `incomplete` with
-`max_output_tokens`, Anthropic `max_tokens`), with its usage, and carries `"backfill": {"cut_by": "expiry"}`.
+the answer reads like one that reached its token limit in the line's own protocol (`finish_reason: "length"`,
+Responses `incomplete` with `max_output_tokens`; each wire module's own words), with its usage, and carries
+`"backfill": {"cut_by": "expiry"}`.
 """
 
 from __future__ import annotations
