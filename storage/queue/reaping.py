@@ -116,10 +116,12 @@ def expire_overdue(session: Session, *, grace_seconds: int = 0) -> list[str]:
         if batch.status == lifecycle.VALIDATING:
             lifecycle.transition(batch, lifecycle.EXPIRED)
             continue
+        statuses, only = closing_now(batch, grace_seconds=grace_seconds)
         close_open_requests(
             session,
             batch=batch,
-            statuses=closing_now(batch, grace_seconds=grace_seconds),
+            statuses=statuses,
+            only=only,
             status=lifecycle.REQ_EXPIRED,
             code="batch_expired",
             message="This request could not be executed before the completion window expired.",

@@ -146,3 +146,30 @@ def test_a_batch_that_continues_in_the_background_hands_its_unfinished_lines_to_
         assert len(words) == 200 and body["usage"]["completion_tokens"] == 200 and "backfill" not in body
         earlier = saved[line["custom_id"]]
         assert words[: len(earlier)] == _words(earlier).split()  # carried on from its last token, not redone
+
+
+def test_a_line_handed_back_mid_generation_is_claimed_at_expiry_and_cut_from_its_checkpoint(backend: Backend) -> None:
+    batch_id = enqueue(6, max_tokens=10**8)
+    slow = FakeEngine("fake-model", max_num_seqs=4, max_model_len=10**9, step_seconds=0.01)
+    first = Runner(slow, model="fake-model", settings=get_settings(), worker_id="w1")
+    first.run_for(0.3)
+    first.hand_back(drain_seconds=0)  # 4 go back with their tokens, 2 never started
+    with transaction() as session:
+        rows = session.execute(select(BatchRequest.id, BatchRequest.custom_id).where(BatchRequest.batch_id == batch_id))
+        saved = {custom_id: stored_tokens(session, request_id=rid) for rid, custom_id in rows}
+    window_closes(batch_id)
+    reap_once()  # the 2 with nothing generated end now; the 4 holding tokens wait for a worker to cut them
+    assert statuses(batch_id) == {"queued": 4, "expired": 2}
+    second = make_runner(max_num_seqs=4, worker_id="w2")
+    second.run_for(3.0)  # claims them, resumes each from its checkpoint; its renewal (every 2 s) cuts them
+    assert statuses(batch_id) == {"completed": 4, "expired": 2}
+    with transaction() as session:
+        answered = session.execute(
+            select(BatchRequest.custom_id, BatchRequest.response_body).where(
+                BatchRequest.batch_id == batch_id, BatchRequest.status == lifecycle.REQ_COMPLETED
+            )
+        ).all()
+    for custom_id, body in answered:
+        words = body["choices"][0]["message"]["content"].split()
+        assert body["backfill"] == {"cut_by": "expiry"} and len(words) > len(saved[custom_id]) > 0
+        assert words[: len(saved[custom_id])] == _words(saved[custom_id]).split()  # nothing generated was lost
