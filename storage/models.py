@@ -141,9 +141,7 @@ class Batch(Base):
     trial: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     trial_status: Mapped[str | None] = mapped_column(String(16))
     checks: Mapped[dict[str, Any] | None] = mapped_column(JSON)
-    # What becomes of lines still unfinished when the window closes (docs/workflow.md, "Partial answers at
-    # expiry"): None, the default, cuts them short; "continue_in_background" carries them on in a child batch.
-    on_expiry: Mapped[str | None] = mapped_column(String(32))
+    on_expiry: Mapped[str | None] = mapped_column(String(32))  # None: cut short at expiry (docs/workflow.md)
 
 
 class BatchRequest(Base):

@@ -82,6 +82,8 @@ def closing_now(batch: Batch, *, grace_seconds: int) -> tuple[tuple[str, ...], t
 
 def ran_past_deadline(session: Session, *, batch_id: str) -> bool:
     """True if any request of the batch finished after its window closed (cut short, or done in the grace)."""
+    if (session.scalar(select(Batch.expires_at).where(Batch.id == batch_id)) or 0) > now():
+        return False  # the window is still open: nothing finished past it (no read of the batch's rows)
     query = (
         select(BatchRequest.id)
         .join(Batch, Batch.id == BatchRequest.batch_id)
