@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Callable
 
 from storage.db import transaction
+from storage.metrics.events import count_expiry_cuts
 from storage.queue.backlog import has_queued
 from storage.queue.claim import ClaimedRequest
 from storage.settings import Settings
@@ -347,6 +348,7 @@ class Runner:
             self.ledger.lose(unanswered)
             self.checkpoints.forget(unanswered)
             self.io.release(sorted(unanswered), {})
+        count_expiry_cuts(self.model, answered=len(answers), unanswered=len(unanswered))
         log.info(
             "cut %d requests short at their batch's expiry (%d had nothing to show)", len(request_ids), len(unanswered)
         )

@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 import pytest
+from prometheus_client import REGISTRY
 from sqlalchemy import select, update
 
 from storage import lifecycle
@@ -41,6 +42,11 @@ def window_closes(batch_id: str, *, seconds_ago: int = 1) -> None:
         session.execute(update(BatchRequest).where(BatchRequest.batch_id == batch_id).values(deadline=past))
 
 
+def cuts(outcome: str) -> float:
+    """The worker's count of requests cut short at expiry, by outcome (backfill_expiry_cuts_total)."""
+    return REGISTRY.get_sample_value("backfill_expiry_cuts_total", {"model": "fake-model", "outcome": outcome}) or 0.0
+
+
 def reap_once() -> list[str]:
     with transaction() as session:
         return reap(session).expired_batches
@@ -66,8 +72,10 @@ def test_lines_generating_at_expiry_end_with_their_text_so_far_and_the_rest_as_b
     window_closes(batch_id)
     reap_once()  # queued lines end at once; running ones are left to their worker for the grace
     assert statuses(batch_id) == {"running": 8, "expired": 2}
+    before = {outcome: cuts(outcome) for outcome in ("answered", "unanswered")}
     runner.run_for(0.5)  # its renewal finds them overdue: cut, recorded; the 4 with no token yet go back
     assert statuses(batch_id) == {"completed": 4, "queued": 4, "expired": 2}
+    assert {outcome: cuts(outcome) - count for outcome, count in before.items()} == {"answered": 4, "unanswered": 4}
     reap_once()
     assert statuses(batch_id) == {"completed": 4, "expired": 6}
     assert not runner.inflight and not runner.engine.has_unfinished()
