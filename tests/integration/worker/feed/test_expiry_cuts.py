@@ -181,3 +181,23 @@ def test_a_line_handed_back_mid_generation_is_claimed_at_expiry_and_cut_from_its
         words = body["choices"][0]["message"]["content"].split()
         assert body["backfill"] == {"cut_by": "expiry"} and len(words) > len(saved[custom_id]) > 0
         assert words[: len(saved[custom_id])] == _words(saved[custom_id]).split()  # nothing generated was lost
+
+
+@pytest.mark.backfill_env(
+    {"BACKFILL_MODELS": json.dumps({"fake-model": {"path": "fake:"}}), "BACKFILL_TENANT_MAX_OPEN_BATCHES": "1"}
+)
+def test_a_batch_whose_child_the_quota_refuses_expires_cutting_its_lines_and_says_why(backend: Backend) -> None:
+    batch_id = enqueue(3, max_tokens=10**8)  # the tenant's one open batch: no room for a child
+    with transaction() as session:
+        session.execute(update(Batch).where(Batch.id == batch_id).values(on_expiry=CONTINUE_IN_BACKGROUND))
+    runner = make_runner(max_num_seqs=4)
+    runner.run_for(0.3)
+    window_closes(batch_id)
+    reap_once()
+    with transaction() as session:
+        batch = session.get(Batch, batch_id)
+        assert batch is not None and batch.on_expiry is None
+        assert [w["code"] for w in batch.warnings or []] == ["not_continued"]
+        assert session.scalars(select(Batch).where(Batch.retry_of == batch_id)).all() == []
+    runner.run_for(0.5)
+    assert statuses(batch_id) == {"completed": 3}  # cut short, as without the option
