@@ -264,7 +264,7 @@ class Fleet:
             if self.stopping or not node.writes:
                 return
             if node.writes[0][0] == "renew":
-                lost, _ = renew_leases(node.writes.popleft()[1], {}, worker_id=node.worker_id, lease_seconds=120)
+                lost, *_ = renew_leases(node.writes.popleft()[1], {}, worker_id=node.worker_id, lease_seconds=120)
                 if lost:
                     self.done.put((node, "lost", lost))
                 return

@@ -48,6 +48,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--checks", metavar="JSON", help='check each answer, draw failing ones again, e.g. \'{"regex": "yes|no"}\''
     )
+    parser.add_argument(
+        "--on-expiry",
+        choices=("continue_in_background",),
+        help="lines unfinished at expiry carry on in a background child batch (default: cut short; docs/workflow.md)",
+    )
     parser.add_argument("--wait", action="store_true", help="watch the batch to its end, then download its files")
     parser.add_argument("--output", "-o", type=Path, default=Path("."), help="with --wait: directory for the files (.)")
     add_connection_args(parser)
@@ -143,6 +148,8 @@ def _extensions(args: argparse.Namespace) -> dict[str, object] | None:
         extra["priority"] = args.priority
     if args.max_cost_usd:
         extra["max_cost_usd"] = args.max_cost_usd
+    if args.on_expiry:
+        extra["on_expiry"] = args.on_expiry
     for name in ("trial", "checks"):  # checked by the server, which names a bad field
         if (given := getattr(args, name)) is not None:
             try:

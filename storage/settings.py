@@ -145,6 +145,7 @@ class Settings(OutboundSettings):
     engine_run_max_seconds: int = Field(default=600, ge=5)  # cost attribution closes a run at least this often
     broker_visibility_timeout_seconds: int = Field(default=3600, ge=60)
     reap_interval_seconds: int = Field(default=15, ge=1)
+    expiry_cut_grace_seconds: int = Field(default=10, ge=0, le=600)  # workers cut lines at expiry (queue/expiry.py)
     # Liveness (docs/workers.md): a GPU worker writes its heartbeat row and renews its held leases this often,
     # also between tasks; a row older than worker_stale_seconds means the worker is gone and its leases are
     # released at once. A worker restarted under the same BACKFILL_WORKER_SLOT on its host (or whose

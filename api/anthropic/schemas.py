@@ -59,6 +59,9 @@ class MessageBatch(BaseModel):
         default=None, description="Backfill extension: set while paused (`processing_status` stays `in_progress`)."
     )
     max_cost_usd: str | None = Field(default=None, description="Backfill extension: the batch's spend cap, if any.")
+    on_expiry: str | None = Field(
+        default=None, description="Backfill extension: `continue_in_background`, or null (cut short at expiry)."
+    )
 
     @classmethod
     def of(
@@ -91,6 +94,7 @@ class MessageBatch(BaseModel):
             priority=row.priority,
             paused_at=rfc3339(row.paused_at),
             max_cost_usd=None if row.max_cost_micro_usd is None else usd_text(usd(row.max_cost_micro_usd)),
+            on_expiry=row.on_expiry,
         )
 
 

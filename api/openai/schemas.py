@@ -98,6 +98,13 @@ class BatchCreate(BaseModel):
         description="Backfill extension (`extra_body`, docs/workflow.md): what each answer must pass (`schema`, "
         "`json_schema`, `regex`, `enum`, `max_length`); a failing answer is drawn again, up to `max_attempts` (<= 5).",
     )
+    on_expiry: str | None = Field(
+        default=None,
+        max_length=64,
+        description='Backfill extension (`extra_body`, docs/workflow.md): `"continue_in_background"` carries the lines '
+        "unfinished at expiry on in a child batch of the background tier, from their last token; absent, they end "
+        'with what they generated so far (`finish_reason: "length"`, `"backfill": {"cut_by": "expiry"}`).',
+    )
 
     def terms(self) -> BatchTerms:
         """What this create asks for beside its file."""
@@ -110,6 +117,7 @@ class BatchCreate(BaseModel):
             output_expires_after_seconds=self.output_expires_after.seconds if self.output_expires_after else None,
             trial=self.trial,
             checks=self.checks,
+            on_expiry=self.on_expiry,
         )
 
     @field_validator("endpoint")
@@ -235,6 +243,9 @@ class BatchObject(BaseModel):
         default=None, description="Backfill extension: the trial asked for, its status and, once run, its report."
     )
     checks: dict[str, Any] | None = Field(default=None, description="Backfill extension: the answers' checks.")
+    on_expiry: str | None = Field(
+        default=None, description="Backfill extension: `continue_in_background`, or null (cut short at expiry)."
+    )
 
     @classmethod
     def of(
@@ -280,6 +291,7 @@ class BatchObject(BaseModel):
             max_cost_usd=None if row.max_cost_micro_usd is None else usd_text(usd(row.max_cost_micro_usd)),
             trial=trial_json(row),
             checks=row.checks,
+            on_expiry=row.on_expiry,
         )
 
 

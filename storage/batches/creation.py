@@ -23,15 +23,17 @@ from storage.batches.checks import attach_workflow, checks_spec
 from storage.batches.control import check_priority
 from storage.batches.estimates import Estimate, estimate_job
 from storage.batches.trials import trial_spec
-from storage.errors import InvalidRequest, ModelNotFound
+from storage.errors import InvalidRequest, InvalidValue, ModelNotFound
 from storage.files.blobs import BlobStore
 from storage.files.files import get_file
 from storage.finance.budgets import check_file_within_budget, check_max_cost
 from storage.lines.reader import clip, peek_model
 from storage.models import Batch, File
 from storage.planning.shapes import shape_of_jsonl
+from storage.queue.expiry import ON_EXPIRY
 from storage.settings import Settings
 from storage.wakeups import wake_after_commit
+from storage.windows import BACKGROUND_WINDOW, is_background_window
 
 PEEK_CHUNK_BYTES = 64 * 1024  # the first line is all the model check reads
 
@@ -48,6 +50,7 @@ class BatchTerms:
     output_expires_after_seconds: int | None = None
     trial: dict[str, Any] | None = None  # as asked for (docs/workflow.md); checked by `create_from_file`
     checks: dict[str, Any] | None = None  # as asked for (docs/workflow.md); checked by `create_from_file`
+    on_expiry: Any = None  # as asked for (docs/workflow.md, "Partial answers at expiry"); checked by `on_expiry_spec`
 
 
 def check_window(settings: Settings, completion_window: str) -> None:
@@ -67,6 +70,23 @@ def check_extensions(
     the cap."""
     check_priority(session, settings, tenant_id=tenant_id, priority=priority)
     return check_max_cost(max_cost_micro_usd)
+
+
+def on_expiry_spec(settings: Settings, value: Any, *, completion_window: str) -> str | None:
+    """What becomes of the batch's unfinished lines at expiry: None (cut short) or "continue_in_background",
+    which needs the background tier offered and a window that can expire (400 `invalid_value` otherwise)."""
+    if value is None:
+        return None
+    if value not in ON_EXPIRY:
+        shown = clip(value) if isinstance(value, str) else type(value).__name__
+        raise InvalidValue(
+            f"on_expiry must be one of {', '.join(ON_EXPIRY)} (or absent), not {shown}.", param="on_expiry"
+        )
+    if BACKGROUND_WINDOW not in settings.completion_windows:
+        raise InvalidValue("on_expiry: this server offers no background tier to continue in.", param="on_expiry")
+    if is_background_window(completion_window):
+        raise InvalidValue("on_expiry: a batch of the background tier never expires.", param="on_expiry")
+    return str(value)
 
 
 def served_model(
@@ -114,6 +134,7 @@ def create_from_file(
     )
     trial = None if terms.trial is None else trial_spec(terms.trial, max_lines=settings.trial_max_lines)
     checks = None if terms.checks is None else checks_spec(terms.checks, endpoint=terms.endpoint)
+    on_expiry = on_expiry_spec(settings, terms.on_expiry, completion_window=terms.completion_window)
     check_file_within_budget(
         session,
         blobs,
@@ -137,6 +158,7 @@ def create_from_file(
         max_cost_micro_usd=cap,
     )
     attach_workflow(batch, trial=trial, checks=checks)
+    batch.on_expiry = on_expiry
     wake_after_commit(session, "batch.ingest", batch_id=batch.id)
     return batch
 

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from storage import lifecycle
 from storage.batches.archive import drop_content
 from storage.batches.batches import create_batch, get_batch
-from storage.batches.creation import check_extensions
+from storage.batches.creation import check_extensions, on_expiry_spec
 from storage.clock import now
 from storage.endpoints import MESSAGES_URL
 from storage.errors import InvalidRequest, NotFound
@@ -83,6 +83,7 @@ def create_message_batch(
         )
         reader.raise_if_bad()
         priority, cap = _extensions(session, settings, tenant_id=tenant_id, given=reader.extensions)
+        on_expiry = on_expiry_spec(settings, reader.extensions.get("on_expiry"), completion_window=WINDOW)
         model = None if reader.mixed_models else reader.first_model
         check_file_within_budget(
             session,
@@ -110,6 +111,7 @@ def create_message_batch(
         max_cost_micro_usd=cap,
     )
     batch.request_total = reader.count
+    batch.on_expiry = on_expiry
     session.flush()
     wake_after_commit(session, "batch.ingest", batch_id=batch.id)
     return batch

@@ -188,6 +188,13 @@ def _cap(
     return int(left / MICRO), note
 
 
+def inherited_cap(
+    session: Session, settings: Settings, *, origin: Batch, tree: list[Batch], choices: RetryChoices
+) -> tuple[int | None, dict[str, Any] | None]:
+    """A new member of the tree's spend cap (what is left of the origin's) and the note saying so (`_cap`)."""
+    return _cap(session, settings, origin=origin, tree=tree, choices=choices)
+
+
 def _chunks(ids: list[str]) -> Iterator[list[str]]:
     for start in range(0, len(ids), _COPY_CHUNK):
         yield ids[start : start + _COPY_CHUNK]

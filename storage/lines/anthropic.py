@@ -28,7 +28,7 @@ MODEL_MAX_CHARS = 200  # batch_requests.model
 DESCRIBED_PROBLEMS = 20  # problems spelled out in the 400; every bad index is listed regardless
 CHUNK_BYTES = 1024 * 1024
 # Backfill extensions a create body may carry beside `requests` (the SDK's `extra_body`): small scalars.
-EXTENSIONS = frozenset({"priority", "max_cost_usd"})
+EXTENSIONS = frozenset({"priority", "max_cost_usd", "on_expiry"})
 RAW_SLACK = 2  # a request as sent may carry white space its stored line drops: held up to twice the line limit
 _REQUEST_KEYS = frozenset({"custom_id", "params"})
 

@@ -81,6 +81,11 @@ DECODE_TOKENS_DISCARDED = Counter(
     "Generated tokens thrown away: handed back without a checkpoint, or a checkpoint the engine could not use.",
     ["model"],
 )
+EXPIRY_CUTS = Counter(
+    "backfill_expiry_cuts",
+    "Requests still generating when their batch expired: `answered` with the text so far, or `unanswered`.",
+    ["model", "outcome"],
+)
 
 # -- queue leases ----------------------------------------------------------------------------------------
 CLAIMED = Counter("backfill_requests_claimed", "Requests leased to a worker.", ["model"])
@@ -189,6 +194,14 @@ def count_decode_tokens(model: str, *, resumed: int = 0, discarded: int = 0) -> 
         DECODE_TOKENS_RESUMED.labels(model).inc(resumed)
     if discarded:
         DECODE_TOKENS_DISCARDED.labels(model).inc(discarded)
+
+
+def count_expiry_cuts(model: str, *, answered: int, unanswered: int) -> None:
+    """Requests a worker cut short at their batch's expiry: answered with their text so far, or with nothing to show."""
+    if answered:
+        EXPIRY_CUTS.labels(model, "answered").inc(answered)
+    if unanswered:
+        EXPIRY_CUTS.labels(model, "unanswered").inc(unanswered)
 
 
 def count_webhook_delivery(outcome: WebhookOutcome) -> None:

@@ -91,6 +91,7 @@ class Batch(Base):
     # When admission predicted the batch would finish (unix seconds; storage/batches/window_menu.py): its finish is
     # checked against it when it ends (storage/batches/finish_predictions.py). None: made before 0025, or a retry.
     predicted_finish_at: Mapped[int | None] = mapped_column(BigInteger)
+    on_expiry: Mapped[str | None] = mapped_column(String(32))  # None: cut short at expiry (docs/workflow.md)
 
 
 class BatchRequest(Base):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from sqlalchemy import select, update
+from sqlalchemy import ColumnElement, select, update
 from sqlalchemy.orm import Session
 
 from storage import lifecycle
@@ -84,12 +84,19 @@ def scrub_content(session: Session, *, batch_id: str) -> None:
 
 
 def close_open_requests(
-    session: Session, *, batch: Batch, statuses: tuple[str, ...], status: str, code: str, message: str
+    session: Session,
+    *,
+    batch: Batch,
+    statuses: tuple[str, ...],
+    status: str,
+    code: str,
+    message: str,
+    only: tuple[ColumnElement[bool], ...] = (),
 ) -> int:
-    """End the batch's requests in `statuses` as error lines with `code`; return how many."""
+    """End the batch's requests in `statuses` (and matching `only`) as error lines with `code`; return how many."""
     result = session.execute(
         update(BatchRequest)
-        .where(BatchRequest.batch_id == batch.id, lifecycle.rows_moving(*statuses, to=status))
+        .where(BatchRequest.batch_id == batch.id, lifecycle.rows_moving(*statuses, to=status), *only)
         .values(
             status=status,
             error_code=code,

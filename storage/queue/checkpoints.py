@@ -157,6 +157,22 @@ def _append(session: Session, checkpoints: Mapping[str, Generated], guard: Any) 
     return held, moved
 
 
+def seed(session: Session, *, tokens: Mapping[str, Sequence[int]]) -> None:
+    """Give fresh queued rows (a continuation's copies, storage/batches/continuation.py) these ids as their
+    checkpoint, one chunk each: the claim that takes a row continues its generation from there."""
+    wanted = {rid: ids for rid, ids in tokens.items() if ids}
+    if not wanted:
+        return
+    chunks = [{"request_id": rid, "start": 0, "token_ids": pack_tokens(ids)} for rid, ids in wanted.items()]
+    session.execute(insert(CheckpointChunk), chunks)
+    session.execute(
+        update(BatchRequest)
+        .where(ids_match(session, sorted(wanted)))
+        .values(checkpoint_tokens=case({rid: len(ids) for rid, ids in wanted.items()}, value=BatchRequest.id))
+        .execution_options(synchronize_session=False)
+    )
+
+
 def load(session: Session, *, counts: Mapping[str, int]) -> dict[str, list[int]]:
     """The stored ids of these rows (id -> how many their checkpoint holds), their chunks end to end.
 

@@ -23,6 +23,7 @@ from storage.queue.claim_bands import open_batches
 from storage.queue.claim_caps import cap_rooms
 from storage.queue.claim_order import ClaimOrder, claim_order, pick
 from storage.queue.enqueue import ids_match
+from storage.queue.expiry import cut_candidates
 from storage.queue.lease_expiry import open_lease
 from storage.settings import Settings
 
@@ -81,7 +82,7 @@ def claim(
         order = claim_order(session, model=model, settings=settings)
     batches = open_batches(session, model=model)
     caps = cap_rooms(session, settings, batch_ids=[b.id for b in batches if b.capped and not b.paused])
-    ids: list[str] = []
+    ids = cut_candidates(session, model=model, limit=limit)  # expired with tokens: to be cut short (expiry.py)
     while len(ids) < limit:  # again only when a spend cap left rows out: each pass holds back one more batch
         picked = pick(
             session, model=model, limit=limit - len(ids), order=order, batches=batches, held=caps.held, taken=ids

@@ -1,5 +1,6 @@
 """Reaping: put requests whose worker vanished back in the queue (or give up after too many tries), and
-expire overdue batches, whose unfinished requests become `batch_expired` error lines.
+expire overdue batches, whose unfinished requests become `batch_expired` error lines (those still generating
+after their workers' grace to cut them short: storage/queue/expiry.py).
 
 A lease that lapsed while its worker's heartbeat is fresh was a handover (the worker paused, it did not
 crash): the request goes back without using up an attempt. A lease of a worker that is gone (stale
@@ -22,6 +23,7 @@ from storage.queue.batch_counts import add_counts
 from storage.queue.batch_rows import close_open_requests
 from storage.queue.checkpoints import drop_ended
 from storage.queue.enqueue import lock_batches_of
+from storage.queue.expiry import closing_now
 from storage.queue.workers import live_worker_ids
 
 
@@ -97,8 +99,9 @@ def _requeue(session: Session, where: tuple[ColumnElement[bool], ...], *, attemp
     return int(requeued.rowcount or 0)  # type: ignore[attr-defined]
 
 
-def expire_overdue(session: Session) -> list[str]:
-    """Turn every unfinished request of an overdue batch into a `batch_expired` error line; return the batches."""
+def expire_overdue(session: Session, *, grace_seconds: int = 0) -> list[str]:
+    """End the unfinished requests of overdue batches as `batch_expired` error lines (the running ones only after
+    `grace_seconds`, while their workers cut them short: storage/queue/expiry.py); return the batches."""
     overdue = list(
         session.scalars(
             select(Batch)
@@ -113,10 +116,12 @@ def expire_overdue(session: Session) -> list[str]:
         if batch.status == lifecycle.VALIDATING:
             lifecycle.transition(batch, lifecycle.EXPIRED)
             continue
+        statuses, only = closing_now(batch, grace_seconds=grace_seconds)
         close_open_requests(
             session,
             batch=batch,
-            statuses=tuple(lifecycle.REQ_OPEN),
+            statuses=statuses,
+            only=only,
             status=lifecycle.REQ_EXPIRED,
             code="batch_expired",
             message="This request could not be executed before the completion window expired.",

@@ -103,6 +103,11 @@ class Engine(Protocol):
         """Drop in-flight requests (cancel, expiry, lost lease); they produce no result."""
         ...
 
+    def cut(self, request_ids: list[str]) -> list[EngineResult]:
+        """Stop in-flight requests now (their batch expired) and answer each from what it generated so far, a
+        length stop marked as cut (worker/engine/cuts.py); those with nothing to show are dropped unanswered."""
+        ...
+
     def stats(self) -> EngineStats:
         """Running and waiting sequence counts right now."""
         ...

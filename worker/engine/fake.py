@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import time
 from collections import deque
 from collections.abc import Collection, Iterable
@@ -24,8 +23,9 @@ from dataclasses import dataclass, field
 
 from worker.engine import EngineRequest, EngineResult, EngineStats, Progress
 from worker.engine.adapters import AdapterTally, load_without_model
+from worker.engine.cuts import cut_answer
 from worker.engine.decode_ledger import DecodeLedger
-from worker.engine.demo_moderation_model import MODERATION_CATEGORIES
+from worker.engine.fake_vectors import EMBEDDING_DIMENSIONS, scores_of, vector_of
 from worker.engine.generation import DECODED_IMAGE_PART, Generated, Generation, Output, output_budget
 from worker.engine.media_waits import MediaWaits
 from worker.engine.tools import check_capabilities, derived_ids, forced_calls, forced_schema, sample_arguments
@@ -33,7 +33,6 @@ from worker.engine.wire import Parsed, parse
 from worker.engine.wire.base import BodyError, server_error
 
 _WORDS = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit")
-EMBEDDING_DIMENSIONS = 8
 FAKE_IMAGE_TOKENS = 85  # prompt tokens per image, whatever its size
 MEDIA_WAIT_SECONDS = 0.05
 
@@ -209,6 +208,22 @@ class FakeEngine:
         self._waiting = deque(s for s in self._waiting if s.request_id not in doomed)
         self._running = [s for s in self._running if s.request_id not in doomed]
 
+    def cut(self, request_ids: list[str]) -> list[EngineResult]:
+        """Answer these requests from the tokens decoded so far (their first choice), then drop them."""
+        wanted, answers = set(request_ids), []
+        for sequence in (s for s in (*self._waiting, *self._running) if s.request_id in wanted):
+            rid = sequence.request_id
+            output = Output(rid, response_id=hashlib.sha256(rid.encode()).hexdigest()[:24])
+            output.prompt_tokens, output.cached_tokens = sequence.prompt_tokens, sequence.cached_tokens
+            output.engine_seconds = time.monotonic() - sequence.added_at
+            adapter = sequence.generation.adapter
+            model = self.model_name if adapter is None else adapter.name
+            text, count = _words(sequence.token_ids), len(sequence.token_ids)
+            answer = cut_answer(sequence.parsed, output, text=text, token_count=count, model=model)
+            answers += [answer] if answer is not None else []
+        self.abort(request_ids)
+        return answers
+
     def stats(self) -> EngineStats:
         """Requests holding a slot, and those queued for one."""
         extra = {"steps": self.steps, **self.adapters.stats()}
@@ -304,12 +319,12 @@ class FakeEngine:
         if rid in self.fail_request_ids:
             output.error = server_error(rid, "the fake engine was told to fail this request")
         elif generation.kind == "embed":
-            output.vectors = [_vector(item, generation.dimensions) for item in generation.inputs]
+            output.vectors = [vector_of(item, generation.dimensions) for item in generation.inputs]
         elif generation.kind == "classify" and generation.messages:
             images = [part[DECODED_IMAGE_PART].size for part in generation.parts(DECODED_IMAGE_PART)]
-            output.scores = [_scores(f"{generation.turn_texts()}/{images}")]
+            output.scores = [scores_of(f"{generation.turn_texts()}/{images}")]
         elif generation.kind == "classify":
-            output.scores = [_scores(item) for item in generation.inputs]
+            output.scores = [scores_of(item) for item in generation.inputs]
         else:  # the fake decodes to its limit: every sequence stops on its length
             count = sequence.tokens_to_decode
             output.sequences = [
@@ -376,16 +391,3 @@ def _text(request_id: str, index: int, count: int) -> str:
 def _words(token_ids: list[int]) -> str:
     """The fake's detokenizer: one word per token id."""
     return " ".join(_WORDS[token % len(_WORDS)] for token in token_ids)
-
-
-def _scores(item: str | list[int]) -> dict[str, float]:
-    """The fake classifier's label probabilities: hashed from the input, in [0, 1)."""
-    digest = hashlib.sha256(f"classify/{item}".encode()).digest()
-    return {label: digest[index] / 256 for index, label in enumerate(MODERATION_CATEGORIES)}
-
-
-def _vector(item: str | list[int], dimensions: int | None = None) -> list[float]:
-    digest = hashlib.sha256(str(item).encode()).digest()
-    raw = [byte - 127.5 for byte in digest[: dimensions or EMBEDDING_DIMENSIONS]]
-    norm = math.sqrt(sum(x * x for x in raw))
-    return [x / norm for x in raw]

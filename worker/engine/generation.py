@@ -272,6 +272,9 @@ class Output:
     engine_seconds: float = 0.0
     checkpoint: list[int] = field(default_factory=list)  # the generated ids, when a resume from them is exact
     error: EngineResult | None = None
+    # Why the answer was cut short before its own stop ("expiry": its batch's window closed, docs/workflow.md);
+    # None for an answer that ended by itself. A cut answer reads as a length stop in every protocol.
+    cut_by: str | None = None
 
     @classmethod
     def failed(cls, error: EngineResult) -> Output:

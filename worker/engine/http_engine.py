@@ -181,6 +181,11 @@ class HttpEngine:
             if flight is not None and flight.future is not None:
                 flight.future.cancel()
 
+    def cut(self, request_ids: list[str]) -> list[EngineResult]:
+        """Nothing to show (a server's in-flight tokens are not visible from here): dropped, they end batch_expired."""
+        self.abort(request_ids)
+        return []
+
     def stats(self) -> EngineStats:
         """Our requests on the server (`running`) and those parked until the budget allows (`waiting`)."""
         parked = sum(1 for f in self._inflight.values() if f.parked)

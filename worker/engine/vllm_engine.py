@@ -26,7 +26,7 @@ from worker.engine.vllm_ahead import AheadRenders
 from worker.engine.vllm_chat import DirectChat
 from worker.engine.vllm_inputs import VllmInputs
 from worker.engine.vllm_lora import Loras, lora_engine_args
-from worker.engine.vllm_outputs import InFlight, generated_ids, invalid_result, result_of
+from worker.engine.vllm_outputs import InFlight, cut_result, generated_ids, invalid_result, result_of
 from worker.engine.vllm_parsers import Parsers, engine_kwargs
 from worker.engine.vllm_process import close_at_exit, forget_import_tracebacks, set_env_defaults
 from worker.engine.vllm_resume import EndedHere, Resume, boundary_stop, continue_from, exact_params
@@ -225,6 +225,15 @@ class VllmEngine(VllmInputs):
                     self._owner.pop(engine_id, None)
         if engine_ids:
             self._engine.abort_request(engine_ids)
+
+    def cut(self, request_ids: list[str]) -> list[EngineResult]:
+        """Answer these requests from the tokens generated so far, then free their sequences (cuts.py)."""
+        processor, flights = self._engine.output_processor, [self._inflight.get(rid) for rid in request_ids]
+        cut = [
+            cut_result(f, model=self.model_name, tokenizer=self._tokenizer, processor=processor) for f in flights if f
+        ]
+        self.abort(request_ids)
+        return [answer for answer in cut if answer is not None]
 
     def stats(self) -> EngineStats:
         """The scheduler's own counts of sequences (n>1 choices and embedding inputs count singly): in-process,

@@ -7,18 +7,23 @@ Works on vLLM's output objects and the tokenizer it is handed; nothing here impo
 
 from __future__ import annotations
 
+import logging
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from worker.engine import EngineResult, error_result
+from worker.engine.cuts import cut_answer
 from worker.engine.generation import Generation, Output
 from worker.engine.vllm_choices import generated_of
 from worker.engine.vllm_parsers import Parsers
-from worker.engine.vllm_resume import Resume, stitch
+from worker.engine.vllm_resume import Resume, stitch, stream_decoder
 from worker.engine.wire import Parsed
 from worker.engine.wire.base import server_error
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -101,6 +106,42 @@ def invalid_result(rid: str, error: Exception, generation: Generation | None = N
         return error_result(rid, 400, message, code="invalid_json_schema", param=constraint.param)
     code = "context_length_exceeded" if "context length" in message else "invalid_value"
     return error_result(rid, 400, message, code=code, param=getattr(error, "parameter", None))
+
+
+def prompt_ids(output_processor: Any, engine_id: str) -> list[int]:
+    """The prompt token ids vLLM's output processor holds for this request (empty if it has none)."""
+    for internal in output_processor.external_req_ids.get(engine_id, ()):
+        state = output_processor.request_states.get(internal)
+        if state is not None:
+            return list(state.prompt_token_ids or ())
+    return []
+
+
+def cut_result(flight: InFlight, *, model: str, tokenizer: Any, processor: Any) -> EngineResult | None:
+    """The answer to a request stopped before its end (its batch expired): the generated ids so far (a resumed
+    request's earlier ones first) decoded as vLLM's detokenizer would after its prompt (worker/engine/cuts.py);
+    None with nothing to show (an n > 1 request, no token yet, or a failure: the line then ends batch_expired)."""
+    if len(flight.engine_ids) != 1:
+        return None
+    try:
+        new_ids = generated_ids(processor, flight.engine_ids[0])
+        if flight.resume is not None:
+            ids, prompt_tokens, decode = (
+                flight.resume.token_ids + new_ids,
+                flight.resume.prompt_tokens,
+                flight.resume.decode,
+            )
+        else:
+            prompt = prompt_ids(processor, flight.engine_ids[0])
+            ids, prompt_tokens, decode = new_ids, len(prompt), stream_decoder(tokenizer, prompt)
+        output = Output(flight.request_id, response_id=uuid.uuid4().hex, prompt_tokens=prompt_tokens)
+        output.engine_seconds = time.monotonic() - flight.started
+        adapter = flight.parsed.generation.adapter
+        name = model if adapter is None else adapter.name
+        return cut_answer(flight.parsed, output, text=decode(ids) if ids else "", token_count=len(ids), model=name)
+    except Exception:
+        logger.exception("cutting %s short failed", flight.request_id)
+        return None
 
 
 def generated_ids(output_processor: Any, engine_id: str) -> list[int]:

@@ -89,6 +89,7 @@ class QueueIO:
         self._written: deque[Written] = deque()
         self._lost: set[str] = set()
         self._paused: set[str] = set()
+        self._overdue: set[str] = set()
         self._errors: deque[BaseException] = deque()
         self._closed = False
         self._threads = [
@@ -187,6 +188,12 @@ class QueueIO:
         with self._lock:
             paused, self._paused = self._paused, set()
         return paused
+
+    def take_overdue(self) -> set[str]:
+        """Ids a renewal found in a batch whose window closed since the last call: to cut short (expiry.py)."""
+        with self._lock:
+            overdue, self._overdue = self._overdue, set()
+        return overdue
 
     def raise_failure(self) -> None:
         """Re-raise, on the engine thread, the first database error the threads met since the last call."""
@@ -297,10 +304,13 @@ class QueueIO:
         if not (held := sorted(set(renewal.request_ids) | waiting)):
             return
         lease = self.lease_seconds
-        lost, paused = writes.renew_leases(held, renewal.checkpoints, worker_id=self.worker_id, lease_seconds=lease)
+        lost, paused, overdue = writes.renew_leases(
+            held, renewal.checkpoints, worker_id=self.worker_id, lease_seconds=lease
+        )
         with self._lock:  # the runner acts on those in its engine (a result: `record` hands it back)
             self._lost |= lost - waiting  # not in the engine yet: nothing to abort
             self._paused |= paused - waiting  # claimed rows: the next renewal, once the engine has them
+            self._overdue |= overdue - waiting
 
     # --- the claimer ----------------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Callable
 
 from storage.db import transaction
+from storage.metrics.events import count_expiry_cuts
 from storage.queue.backlog import has_queued
 from storage.queue.claim import ClaimedRequest
 from storage.settings import Settings
@@ -331,7 +332,26 @@ class Runner:
             self.ledger.pause(paused)
             self._let_go(paused)
             self.io.release(sorted(paused), checkpoints)
+        if overdue := self.ledger.running_among(self.io.take_overdue()):  # their window closed: cut short
+            self._cut(overdue)
         self.io.raise_failure()
+
+    def _cut(self, request_ids: set[str]) -> None:
+        """Answer these from what they generated so far (flushed with the next results); those with nothing to
+        show leave the engine and go back to the queue, where the reaper ends them `batch_expired` (expiry.py)."""
+        answers = self.engine.cut(sorted(request_ids))
+        self.ledger.finish(answers)
+        for answer in answers:
+            self.checkpoints.finished(answer)
+        self.redraws.forget(request_ids)
+        if unanswered := request_ids - {answer.request_id for answer in answers}:
+            self.ledger.lose(unanswered)
+            self.checkpoints.forget(unanswered)
+            self.io.release(sorted(unanswered), {})
+        count_expiry_cuts(self.model, answered=len(answers), unanswered=len(unanswered))
+        log.info(
+            "cut %d requests short at their batch's expiry (%d had nothing to show)", len(request_ids), len(unanswered)
+        )
 
     def _collect_written(self) -> None:
         """Flushes the writer is done with leave the ledger; those committed go to the probe."""

@@ -20,6 +20,7 @@ from storage.db import transaction
 from storage.metrics.events import count_decode_tokens
 from storage.queue.backlog import done_batches
 from storage.queue.checkpoints import Generated, restart, save_checkpoints, save_handed_back, still_open
+from storage.queue.expiry import overdue_of
 from storage.queue.handback import paused_of
 from storage.queue.leases import release, renew, take_back
 from storage.queue.results import Outcome, record_outcomes
@@ -109,9 +110,10 @@ def keep_handed_back(session: Session, kept: dict[str, Generated]) -> None:
 
 def renew_leases(
     held: list[str], due: dict[str, Generated], *, worker_id: str, lease_seconds: int
-) -> tuple[set[str], set[str]]:
+) -> tuple[set[str], set[str], set[str]]:
     """Renew these leases (storing `due` checkpoints on the way); take back rows re-queued under this worker;
-    return the ids lost (cancelled, expired, leased elsewhere) and those of paused batches."""
+    return the ids lost (cancelled, expired, leased elsewhere), those of paused batches and those of batches whose
+    window closed (to cut short: storage/queue/expiry.py)."""
     with transaction() as session:
         lost = renew(session, worker_id=worker_id, request_ids=held, lease_seconds=lease_seconds, checkpoints=due)
         if lost:  # re-queued under us while we still run them: ours again, the same try (docs/workers.md)
@@ -123,7 +125,8 @@ def renew_leases(
             # still ours; reported lost, the runner would abort them and leave them leased to it unrun
             lost = renew(session, worker_id=worker_id, request_ids=sorted(lost), lease_seconds=lease_seconds)
         paused = paused_of(session, worker_id=worker_id, request_ids=sorted(set(held) - lost))
-    return lost, paused
+        overdue = overdue_of(session, worker_id=worker_id, request_ids=sorted(set(held) - lost - paused))
+    return lost, paused, overdue
 
 
 def store_checkpoints(item: Checkpoint, *, worker_id: str) -> None:

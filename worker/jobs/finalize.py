@@ -27,6 +27,7 @@ from storage.files.files import record_result_file, tenant_folder
 from storage.metrics.events import observe_finalized
 from storage.protocols import BatchObject, Protocol, RenderLine, protocol_of
 from storage.queue.backlog import batch_done
+from storage.queue.expiry import ran_past_deadline
 from storage.queue.leases import has_expired_requests
 from storage.queue.result_rows import iter_results
 from storage.settings import get_settings
@@ -106,7 +107,7 @@ def _result_files(protocol: Protocol) -> list[tuple[str, tuple[str, ...], Render
 def _end_state(session: Session, *, status: str, batch_id: str) -> str:
     if status == lifecycle.CANCELLING:
         return lifecycle.CANCELLED
-    expired = has_expired_requests(session, batch_id=batch_id)
+    expired = has_expired_requests(session, batch_id=batch_id) or ran_past_deadline(session, batch_id=batch_id)
     return lifecycle.EXPIRED if expired and status != lifecycle.FINALIZING else lifecycle.COMPLETED
 
 

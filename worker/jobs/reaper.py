@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
+from storage.batches.continuation import continue_overdue
 from storage.batches.trials import settle_trials
 from storage.metrics.events import count_lease_expiries
 from storage.queue.backlog import batches_ready_to_finalize, models_waiting_unserved
@@ -41,7 +42,10 @@ def reap(session: Session) -> Reaped:
         log.info("reaper: %d workers stopped beating; %d of their requests back in the queue", len(gone), requeued)
     requeued += release_expired_leases(session, max_attempts=MAX_ATTEMPTS, stale_seconds=stale_seconds)
     count_lease_expiries(requeued)
-    expired = expire_overdue(session)
+    continued = continue_overdue(session, get_settings())  # on_expiry continue_in_background: into a child batch
+    expired = expire_overdue(session, grace_seconds=get_settings().expiry_cut_grace_seconds)
+    if continued:
+        log.info("reaper: %d expired batches continue in the background: %s", len(continued), continued)
     settle_trials(session, get_settings(), batch_ids=None)  # trial lines the passes above ended (out of tries)
     ready = batches_ready_to_finalize(session)
     # Wake a model's GPU worker only when its queue waits and no worker holds any of its rows: a busy

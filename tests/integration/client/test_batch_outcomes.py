@@ -81,3 +81,12 @@ def test_submit_sends_a_trial_and_checks_and_the_batch_shows_them(
     assert batch.model_extra["checks"] == {"schema": True, "max_attempts": 3, "max_length": 40}
     code, _, err = cli("submit", str(jobs), "--trial", "{lines: 2}")
     assert code != 0 and "--trial takes a JSON object" in err
+
+
+def test_submit_sends_on_expiry_and_the_batch_shows_it(cli, server: LiveServer, key: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_bytes(to_jsonl([chat_line(i, max_tokens=1) for i in range(2)]))
+    code, out, _ = cli("submit", str(jobs), "--on-expiry", "continue_in_background")
+    assert code == 0, out
+    batch = server.client(key).batches.list().data[0]
+    assert batch.model_extra and batch.model_extra["on_expiry"] == "continue_in_background"

@@ -14,7 +14,10 @@ from pydantic import BaseModel, ConfigDict
 from worker.engine import EngineResult, error_result
 from worker.engine.generation import BodyError, Generation, Output
 
-__all__ = ["TYPE_TAGS", "BodyError", "Parsed", "Reply", "Strict", "server_error"]
+__all__ = ["CUT_KEY", "TYPE_TAGS", "BodyError", "Parsed", "Reply", "Strict", "server_error"]
+
+# The answer object's Backfill extension key: `{"cut_by": "expiry"}` on an answer its batch's expiry cut short.
+CUT_KEY = "backfill"
 
 Reply = Callable[[Output, str], EngineResult]  # (an engine's output, the served model's name) -> the line's answer
 
@@ -33,6 +36,8 @@ class Parsed:
         result.engine_seconds = output.engine_seconds
         if result.ok:
             result.token_ids = list(output.checkpoint)
+            if output.cut_by is not None:  # a Backfill extension on the answer object (the SDKs keep it, unknown)
+                result.body[CUT_KEY] = {"cut_by": output.cut_by}
         return result
 
 

@@ -182,6 +182,8 @@ def message_reply(body: MessagesBody) -> Reply:
             output_tokens=sequence.token_count,
             max_tokens=body.max_tokens,
         )
+        if output.cut_by is not None:  # cut short by its batch's expiry: the SDKs' "max_tokens" (docs/workflow.md)
+            stop = ("max_tokens", None)
         message = anthropic_message(
             message_id=output.response_id or uuid.uuid4().hex[:24],
             model=model,

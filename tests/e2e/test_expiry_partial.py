@@ -1,0 +1,138 @@
+"""Partial answers at expiry on the real vLLM engine (tiny demo model), embedded, through the official openai SDK
+(issue 40 §4): lines still generating when the window closes end with the text they generated so far, a length
+stop the SDK parses and marked `backfill.cut_by`; with `on_expiry: "continue_in_background"` they carry on from
+their checkpoints in a background child batch, and the merged view gives each line once, as the uninterrupted
+generation would have answered it."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from openai.types.chat import ChatCompletion
+from sqlalchemy import update
+
+from tests.conftest import LiveServer, make_key, start_server
+from tests.e2e.resume import CHECKPOINT_ENV, greedy_lines, wait_until_checkpointed_mid_decode
+from tests.integration.api.helpers import read_lines, to_jsonl, upload, wait_for
+
+pytestmark = pytest.mark.vllm
+
+# Long enough (about 10 s a wave of 4 on the demo model) that the lines mid-decode when the window closes are
+# still mid-decode at their worker's next renewal (every 2 s), whatever the machine's load.
+MAX_TOKENS = 960
+
+
+@pytest.fixture
+def live(demo_model_path: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[LiveServer]:
+    from tests.conftest import configure
+    from worker.cli.migrate import migrate_database
+
+    models = {
+        "backfill-demo": {"path": str(demo_model_path), "max_num_seqs": 4, "max_model_len": 1024, "dtype": "float32"}
+    }
+    env = {"BACKFILL_DATA_DIR": str(tmp_path / "data"), "BACKFILL_MODELS": json.dumps(models), **CHECKPOINT_ENV}
+    configure(monkeypatch, env)
+    migrate_database()
+    server, stop = start_server(with_worker=True)
+    yield server
+    stop()
+
+
+def run(client: openai.OpenAI, prefix: str, **extra: Any) -> str:
+    lines = greedy_lines(prefix)
+    for line in lines:
+        line["body"]["max_tokens"] = MAX_TOKENS
+    source = upload(client, to_jsonl(lines))
+    batch = client.batches.create(
+        input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h", extra_body=extra
+    )
+    return batch.id
+
+
+def texts(lines: list[dict[str, Any]], prefix: str) -> dict[str, str]:
+    """Each line's answer text by its number (the custom_id without `prefix`)."""
+    found = {}
+    for line in lines:
+        message = ChatCompletion.model_validate(line["response"]["body"]).choices[0].message
+        found[line["custom_id"].removeprefix(prefix)] = message.content or ""
+    return found
+
+
+def reference(client: openai.OpenAI) -> dict[str, str]:
+    """The uninterrupted greedy answers."""
+    done = wait_for(client, run(client, "ref-"), timeout=600)
+    assert done.status == "completed"
+    return texts(read_lines(client, done.output_file_id), "ref-")
+
+
+def window_closes(batch_id: str) -> None:
+    """The 24 hours are up (the batch's and its rows' deadlines moved to a second ago)."""
+    from storage.db import transaction
+    from storage.models import Batch, BatchRequest
+
+    past = int(time.time()) - 1
+    with transaction() as session:
+        session.execute(update(Batch).where(Batch.id == batch_id).values(expires_at=past))
+        session.execute(update(BatchRequest).where(BatchRequest.batch_id == batch_id).values(deadline=past))
+
+
+def test_lines_generating_at_expiry_end_with_the_text_so_far_as_a_length_stop(live: LiveServer) -> None:
+    client = live.client(make_key("acme"))
+    full = reference(client)
+    batch_id = run(client, "cut-")
+    wait_until_checkpointed_mid_decode(batch_id, alive=lambda: True)
+    window_closes(batch_id)
+
+    done = wait_for(client, batch_id, timeout=120)
+    assert done.status == "expired"
+    cut, expired = read_lines(client, done.output_file_id), read_lines(client, done.error_file_id)
+    assert sorted(line["custom_id"] for line in cut + expired) == sorted(f"cut-{i}" for i in range(len(full)))
+    assert cut and {line["error"]["code"] for line in expired} <= {"batch_expired"}
+    so_far = texts(cut, "cut-")
+    for line in cut:
+        completion = ChatCompletion.model_validate(line["response"]["body"])  # the SDK's own type
+        assert completion.choices[0].finish_reason == "length" and completion.usage is not None
+        number = line["custom_id"].removeprefix("cut-")
+        if "backfill" not in (completion.model_extra or {}):  # it ended by itself before its worker's renewal
+            assert completion.usage.completion_tokens == MAX_TOKENS and so_far[number] == full[number]
+            continue
+        assert (completion.model_extra or {})["backfill"] == {"cut_by": "expiry"}
+        assert 1 <= completion.usage.completion_tokens < MAX_TOKENS
+        assert full[number].startswith(so_far[number])  # what the uninterrupted generation had at that token
+    assert any("backfill" in line["response"]["body"] for line in cut)
+    tokens = sorted(line["response"]["body"]["usage"]["completion_tokens"] for line in cut)
+    print(f"a cut line: {json.dumps(cut[0])}")
+    print(f"cut at expiry: {len(cut)} lines with {tokens} tokens, {len(expired)} batch_expired")
+    assert done.model_extra and float(done.model_extra["cost"]["billed_usd"]) > 0  # billed for what was generated
+
+
+def test_a_batch_continued_in_the_background_answers_each_line_once_as_if_never_interrupted(live: LiveServer) -> None:
+    from worker.process.service import reap_once
+
+    client = live.client(make_key("acme"))
+    full = reference(client)
+    batch_id = run(client, "bg-", on_expiry="continue_in_background")
+    wait_until_checkpointed_mid_decode(batch_id, alive=lambda: True)
+    window_closes(batch_id)
+    reap_once()  # the reaper's pass now: the lines are mid-generation
+
+    origin = wait_for(client, batch_id, timeout=120)
+    assert origin.status == "expired" and origin.model_extra
+    (child_id,) = origin.model_extra["retries"]
+    child = wait_for(client, child_id, timeout=600)
+    assert child.status == "completed" and child.completion_window == "background"
+    text = client.get(f"/batches/{batch_id}/results", cast_to=str, options={"params": {"merged": "true"}})
+    merged = [json.loads(line) for line in text.splitlines() if line]
+    assert sorted(line["custom_id"] for line in merged) == sorted(f"bg-{i}" for i in range(len(full)))  # once each
+    for line in merged:
+        completion = ChatCompletion.model_validate(line["response"]["body"])
+        assert completion.usage is not None and completion.usage.completion_tokens == MAX_TOKENS
+        assert "backfill" not in (completion.model_extra or {})
+    assert texts(merged, "bg-") == full  # token-exact: the resumed lines read as the uninterrupted ones
+    print(f"continued in the background: {child.request_counts.total} of {len(full)} lines in {child_id}")  # type: ignore[union-attr]
