@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.anthropic.status import ended_at, processing_status, request_counts
 from storage.batches.batches import batch_errors
+from storage.batches.trials import trial_json
 from storage.finance.budgets import usd, usd_text
 from storage.models import Batch
 from storage.strict import Priority
@@ -62,6 +63,13 @@ class MessageBatch(BaseModel):
     on_expiry: str | None = Field(
         default=None, description="Backfill extension: `continue_in_background`, or null (cut short at expiry)."
     )
+    trial: dict[str, Any] | None = Field(
+        default=None,
+        description="Backfill extension (docs/workflow.md): the trial asked for, its status and, once run, its report.",
+    )
+    checks: dict[str, Any] | None = Field(
+        default=None, description="Backfill extension (docs/workflow.md): what every answer must pass."
+    )
 
     @classmethod
     def of(
@@ -95,6 +103,8 @@ class MessageBatch(BaseModel):
             paused_at=rfc3339(row.paused_at),
             max_cost_usd=None if row.max_cost_micro_usd is None else usd_text(usd(row.max_cost_micro_usd)),
             on_expiry=row.on_expiry,
+            trial=trial_json(row),
+            checks=row.checks,
         )
 
 

@@ -18,7 +18,9 @@ from sqlalchemy.orm import Session
 from storage import lifecycle
 from storage.batches.archive import drop_content
 from storage.batches.batches import create_batch, get_batch
+from storage.batches.checks import attach_workflow, checks_spec
 from storage.batches.creation import check_extensions, on_expiry_spec
+from storage.batches.trials import trial_spec
 from storage.clock import now
 from storage.endpoints import MESSAGES_URL
 from storage.errors import InvalidRequest, NotFound
@@ -84,6 +86,7 @@ def create_message_batch(
         reader.raise_if_bad()
         priority, cap = _extensions(session, settings, tenant_id=tenant_id, given=reader.extensions)
         on_expiry = on_expiry_spec(settings, reader.extensions.get("on_expiry"), completion_window=WINDOW)
+        trial, checks = _workflow(settings, given=reader.extensions)
         model = None if reader.mixed_models else reader.first_model
         check_file_within_budget(
             session,
@@ -111,6 +114,7 @@ def create_message_batch(
         max_cost_micro_usd=cap,
     )
     batch.request_total = reader.count
+    attach_workflow(batch, trial=trial, checks=checks)
     batch.on_expiry = on_expiry
     session.flush()
     wake_after_commit(session, "batch.ingest", batch_id=batch.id)
@@ -126,6 +130,15 @@ def _extensions(
     cost = given.get("max_cost_usd")
     cap = None if cost is None else parse_usd(cost, param="max_cost_usd")
     return priority, check_extensions(session, settings, tenant_id=tenant_id, priority=priority, max_cost_micro_usd=cap)
+
+
+def _workflow(settings: Settings, *, given: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """The create's trial and checks beside `requests` (docs/workflow.md), checked as an OpenAI create's are."""
+    trial, checks = given.get("trial"), given.get("checks")
+    return (
+        None if trial is None else trial_spec(trial, max_lines=settings.trial_max_lines),
+        None if checks is None else checks_spec(checks, endpoint=MESSAGES_URL),
+    )
 
 
 def get_message_batch(session: Session, *, tenant_id: str, batch_id: str, lock: bool = False) -> Batch:

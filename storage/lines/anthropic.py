@@ -20,15 +20,22 @@ import orjson
 
 from storage.endpoints import MESSAGES_URL
 from storage.errors import InvalidRequest, RequestTooLarge
-from storage.lines.bounded_json import REQUESTS_REQUIRED, RequestsSplitter, value_problem
+from storage.lines.bounded_json import EXTENSION_MAX_BYTES, REQUESTS_REQUIRED, RequestsSplitter, value_problem
 from storage.lines.reader import iter_lines, may_be_unstorable
 
 CUSTOM_ID = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # fullmatch: `$` would let a trailing newline through
 MODEL_MAX_CHARS = 200  # batch_requests.model
 DESCRIBED_PROBLEMS = 20  # problems spelled out in the 400; every bad index is listed regardless
 CHUNK_BYTES = 1024 * 1024
-# Backfill extensions a create body may carry beside `requests` (the SDK's `extra_body`): small scalars.
-EXTENSIONS = frozenset({"priority", "max_cost_usd", "on_expiry"})
+# Backfill extensions a create body may carry beside `requests` (the SDK's `extra_body`), each with its size limit in
+# bytes: small scalars, a trial, and checks (a JSON schema of up to 64 KB, an enum of up to 256 strings: 1 MiB).
+EXTENSIONS = {
+    "priority": EXTENSION_MAX_BYTES,
+    "max_cost_usd": EXTENSION_MAX_BYTES,
+    "on_expiry": EXTENSION_MAX_BYTES,
+    "trial": 1024,
+    "checks": 1024 * 1024,
+}
 RAW_SLACK = 2  # a request as sent may carry white space its stored line drops: held up to twice the line limit
 _REQUEST_KEYS = frozenset({"custom_id", "params"})
 
@@ -157,10 +164,14 @@ class RequestsReader:
 
 
 def _extension(key: str, raw: bytes) -> Any:
+    """An extension's value, parsed strictly and held to the value rules of any control-plane body."""
     try:
-        return orjson.loads(raw)
+        value = orjson.loads(raw)
     except orjson.JSONDecodeError:
         raise InvalidRequest(f"{key}: not a valid JSON value.", param=key) from None
+    if problem := value_problem(value, allow_nul=False):
+        raise InvalidRequest(f"{key}: {problem}.", param=key)
+    return value
 
 
 def _parse_item(raw: bytearray) -> tuple[Any, str | None]:

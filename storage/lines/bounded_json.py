@@ -15,7 +15,7 @@ recursion, no path prefixes: a body of 100,000 `[` costs one pass and a few inte
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import orjson
@@ -35,7 +35,7 @@ _IN_STRING = re.compile(rb'["\\]')
 _DEEP_TOKEN = re.compile(rb'"(?:[^"\\]++|\\.)*+("?)|[\[{]++|[\]}]++', re.DOTALL)
 _OPEN = frozenset(b"[{")
 _STRUCTURAL = frozenset(b'"[]{},:')
-EXTENSION_MAX_BYTES = 64  # a top-level extension's value (a number or a short string)
+EXTENSION_MAX_BYTES = 64  # a top-level extension's value by default (a number or a short string)
 REQUESTS_REQUIRED = 'requests: List should have at least 1 item ({"requests": [{"custom_id", "params"}]})'
 
 
@@ -161,14 +161,16 @@ class RequestsSplitter(_Strings):
     """
 
     def __init__(
-        self, *, max_item_bytes: int, max_item_depth: int = LINE_MAX_DEPTH, extensions: frozenset[str] = frozenset()
+        self, *, max_item_bytes: int, max_item_depth: int = LINE_MAX_DEPTH, extensions: Mapping[str, int] | None = None
     ) -> None:
         self.max_item_bytes = max_item_bytes
         self.max_item_depth = max_item_depth
-        self.extensions = extensions  # top-level keys whose (small) values are kept: `extension_values`
+        # top-level keys whose values are kept (`extension_values`), each with its size limit in bytes
+        self.extensions: Mapping[str, int] = extensions or {}
         self.extension_values: dict[str, bytes] = {}
         self.unknown_keys: list[str] = []
         self._ext_key: str | None = None  # the extension whose value is being read
+        self._ext_cap = EXTENSION_MAX_BYTES  # its size limit
         self._ext = bytearray()
         self._ext_from = -1
         self._scalar_tail = False  # the last token was a scalar run that reached the chunk's end
@@ -204,7 +206,7 @@ class RequestsSplitter(_Strings):
             self._append(chunk[self._item_from :])
             self._item_from = 0
         if self._ext_from >= 0:  # an extension's value goes on in the next chunk
-            self._ext += chunk[self._ext_from :][: EXTENSION_MAX_BYTES + 1 - len(self._ext)]
+            self._ext += chunk[self._ext_from :][: self._ext_cap + 1 - len(self._ext)]
             self._ext_from = 0
         if self._key is not None:
             self._key += chunk[self._key_from : self._key_from + 256 - len(self._key)]
@@ -339,17 +341,17 @@ class RequestsSplitter(_Strings):
         elif key in self.extensions:
             if key in self.extension_values:
                 raise InvalidRequest(f"{key}: given more than once.")
-            self._ext_key = key
+            self._ext_key, self._ext_cap = key, self.extensions[key]
         else:
             self.unknown_keys.append(key[:80])
         self._state = "colon"
 
     def _end_extension(self, chunk: bytes, end: int) -> None:
-        """An extension's value ended at `end`: keep its bytes (a small scalar; anything longer is refused)."""
+        """An extension's value ended at `end`: keep its bytes (anything longer than its limit is refused)."""
         assert self._ext_key is not None
-        self._ext += chunk[self._ext_from : end][: EXTENSION_MAX_BYTES + 1 - len(self._ext)]
-        if len(self._ext) > EXTENSION_MAX_BYTES:
-            raise InvalidRequest(f"{self._ext_key}: longer than {EXTENSION_MAX_BYTES} bytes.")
+        self._ext += chunk[self._ext_from : end][: self._ext_cap + 1 - len(self._ext)]
+        if len(self._ext) > self._ext_cap:
+            raise InvalidRequest(f"{self._ext_key}: longer than {self._ext_cap} bytes.", param=self._ext_key)
         self.extension_values[self._ext_key] = bytes(self._ext).strip()
         self._ext_key, self._ext, self._ext_from = None, bytearray(), -1
 
