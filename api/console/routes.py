@@ -1,8 +1,9 @@
 """The web console (`/console`): one page for tenants and finance, and the few reads it needs beyond the public API.
 
-The page is a static shell assembled from `static/` (markup, style, the app, and the batch controls in their own
-script so the batch-control routes can be wired there alone); it holds the API key in sessionStorage and sends
-it as a header. The `/v1/console/...` reads are Backfill extensions scoped like every other route.
+The page is a static shell assembled from `static/` (markup, style, the app, the batch controls in their own
+script so the batch-control routes can be wired there alone, and a batch's workflow: trial, checks, attempts); it
+holds the API key in sessionStorage and sends it as a header. The `/v1/console/...` reads are Backfill extensions
+scoped like every other route.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from storage.batches.batches import get_batch, search_batches
 from storage.batches.finish_predictions import finish_errors
 from storage.batches.retries import retry_ids_of
 from storage.batches.retry_counts import retry_counts
+from storage.batches.trials import trial_json
 from storage.clock import now_f
 from storage.errors import InvalidRequest, PermissionDenied
 from storage.finance.budgets import tenant_budgets, usd, usd_text
@@ -47,7 +49,7 @@ def console_html() -> str:
     """The page with its style and scripts inlined, so the policy can pin each block by its hash."""
     static = resources.files("api.console").joinpath("static")
     page = static.joinpath("console.html").read_text(encoding="utf-8")
-    for name in ("console.css", "controls.js", "console.js"):
+    for name in ("console.css", "controls.js", "workflow.js", "console.js"):
         page = page.replace(f"/*{name}*/", static.joinpath(name).read_text(encoding="utf-8").strip())
     return page
 
@@ -135,7 +137,8 @@ def batches(
 def batch(batch_id: str, session: DbSession, caller: Caller, settings: Config) -> dict[str, Any]:
     """Backfill extension: one batch of either protocol with its files, validation errors, failed lines
     grouped by error code (line numbers and messages; `count` all, `lines` the first 50), its retries and
-    what they did (`retried`: a retry still running, failed lines they completed, failed lines left)."""
+    what they did (`retried`: a retry still running, failed lines they completed, failed lines left), and its
+    workflow: `trial` (with its report once run), `checks` and `on_expiry`."""
     row = get_batch(session, tenant_id=caller.tenant_id, batch_id=batch_id)
     return {
         **_row(row, batch_cost_json(session, row, settings)),
@@ -148,6 +151,10 @@ def batch(batch_id: str, session: DbSession, caller: Caller, settings: Config) -
         "failures": [group.to_json() for group in failures_by_code(session, batch_id=row.id)],
         "retries": retry_ids_of(session, batch_ids=[row.id])[row.id],
         "retried": retry_counts(session, batch=row).to_json(),
+        # the workflow (docs/workflow.md): the trial with its status and report, the checks, what expiry does
+        "trial": trial_json(row),
+        "checks": row.checks,
+        "on_expiry": row.on_expiry,
     }
 
 

@@ -76,7 +76,7 @@
     state.key = null; state.session = null; state.samples.clear(); state.pendingFile = null; window.BackfillControls.forget();
     $("nav").hidden = true; $("sign-out").hidden = true; $("key").value = "";
     for (const id of ["batch-table", "file-table", "hook-table"]) $(id).tBodies[0].replaceChildren();
-    for (const id of ["batch-errors", "batch-preview", "hook-secret", "hook-deliveries", "admin-overview", "finance-chart", "finance-table", "finance-adapters", "upload-result"]) $(id).replaceChildren();
+    for (const id of ["batch-errors", "batch-preview", "hook-secret", "hook-deliveries", "admin-overview", "finance-chart", "finance-table", "finance-adapters", "upload-result", "batch-trial", "batch-workflow"]) $(id).replaceChildren();
     show("signin");
     say(message || "Signed out: the key is forgotten.");
   }
@@ -127,6 +127,7 @@
   const pct = (part, whole) => (whole > 0 ? Math.round((part / whole) * 100) + "%" : "–");
   const percent = (value) => Number(Number(value).toFixed(1)) + "%";  // "50.00" and 0.5 * 100 both read "50%"
   const figure = (n) => Number(n).toLocaleString("en-US");  // 1,522
+  const workflow = window.BackfillWorkflow(h, usd, figure);  // a batch's trial, checks and attempts (workflow.js)
   // the discount, in one format whether or not anything was billed yet: "50% (24h)", then what it saved
   function discount(b) {
     const cost = b.cost, rate = state.session.completion_windows[b.completion_window];
@@ -254,8 +255,9 @@
     if (!lines && b.results_path && ENDED.includes(b.status)) lines = await firstLines(b.results_path, 5);
     if (!lines || !lines.length) return h("p", { class: "note" }, ENDED.includes(b.status) ? "No results." : "Results appear here as lines finish.");
     const answers = lines.map(answerOf).filter(Boolean);
+    const tried = workflow.attempts(lines.map((l) => { try { return JSON.parse(l); } catch { return null; } }), !!b.checks);
     const raw = h("pre", { id: "results-preview" }, lines.map((l) => { try { return JSON.stringify(JSON.parse(l), null, 1); } catch { return l; } }).join("\n\n"));
-    return answers.length ? h("div", {}, h("div", { id: "results-answers" }, answers), raw) : raw;
+    return h("div", {}, tried, answers.length ? h("div", { id: "results-answers" }, answers) : null, raw);
   }
   // a result line whose answer called tools or thought: its calls, then its reasoning folded (null for others)
   function answerOf(l) {
@@ -359,6 +361,9 @@
       b.retries.length ? tile("Retries", b.retries.flatMap((id, i) => (i ? [" ", link(id)] : [link(id)])), "batch-retries") : null].filter(Boolean));
     $("batch-progress").replaceChildren(bar(c, 600, true), h("p", { class: "note", id: "batch-counts" }, figure(c.completed) + " done · " + figure(c.failed) + " failed · " + figure(c.total) + " lines"));
     $("batch-cap").replaceChildren(...spendCap(b));
+    $("batch-workflow").replaceChildren(workflow.settings(b));
+    $("trial-card").hidden = !b.trial;
+    $("batch-trial").replaceChildren(b.trial ? workflow.trial(b) : "");
     window.BackfillControls.render($("batch-controls"), b, api, (outcome) => {
       $("control-outcome").replaceChildren(outcome.text, outcome.batch ? link(outcome.batch) : "");
       refresh(true);
