@@ -218,4 +218,5 @@ def test_an_answer_cut_at_expiry_is_marked_on_the_batch_page(live: LiveServer, p
     cut = page.locator("#results-attempts tbody tr .badge.cut")
     expect(cut.first).to_have_text(" cut at expiry")
     expect(page.locator("#results-attempts tbody tr").first.locator("td").nth(1)).to_contain_text("answered")
+    shot(page, "batch-expiry-cut")
     assert page.problems == []  # type: ignore[attr-defined]

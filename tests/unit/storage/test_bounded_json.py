@@ -259,3 +259,20 @@ def test_extension_fields_beside_requests_are_kept_and_others_refused(chunk: int
         read_all(orjson.dumps({"requests": [request], "max_cost_usd": "9" * 100}), chunk=chunk)
     with pytest.raises(InvalidRequest, match="other: Extra inputs are not permitted"):
         read_all(orjson.dumps({"requests": [request], "priority": 1, "other": 2}), chunk=chunk)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64, 65536])
+def test_a_trial_and_checks_beside_requests_are_kept_whole_however_the_body_is_cut(chunk: int) -> None:
+    request = {
+        "custom_id": "a",
+        "params": {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]},
+    }
+    checks = {"regex": 'say "yes" or [no]', "enum": [f"value {i}, {{}}" for i in range(200)], "max_attempts": 2}
+    trial = {"lines": 3, "continue": "auto"}
+    body = orjson.dumps({"trial": trial, "requests": [request], "checks": checks})
+    reader = read_all(body, chunk=chunk)
+    assert reader.extensions == {"trial": trial, "checks": checks} and reader.count == 1
+    with pytest.raises(InvalidRequest, match="trial: longer than 1024 bytes"):
+        read_all(orjson.dumps({"requests": [request], "trial": {"lines": 3, "pad": "x" * 1100}}), chunk=chunk)
+    with pytest.raises(InvalidRequest, match="checks: contains a NUL"):
+        read_all(orjson.dumps({"requests": [request], "checks": {"regex": "a\x00"}}), chunk=chunk)
