@@ -175,6 +175,31 @@ def test_a_batch_shows_what_its_controls_set_pause_priority_spend_cap_and_retrie
     assert listed[seeded["messages"]]["max_cost_usd"] is None
 
 
+def test_a_batch_shows_its_trial_with_its_report_its_checks_and_what_expiry_does(
+    server: LiveServer, seeded: dict[str, str]
+) -> None:
+    report = {"lines_run": 2, "succeeded": 1, "success_rate": 0.5, "errors": {"checks_failed": 1}, "decision": "paused"}
+    with transaction() as session:
+        nightly = session.get(Batch, seeded["nightly"])
+        assert nightly is not None
+        nightly.trial = {"lines": 2, "continue": "manual", "min_success_rate": 0.95, "report": report}
+        nightly.trial_status, nightly.on_expiry = "reported", "continue_in_background"
+        nightly.checks = {"schema": True, "max_attempts": 2, "regex": "yes|no"}
+    key = make_key("acme")
+    detail = get(server, key, f"/v1/console/batches/{seeded['nightly']}").json()
+    assert detail["trial"] == {
+        "lines": 2,
+        "continue": "manual",
+        "min_success_rate": 0.95,
+        "status": "reported",
+        "report": report,
+    }
+    assert detail["checks"] == {"schema": True, "max_attempts": 2, "regex": "yes|no"}
+    assert detail["on_expiry"] == "continue_in_background"
+    plain = get(server, key, f"/v1/console/batches/{seeded['messages']}").json()
+    assert (plain["trial"], plain["checks"], plain["on_expiry"]) == (None, None, None)
+
+
 PRICED = {
     "BACKFILL_MODELS": '{"fake-model": {"path": "fake:"}}',
     # one output token bills exactly $1 in the 24h window (list $2, 50% off); input is free
