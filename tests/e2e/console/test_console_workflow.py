@@ -220,3 +220,41 @@ def test_an_answer_cut_at_expiry_is_marked_on_the_batch_page(live: LiveServer, p
     expect(page.locator("#results-attempts tbody tr").first.locator("td").nth(1)).to_contain_text("answered")
     shot(page, "batch-expiry-cut")
     assert page.problems == []  # type: ignore[attr-defined]
+
+
+def test_a_message_batch_shows_its_trial_and_each_lines_attempts(live: LiveServer, page: playwright.Page) -> None:
+    import anthropic
+
+    expect = playwright.expect
+    expect.set_options(timeout=WAIT_MS)
+    key = make_key("acme")
+    messages = anthropic.Anthropic(api_key=key, base_url=live.base_url, max_retries=0)
+    params = {"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": "yes or no?"}]}
+    created = messages.messages.batches.create(
+        requests=[{"custom_id": f"m{i}", "params": params} for i in range(6)],  # type: ignore[misc]
+        extra_body={
+            "trial": {"lines": 2, "continue": "auto", "min_success_rate": 0},
+            "checks": {"regex": "lorem|ipsum", "max_attempts": 2},
+        },
+    )
+    deadline = time.time() + WAIT_MS / 1000
+    while messages.messages.batches.retrieve(created.id).processing_status != "ended" and time.time() < deadline:
+        time.sleep(0.1)
+    lines = {line.custom_id: line.model_extra or {} for line in messages.messages.batches.results(created.id)}
+
+    sign_in(page, live.base_url, key)
+    page.goto(f"{live.base_url}/console#/batch/{created.id}")
+    expect(page.locator("#batch-status")).to_have_text("completed")
+    expect(page.locator("#trial-decision b")).to_have_text("continued automatically")
+    expect(page.locator("#trial-lines b")).to_have_text("2 of 6")
+    expect(page.locator("#batch-workflow-table tr[data-setting=trial] td")).to_have_text(
+        "2 lines first · continues automatically when at least 0% succeed, else pauses"
+    )
+    rows = page.locator("#results-attempts tbody tr")
+    expect(rows).to_have_count(5)
+    for i in range(5):
+        row = rows.nth(i)
+        attempts = lines[row.get_attribute("data-custom-id") or ""]["attempts"]
+        expect(row.locator("td").nth(2)).to_have_text(str(attempts["count"]))
+        expect(row.locator(".failed-checks li")).to_have_count(len(attempts["failed"]))
+    assert page.problems == []  # type: ignore[attr-defined]
