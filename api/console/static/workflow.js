@@ -69,7 +69,7 @@ window.BackfillWorkflow = function (h, usd, figure) {
     return h("div", { id: "trial-report" }, head, h("div", { class: "tiles" }, tiles), errors);
   }
 
-  // A result line's answer object (OpenAI's response body, Anthropic's message) and its outcome.
+  // A result line's answer object (`response.body`, or a Messages line's `result.message`) and its outcome.
   function answerBody(item) { return (item.response && item.response.body) || (item.result && item.result.message) || null; }
   function outcome(item) {
     if (item.error) return item.error.code || "error";
