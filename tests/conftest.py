@@ -213,7 +213,9 @@ def start_server(*, with_worker: bool) -> tuple[LiveServer, callable]:  # type: 
         worker = EmbeddedWorker(reap_interval_seconds=get_settings().reap_interval_seconds)
         worker.start()
     port = free_port()
-    config = uvicorn.Config(create_app(), host="127.0.0.1", port=port, log_level="warning")
+    # A test's clients keep connections open; at stop, uvicorn waits for them at most a second (the default waits
+    # for ever, then `stop` gives up after its join's 10 s, per test).
+    config = uvicorn.Config(create_app(), host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=1)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
