@@ -142,8 +142,9 @@ def test_a_scrape_storm_reads_the_database_once_per_cache_interval(
     finally:
         sa.event.remove(get_engine(), "before_cursor_execute", seen)
     assert per_read > 0
-    # 20 concurrent scrapes, one read: the others wait for it and reuse it
-    assert len(reads) == 1 and len(statements) == per_read
+    # 20 concurrent scrapes, one read: the others wait for it and reuse it. At most one read's statements (a read
+    # may find a planner cache of its own still fresh that the baseline read refilled: fewer, never more).
+    assert len(reads) == 1 and 0 < len(statements) <= per_read
 
 
 def test_a_failing_statement_counts_as_a_database_error(api: LiveServer) -> None:
