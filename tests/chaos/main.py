@@ -1,6 +1,6 @@
 """`make chaos`: many seeded runs, a table of runs x outcomes, and a JSON summary under bench/out/chaos/.
 
-    python -m tests.chaos.main --seeds 0-49 [--vllm-seeds 1,2,9] [--kinds kill_gpu,pg_stop] [--size small] [--adapters]
+    python -m tests.chaos.main --seeds 0-49 [--vllm-seeds 1,2,9] [--kinds kill_gpu,pg_stop] [--size small] [--adapters] [--workflow]
 
 Exit status 1 if any run has a finding (lost, duplicated, unexplained, stuck, orphan or other).
 """
@@ -103,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--adapters", action="store_true", help="lines name the base or 3 LoRA adapters (docs/chaos.md)"
     )
+    parser.add_argument(
+        "--workflow", action="store_true", help="trials, checks, short windows with continuation (docs/chaos.md)"
+    )
     parser.add_argument("--stuck-bound", type=float, default=None, help="seconds after the faults (60 fake, 180 vllm)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "chaos")
     args = parser.parse_args(argv)
@@ -119,7 +122,13 @@ def main(argv: list[str] | None = None) -> int:
         for index, (seed, engine) in enumerate(runs):
             kind = kinds[index % len(kinds)] if kinds else None
             size = args.size if engine == "fake" else args.vllm_size
-            options = RunOptions(engine=engine, size=size, stuck_bound_seconds=args.stuck_bound, adapters=args.adapters)
+            options = RunOptions(
+                engine=engine,
+                size=size,
+                stuck_bound_seconds=args.stuck_bound,
+                adapters=args.adapters,
+                workflow=args.workflow,
+            )
             report, _ = run_seed(cluster, seed, out=out, options=options, scenario=scenario_for(seed, kind=kind))
             reports.append(report)
             print(table([report]).splitlines()[1], flush=True)
