@@ -277,6 +277,8 @@ def error_code(line: dict[str, Any]) -> str | None:
 
 def check(history: History, *, stuck_bound_seconds: float = 60.0) -> Verdict:
     """Every finding of the run (an empty verdict means the promise held)."""
+    from tests.chaos.file_rules import check_cost, check_counts, check_objects  # they build on this module
+
     verdict = Verdict()
     for record in history.batches.values():
         source = history.inputs.get(record.input_file_id)
@@ -291,11 +293,11 @@ def check(history: History, *, stuck_bound_seconds: float = 60.0) -> Verdict:
             continue
         planned = _planned(record, source, history)
         _check_lines(verdict, record, planned, history)
-        _check_counts(verdict, record, planned)
-        _check_cost(verdict, record, history.rows.get(record.batch_id))
+        check_counts(verdict, record, planned)
+        check_cost(verdict, record, history.rows.get(record.batch_id))
         for problem in record.problems:
             verdict.findings.append(Finding("other", record.batch_id, problem))
-    _check_objects(verdict, history)
+    check_objects(verdict, history)
     from tests.chaos.control_rules import check_overrun, check_pauses, check_retries  # they build on this module
     from tests.chaos.decode_rules import check_discards
 
@@ -376,36 +378,3 @@ def _is_chat_completion(line: dict[str, Any]) -> bool:
     except ValidationError:
         return False
     return True
-
-
-def _check_counts(verdict: Verdict, record: BatchRecord, planned: dict[str, InputLine]) -> None:
-    counts = record.request_counts
-    enqueued = 0 if record.cancel_requested and not counts.get("total") else len(planned)
-    want = {"total": enqueued, "completed": len(record.output_lines), "failed": len(record.error_lines)}
-    got = {name: counts.get(name) for name in want}
-    if got != want:
-        verdict.findings.append(Finding("other", record.batch_id, f"request_counts {got} but the files hold {want}"))
-
-
-def _check_cost(verdict: Verdict, record: BatchRecord, rows: list[RowRecord] | None = None) -> None:
-    usage = [((line.get("response") or {}).get("body") or {}).get("usage") or {} for line in record.output_lines]
-    want = {
-        "input_tokens": sum(int(u.get("prompt_tokens", 0)) for u in usage),
-        "output_tokens": sum(int(u.get("completion_tokens", 0)) for u in usage),
-    }
-    cost = record.cost or {}
-    if record.checks and rows is not None:  # failed draws are billed too: the rows hold what each line was billed
-        want = {"output_tokens": sum(row.completion_tokens for row in rows if row.status == "completed")}
-    got = {name: int(cost.get(name, 0)) for name in want}
-    if got != want:
-        verdict.findings.append(
-            Finding("other", record.batch_id, f"cost tokens {got} but the output usage sums to {want}")
-        )
-
-
-def _check_objects(verdict: Verdict, history: History) -> None:
-    stored = set(history.objects)
-    for key in sorted(stored - set(history.file_keys)):
-        verdict.findings.append(Finding("orphan", None, f"object {key} belongs to no file row"))
-    for key in sorted(set(history.file_keys) - stored):
-        verdict.findings.append(Finding("other", None, f"file {history.file_keys[key]} has no object {key}"))

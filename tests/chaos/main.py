@@ -25,6 +25,7 @@ from tests.chaos.history import KINDS as OUTCOMES
 from tests.chaos.procs import kill_all
 from tests.chaos.run import RunOptions, RunReport, prepare_template, run_seed
 from tests.chaos.services import Cluster
+from tests.chaos.workflow_rules import WORKFLOW_COUNTS
 
 COLUMNS = OUTCOMES
 CONTROLS = ("pause", "resume", "priority", "retry", "budget", "cap_stops", "budget_stops")
@@ -75,6 +76,12 @@ def decode_lines(shares: dict[str, dict[str, Any]]) -> str:
         f" discarded, {s['resumed']} resumed from checkpoints, {s['runs']} runs)"
         for name, s in shares.items()
     )
+
+
+def workflow_line(reports: list[RunReport]) -> str:
+    """What the workflow runs exercised, summed (tests/chaos/workflow_rules.py `workflow_counts`)."""
+    sums = {name: sum(r.controls.get(name, 0) for r in reports) for name in WORKFLOW_COUNTS}
+    return "workflow: " + ", ".join(f"{value} {name.replace('_', ' ')}" for name, value in sums.items())
 
 
 def cap_line(reports: list[RunReport]) -> str:
@@ -141,11 +148,13 @@ def main(argv: list[str] | None = None) -> int:
     shares = class_shares([report.decode for report in reports])
     print(decode_lines(shares))
     print(cap_line(reports))
+    if args.workflow:
+        print(workflow_line(reports))
     summary = {
         "started": stamp,
         "runs": [asdict(report) for report in reports],
         "totals": {c: sum(r.summary[c] for r in reports) for c in COLUMNS},
-        "controls": {c: sum(r.controls.get(c, 0) for r in reports) for c in (*CONTROLS, "refused")},
+        "controls": {c: sum(r.controls.get(c, 0) for r in reports) for c in (*CONTROLS, "refused", *WORKFLOW_COUNTS)},
         "cap_overrun_max_usd": max((r.controls.get("cap_overrun_max", 0) for r in reports), default=0),
         "cap_overrun_max_pct": max((r.controls.get("cap_overrun_max_pct", 0) for r in reports), default=0),
         "bad_runs": [r.seed for r in reports if not r.ok],

@@ -34,6 +34,7 @@ from tests.chaos.faults import Injector, Probe, Scenario, scenario_for
 from tests.chaos.history import BUDGET_CODE, ControlEvent, History, RowRecord, Verdict, check, error_code
 from tests.chaos.services import Cluster
 from tests.chaos.workflow import plan_workflow, read_merged, record_generations, workflow_env
+from tests.chaos.workflow_rules import workflow_counts
 from tests.chaos.workload import (
     SIZES,
     USD_PER_OUTPUT_TOKEN,
@@ -367,6 +368,7 @@ def control_counts(history: History) -> dict[str, int]:
         if any(error_code(line) == BUDGET_CODE for line in record.error_lines)
     ]
     return {
+        **workflow_counts(history),
         "pause": done["pause"],
         "resume": done["resume"],
         "priority": done["priority"],

@@ -25,7 +25,8 @@ from typing import Any
 from tests.chaos.workload import PlannedBatch
 
 WINDOW = "12s"  # the short window: long enough for a small batch, too short for most under faults and pauses
-WINDOWS = {"24h": "0.5", WINDOW: "0.5", "background": "0.5"}  # one discount: $1 per output token everywhere
+# The background tier must be deeper than 24h: by a millionth, so the price book's $1 per output token holds to 6 places
+WINDOWS = {"24h": "0.5", WINDOW: "0.5", "background": "0.500001"}
 REGEX = "(lorem|ipsum|dolor)( .*)?"  # the fake's answers are its 8 words in turn from a seeded start
 CONTINUE = "continue_in_background"
 

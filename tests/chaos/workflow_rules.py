@@ -183,3 +183,20 @@ def _billing_problem(line: dict[str, Any], row: RowRecord, history: History) -> 
             f" longest finished answers' {sum(finished[:count])}"
         )
     return None
+
+
+WORKFLOW_COUNTS = ("trials", "trial_resumes", "redrawn", "checks_failed", "expired", "continued")
+
+
+def workflow_counts(history: History) -> dict[str, int]:
+    """How much of the workflow a run exercised: trials reported, trials the tenant resumed, lines drawn more than
+    once, lines no draw satisfied, batches that expired, lines continued in a background child."""
+    lines = [line for record in history.batches.values() for line in _lines(record)]
+    return {
+        "trials": sum(1 for r in history.batches.values() if (r.trial or {}).get("status") == "reported"),
+        "trial_resumes": sum(1 for c in history.controls if c.kind == "trial_resume" and c.outcome == "ok"),
+        "redrawn": sum(1 for line in lines if _count(line) > 1),
+        "checks_failed": sum(1 for line in lines if error_code(line) == "checks_failed"),
+        "expired": sum(1 for r in history.batches.values() if r.status == "expired"),
+        "continued": sum(1 for line in lines if continued_in(line)),
+    }
