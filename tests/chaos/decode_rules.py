@@ -53,7 +53,14 @@ def record_decode(history: History, ledger_dir: Path) -> None:
     """Read the run's decode ledger into `history.decode` (left None when no engine kept one: the real engine)."""
     if not any(ledger_dir.glob("decode-*.log")):
         return
-    figures = decode_figures(read_ledger(ledger_dir), delivered_tokens(history.batches))
+    ledger = read_ledger(ledger_dir)
+    delivered = delivered_tokens(history.batches)
+    for record in history.batches.values():  # issue 40: a checked line's finished draws were judged, not thrown away
+        for line in record.output_lines if record.checks else []:
+            work = ledger.get(str(line.get("id")))
+            if work is not None and (line.get("attempts") or {}).get("count", 1) > 1:
+                delivered[str(line.get("id"))] = max(delivered[str(line.get("id"))], sum(work.finished) - work.resumed)
+    figures = decode_figures(ledger, delivered)
     history.decode = asdict(figures)
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from tests.chaos.history import BatchRecord, History, RowRecord, check
 from tests.chaos.test_history import T0, clean_history, error_line, output_line
-from tests.chaos.workflow import CONTINUE, WINDOW, plan_workflow
+from tests.chaos.workflow import CONTINUE, WINDOW, final_finishes, plan_workflow
 from tests.chaos.workload import SIZES, plan_workload
 
 CHECKS = {"regex": "(lorem|ipsum|dolor)( .*)?", "max_attempts": 3}
@@ -170,3 +170,17 @@ def test_the_workflow_plan_keeps_the_seeds_lines_and_draws_trials_checks_and_win
     assert any("trial" in b.workflow for b in many) and any("checks" in b.workflow for b in many)
     assert any(b.window == WINDOW and b.workflow.get("on_expiry") == CONTINUE for b in many)
     assert all(2 <= b.workflow["checks"]["max_attempts"] <= 3 for b in many if "checks" in b.workflow)
+
+
+def test_a_lines_final_run_is_its_finishes_since_its_last_hand_back() -> None:
+    ledger = "\n".join(
+        [
+            "h 1 chaos-model",
+            "b 1 req-a 0 1", "f 1 15",  # a draw that failed its checks
+            "b 2 req-a 0 1", "a 2",  # the redraw, handed back by a pause: its draws start again
+            "b 3 req-a 0 1", "f 3 15", "b 4 req-a 0 1", "f 4 15",  # the final run: two draws
+            "b 5 req-b 0 1", "f 5 7", "b 6 req-b 0 1", "a 6",  # b's last event is a hand-back: no final run here
+            "f 9",  # torn by a kill
+        ]
+    )  # fmt: skip
+    assert final_finishes(ledger) == {"req-a": [15, 15]}

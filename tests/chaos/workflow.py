@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from tests.chaos.workload import PlannedBatch
@@ -75,16 +76,44 @@ def continued_in(line: dict[str, Any]) -> str | None:
     return message.split(marker, 1)[1].rstrip(".").split()[0].rstrip(".")
 
 
-def record_generations(history: Any, ledger_dir: Any) -> None:
-    """Per request id, the answers the fake engines finished and the tokens they generated (decoded plus resumed),
-    from the run's decode ledger (nothing on the real engine, which keeps none)."""
+def record_generations(history: Any, ledger_dir: Path) -> None:
+    """Per request id, the answers the fake engines finished in its final run and the tokens they generated for
+    it over all its runs (decoded plus resumed), from the run's decode ledger (none on the real engine)."""
     from worker.engine.decode_ledger import read_ledger
 
     if not any(ledger_dir.glob("decode-*.log")):
         return
     for rid, decode in read_ledger(ledger_dir).items():
-        history.finishes[rid] = list(decode.finished)
         history.generated[rid] = decode.decoded + decode.resumed
+    for path in sorted(ledger_dir.glob("decode-*.log")):
+        for rid, finished in final_finishes(path.read_text()).items():
+            history.finishes.setdefault(rid, []).extend(finished)
+
+
+def final_finishes(text: str) -> dict[str, list[int]]:
+    """One ledger file's finished answers per request id since its last abort (a pause, a drain or a cut hands a
+    line back and its next claim starts its draws again), for the requests whose last event in the file is a
+    finish: the answers of the run that produced the line's result. A torn last line (a kill mid-write) is
+    skipped."""
+    ids: dict[str, str] = {}
+    tails: dict[str, list[int]] = {}
+    ended: dict[str, bool] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        try:
+            if parts[0] == "b":
+                ids[parts[1]] = parts[2]
+                tails.setdefault(parts[2], [])
+            elif parts[0] == "f" and parts[1] in ids:
+                tails[ids[parts[1]]].append(int(parts[2]))
+                ended[ids[parts[1]]] = True
+            elif parts[0] == "a":
+                for seq in parts[1:]:
+                    if seq in ids:
+                        tails[ids[seq]], ended[ids[seq]] = [], False
+        except (IndexError, ValueError):
+            continue
+    return {rid: finished for rid, finished in tails.items() if ended.get(rid)}
 
 
 def read_merged(clients: dict[str, Any], history: Any, *, give_up_at: float) -> None:

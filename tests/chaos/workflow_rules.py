@@ -8,13 +8,15 @@
   `on_expiry` that expired leaves no `batch_expired` line naming no child;
 * trial: a reported trial marked as many lines as it asked for (`lines`, or `ceil(share x total)`), its report ran
   exactly those (`lines_run`), and in a run where no fault interrupted running work (no kill -9 of a GPU worker,
-  no Postgres stop: the only ways a finished answer goes unrecorded) the engines finished no trial line more often
-  than its result says it was drawn (`attempts.count`, 1 unchecked): no trial line ran twice;
+  no Postgres stop: the only ways a finished answer goes unrecorded) the engines finished no trial line with a
+  recorded result more often, in the run that produced it, than the result says it was drawn (`attempts.count`,
+  1 unchecked): no trial line ran twice. "The run that produced it": the finishes since the line's last
+  hand-back (a pause, a drain: its draws start again, docs/workflow.md "Limits"; `workflow.final_finishes`);
 * billed (a line is never billed for more attempts than it made): a result line's `attempts` are consistent
   (`count` = failed draws + 1 for an answer, = failed draws for `checks_failed`; at most the batch's
   `max_attempts`; `checks_failed` only once all `max_attempts` failed); the engines finished at least `count`
-  answers for it; and what its row was billed (completion tokens, failed draws included) is at most the sum of
-  the `count` longest answers the engines finished for it, and at least its kept answer's. A cut answer (expiry)
+  answers for it in its final run; and what its row was billed (completion tokens, failed draws included) is at
+  most the sum of the `count` longest answers of that run, and at least its kept answer's. A cut answer (expiry)
   finishes nothing: it is billed at most the tokens the engines generated for it (decoded plus resumed).
 
 The last two read the fake engines' decode ledger (`History.finishes`, `generated`); on the real engine (no ledger)
@@ -129,6 +131,8 @@ def _check_trials(verdict: Verdict, history: History) -> None:
             continue
         results = _result_lines(record)
         for row in rows:
+            if row.run_id is None:  # no worker recorded a result: cancelled, expired, stopped while it ran
+                continue
             ran = len(history.finishes.get(row.row_id, []))
             if ran > _count(results.get(row.row_id)):
                 detail = f"trial line {row.custom_id} finished {ran} times for {_count(results.get(row.row_id))} draws"
