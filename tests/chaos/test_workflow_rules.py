@@ -8,7 +8,7 @@ from typing import Any
 
 from tests.chaos.history import BatchRecord, History, RowRecord, check
 from tests.chaos.test_history import T0, clean_history, error_line, output_line
-from tests.chaos.workflow import CONTINUE, WINDOW, final_finishes, plan_workflow
+from tests.chaos.workflow import CONTINUE, SHORT_WINDOWS, final_finishes, plan_workflow
 from tests.chaos.workload import SIZES, plan_workload
 
 CHECKS = {"regex": "(lorem|ipsum|dolor)( .*)?", "max_attempts": 3}
@@ -116,7 +116,7 @@ def continued_history(*, merged_from_child: bool = True, child_known: bool = Tru
     history.rows["batch_1"][0] = RowRecord("a", "completed", T0 + 5, "run-1", None, 5, row_id="batch_req_a")
     history.batches["batch_1"].trial = None
     origin = history.batches["batch_1"]
-    origin.status, origin.window, origin.on_expiry = "expired", WINDOW, CONTINUE
+    origin.status, origin.window, origin.on_expiry = "expired", SHORT_WINDOWS[0], CONTINUE
     expired = error_line("b", "batch_expired", status=None)
     expired["error"]["message"] = "The window expired; it continues in the background in batch batch_2."
     origin.output_lines.pop(1)
@@ -168,7 +168,7 @@ def test_the_workflow_plan_keeps_the_seeds_lines_and_draws_trials_checks_and_win
     assert [p.lines for p in mixed] == [p.lines for p in plan] and [p.bodies for p in mixed] == [p.bodies for p in plan]
     many = [b for seed in range(20) for b in plan_workflow(plan, random.Random(f"workflow/{seed}"))]
     assert any("trial" in b.workflow for b in many) and any("checks" in b.workflow for b in many)
-    assert any(b.window == WINDOW and b.workflow.get("on_expiry") == CONTINUE for b in many)
+    assert any(b.window in SHORT_WINDOWS and b.workflow.get("on_expiry") == CONTINUE for b in many)
     assert all(2 <= b.workflow["checks"]["max_attempts"] <= 3 for b in many if "checks" in b.workflow)
 
 

@@ -7,8 +7,8 @@ lines, faults and control calls stay what they were), with probability
   pauses its batch is resumed by the tenant 0.2..1.5 s after it sees the report (`trial_resume` in `controls`);
 * 0.5 **checks**: `regex` (the first of the fake's words is one of three of its eight: 3/8 of draws pass) or
   `max_length` (40..120 characters: long answers fail every draw), `max_attempts` 2..3;
-* 0.35 a **short window** (`WINDOW`, offered beside 24h and background at the same discount, so the chaos price
-  book's $1 per output token holds), two in three with `on_expiry: "continue_in_background"`: the window closes
+* 0.35 a **short window** (3 or 8 s: `SHORT_WINDOWS`, offered beside 24h and background at the same discount, so
+  the chaos price book's $1 per output token holds), two in three with `on_expiry: "continue_in_background"`: the window closes
   at a moment the run's faults and pauses make random, and a continued batch's child (found in its `retries`) is
   followed like any batch.
 
@@ -25,9 +25,10 @@ from typing import Any
 
 from tests.chaos.workload import PlannedBatch
 
-WINDOW = "12s"  # the short window: long enough for a small batch, too short for most under faults and pauses
+# The short windows: a small batch alone fits in 3 s, but not behind the others, a trial, pauses and faults
+SHORT_WINDOWS = ("3s", "8s")
 # The background tier must be deeper than 24h: by a millionth, so the price book's $1 per output token holds to 6 places
-WINDOWS = {"24h": "0.5", WINDOW: "0.5", "background": "0.500001"}
+WINDOWS = {"24h": "0.5", **{window: "0.5" for window in SHORT_WINDOWS}, "background": "0.500001"}
 REGEX = "(lorem|ipsum|dolor)( .*)?"  # the fake's answers are its 8 words in turn from a seeded start
 CONTINUE = "continue_in_background"
 
@@ -53,7 +54,7 @@ def plan_workflow(plan: list[PlannedBatch], rng: random.Random) -> list[PlannedB
             extra["checks"] = {**check, "max_attempts": rng.randint(2, 3)}
         window = "24h"
         if rng.random() < 0.35:
-            window = WINDOW
+            window = rng.choice(SHORT_WINDOWS)
             if rng.random() < 2 / 3:
                 extra["on_expiry"] = CONTINUE
         planned.append(replace(batch, workflow=extra, window=window))
