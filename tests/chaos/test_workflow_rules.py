@@ -180,7 +180,8 @@ def test_a_lines_final_run_is_its_finishes_since_its_last_hand_back() -> None:
             "b 2 req-a 0 1", "a 2",  # the redraw, handed back by a pause: its draws start again
             "b 3 req-a 0 1", "f 3 15", "b 4 req-a 0 1", "f 4 15",  # the final run: two draws
             "b 5 req-b 0 1", "f 5 7", "b 6 req-b 0 1", "a 6",  # b's last event is a hand-back: no final run here
+            "b 7 req-c 0 1", "f 7 9", "b 8 req-c 8 1", "f 8 9",  # c's answer, handed back unstored, continued
             "f 9",  # torn by a kill
         ]
     )  # fmt: skip
-    assert final_finishes(ledger) == {"req-a": [15, 15]}
+    assert final_finishes(ledger) == {"req-a": [15, 15], "req-c": [9]}

@@ -92,10 +92,11 @@ def record_generations(history: Any, ledger_dir: Path) -> None:
 
 
 def final_finishes(text: str) -> dict[str, list[int]]:
-    """One ledger file's finished answers per request id since its last abort (a pause, a drain or a cut hands a
-    line back and its next claim starts its draws again), for the requests whose last event in the file is a
-    finish: the answers of the run that produced the line's result. A torn last line (a kill mid-write) is
-    skipped."""
+    """One ledger file's finished answers per request id since its last hand-back, for the requests whose last
+    event in the file is a finish: the answers of the run that produced the line's result. A hand-back is an abort
+    (a pause, a drain or a cut took the line back mid-draw: its next claim starts its draws again) or a begin
+    from checkpoint tokens (the next claim continues what was handed back, a finished answer not yet stored among
+    them: decoding its last token again is not a second run). A torn last line (a kill mid-write) is skipped."""
     ids: dict[str, str] = {}
     tails: dict[str, list[int]] = {}
     ended: dict[str, bool] = {}
@@ -104,7 +105,8 @@ def final_finishes(text: str) -> dict[str, list[int]]:
         try:
             if parts[0] == "b":
                 ids[parts[1]] = parts[2]
-                tails.setdefault(parts[2], [])
+                if int(parts[3]) > 0 or parts[2] not in tails:  # resumed: a hand-back of its last run continues
+                    tails[parts[2]], ended[parts[2]] = [], False
             elif parts[0] == "f" and parts[1] in ids:
                 tails[ids[parts[1]]].append(int(parts[2]))
                 ended[ids[parts[1]]] = True
