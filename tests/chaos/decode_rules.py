@@ -57,9 +57,12 @@ def record_decode(history: History, ledger_dir: Path) -> None:
     delivered = delivered_tokens(history.batches)
     for record in history.batches.values():  # issue 40: a checked line's finished draws were judged, not thrown away
         for line in record.output_lines if record.checks else []:
-            work = ledger.get(str(line.get("id")))
-            if work is not None and (line.get("attempts") or {}).get("count", 1) > 1:
-                delivered[str(line.get("id"))] = max(delivered[str(line.get("id"))], sum(work.finished) - work.resumed)
+            rid, work = str(line.get("id")), ledger.get(str(line.get("id")))
+            body = (line.get("response") or {}).get("body") or {}
+            cut = delivered[rid] if (body.get("backfill") or {}).get("cut_by") else 0  # a cut draw finishes nothing
+            redrawn = int((line.get("attempts") or {}).get("count", 1)) > 1
+            if work is not None and work.finished and (redrawn or cut):
+                delivered[rid] = max(delivered[rid], sum(work.finished) + cut - work.resumed)
     figures = decode_figures(ledger, delivered)
     history.decode = asdict(figures)
 

@@ -4,8 +4,10 @@ histories, and the workload's workflow plan."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Any
 
+from tests.chaos.decode_rules import record_decode
 from tests.chaos.history import BatchRecord, History, RowRecord, check
 from tests.chaos.test_history import T0, clean_history, error_line, output_line
 from tests.chaos.workflow import CONTINUE, SHORT_WINDOWS, final_finishes, plan_workflow
@@ -185,3 +187,15 @@ def test_a_lines_final_run_is_its_finishes_since_its_last_hand_back() -> None:
         ]
     )  # fmt: skip
     assert final_finishes(ledger) == {"req-a": [15, 15], "req-c": [9]}
+
+
+def test_a_checked_lines_failed_draws_are_judged_answers_not_discarded_decode(tmp_path: Path) -> None:
+    history = workflow_history()  # a answered at its second draw: the engine finished two 5-token answers
+    draws = [(1, "batch_req_a"), (2, "batch_req_a"), (3, "batch_req_b")]
+    ledger = ["h 1 chaos-model"]
+    for seq, rid in draws:  # each draw: 5 steps of one token, then its finish
+        ledger += [f"b {seq} {rid} 0 1", *[f"s {seq}"] * 5, f"f {seq} 5"]
+    (tmp_path / "decode-1-x.log").write_text("\n".join(ledger) + "\n")
+    record_decode(history, tmp_path)
+    assert history.decode is not None
+    assert (history.decode["decoded"], history.decode["discarded"]) == (15, 0)
