@@ -144,6 +144,7 @@ class RowRecord:
     completion_tokens: int = 0
     trial: bool = False  # marked as one of its batch's trial lines
     row_id: str = ""
+    copy_of: str | None = None  # the row a retry's or a continuation's row copies
 
 
 @dataclass(frozen=True)

@@ -127,6 +127,7 @@ class Stage:
             BatchRequest.completion_tokens,
             BatchRequest.trial,
             BatchRequest.id,
+            BatchRequest.copy_of,
         )
         found: dict[str, list[RowRecord]] = {}
         with self.probe.engine.connect() as conn:

@@ -199,3 +199,20 @@ def test_a_checked_lines_failed_draws_are_judged_answers_not_discarded_decode(tm
     record_decode(history, tmp_path)
     assert history.decode is not None
     assert (history.decode["decoded"], history.decode["discarded"]) == (15, 0)
+
+
+def test_a_continued_lines_decode_is_counted_once_over_its_origin_and_its_child(tmp_path: Path) -> None:
+    history = continued_history()  # b ran 8 tokens in batch_1, then its child resumed from 6 and ended at 10
+    child_line = history.batches["batch_2"].output_lines[0]
+    child_line["response"]["body"]["usage"]["completion_tokens"] = 10
+    history.batches["batch_2"].cost = {"input_tokens": 3, "output_tokens": 10}
+    history.rows["batch_2"] = [
+        RowRecord("b", "completed", T0 + 8, "run-2", None, 10, row_id="batch_req_b2", copy_of="batch_req_b")
+    ]
+    ledger = ["h 1 chaos-model", "b 1 batch_req_a 0 1", *["s 1"] * 5, "f 1 5"]
+    ledger += ["b 2 batch_req_b 0 1", *["s 2"] * 8, "a 2", "b 3 batch_req_b2 6 1", *["s 3"] * 4, "f 3 10"]
+    (tmp_path / "decode-1-x.log").write_text("\n".join(ledger) + "\n")
+    record_decode(history, tmp_path)
+    assert history.decode is not None
+    figures = {k: history.decode[k] for k in ("decoded", "delivered", "discarded", "unaccounted")}
+    assert figures == {"decoded": 17, "delivered": 15, "discarded": 2, "unaccounted": 0}
