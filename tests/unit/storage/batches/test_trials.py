@@ -59,12 +59,12 @@ def _line(ok: bool, cost: str, *, code: str | None = None, attempts: int = 1, ch
     return LineResult(ok, code, 10, 20 if ok else 0, Decimal(cost), attempts, checked, checked and ok)
 
 
-def test_the_projection_adds_the_rest_at_the_trial_mean_with_a_finite_population_interval() -> None:
+def test_the_projection_adds_the_rest_at_the_trial_mean_with_a_finite_population_t_interval() -> None:
     costs = [Decimal("0.001"), Decimal("0.002"), Decimal("0.003"), Decimal("0.002")]
     projected = projected_cost(costs, total_lines=100)
-    # mean 0.002, sample sd sqrt(0.000002/3); half-width 1.96 * 100 * sd * sqrt((1 - 4/100) / 4)
+    # mean 0.002, sample sd sqrt(0.000002/3), no skew; half-width t(3) * 100 * sd * sqrt((1 - 4/100) / 4)
     sd = (Decimal("0.000002") / 3).sqrt()
-    half = Decimal("1.96") * 100 * sd * (Decimal("0.96") / 4).sqrt()
+    half = Decimal("3.182") * 100 * sd * (Decimal("0.96") / 4).sqrt()
     assert Decimal(projected["estimate_usd"]) == Decimal("0.200000")
     assert Decimal(projected["high_usd"]) == (Decimal("0.2") + half).quantize(Decimal("0.000001"))
     assert Decimal(projected["low_usd"]) == (Decimal("0.2") - half).quantize(Decimal("0.000001"))
@@ -116,7 +116,7 @@ def test_a_huge_integer_share_is_refused_not_a_crash() -> None:
         trial_spec({"share": 10**400}, max_lines=100)
 
 
-def test_a_ratio_projection_follows_what_the_lines_state_and_is_exact_when_cost_follows_it() -> None:
+def test_a_projection_follows_what_the_lines_state_and_is_exact_when_cost_follows_it() -> None:
     # The trial's lines cost twice what they state; the whole file states $20 (long lines the trial missed).
     costs, stated = [Decimal("0.2"), Decimal("0.4"), Decimal("0.6")], [Decimal("0.1"), Decimal("0.2"), Decimal("0.3")]
     projected = projected_cost(costs, total_lines=50, stated=(stated, Decimal("20")))
@@ -125,7 +125,7 @@ def test_a_ratio_projection_follows_what_the_lines_state_and_is_exact_when_cost_
     assert per_line["estimate_usd"] == "20.000000"
 
 
-def test_a_ratio_projection_widens_with_what_the_ratio_leaves_unexplained() -> None:
+def test_a_projection_widens_with_what_the_stated_cost_leaves_unexplained() -> None:
     costs, stated = [Decimal("0.2"), Decimal("0.5"), Decimal("0.6")], [Decimal("0.1"), Decimal("0.2"), Decimal("0.3")]
     projected = projected_cost(costs, total_lines=50, stated=(stated, Decimal("10")))
     low, mid, high = (Decimal(projected[key]) for key in ("low_usd", "estimate_usd", "high_usd"))
@@ -134,8 +134,25 @@ def test_a_ratio_projection_widens_with_what_the_ratio_leaves_unexplained() -> N
     )
 
 
-def test_a_ratio_projection_with_nothing_stated_falls_back_to_the_mean_per_line() -> None:
+def test_a_projection_with_nothing_stated_falls_back_to_the_mean_per_line() -> None:
     costs = [Decimal("1"), Decimal("3")]
     assert projected_cost(costs, total_lines=4, stated=([Decimal(0), Decimal(0)], Decimal(0))) == projected_cost(
         costs, total_lines=4
     )
+
+
+def test_a_cost_that_is_a_fixed_part_plus_a_multiple_of_the_stated_is_projected_exactly() -> None:
+    # Each line costs $0.05 (say, a template the estimate misses) plus twice what it states; a ratio through zero
+    # would charge the fixed part in proportion to the stated and miss; the regression does not.
+    stated = [Decimal("0.1"), Decimal("0.2"), Decimal("0.3"), Decimal("0.4")]
+    costs = [Decimal("0.05") + 2 * x for x in stated]
+    projected = projected_cost(costs, total_lines=50, stated=(stated, Decimal("20")))
+    # the trial's $2.20 + 46 lines x $0.05 + 2 x the rest's stated $19
+    assert projected["estimate_usd"] == "42.500000" == projected["low_usd"] == projected["high_usd"]
+
+
+def test_a_skewed_spread_widens_the_interval_on_the_side_of_its_long_tail() -> None:
+    costs = [Decimal("1")] * 18 + [Decimal("9"), Decimal("12")]  # a few long lines: the rest may hold more
+    projected = projected_cost(costs, total_lines=1000)
+    low, mid, high = (Decimal(projected[key]) for key in ("low_usd", "estimate_usd", "high_usd"))
+    assert high - mid > 2 * (mid - low) > 0
