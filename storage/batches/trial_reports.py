@@ -42,8 +42,8 @@ from typing import Any
 from storage import lifecycle
 
 Z_95 = Decimal("1.96")
-_T_TABLE = tuple(
-    Decimal(t) for t in ["12.706", "4.303", "3.182", "2.776", "2.571", "2.447", "2.365", "2.306", "2.262", "2.228"]
+_T_TABLE = tuple(  # Student's t 0.975 quantiles, df 1..10
+    Decimal(t) for t in ("12.706", "4.303", "3.182", "2.776", "2.571", "2.447", "2.365", "2.306", "2.262", "2.228")
 )
 _MICRO = Decimal("0.000001")
 
