@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.chaos.decode_rules import record_decode
-from tests.chaos.history import BatchRecord, History, RowRecord, check
+from tests.chaos.history import BatchRecord, ControlEvent, History, RowRecord, check
 from tests.chaos.test_history import T0, clean_history, error_line, output_line
 from tests.chaos.workflow import CONTINUE, SHORT_WINDOWS, final_finishes, plan_workflow
 from tests.chaos.workload import SIZES, plan_workload
@@ -216,3 +216,14 @@ def test_a_continued_lines_decode_is_counted_once_over_its_origin_and_its_child(
     assert history.decode is not None
     figures = {k: history.decode[k] for k in ("decoded", "delivered", "discarded", "unaccounted")}
     assert figures == {"decoded": 17, "delivered": 15, "discarded": 2, "unaccounted": 0}
+
+
+def test_a_trial_line_of_a_batch_paused_before_its_result_was_stored_is_not_judged() -> None:
+    history = workflow_history()
+    history.batches["batch_1"].output_lines[0] = output_line("a", completion=5)  # one draw, but finished twice
+    history.rows["batch_1"][0] = RowRecord("a", "completed", T0 + 5, "run-1", None, 5, trial=True, row_id="batch_req_a")
+    history.batches["batch_1"].cost = {"input_tokens": 6, "output_tokens": 10}
+    history.merged["batch_1"] = history.batches["batch_1"].output_lines + history.batches["batch_1"].error_lines
+    history.controls.append(ControlEvent("pause", "t", "batch_1", T0 + 2, T0 + 2.1))
+    history.controls.append(ControlEvent("resume", "t", "batch_1", T0 + 3, T0 + 3.1))
+    assert findings(history, "trial") == []
