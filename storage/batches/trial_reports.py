@@ -81,26 +81,33 @@ def _mean(values: Sequence[Decimal]) -> Decimal:
     return sum(values, Decimal(0)) / len(values) if values else Decimal(0)
 
 
-def t_quantile(df: int) -> Decimal:
-    """Student's t 0.975 quantile with `df` degrees of freedom: the table to df 10, then Cornish-Fisher in 1/df
-    (within 0.001 of the exact value from df 11); the normal's 1.96 as df grows."""
-    if df <= len(_T_TABLE):
-        return _T_TABLE[max(df, 1) - 1]
-    z, v = Z_95, Decimal(df)
+def t_quantile(df: Decimal) -> Decimal:
+    """Student's t 0.975 quantile at `df` degrees of freedom (at least 1; a fraction is fine): the table to 10,
+    linear between its entries, then Cornish-Fisher in 1/df (within 0.001 of the exact value from 10); the
+    normal's 1.96 as df grows."""
+    df = max(df, Decimal(1))
+    if df < len(_T_TABLE):
+        low = int(df)
+        return _T_TABLE[low - 1] + (df - low) * (_T_TABLE[low] - _T_TABLE[low - 1])
+    z = Z_95
     return (
         z
-        + (z**3 + z) / (4 * v)
-        + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * v**2)
-        + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * v**3)
+        + (z**3 + z) / (4 * df)
+        + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+        + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3)
     )
 
 
-def _skew(residuals: Sequence[Decimal]) -> Decimal:
-    """The residuals' sample skewness (third moment over the second's 1.5 power; 0 without spread)."""
+def spread_df(residuals: Sequence[Decimal], df: int) -> Decimal:
+    """The degrees of freedom the residuals' spread is worth: `df`, or fewer when their tails are heavy. A
+    variance estimated from `n` values of kurtosis `k` has relative variance about `(k - 1) / n`, that of a
+    chi-square with `2n / (k - 1)` degrees of freedom (`n` at the normal's 3)."""
     n = len(residuals)
     m2 = sum((e * e for e in residuals), Decimal(0)) / n
-    m3 = sum((e**3 for e in residuals), Decimal(0)) / n
-    return m3 / (m2.sqrt() ** 3) if m2 > 0 else Decimal(0)
+    if m2 == 0:
+        return Decimal(df)
+    kurtosis = sum((e**4 for e in residuals), Decimal(0)) / n / (m2 * m2)
+    return min(Decimal(df), 2 * n / max(kurtosis - 1, Decimal(2)))
 
 
 def _fit(
@@ -134,9 +141,7 @@ def projected_cost(
     if n >= 2 and total_lines > n and df >= 1:
         spread = (sum((e * e for e in residuals), Decimal(0)) / df).sqrt()
         base = total_lines * spread * ((1 - Decimal(n) / total_lines) / n).sqrt()
-        t = t_quantile(df)
-        shift = _skew(residuals) * (2 * Z_95**2 + 1) / (6 * Decimal(n).sqrt())  # Hall's one-term Edgeworth term
-        below, above = max(t - shift, Decimal(0)) * base, max(t + shift, Decimal(0)) * base
+        below = above = t_quantile(spread_df(residuals, df)) * base
     return {
         "estimate_usd": _usd(estimate),
         "low_usd": _usd(max(estimate - below, spent)),

@@ -8,7 +8,15 @@ from decimal import Decimal
 
 import pytest
 
-from storage.batches.trial_reports import LineResult, decide, line_result, projected_cost, trial_report
+from storage.batches.trial_reports import (
+    LineResult,
+    decide,
+    line_result,
+    projected_cost,
+    spread_df,
+    t_quantile,
+    trial_report,
+)
 from storage.batches.trials import sample_positions, trial_size, trial_spec
 from storage.errors import InvalidValue
 
@@ -151,8 +159,17 @@ def test_a_cost_that_is_a_fixed_part_plus_a_multiple_of_the_stated_is_projected_
     assert projected["estimate_usd"] == "42.500000" == projected["low_usd"] == projected["high_usd"]
 
 
-def test_a_skewed_spread_widens_the_interval_on_the_side_of_its_long_tail() -> None:
-    costs = [Decimal("1")] * 18 + [Decimal("9"), Decimal("12")]  # a few long lines: the rest may hold more
+def test_heavy_tailed_costs_widen_the_interval_beyond_students_t() -> None:
+    # 18 short lines and two 9-12x longer: the trial's spread is itself uncertain, so it counts for fewer degrees
+    # of freedom than 19 (kurtosis 8.3: 2 x 20 / 7.3 = 5.5), and the t quantile grows from 2.093 to about 2.52.
+    costs = [Decimal("1")] * 18 + [Decimal("9"), Decimal("12")]
+    mean = sum(costs, Decimal(0)) / 20
+    residuals = [cost - mean for cost in costs]
+    assert spread_df(residuals, 19) < Decimal("5.6")
     projected = projected_cost(costs, total_lines=1000)
-    low, mid, high = (Decimal(projected[key]) for key in ("low_usd", "estimate_usd", "high_usd"))
-    assert high - mid > 2 * (mid - low) > 0
+    sd = (sum((e * e for e in residuals), Decimal(0)) / 19).sqrt()
+    base = 1000 * sd * ((1 - Decimal(20) / 1000) / 20).sqrt()
+    half = Decimal(projected["high_usd"]) - Decimal(projected["estimate_usd"])
+    assert abs(half - t_quantile(spread_df(residuals, 19)) * base) < Decimal("0.000002")
+    assert half > Decimal("2.5") * base
+    assert t_quantile(Decimal(19)).quantize(Decimal("0.01")) == Decimal("2.09")  # Student's, light tails
