@@ -8,7 +8,8 @@ trial, which reports and pauses the batch; the batch is resumed and run to its e
 * `uniform`: prompts of 5-60 words, output budgets 8-64 tokens, uniformly;
 * `skewed`: a seeded log-normal spread of prompts and output budgets (1..512: a few lines cost 10-50x the median);
 * `growing`: the skewed spread with every line's budget scaled by 0.25 + 1.5 x its position (lines get longer
-  towards the end of the file: a trial of the file's head would miss it).
+  towards the end of the file: a trial of the file's head would miss it);
+* `skewed-v1`: the skewed spread drawn as the first measurement drew it (seeds 1-5 and 7 of docs/workflow.md).
 
 Each (shape, seed) is one file and one batch; coverage is the share of batches whose actual cost fell inside the
 trial's interval (the goal: about 0.95). Every line's actual and stated cost is kept (`--dump`), so the interval
@@ -40,7 +41,7 @@ SHAPES = ("uniform", "skewed", "growing")
 
 def lines(count: int, seed: int, shape: str = "skewed") -> list[dict[str, Any]]:
     """Chat lines of one shape (the module docstring): the spread a projection must cope with."""
-    rng = random.Random(f"{shape}/{seed}")
+    rng = random.Random(seed if shape == "skewed-v1" else f"{shape}/{seed}")  # v1: the first measurement's files
     rows = []
     for i in range(count):
         if shape == "uniform":
