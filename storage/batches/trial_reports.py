@@ -22,9 +22,10 @@ spread: at 50 lines such a file's `q` is about 2.1 instead of 1.96, wider where 
 Measured (bench/trial_projection.py on the fake engine, 5,000-line files of three shapes, a 50-line trial, 20
 files each; docs/workflow.md): the ratio with 1.96 held the actual cost in 54 of 60 intervals (0.90; 0.80 on
 files whose lines grow towards the end, errors up to 7.4%); this projection in 57 of 60 (0.95), errors at most
-1.1%, half-widths a fifth as wide; chosen on those, it then held 28 of 30 fresh files run end to end. Rejected on the same files: the normal quantile (0.92), Student's t alone
-(0.92), and t with a one-term Edgeworth shift for the residuals' skew (Hall 1992; 0.90: the skewness of 50
-heavy-tailed residuals is too noisy to move the ends by); a bootstrap of the residuals would resample only the
+1.1%, half-widths a fifth as wide; chosen on those, it then held 28 of 30 fresh files run end to end. Rejected
+on the same 60: the normal quantile (0.92), Student's t alone (0.92), and t with a one-term Edgeworth shift for
+the residuals' skew (Hall 1992; 0.90: the skewness of 50 heavy-tailed residuals is too noisy to move the ends
+by); a bootstrap of the residuals would resample only the
 tail the trial saw, costs thousands of Decimal resamples in the transaction that records the trial's last line,
 and could not be re-derived from the report by hand.
 
