@@ -92,6 +92,9 @@ FULL = {
     # Issue 39: 8 LoRA adapters x 48 lines as 8 jobs, Backfill vs run-batch once per job vs a bare LLM.chat ceiling
     # (~6 min): `make bench ARGS="--only lora-packing"`.
     "lora-packing": ["bench/lora_packing.py", "--adapters", "8", "--per-job", "48", "--tokens", "32"],
+    # Issue 40 section 1: a trial's projected cost and 95% interval against the batch's actual cost, 20 files each of
+    # three shapes, 5,000 lines, on the fake engine (~15 min): `make bench ARGS="--only trial-projection"`.
+    "trial-projection": ["bench/trial_projection.py", "--dump", "bench/out/trial-lines.json"],
 }
 DEFAULT_PARTS = ("engine", "runbatch", "ingest", "queue", "mixed-lines", "fleet")
 QUICK = {
@@ -136,6 +139,7 @@ QUICK = {
         "--runbatch-jobs",
         "1",
     ],
+    "trial-projection": ["bench/trial_projection.py", "--lines", "1000", "--seeds", "0-1"],
 }
 OUTPUTS = {part: f"{part}.json" for part in FULL}
 
@@ -206,7 +210,8 @@ def main() -> int:
         "--only",
         default="",
         help="comma-separated parts: engine,runbatch,ingest,queue,shared,shared_sim,prefix,prefix-race,gpu-timed,workers,"
-        "hostile-bodies,handback,rolling-restart,render-ahead,mixed-lines,fleet,lease_renewal,lora-packing",
+        "hostile-bodies,handback,rolling-restart,render-ahead,mixed-lines,fleet,lease_renewal,lora-packing,"
+        "trial-projection",
     )
     parser.add_argument("--no-write", action="store_true", help="print only; leave results.json and docs alone")
     parser.add_argument("--render", action="store_true", help="only rewrite docs/benchmarks.md from results.json")
@@ -292,6 +297,7 @@ _PREFIXES = {
     "fleet": ("fleet_",),
     "lease_renewal": ("lease_renewal_",),
     "lora-packing": ("lora_packing_",),
+    "trial-projection": ("trial_projection_",),
 }
 
 

@@ -1,11 +1,23 @@
 """A trial's projected cost against what the whole batch then cost (issue 40 §1), on the fake engine.
 
-A batch of `--lines` chat lines whose prompts and `max_tokens` vary (a seeded log-normal spread, as real files
-do) is created with `trial: {"lines": --trial}`; a runner on the fake engine runs the trial, which reports and
-pauses the batch; the batch is resumed and run to its end; its billed cost (storage/finance/budgets.py
-`batch_spend`) is set against the trial's projection and interval. Prints one JSON object:
+A batch of `--lines` chat lines is created with `trial: {"lines": --trial}`; a runner on the fake engine runs the
+trial, which reports and pauses the batch; the batch is resumed and run to its end; its billed cost
+(storage/finance/budgets.py `batch_spend`) is set against the trial's projection and interval. File shapes
+(`--shapes`):
 
-    .venv/bin/python bench/trial_projection.py [--lines 5000] [--trial 50] [--seed 7]
+* `uniform`: prompts of 5-60 words, output budgets 8-64 tokens, uniformly;
+* `skewed`: a seeded log-normal spread of prompts and output budgets (1..512: a few lines cost 10-50x the median);
+* `growing`: the skewed spread with every line's budget scaled by 0.25 + 1.5 x its position (lines get longer
+  towards the end of the file: a trial of the file's head would miss it);
+* `skewed-v1`: the skewed spread drawn as the first measurement drew it (seeds 1-5 and 7 of docs/workflow.md).
+
+Each (shape, seed) is one file and one batch; coverage is the share of batches whose actual cost fell inside the
+trial's interval (the goal: about 0.95). Every line's actual and stated cost is kept (`--dump`), so the interval
+can be recomputed on the same lines (`--from-dump`: the server's `projected_cost` on the same trial positions, the
+very computation the trial makes, without running the engine again). Writes bench/out/trial-projection.json:
+
+    .venv/bin/python bench/trial_projection.py [--lines 5000] [--trial 50] [--shapes uniform,skewed,growing]
+        [--seeds 0-19] [--dump bench/out/trial-lines.json] [--from-dump bench/out/trial-lines.json]
 """
 
 from __future__ import annotations
@@ -23,15 +35,22 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 MODEL = "backfill-demo"
+OUT = Path(__file__).resolve().parent / "out" / "trial-projection.json"
+SHAPES = ("uniform", "skewed", "growing")
 
 
-def lines(count: int, seed: int) -> list[dict[str, Any]]:
-    """Chat lines of varied prompt length and output budget: the spread a projection must cope with."""
-    rng = random.Random(seed)
+def lines(count: int, seed: int, shape: str = "skewed") -> list[dict[str, Any]]:
+    """Chat lines of one shape (the module docstring): the spread a projection must cope with."""
+    rng = random.Random(seed if shape == "skewed-v1" else f"{shape}/{seed}")  # v1: the first measurement's files
     rows = []
     for i in range(count):
-        words = max(1, int(rng.lognormvariate(3.0, 0.8)))
-        budget = max(1, min(512, int(rng.lognormvariate(3.5, 0.9))))
+        if shape == "uniform":
+            words, budget = rng.randint(5, 60), rng.randint(8, 64)
+        else:
+            words = max(1, int(rng.lognormvariate(3.0, 0.8)))
+            budget = max(1, min(512, int(rng.lognormvariate(3.5, 0.9))))
+            if shape == "growing":
+                budget = max(1, min(512, int(budget * (0.25 + 1.5 * i / count))))
         body = {
             "model": MODEL,
             "messages": [{"role": "user", "content": " ".join(["word"] * words)}],
@@ -41,21 +60,98 @@ def lines(count: int, seed: int) -> list[dict[str, Any]]:
     return rows
 
 
+def _seeds(text: str) -> list[int]:
+    seeds: list[int] = []
+    for part in filter(None, text.split(",")):
+        first, _, last = part.partition("-")
+        seeds += range(int(first), int(last or first) + 1)
+    return seeds
+
+
 def main() -> int:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lines", type=int, default=5000)
     parser.add_argument("--trial", type=int, default=50)
-    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--seeds", default="0-19")
+    parser.add_argument("--dump", type=Path, default=None, help="keep every line's actual and stated cost here")
+    parser.add_argument("--from-dump", type=Path, default=None, help="recompute the intervals on dumped lines")
+    parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
-    os.environ.update(
-        BACKFILL_DATA_DIR=tempfile.mkdtemp(prefix="bench-trial-"),
-        BACKFILL_MODELS=json.dumps({MODEL: {"path": "fake:", "max_num_seqs": 64}}),
-    )
-    from worker.cli.migrate import migrate_database
+    if args.from_dump is not None:
+        runs = [reproject(run) for run in json.loads(args.from_dump.read_text())]
+    else:
+        os.environ.update(
+            BACKFILL_DATA_DIR=tempfile.mkdtemp(prefix="bench-trial-"),
+            BACKFILL_MODELS=json.dumps({MODEL: {"path": "fake:", "max_num_seqs": 64}}),
+        )
+        from worker.cli.migrate import migrate_database
 
-    migrate_database()
-    print(json.dumps(run(lines(args.lines, args.seed), trial=args.trial)))
+        migrate_database()
+        runs = []
+        for shape in args.shapes.split(","):
+            for seed in _seeds(args.seeds):
+                runs.append({"shape": shape, "seed": seed, **run(lines(args.lines, seed, shape), trial=args.trial)})
+                print(json.dumps({k: v for k, v in runs[-1].items() if k != "per_line"}), flush=True)
+        if args.dump is not None:
+            args.dump.parent.mkdir(parents=True, exist_ok=True)
+            args.dump.write_text(json.dumps(runs))
+    result = summary(runs)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: v for k, v in result.items() if k != "all"}, indent=1))
     return 0
+
+
+def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Coverage and errors per shape, and the headline 5,000-line batch of each (its first seed)."""
+    shapes: dict[str, Any] = {}
+    for shape in dict.fromkeys(run["shape"] for run in runs):
+        mine = [run for run in runs if run["shape"] == shape]
+        inside = sum(1 for run in mine if run["actual_within_interval"])
+        shapes[shape] = {
+            "runs": len(mine),
+            "inside": inside,
+            "coverage": round(inside / len(mine), 3),
+            "error_pct_max_abs": max(abs(run["error_pct"]) for run in mine),
+            "half_width_pct_median": sorted(run["half_width_pct"] for run in mine)[len(mine) // 2],
+            "first": {k: v for k, v in mine[0].items() if k != "per_line"},
+        }
+    inside = sum(shape["inside"] for shape in shapes.values())
+    return {
+        "coverage": round(inside / len(runs), 3) if runs else None,
+        "runs": len(runs),
+        "shapes": shapes,
+        "all": [{k: v for k, v in run.items() if k != "per_line"} for run in runs],
+    }
+
+
+def reproject(saved: dict[str, Any]) -> dict[str, Any]:
+    """The trial's projection on a dumped batch's lines again, with the server's code as it is now."""
+    from storage.batches.trial_reports import projected_cost
+    from storage.batches.trials import sample_positions
+
+    per_line = saved["per_line"]
+    actual_line = [Decimal(cost) for cost, _ in per_line]
+    stated_line = [Decimal(stated) for _, stated in per_line]
+    picked = sample_positions(len(per_line), saved["trial_lines"])
+    projected = projected_cost(
+        [actual_line[i] for i in picked],
+        total_lines=len(per_line),
+        stated=([stated_line[i] for i in picked], sum(stated_line, Decimal(0))),
+    )
+    return {**saved, **_compare(projected, Decimal(saved["actual_usd"]))}
+
+
+def _compare(projected: dict[str, Any], actual: Decimal) -> dict[str, Any]:
+    estimate, low, high = (Decimal(projected[key]) for key in ("estimate_usd", "low_usd", "high_usd"))
+    return {
+        "projected_usd": projected["estimate_usd"],
+        "interval_usd": [projected["low_usd"], projected["high_usd"]],
+        "error_pct": round(float((estimate - actual) / actual * 100), 2),
+        "half_width_pct": round(float((high - low) / 2 / actual * 100), 2),
+        "actual_within_interval": low <= actual <= high,
+    }
 
 
 def run(rows: list[dict[str, Any]], *, trial: int) -> dict[str, Any]:
@@ -100,21 +196,44 @@ def run(rows: list[dict[str, Any]], *, trial: int) -> dict[str, Any]:
         pass
     runner.close_io()
     with transaction() as session:
-        actual = batch_spend(session, settings, batch=get_batch(session, tenant_id=None, batch_id=batch_id))
+        batch = get_batch(session, tenant_id=None, batch_id=batch_id)
+        actual = batch_spend(session, settings, batch=batch)
+        per_line = _line_costs(session, settings, batch=batch)
     projected = report["projected_cost"]
-    estimate, low, high = (Decimal(projected[key]) for key in ("estimate_usd", "low_usd", "high_usd"))
     return {
         "lines": len(rows),
         "trial_lines": report["lines_run"],
         "trial_usd": projected["trial_usd"],
         "trial_spend_usd": str(trial_spend.quantize(Decimal("0.000001"))),
-        "projected_usd": projected["estimate_usd"],
-        "interval_usd": [projected["low_usd"], projected["high_usd"]],
         "actual_usd": str(actual.quantize(Decimal("0.000001"))),
-        "error_pct": round(float((estimate - actual) / actual * 100), 2),
-        "half_width_pct": round(float((high - low) / 2 / actual * 100), 2),
-        "actual_within_interval": low <= actual <= high,
+        **_compare(projected, actual),
+        "per_line": per_line,
     }
+
+
+def _line_costs(session: Any, settings: Any, *, batch: Any) -> list[tuple[str, str]]:
+    """Every line's billed cost and its cost at what it states up front, priced as the trial prices them."""
+    from storage import lifecycle
+    from storage.finance.prices import price_book, price_job
+    from storage.queue.trial_rows import trial_results
+
+    book = price_book(settings)
+
+    def cost(model: str, tokens_in: int, tokens_out: int, cached: int = 0) -> Decimal:
+        return price_job(
+            book, model=model, created_at=batch.created_at, completion_window=batch.completion_window,
+            input_tokens=tokens_in, output_tokens=tokens_out, busy_seconds=Decimal(0), cached_input_tokens=cached,
+        ).billed_usd  # fmt: skip
+
+    return [
+        (
+            str(cost(r.model, r.prompt_tokens, r.completion_tokens, r.cached_tokens))
+            if r.status == lifecycle.REQ_COMPLETED
+            else "0",
+            str(cost(r.model, r.stated_input, r.stated_output)),
+        )
+        for r in trial_results(session, batch_id=batch.id, trial_only=False)
+    ]
 
 
 if __name__ == "__main__":

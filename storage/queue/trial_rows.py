@@ -6,7 +6,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select, true, update
 from sqlalchemy.orm import Session
 
 from storage import lifecycle
@@ -59,8 +59,9 @@ def open_rows(session: Session, *, batch_ids: Collection[str], trial_only: bool)
     return {batch_id: int(count) for batch_id, count in rows}
 
 
-def trial_results(session: Session, *, batch_id: str) -> list[TrialRow]:
-    """The batch's ended trial lines (a trial holds at most a few thousand), in line order."""
+def trial_results(session: Session, *, batch_id: str, trial_only: bool = True) -> list[TrialRow]:
+    """The batch's ended trial lines (a trial holds at most a few thousand), in line order; with `trial_only`
+    False every ended line of the batch (bench/trial_projection.py sets the projection against each line)."""
     rows = session.execute(
         select(
             BatchRequest.model,
@@ -76,7 +77,7 @@ def trial_results(session: Session, *, batch_id: str) -> list[TrialRow]:
         )
         .where(
             BatchRequest.batch_id == batch_id,
-            BatchRequest.trial.is_(True),
+            BatchRequest.trial.is_(True) if trial_only else true(),
             BatchRequest.status.in_(sorted(lifecycle.REQ_TERMINAL)),
         )
         .order_by(BatchRequest.line)

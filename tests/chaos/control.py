@@ -22,6 +22,7 @@ import openai
 from openai.types import Batch
 
 from tests.chaos.history import RETRYABLE_CODES, BatchRecord, ControlEvent, InputFile, error_code
+from tests.chaos.workflow import continued_in, trial_paused
 from tests.chaos.workload import (
     POLL_SECONDS,
     TERMINAL,
@@ -82,18 +83,24 @@ def _submit(
     with lock:
         inputs[source.id] = InputFile(source.id, tenant.tenant, planned.lines)
     cap = planned.controls.max_cost_usd
+    extra = {**planned.workflow, **({} if cap is None else {"max_cost_usd": cap})}
     batch = tenant.call(
         "batches.create",
         lambda: tenant.client.batches.create(
             input_file_id=source.id,
             endpoint="/v1/chat/completions",
-            completion_window="24h",
-            extra_body=None if cap is None else {"max_cost_usd": cap},
+            completion_window=planned.window,  # type: ignore[arg-type]  # the SDK types "24h"; the wire takes any
+            extra_body=extra or None,
         ),
         give_up_at=give_up_at,
     )
     return BatchRecord(
-        batch_id=batch.id, tenant=tenant.tenant, input_file_id=source.id, created_at=time.time(), max_cost_usd=cap
+        batch_id=batch.id,
+        tenant=tenant.tenant,
+        input_file_id=source.id,
+        created_at=time.time(),
+        max_cost_usd=cap,
+        window=planned.window,
     )
 
 
@@ -112,6 +119,7 @@ class Follower:
     depth: int = 0  # 0: a batch the tenant created; n: its n-th retry
     due: list[tuple[float, str, int | None]] = field(default_factory=list)
     done: bool = False
+    trial_resumed: bool = False  # its trial paused it and the tenant resumed it (once)
 
     def __post_init__(self) -> None:
         due: list[tuple[float, str, int | None]] = []
@@ -161,16 +169,41 @@ class Controller:
         )
         record.status = batch.status
         if batch.status not in TERMINAL:
+            if not follower.trial_resumed and trial_paused(batch.to_dict()):
+                follower.trial_resumed = True
+                self._post("trial_resume", record.batch_id, f"/batches/{record.batch_id}/resume", {})
             return []
         record.terminal_at = time.time()
         follower.done = True
         download(self.tenant, record, batch.to_dict(), give_up_at=self.give_up_at)
+        children = self._continuations(record, batch.to_dict(), depth=follower.depth)
         if not follower.controls.retry or follower.depth >= MAX_RETRY_DEPTH:
-            return []
+            return children
         retry = self._retry(record)
         if retry is None:
-            return []
-        return [Follower(retry, time.time(), BatchControls(retry=True), depth=follower.depth + 1)]
+            return children
+        return [*children, Follower(retry, time.time(), BatchControls(retry=True), depth=follower.depth + 1)]
+
+    def _continuations(self, record: BatchRecord, batch: dict[str, Any], *, depth: int) -> list[Follower]:
+        """The background child a batch that expired with `continue_in_background` handed its lines to: followed
+        like a batch of the tenant's own (retried once if it ends with retryable lines)."""
+        children = sorted({child for line in record.error_lines if (child := continued_in(line))})
+        followers = []
+        for child in children:
+            if child in self.records:
+                continue
+            self.records[child] = BatchRecord(
+                batch_id=child,
+                tenant=self.tenant.tenant,
+                input_file_id=record.input_file_id,
+                created_at=time.time(),
+                retry_of=record.batch_id,
+                retry_expected=sorted(str(line["custom_id"]) for line in record.error_lines if continued_in(line)),
+                max_cost_usd=batch.get("max_cost_usd"),
+                window="background",
+            )
+            followers.append(Follower(self.records[child], time.time(), BatchControls(retry=True), depth=depth + 1))
+        return followers
 
     def _control(self, record: BatchRecord, kind: str, value: int | None) -> None:
         if kind == "cancel":
@@ -182,7 +215,9 @@ class Controller:
 
     def _retry(self, record: BatchRecord) -> BatchRecord | None:
         """Retry the batch if it has retryable error lines; the new batch's record, or None."""
-        expected = sorted(str(line.get("custom_id")) for line in record.error_lines if retryable(line))
+        expected = sorted(
+            str(line.get("custom_id")) for line in record.error_lines if retryable(line) and not continued_in(line)
+        )
         if not expected:
             return None
         batch = self._post("retry", record.batch_id, f"/batches/{record.batch_id}/retry", {})
@@ -196,6 +231,7 @@ class Controller:
             retry_of=record.batch_id,
             retry_expected=expected,
             max_cost_usd=batch.to_dict().get("max_cost_usd"),  # what is left of its origin's cap, inherited
+            window=batch.completion_window,
         )
         self.records[batch.id] = retry
         return retry

@@ -56,7 +56,7 @@ def paused_spans(history: History, batch_id: str) -> list[tuple[float, float]]:
     for event in sorted((c for c in history.controls if c.batch_id == batch_id), key=lambda c: c.sent_at):
         if event.kind == "pause" and event.outcome == "ok" and event.acked_at is not None and start is None:
             start = event.acked_at
-        elif event.kind == "resume" and start is not None:
+        elif event.kind in ("resume", "trial_resume") and start is not None:  # a trial's resume resumes it too
             if event.sent_at > start:
                 spans.append((start, event.sent_at))
             start = None

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.chaos.history import BatchRecord, Finding, History, Verdict
-from worker.engine.decode_ledger import decode_figures, read_ledger
+from worker.engine.decode_ledger import RequestDecode, decode_figures, read_ledger
 
 GRACEFUL_SHARE = 0.01
 GPU_KILLS = frozenset({"kill_gpu", "kill_one_gpu"})
@@ -53,8 +53,41 @@ def record_decode(history: History, ledger_dir: Path) -> None:
     """Read the run's decode ledger into `history.decode` (left None when no engine kept one: the real engine)."""
     if not any(ledger_dir.glob("decode-*.log")):
         return
-    figures = decode_figures(read_ledger(ledger_dir), delivered_tokens(history.batches))
+    ledger = continued_work(history, read_ledger(ledger_dir))
+    delivered = delivered_tokens(history.batches)
+    for record in history.batches.values():  # issue 40: a checked line's finished draws were judged, not thrown away
+        for line in record.output_lines if record.checks else []:
+            rid, work = str(line.get("id")), ledger.get(str(line.get("id")))
+            body = (line.get("response") or {}).get("body") or {}
+            cut = delivered[rid] if (body.get("backfill") or {}).get("cut_by") else 0  # a cut draw finishes nothing
+            redrawn = int((line.get("attempts") or {}).get("count", 1)) > 1
+            if work is not None and work.finished and (redrawn or cut):
+                delivered[rid] = max(delivered[rid], sum(work.finished) + cut - work.resumed)
+    figures = decode_figures(ledger, delivered)
     history.decode = asdict(figures)
+
+
+def continued_work(history: History, ledger: dict[str, RequestDecode]) -> dict[str, RequestDecode]:
+    """The ledger with each line continued in a background child (issue 40) counted as one request: the origin
+    row's decode moves onto the child's copy, which resumed from its checkpoint (what the origin generated after
+    its last checkpoint is decoded again: discarded, as in any resume)."""
+    from tests.chaos.workflow import continued_in
+
+    children = {child for r in history.batches.values() for line in r.error_lines if (child := continued_in(line))}
+    merged = dict(ledger)
+    for child in children:
+        for row in history.rows.get(child, []):
+            source = merged.pop(row.copy_of, None) if row.copy_of else None
+            if source is None:
+                continue
+            mine = merged.get(row.row_id, RequestDecode())
+            merged[row.row_id] = RequestDecode(
+                decoded=source.decoded + mine.decoded,
+                resumed=mine.resumed,
+                attempts=source.attempts + mine.attempts,
+                finished=source.finished + mine.finished,
+            )
+    return merged
 
 
 def decode_summary(history: History) -> dict[str, Any]:

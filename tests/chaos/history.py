@@ -33,7 +33,8 @@ Checkpoints (issue 21) add one, over the fake engines' decode ledger (`decode`; 
   checkpoint bound per killed in-flight request.
 
 Adapters (issue 39) add `adapter`: a line answered under another model or adapter than it named
-(tests/chaos/adapters.py).
+(tests/chaos/adapters.py). Trials, checks and expiries with continuation (issue 40) add `merged`, `trial`,
+`billed` and `continued` (tests/chaos/workflow_rules.py).
 """
 
 from __future__ import annotations
@@ -62,6 +63,10 @@ KINDS = (
     "overrun",
     "discarded",
     "adapter",
+    "merged",
+    "trial",
+    "billed",
+    "continued",
 )
 
 
@@ -106,6 +111,11 @@ class BatchRecord:
     # (a retry whose answer a fault lost), then the retry's own rows.
     retry_expected: list[str] | None = None
     max_cost_usd: str | None = None  # the spend cap it was created with
+    # Issue 40 (tests/chaos/workflow_rules.py): the window, and the trial, checks and on_expiry of its batch object
+    window: str = "24h"
+    trial: dict[str, Any] | None = None
+    checks: dict[str, Any] | None = None
+    on_expiry: str | None = None
 
 
 @dataclass(frozen=True)
@@ -132,6 +142,9 @@ class RowRecord:
     run_id: str | None  # set only when a worker recorded the request's result
     error_code: str | None = None
     completion_tokens: int = 0
+    trial: bool = False  # marked as one of its batch's trial lines
+    row_id: str = ""
+    copy_of: str | None = None  # the row a retry's or a continuation's row copies
 
 
 @dataclass(frozen=True)
@@ -179,6 +192,11 @@ class History:
     adapters: tuple[str, ...] = ()  # the adapters the run served (tests/chaos/adapters.py)
     adapter_answers_alike: bool = False  # the fake engine: every answer of one adapter is a prefix of another
     max_num_seqs: int = 8
+    # Issue 40: each tree's merged view (root batch id -> its lines) and, per request id, the completion tokens of
+    # each answer the fake engines finished (the decode ledger; empty on the real engine)
+    merged: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    finishes: dict[str, list[int]] = field(default_factory=dict)
+    generated: dict[str, int] = field(default_factory=dict)  # request id -> tokens decoded plus resumed, all attempts
 
     @property
     def faults_over_at(self) -> float:
@@ -237,6 +255,10 @@ def explanation(code: str | None, *, line: InputLine, record: BatchRecord, histo
         return "cancelled by its client"
     if code == "engine_error" and history.interrupting_faults() >= MAX_ATTEMPTS:
         return f"{history.interrupting_faults()} interrupting faults"
+    if code == "checks_failed" and record.checks:
+        return "its checks (every draw failed: tests/chaos/workflow_rules.py holds the attempts)"
+    if code == "batch_expired" and record.window != "24h":
+        return "its short window (a continued line: tests/chaos/workflow_rules.py finds its child)"
     if code == BUDGET_CODE and record.max_cost_usd is not None:
         return "its spend cap"
     if code == BUDGET_CODE and any(c.kind == "budget" and c.tenant == record.tenant for c in history.controls):
@@ -256,6 +278,8 @@ def error_code(line: dict[str, Any]) -> str | None:
 
 def check(history: History, *, stuck_bound_seconds: float = 60.0) -> Verdict:
     """Every finding of the run (an empty verdict means the promise held)."""
+    from tests.chaos.file_rules import check_cost, check_counts, check_objects  # they build on this module
+
     verdict = Verdict()
     for record in history.batches.values():
         source = history.inputs.get(record.input_file_id)
@@ -270,11 +294,11 @@ def check(history: History, *, stuck_bound_seconds: float = 60.0) -> Verdict:
             continue
         planned = _planned(record, source, history)
         _check_lines(verdict, record, planned, history)
-        _check_counts(verdict, record, planned)
-        _check_cost(verdict, record)
+        check_counts(verdict, record, planned)
+        check_cost(verdict, record, history.rows.get(record.batch_id))
         for problem in record.problems:
             verdict.findings.append(Finding("other", record.batch_id, problem))
-    _check_objects(verdict, history)
+    check_objects(verdict, history)
     from tests.chaos.control_rules import check_overrun, check_pauses, check_retries  # they build on this module
     from tests.chaos.decode_rules import check_discards
 
@@ -283,8 +307,10 @@ def check(history: History, *, stuck_bound_seconds: float = 60.0) -> Verdict:
     check_overrun(verdict, history)
     check_discards(verdict, history)
     from tests.chaos.adapters import check_adapters
+    from tests.chaos.workflow_rules import check_workflow
 
     check_adapters(verdict, history)
+    check_workflow(verdict, history)
     return verdict
 
 
@@ -309,7 +335,7 @@ def _check_stuck(verdict: Verdict, record: BatchRecord, history: History, bound:
 
 
 def _check_lines(verdict: Verdict, record: BatchRecord, planned: dict[str, InputLine], history: History) -> None:
-    if record.status in ("failed", "expired"):
+    if record.status == "failed" or (record.status == "expired" and record.window == "24h"):
         verdict.findings.append(
             Finding("other", record.batch_id, f"an accepted batch of valid lines ended {record.status}")
         )
@@ -353,34 +379,3 @@ def _is_chat_completion(line: dict[str, Any]) -> bool:
     except ValidationError:
         return False
     return True
-
-
-def _check_counts(verdict: Verdict, record: BatchRecord, planned: dict[str, InputLine]) -> None:
-    counts = record.request_counts
-    enqueued = 0 if record.cancel_requested and not counts.get("total") else len(planned)
-    want = {"total": enqueued, "completed": len(record.output_lines), "failed": len(record.error_lines)}
-    got = {name: counts.get(name) for name in want}
-    if got != want:
-        verdict.findings.append(Finding("other", record.batch_id, f"request_counts {got} but the files hold {want}"))
-
-
-def _check_cost(verdict: Verdict, record: BatchRecord) -> None:
-    usage = [((line.get("response") or {}).get("body") or {}).get("usage") or {} for line in record.output_lines]
-    want = {
-        "input_tokens": sum(int(u.get("prompt_tokens", 0)) for u in usage),
-        "output_tokens": sum(int(u.get("completion_tokens", 0)) for u in usage),
-    }
-    cost = record.cost or {}
-    got = {name: int(cost.get(name, 0)) for name in want}
-    if got != want:
-        verdict.findings.append(
-            Finding("other", record.batch_id, f"cost tokens {got} but the output usage sums to {want}")
-        )
-
-
-def _check_objects(verdict: Verdict, history: History) -> None:
-    stored = set(history.objects)
-    for key in sorted(stored - set(history.file_keys)):
-        verdict.findings.append(Finding("orphan", None, f"object {key} belongs to no file row"))
-    for key in sorted(set(history.file_keys) - stored):
-        verdict.findings.append(Finding("other", None, f"file {history.file_keys[key]} has no object {key}"))

@@ -1,6 +1,6 @@
 """`make chaos`: many seeded runs, a table of runs x outcomes, and a JSON summary under bench/out/chaos/.
 
-    python -m tests.chaos.main --seeds 0-49 [--vllm-seeds 1,2,9] [--kinds kill_gpu,pg_stop] [--size small] [--adapters]
+    python -m tests.chaos.main --seeds 0-49 [--vllm-seeds 1,2,9] [--kinds kill_gpu,pg_stop] [--size small] [--adapters] [--workflow]
 
 Exit status 1 if any run has a finding (lost, duplicated, unexplained, stuck, orphan or other).
 """
@@ -25,6 +25,7 @@ from tests.chaos.history import KINDS as OUTCOMES
 from tests.chaos.procs import kill_all
 from tests.chaos.run import RunOptions, RunReport, prepare_template, run_seed
 from tests.chaos.services import Cluster
+from tests.chaos.workflow_rules import WORKFLOW_COUNTS
 
 COLUMNS = OUTCOMES
 CONTROLS = ("pause", "resume", "priority", "retry", "budget", "cap_stops", "budget_stops")
@@ -77,6 +78,12 @@ def decode_lines(shares: dict[str, dict[str, Any]]) -> str:
     )
 
 
+def workflow_line(reports: list[RunReport]) -> str:
+    """What the workflow runs exercised, summed (tests/chaos/workflow_rules.py `workflow_counts`)."""
+    sums = {name: sum(r.controls.get(name, 0) for r in reports) for name in WORKFLOW_COUNTS}
+    return "workflow: " + ", ".join(f"{value} {name.replace('_', ' ')}" for name, value in sums.items())
+
+
 def cap_line(reports: list[RunReport]) -> str:
     """The spend-cap overrun measured over the runs, against its bound (one request: tests/chaos/control_rules.py)."""
     stops = sum(r.controls.get("cap_stops", 0) for r in reports)
@@ -103,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--adapters", action="store_true", help="lines name the base or 3 LoRA adapters (docs/chaos.md)"
     )
+    parser.add_argument(
+        "--workflow", action="store_true", help="trials, checks, short windows with continuation (docs/chaos.md)"
+    )
     parser.add_argument("--stuck-bound", type=float, default=None, help="seconds after the faults (60 fake, 180 vllm)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "chaos")
     args = parser.parse_args(argv)
@@ -119,7 +129,13 @@ def main(argv: list[str] | None = None) -> int:
         for index, (seed, engine) in enumerate(runs):
             kind = kinds[index % len(kinds)] if kinds else None
             size = args.size if engine == "fake" else args.vllm_size
-            options = RunOptions(engine=engine, size=size, stuck_bound_seconds=args.stuck_bound, adapters=args.adapters)
+            options = RunOptions(
+                engine=engine,
+                size=size,
+                stuck_bound_seconds=args.stuck_bound,
+                adapters=args.adapters,
+                workflow=args.workflow,
+            )
             report, _ = run_seed(cluster, seed, out=out, options=options, scenario=scenario_for(seed, kind=kind))
             reports.append(report)
             print(table([report]).splitlines()[1], flush=True)
@@ -132,11 +148,13 @@ def main(argv: list[str] | None = None) -> int:
     shares = class_shares([report.decode for report in reports])
     print(decode_lines(shares))
     print(cap_line(reports))
+    if args.workflow:
+        print(workflow_line(reports))
     summary = {
         "started": stamp,
         "runs": [asdict(report) for report in reports],
         "totals": {c: sum(r.summary[c] for r in reports) for c in COLUMNS},
-        "controls": {c: sum(r.controls.get(c, 0) for r in reports) for c in (*CONTROLS, "refused")},
+        "controls": {c: sum(r.controls.get(c, 0) for r in reports) for c in (*CONTROLS, "refused", *WORKFLOW_COUNTS)},
         "cap_overrun_max_usd": max((r.controls.get("cap_overrun_max", 0) for r in reports), default=0),
         "cap_overrun_max_pct": max((r.controls.get("cap_overrun_max_pct", 0) for r in reports), default=0),
         "bad_runs": [r.seed for r in reports if not r.ok],

@@ -33,6 +33,8 @@ from tests.chaos.deployment import MODEL, Deployment, EngineKind, Timing, backfi
 from tests.chaos.faults import Injector, Probe, Scenario, scenario_for
 from tests.chaos.history import BUDGET_CODE, ControlEvent, History, RowRecord, Verdict, check, error_code
 from tests.chaos.services import Cluster
+from tests.chaos.workflow import plan_workflow, read_merged, record_generations, workflow_env
+from tests.chaos.workflow_rules import workflow_counts
 from tests.chaos.workload import (
     SIZES,
     USD_PER_OUTPUT_TOKEN,
@@ -71,6 +73,7 @@ class RunOptions:
 
     keep_database: bool = False
     adapters: bool = False  # lines name the base or one of three LoRA adapters (tests/chaos/adapters.py)
+    workflow: bool = False  # trials, checks, short windows with continuation (tests/chaos/workflow.py)
 
 
 @dataclass
@@ -122,6 +125,9 @@ class Stage:
             BatchRequest.run_id,
             BatchRequest.error_code,
             BatchRequest.completion_tokens,
+            BatchRequest.trial,
+            BatchRequest.id,
+            BatchRequest.copy_of,
         )
         found: dict[str, list[RowRecord]] = {}
         with self.probe.engine.connect() as conn:
@@ -158,6 +164,7 @@ def staged(
     planned_requests: int = 1,
     keep_database: bool = False,
     adapters: bool = False,
+    extra_env: dict[str, str] | None = None,
 ) -> Iterator[Stage]:
     """A fresh database (from the migrated template), Redis db and bucket; API keys; the processes started.
 
@@ -182,6 +189,7 @@ def staged(
     )
     if engine == "vllm":
         env.update(vllm_env(cluster.cache))
+    env.update(extra_env or {})
     deployment = Deployment(env, run_dir / "logs", gpu_workers=gpu_workers)
     probe = Probe(env["BACKFILL_DATABASE_URL"], planned_requests=planned_requests)
     try:
@@ -212,6 +220,8 @@ def run_seed(
     budget = plan_budget(random.Random(f"budget/{seed}"), size=SIZES[options.size])
     if options.adapters:
         plan = name_adapters(plan, random.Random(f"adapters/{seed}"), base=MODEL)
+    if options.workflow:
+        plan = plan_workflow(plan, random.Random(f"workflow/{seed}"))
     history = History(
         seed=seed,
         scenario=scenario.name,
@@ -234,6 +244,7 @@ def run_seed(
         planned_requests=sum(len(p.lines) for p in plan),
         keep_database=options.keep_database,
         adapters=options.adapters,
+        extra_env=workflow_env() if options.workflow else None,
     ) as stage:
         history.started_at = time.time()
         injector = Injector(scenario, stage.deployment, cluster, stage.probe, started_at=history.started_at)
@@ -247,10 +258,13 @@ def run_seed(
             except GaveUp:
                 pass
             history.client_events += client.events
+        if options.workflow:
+            read_merged(clients, history, give_up_at=time.time() + 30)
         history.rows = stage.rows()
         history.objects = cluster.s3.keys(stage.bucket)
         history.file_keys = stage.file_keys()
     record_decode(history, run_dir / LEDGER)  # the processes are gone: every ledger line is written
+    record_generations(history, run_dir / LEDGER)
     verdict = check(history, stuck_bound_seconds=options.stuck_bound)
     report = _report(seed, scenario, options, history, verdict, run_dir, seconds=time.time() - history.started_at)
     (run_dir / "history.json").write_text(json.dumps(history.to_json(), indent=1, default=str))
@@ -315,7 +329,7 @@ def _drive(
 
 
 def _name(scenario: Scenario, options: RunOptions) -> str:
-    return f"{scenario.name}+lora" if options.adapters else scenario.name
+    return scenario.name + ("+lora" if options.adapters else "") + ("+wf" if options.workflow else "")
 
 
 def _report(
@@ -355,6 +369,7 @@ def control_counts(history: History) -> dict[str, int]:
         if any(error_code(line) == BUDGET_CODE for line in record.error_lines)
     ]
     return {
+        **workflow_counts(history),
         "pause": done["pause"],
         "resume": done["resume"],
         "priority": done["priority"],

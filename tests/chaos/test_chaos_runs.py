@@ -57,3 +57,24 @@ def test_a_mixed_adapter_workload_survives_a_gpu_kill(chaos_cluster: Cluster, tm
     assert history.faults and history.faults[0].kind == "kill_gpu", f"the kill did not fire: {history.faults}"
     findings = [f for f in report.findings if f["kind"] != "discarded"]
     assert not findings, f"{table([report])}\n" + "\n".join(str(f) for f in findings) + f"\nlogs: {report.run_dir}"
+
+
+WORKFLOW_SEED = int(os.environ.get("BACKFILL_CHAOS_WORKFLOW_SEED", "3"))
+
+
+def test_trials_checks_and_expiries_with_continuation_survive_a_gpu_kill(
+    chaos_cluster: Cluster, tmp_path: Path
+) -> None:
+    """Issue 40: batches with trials (one resumed by its tenant), checks that redraw, and 3-8 s windows that continue
+    in the background (tests/chaos/workflow.py) while the GPU worker is killed -9: nothing lost, duplicated or
+    unexplained, each tree's merged view holds every line once, a continued line's answer is its child's, no trial
+    line ran twice and no line was billed for more draws than the engines made (tests/chaos/workflow_rules.py).
+    18 s here; the seed's plan holds a manual trial, checks and a short window with `on_expiry`."""
+    scenario = scenario_for(WORKFLOW_SEED, kind="kill_gpu")
+    options = RunOptions(size=CI_SIZE, workflow=True)
+    report, history = run_seed(chaos_cluster, WORKFLOW_SEED, out=tmp_path, options=options, scenario=scenario)
+    assert history.faults and history.faults[0].kind == "kill_gpu", f"the kill did not fire: {history.faults}"
+    assert report.controls["trials"] and report.controls["redrawn"], f"no trial or no redraw: {report.controls}"
+    assert any(record.on_expiry for record in history.batches.values()), "no batch asked to continue at expiry"
+    findings = [f for f in report.findings if f["kind"] != "discarded"]
+    assert not findings, f"{table([report])}\n" + "\n".join(str(f) for f in findings) + f"\nlogs: {report.run_dir}"

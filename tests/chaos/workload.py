@@ -67,6 +67,9 @@ class PlannedBatch:
     submit_after_seconds: float
     cancel_after_seconds: float | None = None
     controls: BatchControls = field(default_factory=lambda: BatchControls())
+    # Issue 40 (tests/chaos/workflow.py): a trial, checks, on_expiry for the create's extra_body, and its window
+    workflow: dict[str, Any] = field(default_factory=dict)
+    window: str = "24h"
 
     def jsonl(self) -> bytes:
         return b"".join(
@@ -211,6 +214,7 @@ def download(tenant: TenantClient, record: BatchRecord, batch: dict[str, Any], *
     record.cost = batch.get("cost")
     record.output_file_id = batch.get("output_file_id")
     record.error_file_id = batch.get("error_file_id")
+    record.trial, record.checks, record.on_expiry = batch.get("trial"), batch.get("checks"), batch.get("on_expiry")
     for file_id, target in ((record.output_file_id, record.output_lines), (record.error_file_id, record.error_lines)):
         if file_id is None:
             continue
@@ -240,6 +244,7 @@ def collect_unknown(tenant: TenantClient, *, records: dict[str, BatchRecord], gi
             unknown_to_client=True,
             retry_of=batch.to_dict().get("retry_of"),
             max_cost_usd=batch.to_dict().get("max_cost_usd"),
+            window=batch.completion_window,
         )
         records[batch.id] = record
         if batch.status in TERMINAL:

@@ -8,7 +8,15 @@ from decimal import Decimal
 
 import pytest
 
-from storage.batches.trial_reports import LineResult, decide, line_result, projected_cost, trial_report
+from storage.batches.trial_reports import (
+    LineResult,
+    decide,
+    line_result,
+    projected_cost,
+    spread_df,
+    t_quantile,
+    trial_report,
+)
 from storage.batches.trials import sample_positions, trial_size, trial_spec
 from storage.errors import InvalidValue
 
@@ -59,12 +67,12 @@ def _line(ok: bool, cost: str, *, code: str | None = None, attempts: int = 1, ch
     return LineResult(ok, code, 10, 20 if ok else 0, Decimal(cost), attempts, checked, checked and ok)
 
 
-def test_the_projection_adds_the_rest_at_the_trial_mean_with_a_finite_population_interval() -> None:
+def test_the_projection_adds_the_rest_at_the_trial_mean_with_a_finite_population_t_interval() -> None:
     costs = [Decimal("0.001"), Decimal("0.002"), Decimal("0.003"), Decimal("0.002")]
     projected = projected_cost(costs, total_lines=100)
-    # mean 0.002, sample sd sqrt(0.000002/3); half-width 1.96 * 100 * sd * sqrt((1 - 4/100) / 4)
+    # mean 0.002, sample sd sqrt(0.000002/3), no skew; half-width t(3) * 100 * sd * sqrt((1 - 4/100) / 4)
     sd = (Decimal("0.000002") / 3).sqrt()
-    half = Decimal("1.96") * 100 * sd * (Decimal("0.96") / 4).sqrt()
+    half = Decimal("3.182") * 100 * sd * (Decimal("0.96") / 4).sqrt()
     assert Decimal(projected["estimate_usd"]) == Decimal("0.200000")
     assert Decimal(projected["high_usd"]) == (Decimal("0.2") + half).quantize(Decimal("0.000001"))
     assert Decimal(projected["low_usd"]) == (Decimal("0.2") - half).quantize(Decimal("0.000001"))
@@ -116,7 +124,7 @@ def test_a_huge_integer_share_is_refused_not_a_crash() -> None:
         trial_spec({"share": 10**400}, max_lines=100)
 
 
-def test_a_ratio_projection_follows_what_the_lines_state_and_is_exact_when_cost_follows_it() -> None:
+def test_a_projection_follows_what_the_lines_state_and_is_exact_when_cost_follows_it() -> None:
     # The trial's lines cost twice what they state; the whole file states $20 (long lines the trial missed).
     costs, stated = [Decimal("0.2"), Decimal("0.4"), Decimal("0.6")], [Decimal("0.1"), Decimal("0.2"), Decimal("0.3")]
     projected = projected_cost(costs, total_lines=50, stated=(stated, Decimal("20")))
@@ -125,7 +133,7 @@ def test_a_ratio_projection_follows_what_the_lines_state_and_is_exact_when_cost_
     assert per_line["estimate_usd"] == "20.000000"
 
 
-def test_a_ratio_projection_widens_with_what_the_ratio_leaves_unexplained() -> None:
+def test_a_projection_widens_with_what_the_stated_cost_leaves_unexplained() -> None:
     costs, stated = [Decimal("0.2"), Decimal("0.5"), Decimal("0.6")], [Decimal("0.1"), Decimal("0.2"), Decimal("0.3")]
     projected = projected_cost(costs, total_lines=50, stated=(stated, Decimal("10")))
     low, mid, high = (Decimal(projected[key]) for key in ("low_usd", "estimate_usd", "high_usd"))
@@ -134,8 +142,34 @@ def test_a_ratio_projection_widens_with_what_the_ratio_leaves_unexplained() -> N
     )
 
 
-def test_a_ratio_projection_with_nothing_stated_falls_back_to_the_mean_per_line() -> None:
+def test_a_projection_with_nothing_stated_falls_back_to_the_mean_per_line() -> None:
     costs = [Decimal("1"), Decimal("3")]
     assert projected_cost(costs, total_lines=4, stated=([Decimal(0), Decimal(0)], Decimal(0))) == projected_cost(
         costs, total_lines=4
     )
+
+
+def test_a_cost_that_is_a_fixed_part_plus_a_multiple_of_the_stated_is_projected_exactly() -> None:
+    # Each line costs $0.05 (say, a template the estimate misses) plus twice what it states; a ratio through zero
+    # would charge the fixed part in proportion to the stated and miss; the regression does not.
+    stated = [Decimal("0.1"), Decimal("0.2"), Decimal("0.3"), Decimal("0.4")]
+    costs = [Decimal("0.05") + 2 * x for x in stated]
+    projected = projected_cost(costs, total_lines=50, stated=(stated, Decimal("20")))
+    # the trial's $2.20 + 46 lines x $0.05 + 2 x the rest's stated $19
+    assert projected["estimate_usd"] == "42.500000" == projected["low_usd"] == projected["high_usd"]
+
+
+def test_heavy_tailed_costs_widen_the_interval_beyond_students_t() -> None:
+    # 18 short lines and two 9-12x longer: the trial's spread is itself uncertain, so it counts for fewer degrees
+    # of freedom than 19 (kurtosis 8.3: 2 x 20 / 7.3 = 5.5), and the t quantile grows from 2.093 to about 2.52.
+    costs = [Decimal("1")] * 18 + [Decimal("9"), Decimal("12")]
+    mean = sum(costs, Decimal(0)) / 20
+    residuals = [cost - mean for cost in costs]
+    assert spread_df(residuals, 19) < Decimal("5.6")
+    projected = projected_cost(costs, total_lines=1000)
+    sd = (sum((e * e for e in residuals), Decimal(0)) / 19).sqrt()
+    base = 1000 * sd * ((1 - Decimal(20) / 1000) / 20).sqrt()
+    half = Decimal(projected["high_usd"]) - Decimal(projected["estimate_usd"])
+    assert abs(half - t_quantile(spread_df(residuals, 19)) * base) < Decimal("0.000002")
+    assert half > Decimal("2.5") * base
+    assert t_quantile(Decimal(19)).quantize(Decimal("0.01")) == Decimal("2.09")  # Student's, light tails
