@@ -59,23 +59,26 @@ def line(adapter: str, n: int, tokens: int) -> dict[str, Any]:
     return {"custom_id": f"{adapter}-{n}", "method": "POST", "url": "/v1/chat/completions", "body": body}
 
 
-def ceiling(
-    model_dir: Path, adapters: dict[str, Path], jobs: dict[str, list[dict[str, Any]]], args: Any
-) -> dict[str, Any]:
-    """A bare LLM.chat over every line at once, each under its adapter, in its own process: seconds of the call,
-    and its engine's steps (count, seconds inside them, running sequences summed over them)."""
-    script = f"""
+class Ceiling:
+    """A bare LLM.chat over every line at once, each under its adapter, in its own process kept up between runs (its
+    start-up excluded, its adapters loaded once at start and that time added to every run: Backfill loads its inside
+    its clock): each `run` is the seconds of one call and its engine's steps (count, seconds inside them, running
+    sequences summed over them)."""
+
+    def __init__(self, model_dir: Path, adapters: dict[str, Path], lines: list[dict[str, Any]], args: Any) -> None:
+        source = Path(tempfile.mkdtemp(prefix="lora-ceiling-", dir=OUT)) / "lines.json"
+        source.write_text(json.dumps(lines))
+        script = f"""
 import json, sys, time
 from vllm import LLM, SamplingParams
 from vllm.lora.request import LoRARequest
 adapters = {json.dumps({name: str(path) for name, path in adapters.items()})}
-lines = json.loads(sys.stdin.read())
+lines = json.loads(open({str(source)!r}).read())
 ids = {{name: index + 1 for index, name in enumerate(adapters)}}
 llm = LLM(model={str(model_dir)!r}, max_num_seqs={args.max_num_seqs}, max_model_len=2048, dtype="float32",
           enforce_eager=True, enable_lora=True, max_loras={args.max_loras}, max_lora_rank={MAX_LORA_RANK},
           max_cpu_loras={max(len(adapters) + 1, args.max_loras)})
 core = llm.llm_engine.engine_core.engine_core
-tally = {{"steps": 0, "step_seconds": 0.0, "running_seq_steps": 0}}
 plain_step = llm.llm_engine.step
 def counted_step():
     began = time.perf_counter()
@@ -90,24 +93,48 @@ params = SamplingParams(max_tokens={args.tokens}, ignore_eos=True, temperature=0
 conversations = [line["body"]["messages"] for line in lines]
 loras = [LoRARequest(line["body"]["model"], ids[line["body"]["model"]], adapters[line["body"]["model"]]) for line in lines]
 loading = time.perf_counter()
-for name in adapters:  # loaded first, as Backfill's engine loads each before its first line (inside its clock)
+for name in adapters:  # loaded first, as Backfill's engine loads each before its first line
     llm.llm_engine.add_lora(LoRARequest(name, ids[name], adapters[name]))
-tally["load_seconds"] = time.perf_counter() - loading
-started, cpu = time.perf_counter(), time.process_time()
-outputs = llm.chat(conversations, params, lora_request=loras, use_tqdm=False)
-seconds = time.perf_counter() - started + tally["load_seconds"]  # like Backfill's, which loads inside its clock
-tally["cpu_seconds"] = time.process_time() - cpu
-print("CEILING", json.dumps({{"seconds": seconds, "ok": sum(1 for o in outputs if o.outputs), **tally}}), flush=True)
+load_seconds = time.perf_counter() - loading
+print("READY", flush=True)
+for command in sys.stdin:
+    tally = {{"steps": 0, "step_seconds": 0.0, "running_seq_steps": 0, "load_seconds": load_seconds}}
+    started, cpu = time.perf_counter(), time.process_time()
+    outputs = llm.chat(conversations, params, lora_request=loras, use_tqdm=False)
+    seconds = time.perf_counter() - started + load_seconds
+    tally["cpu_seconds"] = time.process_time() - cpu
+    print("CEILING", json.dumps({{"seconds": seconds, "ok": sum(1 for o in outputs if o.outputs), **tally}}), flush=True)
 """
-    everything = [item for lines in jobs.values() for item in lines]
-    env = {**engine_env(), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    done = subprocess.run(
-        [sys.executable, "-c", script], input=json.dumps(everything), env=env, capture_output=True, text=True, cwd=OUT
-    )
-    for row in done.stdout.splitlines():
-        if row.startswith("CEILING "):
-            return dict(json.loads(row.removeprefix("CEILING ")))
-    raise RuntimeError("the ceiling run failed:\n" + (done.stdout + done.stderr)[-3000:])
+        self.log = (source.parent / "ceiling.log").open("w")
+        env = {**engine_env(), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", script],
+            env=env,
+            cwd=OUT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+        )
+        self._expect("READY")
+
+    def _expect(self, head: str) -> str:
+        assert self.proc.stdout is not None
+        for row in self.proc.stdout:
+            if row.startswith(head):
+                return row.removeprefix(head).strip()
+        raise RuntimeError(f"the ceiling process ended: see {self.log.name}")
+
+    def run(self) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        return dict(json.loads(self._expect("CEILING")))
+
+    def stop(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(60)
 
 
 def main() -> int:
@@ -121,6 +148,7 @@ def main() -> int:
     parser.add_argument(
         "--poll-seconds", type=float, default=1.0, help="each job's status polls (client/progress.py's)"
     )
+    parser.add_argument("--rounds", type=int, default=3, help="Backfill rounds, each between two ceiling runs")
     parser.add_argument("--no-run-batch", action="store_true", help="Backfill and the ceiling only (print, no result)")
     args = parser.parse_args()
     OUT.mkdir(exist_ok=True)
@@ -137,16 +165,28 @@ def main() -> int:
 
     spec = {"adapters": {name: str(path) for name, path in adapters.items()}, "max_lora_rank": MAX_LORA_RANK}
     spec["max_loras"] = args.max_loras
-    # The ceiling just before and just after Backfill, their mean the figure: on a machine shared with other jobs the
-    # load drifts over minutes, and the two sides the goal compares should see the same machine.
-    before = ceiling(model_dir, adapters, jobs, args)
-    print(json.dumps({"ceiling_before": before}), flush=True)
-    backfill = _backfill(model_dir, spec, files, args, env)
-    print(json.dumps(backfill), flush=True)
-    after = ceiling(model_dir, adapters, jobs, args)
-    print(json.dumps({"ceiling_after": after}), flush=True)
+    # Rounds that alternate, the ceiling before and after each of Backfill's (C B C B C ... C), both processes up the
+    # whole time: on a machine shared with other jobs the load drifts over minutes (one ceiling run took 14 s, the
+    # next 93 s), so each Backfill round is compared with the mean of the ceiling runs around it, and the figure is
+    # the median round's.
+    top = Ceiling(model_dir, adapters, [item for lines in jobs.values() for item in lines], args)
+    server = Server(model_dir, args.max_num_seqs, 1, spec=spec, env=env)
+    try:
+        ceilings, rounds = [top.run()], []
+        print(json.dumps({"ceiling": ceilings[-1]}), flush=True)
+        for _ in range(args.rounds):
+            rounds.append(_backfill(server, files, args))
+            print(json.dumps({"backfill": rounds[-1]}), flush=True)
+            ceilings.append(top.run())
+            print(json.dumps({"ceiling": ceilings[-1]}), flush=True)
+    finally:
+        server.stop()
+        top.stop()
+    shares = [(ceilings[i]["seconds"] + ceilings[i + 1]["seconds"]) / 2 / r["seconds"] for i, r in enumerate(rounds)]
+    median = sorted(range(len(rounds)), key=lambda i: shares[i])[len(rounds) // 2]
+    backfill = {**rounds[median], "ready_seconds": server.ready_seconds}
     keys = ("seconds", "steps", "step_seconds", "running_seq_steps", "cpu_seconds", "load_seconds")
-    top = {key: (before[key] + after[key]) / 2 for key in keys}
+    top_figures = {key: (ceilings[median][key] + ceilings[median + 1][key]) / 2 for key in keys}
     if args.no_run_batch:
         return 0
     lora_flags = ["--enable-lora", "--max-loras", str(args.max_loras), "--max-lora-rank", str(MAX_LORA_RANK)]
@@ -162,6 +202,7 @@ def main() -> int:
     scale = len(names) / len(runs)
     run_batch_seconds = sum(run["work_seconds"] for run in runs) * scale
     run_batch_startups = sum(run["seconds"] - run["work_seconds"] for run in runs) * scale
+    top = top_figures
     backfill_seconds, ceiling_seconds = backfill["seconds"], top["seconds"]
     total = args.adapters * args.per_job
     result = {
@@ -186,15 +227,19 @@ def main() -> int:
         "run_batch_jobs_run": len(runs),
         "run_batch_startup_and_shutdown_seconds": round(run_batch_startups, 2),
         "ceiling_seconds": round(ceiling_seconds, 2),
-        "ceiling_before_and_after_seconds": [round(before["seconds"], 2), round(after["seconds"], 2)],
+        "ceiling_before_and_after_seconds": [round(c["seconds"], 2) for c in ceilings[median : median + 2]],
+        "rounds": args.rounds,
+        "round_shares_of_ceiling": [round(share, 3) for share in shares],
+        "round_backfill_seconds": [round(r["seconds"], 2) for r in rounds],
+        "round_ceiling_seconds": [round(c["seconds"], 2) for c in ceilings],
         "ceiling_cpu_seconds": round(top["cpu_seconds"], 2),
         "ceiling_adapter_load_seconds": round(top["load_seconds"], 3),
         "ceiling_engine_busy_seconds": round(top["step_seconds"], 2),
         "ceiling_engine_steps": top["steps"],
         "ceiling_mean_running": round(top["running_seq_steps"] / max(1, top["steps"]), 1),
         "speedup_vs_run_batch": round(run_batch_seconds / backfill_seconds, 3),
-        "share_of_ceiling": round(ceiling_seconds / backfill_seconds, 3),
-        "backfill_all_ok": backfill["all_ok"],
+        "share_of_ceiling": round(shares[median], 3),
+        "backfill_all_ok": all(r["all_ok"] for r in rounds),
         "run_batch_all_ok": all(run["ok"] == args.per_job for run in runs),
     }
     print(json.dumps(result, indent=2))
@@ -203,40 +248,42 @@ def main() -> int:
     return 0
 
 
-def _backfill(
-    model_dir: Path, spec: dict[str, Any], files: dict[str, Path], args: Any, env: dict[str, str]
-) -> dict[str, Any]:
-    """Backfill's side: every job uploaded and created at once, first upload to last output file, the server up;
-    with its engine's counters (seconds inside steps, steps, running sequences per step) from /metrics."""
-    server = Server(model_dir, args.max_num_seqs, 1, spec=spec, env=env)
-    try:
-        before, client_cpu = _thread_cpu(server.proc.pid), time.process_time()
-        started = time.perf_counter()
-        with cf.ThreadPoolExecutor(max_workers=len(files)) as pool:
-            poll = functools.partial(run_job, poll_seconds=args.poll_seconds)
-            done = list(pool.map(lambda path: poll(server.client(0), path), files.values()))
-        seconds = time.perf_counter() - started
-        client_cpu = time.process_time() - client_cpu
-        used = {tid: cpu - before.get(tid, 0.0) for tid, cpu in _thread_cpu(server.proc.pid).items()}
-        metric = functools.partial(_gauge, server)
-        steps = metric("backfill_engine_steps_total") or 0
-        return {
-            "seconds": seconds,
-            "ready_seconds": server.ready_seconds,
-            "swaps": metric("backfill_engine_adapter_swaps"),
-            "loads": metric("backfill_engine_adapter_loads"),
-            "engine_busy_seconds": metric("backfill_engine_busy_seconds_total") or 0.0,
-            "engine_steps": steps,
-            "mean_running": round((metric("backfill_engine_running_seq_steps_total") or 0) / max(1, steps), 1),
-            "server_cpu_seconds": round(sum(used.values()), 2),
-            "api_thread_cpu_seconds": round(used.get(server.proc.pid, 0.0), 2),  # uvicorn's loop: the polls
-            "thread_cpu_seconds": sorted((round(v, 2) for v in used.values() if v >= 0.05), reverse=True),
-            "client_cpu_seconds": round(client_cpu, 2),  # this process: the jobs' uploads and polls
-            "all_ok": all(job["status"] == "completed" for job in done)
-            and sum(job["ok"] for job in done) == args.adapters * args.per_job,
-        }
-    finally:
-        server.stop()
+COUNTERS = {
+    "engine_busy_seconds": "backfill_engine_busy_seconds_total",
+    "engine_steps": "backfill_engine_steps_total",
+    "running_seq_steps": "backfill_engine_running_seq_steps_total",
+}
+
+
+def _backfill(server: Server, files: dict[str, Path], args: Any) -> dict[str, Any]:
+    """One round of Backfill's side on the running server: every job uploaded and created at once, first upload to
+    last output file; its engine's counters in the round (seconds inside steps, steps, running sequences per step)
+    from /metrics, the CPU seconds of the server's threads from /proc."""
+    metric = functools.partial(_gauge, server)
+    counted = {key: metric(name) or 0.0 for key, name in COUNTERS.items()}
+    before, client_cpu = _thread_cpu(server.proc.pid), time.process_time()
+    started = time.perf_counter()
+    with cf.ThreadPoolExecutor(max_workers=len(files)) as pool:
+        poll = functools.partial(run_job, poll_seconds=args.poll_seconds)
+        done = list(pool.map(lambda path: poll(server.client(0), path), files.values()))
+    seconds = time.perf_counter() - started
+    client_cpu = time.process_time() - client_cpu
+    used = {tid: cpu - before.get(tid, 0.0) for tid, cpu in _thread_cpu(server.proc.pid).items()}
+    counted = {key: (metric(name) or 0.0) - counted[key] for key, name in COUNTERS.items()}
+    return {
+        "seconds": seconds,
+        "swaps": metric("backfill_engine_adapter_swaps"),  # since the server started
+        "loads": metric("backfill_engine_adapter_loads"),
+        "engine_busy_seconds": counted["engine_busy_seconds"],
+        "engine_steps": counted["engine_steps"],
+        "mean_running": round(counted["running_seq_steps"] / max(1, counted["engine_steps"]), 1),
+        "server_cpu_seconds": round(sum(used.values()), 2),
+        "api_thread_cpu_seconds": round(used.get(server.proc.pid, 0.0), 2),  # uvicorn's loop: the polls
+        "thread_cpu_seconds": sorted((round(v, 2) for v in used.values() if v >= 0.05), reverse=True),
+        "client_cpu_seconds": round(client_cpu, 2),  # this process: the jobs' uploads and polls
+        "all_ok": all(job["status"] == "completed" for job in done)
+        and sum(job["ok"] for job in done) == args.adapters * args.per_job,
+    }
 
 
 def _thread_cpu(pid: int) -> dict[int, float]:
