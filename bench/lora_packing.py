@@ -96,6 +96,9 @@ loading = time.perf_counter()
 for name in adapters:  # loaded first, as Backfill's engine loads each before its first line
     llm.llm_engine.add_lora(LoRARequest(name, ids[name], adapters[name]))
 load_seconds = time.perf_counter() - loading
+tally = {{"steps": 0, "step_seconds": 0.0, "running_seq_steps": 0}}  # the warm-up's, not reported
+firsts = {{line["body"]["model"]: index for index, line in reversed(list(enumerate(lines)))}}.values()
+llm.chat([conversations[i] for i in firsts], params, lora_request=[loras[i] for i in firsts], use_tqdm=False)  # warm
 print("READY", flush=True)
 for command in sys.stdin:
     tally = {{"steps": 0, "step_seconds": 0.0, "running_seq_steps": 0, "load_seconds": load_seconds}}
