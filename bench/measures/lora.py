@@ -39,7 +39,12 @@ def lora_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
         entry(
             "lora_packing_share_of_ceiling",
             r["share_of_ceiling"],
-            "of a bare LLM.chat with every line at once (ceiling seconds / Backfill seconds)",
+            "of a bare LLM.chat with every line at once (ceiling seconds / Backfill seconds)"
+            + (
+                f"; the median of {r['rounds']} alternating rounds: {r['round_shares_of_ceiling']}"
+                if "round_shares_of_ceiling" in r
+                else ""
+            ),
             f">= {CEILING_GOAL}",
             r["share_of_ceiling"] >= CEILING_GOAL and ok,
         ),
@@ -56,7 +61,16 @@ def lora_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
             "s (run-batch's start-ups and shut-downs, one per job, not in its seconds)",
         ),
         entry("lora_packing_ceiling_seconds", r["ceiling_seconds"], ceiling_unit),
-        entry("lora_packing_adapter_swaps", r["backfill_adapter_swaps"], "adapter swaps in Backfill's run"),
+        entry(
+            "lora_packing_adapter_swaps",
+            r["backfill_adapter_swaps"],
+            "adapter swaps in Backfill's run"
+            + (
+                " (since the server started: rounds after the first count each adapter coming back)"
+                if "round_shares_of_ceiling" in r
+                else ""
+            ),
+        ),
     ]
     if "backfill_engine_steps" in r:
         rows += [

@@ -40,6 +40,8 @@ def part(share: float, *, all_ok: bool = True, detail: bool = True) -> dict[str,
             "ceiling_engine_steps": 192,
             "ceiling_mean_running": 64.0,
             "ceiling_cpu_seconds": 100.0,
+            "rounds": 3,
+            "round_shares_of_ceiling": [0.8, 0.95, 1.1],
         }
     return {"lora-packing": result}
 
@@ -62,6 +64,7 @@ def test_the_rows_say_where_backfills_time_went() -> None:
     assert "the ceiling's: 64.0" in rows["lora_packing_mean_running"]["unit"]
     assert "4 of the 8 jobs run" in rows["lora_packing_run_batch_seconds"]["unit"]
     assert "just before (90.0 s)" in rows["lora_packing_ceiling_seconds"]["unit"]
+    assert "the median of 3 alternating rounds: [0.8, 0.95, 1.1]" in rows["lora_packing_share_of_ceiling"]["unit"]
 
 
 def test_an_older_output_without_the_engine_figures_still_gives_its_rows() -> None:
