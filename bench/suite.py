@@ -89,8 +89,9 @@ FULL = {
     # Issue 41 section 1: rows, WAL and statements per lease renewal and per claim + record (~3 min); the same
     # script measures another checkout with BACKFILL_BENCH_CODE=<its path>: `make bench ARGS="--only lease_renewal"`.
     "lease_renewal": ["bench/lease_renewal.py", "--requests", "20000", "--inflight", "768,3072", "--renewals", "20"],
-    # Issue 39: 8 LoRA adapters x 48 lines as 8 jobs, Backfill vs run-batch once per job vs a bare LLM.chat ceiling
-    # (~6 min): `make bench ARGS="--only lora-packing"`.
+    # Issue 39: 8 LoRA adapters x 48 lines as 8 jobs, Backfill vs run-batch once per job vs a bare LLM.chat ceiling,
+    # the ceiling and Backfill in alternating rounds (~10 min, more on a loaded machine: run-batch starts 8 engines;
+    # `--runbatch-jobs 4` runs half and scales): `make bench ARGS="--only lora-packing"`.
     "lora-packing": ["bench/lora_packing.py", "--adapters", "8", "--per-job", "48", "--tokens", "32"],
     # Issue 40 section 1: a trial's projected cost and 95% interval against the batch's actual cost, 20 files each of
     # three shapes, 5,000 lines, on the fake engine (~15 min): `make bench ARGS="--only trial-projection"`.

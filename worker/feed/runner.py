@@ -108,6 +108,9 @@ class Runner:
         """Feed and step the engine for up to `seconds`; return False once there is nothing to do."""
         with self._lock:
             until = time.monotonic() + seconds
+            # Rows may have been queued since the last call (the embedded loop ingests between calls): claim at once,
+            # not IDLE_CLAIM_SECONDS after the last claim that found the queue short.
+            self._last_empty_claim = 0.0
             self._flush(force=True)  # results a failed flush kept, before their leases are checked
             self._reconcile()  # before claiming: rows re-queued under us are ours again, not new work
             while time.monotonic() < until and not (stop and stop.is_set()):

@@ -33,6 +33,7 @@ class EmbeddedWorker:
 
     def shutdown(self, timeout: float = 30.0) -> None:
         self.stop.set()
+        self.waker.interrupt.set()  # the engine's time slice ends
         self.waker.event.set()
         self.thread.join(timeout)
         if self.ready.is_set():
@@ -59,9 +60,11 @@ class EmbeddedWorker:
                 if time.monotonic() - last_reap >= self.reap_interval_seconds:
                     last_reap = time.monotonic()
                     service.reap_once()
+                if not self.stop.is_set():
+                    self.waker.interrupt.clear()  # a batch created from here on ends the slice below early
                 busy |= self._ingest_pending()
                 for feeder in feeders:
-                    busy |= feeder.serve_for(1.0, stop=self.stop)
+                    busy |= feeder.serve_for(1.0, stop=self.waker.interrupt)
                 busy |= self._finalize_ready()
                 webhooks.deliver_in_background(stop=self.stop)
             except Exception:

@@ -282,3 +282,19 @@ def test_an_answer_holding_an_integer_past_64_bits_is_stored_and_every_line_runs
         stored = session.get(BatchRequest, engine.huge_id)  # type: ignore[attr-defined]
         assert stored is not None and stored.response_body is not None
         assert stored.response_body["choices"][0]["message"]["parsed"] == {"n": 1e30, "m": None, "ok": 7}
+
+
+def test_rows_queued_between_two_calls_join_the_running_batch_at_the_start_of_the_next(backend: Backend) -> None:
+    # The embedded loop ingests between calls: 8 jobs created together arrive a few at a time, and a call that waited
+    # IDLE_CLAIM_SECONDS after the last short claim ran the engine half-empty meanwhile (bench/lora_packing.py).
+    first = enqueue(2, tenant="acme", max_tokens=10**6)
+    runner = make_runner(max_num_seqs=8)
+    runner.engine.step_seconds = 0.01  # type: ignore[attr-defined]
+    runner.run_for(0.05)  # the claim found 2 rows of the 16 it asked for: the queue was short
+    assert statuses(first) == {"running": 2}
+    second = enqueue(6, tenant="acme", max_tokens=10**6)
+    runner.run_for(0.05)  # well inside IDLE_CLAIM_SECONDS of that short claim
+    assert statuses(second) == {"running": 6}
+    assert len(runner.inflight) == 8
+    runner.hand_back(drain_seconds=0)
+    runner.close_io()
