@@ -54,7 +54,8 @@ def test_a_mixed_adapter_workload_survives_a_gpu_kill(chaos_cluster: Cluster, tm
     report, history = run_seed(chaos_cluster, ADAPTER_SEED, out=tmp_path, options=options, scenario=scenario)
     named = {line.model for source in history.inputs.values() for line in source.lines}
     assert len(named) == 4, f"the workload named {named}, not the base and three adapters"
-    assert history.faults and history.faults[0].kind == "kill_gpu", f"the kill did not fire: {history.faults}"
+    # Faults are recorded as they end: a later fault (a beat kill) may end before the GPU kill it followed.
+    assert any(f.kind == "kill_gpu" for f in history.faults), f"the kill did not fire: {history.faults}"
     findings = [f for f in report.findings if f["kind"] != "discarded"]
     assert not findings, f"{table([report])}\n" + "\n".join(str(f) for f in findings) + f"\nlogs: {report.run_dir}"
 
@@ -73,7 +74,8 @@ def test_trials_checks_and_expiries_with_continuation_survive_a_gpu_kill(
     scenario = scenario_for(WORKFLOW_SEED, kind="kill_gpu")
     options = RunOptions(size=CI_SIZE, workflow=True)
     report, history = run_seed(chaos_cluster, WORKFLOW_SEED, out=tmp_path, options=options, scenario=scenario)
-    assert history.faults and history.faults[0].kind == "kill_gpu", f"the kill did not fire: {history.faults}"
+    # Faults are recorded as they end: a later fault (a beat kill) may end before the GPU kill it followed.
+    assert any(f.kind == "kill_gpu" for f in history.faults), f"the kill did not fire: {history.faults}"
     assert report.controls["trials"] and report.controls["redrawn"], f"no trial or no redraw: {report.controls}"
     assert any(record.on_expiry for record in history.batches.values()), "no batch asked to continue at expiry"
     findings = [f for f in report.findings if f["kind"] != "discarded"]
