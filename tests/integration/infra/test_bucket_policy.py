@@ -2,7 +2,9 @@
 
 moto checks identity policies, not bucket policies, so each principal's statements of the example policy
 become that principal's user policy (Principal removed); the deny-plain-HTTP statement is left out (the test
-server speaks HTTP). Then Backfill runs a real batch with the services' keys, and a finance user who has
+server speaks HTTP). Two moto (5.2) gaps are bridged: it evaluates a statement's Condition but passes it no
+`s3:prefix`, so it would deny every conditioned list (the prefix condition is checked here with AWS's StringLike
+rules instead), and it asks for the action `s3:ListObjectsV2` where AWS asks for `s3:ListBucket`. Then Backfill runs a real batch with the services' keys, and a finance user who has
 only its keys and the bucket (no API key) finds the batch's results from its manifest.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,6 +33,32 @@ ROLES = {"services": "role/backfill-services", "finance": "role/backfill-finance
 pytestmark = pytest.mark.backfill_env({"BACKFILL_MODELS": FAKE_MODELS, "BACKFILL_OBJECT_PREFIX": "backfill"})
 
 
+def string_like(pattern: str, value: str) -> bool:
+    """AWS's StringLike: `*` matches any run of characters (`/` included), `?` one character."""
+    return (
+        re.fullmatch("".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern), value)
+        is not None
+    )
+
+
+def finance_may_list(prefix: str) -> bool:
+    """Whether the example policy lets finance list the bucket under `prefix` (its s3:prefix condition)."""
+    for statement in json.loads(POLICY.read_text())["Statement"]:
+        principal = statement["Principal"]
+        for_finance = isinstance(principal, dict) and principal["AWS"].endswith(ROLES["finance"])
+        if for_finance and "s3:ListBucket" in statement["Action"]:
+            patterns = statement["Condition"]["StringLike"]["s3:prefix"]
+            return any(string_like(pattern, prefix) for pattern in patterns)
+    return False
+
+
+def test_finance_may_list_under_the_prefix_only() -> None:
+    """docs/operations.md: finance may list the prefix (key names), and get only results (see below)."""
+    assert finance_may_list("backfill/acme/batches/") and finance_may_list("backfill/acme/batches/batch_1/")
+    assert finance_may_list("backfill/") and finance_may_list("backfill/acme/")  # walking down to the batches
+    assert not finance_may_list("") and not finance_may_list("other/") and not finance_may_list("backfill")
+
+
 def user_policy(role: str, bucket: str) -> dict[str, object]:
     """The example policy's statements for one principal, as an identity policy on `bucket`."""
     text = POLICY.read_text().replace(f"arn:aws:s3:::{EXAMPLE_BUCKET}", f"arn:aws:s3:::{bucket}")
@@ -37,7 +66,10 @@ def user_policy(role: str, bucket: str) -> dict[str, object]:
     for statement in json.loads(text)["Statement"]:
         principal = statement["Principal"]
         if isinstance(principal, dict) and principal["AWS"].endswith(role):
-            statements.append({key: value for key, value in statement.items() if key != "Principal"})
+            statement = {key: value for key, value in statement.items() if key not in ("Principal", "Condition")}
+            if statement["Action"] == "s3:ListBucket":  # moto 5.2 asks for "s3:ListObjectsV2" on a v2 list
+                statement["Action"] = ["s3:ListBucket", "s3:ListObjectsV2"]
+            statements.append(statement)
     assert statements, role
     return {"Version": "2012-10-17", "Statement": statements}
 
@@ -99,6 +131,7 @@ def test_finance_with_read_access_only_finds_a_batchs_results_from_its_manifest(
         assert len(data) == entry["bytes"] and hashlib.sha256(data).hexdigest() == entry["sha256"]
         lines = [BatchResultLine.model_validate_json(line) for line in data.splitlines()]
         assert len(lines) == entry["lines"]
+    assert finance_may_list("backfill/acme/batches/")
     listed = finance.list_objects_v2(Bucket=bucket, Prefix="backfill/acme/batches/")
     assert {item["Key"] for item in listed["Contents"]} >= {manifest["output"]["key"], manifest["errors"]["key"]}
 
