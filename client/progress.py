@@ -15,6 +15,7 @@ from typing import IO, TYPE_CHECKING, Any, cast
 
 from tqdm import tqdm
 
+from client.batch_workflow import trial_paused, trial_running
 from client.remote import TERMINAL, extra, note
 
 if TYPE_CHECKING:
@@ -73,14 +74,15 @@ def upload(client: openai.OpenAI, path: Path) -> Any:
 
 
 def watch(client: openai.OpenAI, batch: Batch, *, poll_seconds: float = POLL_SECONDS) -> Batch:
-    """Poll until the batch ends, with a bar of finished/total requests, throughput and ETA (Ctrl-C raises)."""
+    """Poll until the batch ends, or its trial's report pauses it (nothing runs until someone resumes or cancels
+    it), with a bar of finished/total requests, throughput and ETA (Ctrl-C raises)."""
     counts = batch.request_counts
     # Start at what is already finished, so the rate and ETA measure only progress made while watching.
     bar: tqdm[Any] = tqdm(total=counts.total if counts else 0, initial=_ran(batch)[0], unit="req", disable=None)
     try:
         while True:
             _show(bar, batch)
-            if batch.status in TERMINAL:
+            if batch.status in TERMINAL or trial_paused(batch):
                 return batch
             time.sleep(poll_seconds)
             batch = _retrieve(client, batch)
@@ -118,7 +120,7 @@ def _show(bar: tqdm[Any], batch: Batch) -> None:
         bar.reset(total=total)
     # No total while the file is checked: no count or rate yet, just the step.
     bar.bar_format = VALIDATING_FORMAT if not total and batch.status == "validating" else None
-    bar.set_description_str(batch.status, refresh=False)
+    bar.set_description_str("trial" if trial_running(batch) else batch.status, refresh=False)
     postfix = [f"failed={failed}"] + [f"{name}={count}" for name, count in closed.items() if count]
     bar.set_postfix_str(" ".join(postfix), refresh=False)
     if finished > bar.n:
