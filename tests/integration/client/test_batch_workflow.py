@@ -119,3 +119,41 @@ def test_submit_estimate_prints_every_window_and_creates_nothing(  # type: ignor
     code, out, err = cli("submit", str(jobs), "--window", "1h")
     assert code == 0, err
     assert client.batches.retrieve(out.strip()).completion_window == "1h"
+
+
+@pytest.mark.backfill_env(
+    {
+        "BACKFILL_MODELS": FAKE_MODELS,
+        "BACKFILL_COMPLETION_WINDOWS": json.dumps(WINDOWS),
+        "BACKFILL_CHECKPOINT_INTERVAL_SECONDS": "0.2",
+        "BACKFILL_REAP_INTERVAL_SECONDS": "1",
+    }
+)
+def test_an_expired_batch_that_continues_names_its_background_child(  # type: ignore[no-untyped-def]
+    cli, server: LiveServer, key: str, tmp_path: Path
+) -> None:
+    from tests.e2e.resume import wait_until_checkpointed_mid_decode
+    from tests.integration.worker.feed.test_expiry_cuts import window_closes
+    from worker.process.service import reap_once
+
+    jobs = tmp_path / "jobs.jsonl"
+    jobs.write_bytes(to_jsonl([chat_line(i, max_tokens=10**8) for i in range(2)]))  # never finish on their own
+    code, out, err = cli("submit", str(jobs), "--on-expiry", "continue_in_background", "--checks", '{"max_length": 9}')
+    assert code == 0, err
+    origin = out.strip()
+    wait_until_checkpointed_mid_decode(origin, alive=lambda: True, timeout=60)
+    window_closes(origin)
+    reap_once()  # the reaper's pass now: both lines are mid-generation
+
+    code, out, _ = cli("batches", "results", origin, "--wait", "-o", str(tmp_path))
+    assert code == 4  # expired
+    (child,) = (server.client(key).batches.retrieve(origin).model_extra or {})["retries"]
+    assert (
+        f"its unfinished lines continue in the background in {child}: `backfill batches results {child} --wait`" in out
+    )
+    code, out, _ = cli("batches", "show", origin)
+    rows = {name.strip(): value.strip() for name, value in fields(out).items()}
+    assert rows["on expiry"] == "unfinished lines continue in the background (a child batch)"
+    assert rows["checks"] == "the line's own schema · at most 9 characters · 3 draws at most"
+    assert rows["retries"] == child
+    cli("batches", "cancel", child)  # its lines would never finish
