@@ -19,6 +19,7 @@ from storage.queue.claim import ClaimedRequest
 from storage.settings import get_settings
 from tests.conftest import Backend
 from tests.integration.worker.feed.test_checkpoints import finish, rows_of
+from tests.integration.worker.feed.test_expiry_cuts import window_closes
 from tests.integration.worker.feed.test_pause_handback import control
 from tests.integration.worker.feed.test_runner import enqueue
 from worker.engine import EngineRequest, EngineResult
@@ -142,3 +143,23 @@ def test_a_line_no_draw_satisfies_across_claims_ends_checks_failed_after_max_att
 def _claimed(row: BatchRequest) -> ClaimedRequest:
     """The row as `redraw_seed` reads it (its id and body)."""
     return ClaimedRequest(row.id, row.batch_id, row.tenant_id, row.url, row.body, row.deadline)
+
+
+def test_a_checked_line_cut_at_expiry_mid_redraw_keeps_its_failed_draw_and_is_billed_for_it(backend: Backend) -> None:
+    batch_id = checked_line({"regex": "yes", "max_attempts": 3})
+    engine = Scripted()
+    runner = Runner(engine, model="fake-model", settings=get_settings(), worker_id="w1")
+    runner.run_for(60.0, stop=engine.redrawn)  # the first draw failed; the second is in the engine
+    window_closes(batch_id)
+    runner.run_for(60.0, stop=engine.aborted)  # its next renewal finds the window closed: cut short
+    runner.close_io()
+
+    [row] = rows_of(batch_id)
+    assert row.status == "completed" and row.response_body is not None
+    assert row.response_body["backfill"] == {"cut_by": "expiry"}
+    cut = row.response_body["usage"]["completion_tokens"]
+    assert 0 < cut < TOKENS and engine.finished[row.id] == 1  # cut mid-way through its second draw
+    attempts = row.check_attempts
+    assert attempts is not None and attempts["count"] == 2
+    assert [(f["attempt"], f["check"]) for f in attempts["failed"]] == [(1, "regex")]
+    assert row.completion_tokens == TOKENS + cut  # the failed draw billed (the default), and what the cut kept
