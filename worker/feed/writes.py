@@ -4,9 +4,8 @@ the order handed over, each in a transaction of its own (flushes the database fe
 `Flush` stores finished results under the lease check with the engine run's counters; `Renewal` renews leases
 (storing periodic checkpoints in the same row versions) and finds those lost or paused; `Checkpoint` stores
 periodic checkpoints between renewals; `Restart` drops checkpoints an engine could not continue from (and stores a
-redrawn line's failed draws); `HandBack`
-releases rows to the queue with their tokens (a pause, a drain, a switch, a stop). `Written` is a flush reported
-back to the engine thread.
+redrawn line's failed draws); `HandBack` releases rows to the queue with their tokens (a pause, a drain, a switch,
+a stop). `Written` is a flush reported back to the engine thread.
 """
 
 from __future__ import annotations
