@@ -170,7 +170,7 @@ class Controller:
         batch = self.tenant.call(
             "batches.retrieve", lambda: self.tenant.client.batches.retrieve(record.batch_id), give_up_at=self.give_up_at
         )
-        record.status = batch.status
+        record.status, record.expires_at = batch.status, batch.expires_at
         if batch.status not in TERMINAL:
             if not follower.trial_resumed and trial_paused(batch.to_dict()):
                 follower.trial_resumed = True

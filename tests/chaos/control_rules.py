@@ -67,8 +67,9 @@ def paused_spans(history: History, batch_id: str) -> list[tuple[float, float]]:
 
 
 def check_pauses(verdict: Verdict, history: History) -> None:
-    """No worker records a result for a paused batch between its pause and its resume, but an answer cut short at
-    its expiry (once its window closed a pause holds nothing back: its lines end, docs/workflow.md)."""
+    """No worker records a result for a paused batch between its pause and its resume, but once its window closed
+    (an answer cut short at its expiry among them): a pause then holds nothing back, its lines end
+    (docs/workflow.md)."""
     for batch_id in sorted({c.batch_id for c in history.controls if c.kind == "pause" and c.batch_id}):
         spans = paused_spans(history, batch_id)
         record = history.batches.get(batch_id)
@@ -79,6 +80,7 @@ def check_pauses(verdict: Verdict, history: History) -> None:
             if row.run_id is not None
             and row.finished_at is not None
             and row.row_id not in cut
+            and (record is None or record.expires_at is None or row.finished_at < record.expires_at)
             and any(start < row.finished_at < end for start, end in spans)
         ]
         if ran:
