@@ -228,3 +228,19 @@ def test_a_trial_line_of_a_batch_paused_before_its_result_was_stored_is_not_judg
     history.controls.append(ControlEvent("pause", "t", "batch_1", T0 + 2, T0 + 2.1))
     history.controls.append(ControlEvent("resume", "t", "batch_1", T0 + 3, T0 + 3.1))
     assert findings(history, "trial") == []
+
+
+def test_a_continued_lines_draws_count_those_its_origin_made() -> None:
+    history = continued_history()  # b failed its first draw in batch_1; its copy in batch_2 made the second
+    child = history.batches["batch_2"]
+    child.checks = history.batches["batch_1"].checks = CHECKS
+    child.output_lines[0] = drawn(child.output_lines[0], 2)
+    child.cost = {"input_tokens": 6, "output_tokens": 10}
+    history.merged["batch_1"][1] = child.output_lines[0]
+    history.rows["batch_2"] = [
+        RowRecord("b", "completed", T0 + 8, "run-2", None, 10, row_id="batch_req_b2", copy_of="batch_req_b")
+    ]
+    history.finishes["batch_req_b"] = [5]
+    assert findings(history, "billed") == []
+    del history.finishes["batch_req_b"]
+    assert findings(history, "billed") == ["b: 2 attempts but the engines finished 1 answers"]

@@ -19,7 +19,8 @@
 * billed (a line is never billed for more attempts than it made): a result line's `attempts` are consistent
   (`count` = failed draws + 1 for an answer, = failed draws for `checks_failed`; at most the batch's
   `max_attempts`; `checks_failed` only once all `max_attempts` failed); the engines finished at least `count`
-  answers for it over its claims; and what its row was billed (completion tokens, failed draws included) is at
+  answers for it over its claims (a continued line's, over its source's and its copy's: the copy goes on with the
+  source's draws); and what its row was billed (completion tokens, failed draws included) is at
   most the sum of the `count` longest of those answers, and at least its kept answer's. A cut answer (expiry)
   finishes nothing: it is billed at most the tokens the engines generated for it (decoded plus resumed), its
   failed draws included.
@@ -148,6 +149,7 @@ def _check_trials(verdict: Verdict, history: History) -> None:
 
 
 def _check_billed(verdict: Verdict, history: History) -> None:
+    continuations = {child for r in history.batches.values() for line in r.error_lines if (child := continued_in(line))}
     for record in history.batches.values():
         rows = {row.row_id: row for row in history.rows.get(record.batch_id, [])}
         most = int((record.checks or {}).get("max_attempts", 1))
@@ -157,7 +159,10 @@ def _check_billed(verdict: Verdict, history: History) -> None:
             row = rows.get(rid)
             if row is None or row.status != "completed" or not (history.finishes or history.generated):
                 continue
-            if problem := _billing_problem(line, row, history):
+            finished = history.finishes.get(row.row_id, [])
+            if record.batch_id in continuations and row.copy_of:  # the copy went on with its source's draws
+                finished = history.finishes.get(row.copy_of, []) + finished
+            if problem := _billing_problem(line, row, history, finished):
                 verdict.findings.append(Finding("billed", record.batch_id, f"{row.custom_id}: {problem}"))
 
 
@@ -176,7 +181,7 @@ def _attempts_problem(line: dict[str, Any], *, most: int) -> str | None:
     return None
 
 
-def _billing_problem(line: dict[str, Any], row: RowRecord, history: History) -> str | None:
+def _billing_problem(line: dict[str, Any], row: RowRecord, history: History, finishes: list[int]) -> str | None:
     body = (line.get("response") or {}).get("body") or {}
     kept = int((body.get("usage") or {}).get("completion_tokens", 0))
     if (body.get("backfill") or {}).get("cut_by"):
@@ -186,7 +191,7 @@ def _billing_problem(line: dict[str, Any], row: RowRecord, history: History) -> 
             if row.completion_tokens > made
             else None
         )
-    finished, count = sorted(history.finishes.get(row.row_id, []), reverse=True), _count(line)
+    finished, count = sorted(finishes, reverse=True), _count(line)
     if len(finished) < count:
         return f"{count} attempts but the engines finished {len(finished)} answers"
     if not kept <= row.completion_tokens <= sum(finished[:count]):
