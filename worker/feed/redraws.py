@@ -102,6 +102,8 @@ class Redraws:
                 request_id=result.request_id,
                 url=line.row.url,
                 body=line.row.body,
+                adapter=line.row.adapter,  # under the adapter the line named, as its first draw
+                adapter_path=line.row.adapter_path,
                 seed=redraw_seed(line.row, len(line.failed) + 1),
             )
             if (refused := self.engine.add(again)) is not None:

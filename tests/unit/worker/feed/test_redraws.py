@@ -122,3 +122,25 @@ def test_a_line_with_draws_from_an_earlier_claim_goes_on_with_the_next_and_count
     assert result.attempts is not None and result.attempts["count"] == 2
     assert [f["attempt"] for f in result.attempts["failed"]] == [1, 2]
     assert result.completion_tokens == 1 + 1  # the earlier claim's failed draw, billed, and this one
+
+
+def test_a_redraw_of_an_adapter_line_runs_on_its_adapter() -> None:
+    """The line otherwise unchanged: a line naming a LoRA adapter is drawn again under that adapter, not the base."""
+    engine = FakeEngine(max_num_seqs=8)
+    added: list[EngineRequest] = []
+    plain_add = engine.add
+
+    def add(request: EngineRequest) -> EngineResult | None:
+        added.append(request)
+        return plain_add(request)
+
+    engine.add = add  # type: ignore[method-assign]
+    redraws = Redraws(engine)
+    item = replace(row("r0", {"regex": "^never$", "max_attempts": 2}), adapter="sql-lora", adapter_path="/a/sql")
+    assert engine.add(replace(request_of(item), adapter=item.adapter, adapter_path=item.adapter_path)) is None
+    redraws.admitted(item)
+    while engine.has_unfinished():
+        redraws.screen(engine.step())
+    assert len(added) == 2  # the first draw and its redraw
+    assert [(r.adapter, r.adapter_path) for r in added] == [("sql-lora", "/a/sql")] * 2
+    assert added[1].seed == redraw_seed(item, 2)
