@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -124,8 +125,9 @@ def test_a_line_with_draws_from_an_earlier_claim_goes_on_with_the_next_and_count
     assert result.completion_tokens == 1 + 1  # the earlier claim's failed draw, billed, and this one
 
 
-def test_a_redraw_of_an_adapter_line_runs_on_its_adapter() -> None:
+def test_a_redraw_of_an_adapter_line_runs_on_its_adapter(tmp_path: Path) -> None:
     """The line otherwise unchanged: a line naming a LoRA adapter is drawn again under that adapter, not the base."""
+    (tmp_path / "adapter_config.json").write_text("{}")  # the fake engine "loads" a folder that has one
     engine = FakeEngine(max_num_seqs=8)
     added: list[EngineRequest] = []
     plain_add = engine.add
@@ -136,11 +138,11 @@ def test_a_redraw_of_an_adapter_line_runs_on_its_adapter() -> None:
 
     engine.add = add  # type: ignore[method-assign]
     redraws = Redraws(engine)
-    item = replace(row("r0", {"regex": "^never$", "max_attempts": 2}), adapter="sql-lora", adapter_path="/a/sql")
+    item = replace(row("r0", {"regex": "^never$", "max_attempts": 2}), adapter="sql-lora", adapter_path=str(tmp_path))
     assert engine.add(replace(request_of(item), adapter=item.adapter, adapter_path=item.adapter_path)) is None
     redraws.admitted(item)
     while engine.has_unfinished():
         redraws.screen(engine.step())
     assert len(added) == 2  # the first draw and its redraw
-    assert [(r.adapter, r.adapter_path) for r in added] == [("sql-lora", "/a/sql")] * 2
+    assert [(r.adapter, r.adapter_path) for r in added] == [("sql-lora", str(tmp_path))] * 2
     assert added[1].seed == redraw_seed(item, 2)
