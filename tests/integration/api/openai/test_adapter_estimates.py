@@ -24,7 +24,11 @@ MODELS = {"fake-model": {"path": "fake:", "max_num_seqs": 8, "enable_lora": True
 PRICES = {"prices": [{"model": "fake-model", "effective_from": "2025-01-01", "input_usd_per_mtok": "0",
                       "output_usd_per_mtok": "2000000"}]}  # fmt: skip  # one output token bills $1 at 24h
 pytestmark = pytest.mark.backfill_env(
-    {"BACKFILL_MODELS": json.dumps(MODELS), "BACKFILL_BATCH_MAX_ADAPTERS": "2", "BACKFILL_PRICE_BOOK": json.dumps(PRICES)}
+    {
+        "BACKFILL_MODELS": json.dumps(MODELS),
+        "BACKFILL_BATCH_MAX_ADAPTERS": "2",
+        "BACKFILL_PRICE_BOOK": json.dumps(PRICES),
+    }
 )
 # A base model with a config.json (the demo model's shapes) so the planner's LoRA factor is more than 1; never
 # loaded: its server runs no worker.
