@@ -60,7 +60,7 @@ class LoraServer:
             return httpx.Response(404, json={"detail": "Not Found"})
         self.loads.append(payload)
         name, path = payload["lora_name"], payload["lora_path"]
-        if name in self.loras:
+        if name in self.loras and not payload.get("load_inplace"):
             message = f"The lora adapter '{name}' has already been loaded."
             return httpx.Response(400, json={"error": {"message": message, "type": "BadRequestError", "code": 400}})
         if not (Path(path) / "adapter_config.json").is_file():
@@ -118,7 +118,7 @@ def test_each_line_runs_under_its_adapter_and_a_missing_one_is_loaded_once(tmp_p
     server = LoraServer(static={"static-tone": "/server/static-tone"})
     fresh = adapter_folder(tmp_path, "fresh-tone")
     engine = start(server)
-    requests = [chat("base"), chat("static", "static-tone", "/backfill/static-tone")]
+    requests = [chat("base"), chat("static", "static-tone", "/server/static-tone")]
     requests += [chat(f"fresh-{i}", "fresh-tone", fresh) for i in range(5)]
 
     results = run(engine, requests)
@@ -126,7 +126,7 @@ def test_each_line_runs_under_its_adapter_and_a_missing_one_is_loaded_once(tmp_p
     assert text_and_model(results["base"]) == ("by served-name", "backfill-demo")
     assert text_and_model(results["static"]) == ("by static-tone", "static-tone")  # the server's own module
     assert {text_and_model(results[f"fresh-{i}"]) for i in range(5)} == {("by fresh-tone", "fresh-tone")}
-    assert server.loads == [{"lora_name": "fresh-tone", "lora_path": str(fresh)}]  # once, for its five lines
+    assert server.loads == [{"lora_name": "fresh-tone", "lora_path": str(fresh), "load_inplace": False}]  # once
     assert {body["priority"] for body in server.bodies} == {1_000_000}
     stats = engine.stats().extra
     assert (stats["adapter_loads"], stats["adapters_in_flight"], stats["adapters_seen"]) == (1, 0, 2)
@@ -153,7 +153,11 @@ def test_a_server_without_run_time_loading_says_how_to_start_it_and_its_own_modu
     engine = start(server)
 
     results = run(
-        engine, [chat("new", "new-tone", adapter_folder(tmp_path, "new-tone")), chat("s", "static-tone", "/x")]
+        engine,
+        [
+            chat("new", "new-tone", adapter_folder(tmp_path, "new-tone")),
+            chat("s", "static-tone", "/server/static-tone"),
+        ],
     )
 
     assert results["new"].error_code == "adapter_load_failed"
@@ -185,7 +189,7 @@ def test_adapter_folders_are_sent_as_the_server_mounts_them(tmp_path: Path) -> N
     folder = adapter_folder(tmp_path, "tone")
     mounted = {str(tmp_path): "/mnt/backfill"}
     results = run(start(server, adapter_path_map=mounted), [chat("r", "tone", folder)])
-    assert server.loads == [{"lora_name": "tone", "lora_path": "/mnt/backfill/tone"}]
+    assert server.loads == [{"lora_name": "tone", "lora_path": "/mnt/backfill/tone", "load_inplace": False}]
     assert results["r"].error_code == "adapter_load_failed"  # the fake server cannot read /mnt: its reason is kept
 
 
@@ -201,3 +205,22 @@ def test_base_lines_can_run_under_a_zero_adapter_loaded_on_the_server(tmp_path: 
     assert text_and_model(results["base"])[1] == "backfill-demo"  # answered under the base's name
     with pytest.raises(RuntimeError, match=r"config\.json"):
         start(LoraServer(), base_lines_under_zero_adapter=True)
+
+
+def test_another_adapter_the_server_serves_under_the_name_is_not_used_and_a_re_registered_one_is_reloaded(
+    tmp_path: Path,
+) -> None:
+    server = LoraServer(static={"their-tone": "/server/their-tone"})
+    first, second = adapter_folder(tmp_path, "first"), adapter_folder(tmp_path, "second")
+    engine = start(server)
+
+    results = run(engine, [chat("theirs", "their-tone", "/backfill/their-tone"), chat("r1", "tone", first)])
+    engine = start(server)
+    engine.lora.known["tone"], engine.lora._ours = str(first), {"tone"}  # as this worker left it
+    results |= run(engine, [chat("r2", "tone", second)])  # "tone" deleted and registered again, new files
+
+    assert results["theirs"].error_code == "adapter_load_failed"  # never the wrong weights
+    assert "serves another adapter under the name 'their-tone'" in (results["theirs"].error_message or "")
+    assert [load["lora_name"] for load in server.loads] == ["tone", "tone"]
+    assert server.loads[1] == {"lora_name": "tone", "lora_path": str(second), "load_inplace": True}
+    assert server.loras["tone"] == str(second) and results["r2"].status_code == 200
