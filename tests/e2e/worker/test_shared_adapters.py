@@ -40,17 +40,12 @@ def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def lora_server(
     demo_model_path: Path, adapters: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
-    """`vllm serve` on the demo model, priority scheduling, LoRA on with run-time loading, a free port."""
+    """`vllm serve` on the demo model, priority scheduling, LoRA on with run-time loading, a free port. Two LoRA
+    slots, both taken by adapter lines: on CPU a base line sharing a step with them would read the last slot's
+    adapter (docs/adapters.md), which `base_lines_under_zero_adapter` prevents."""
     log = tmp_path_factory.mktemp("vllm-server") / "server.log"
-    lora = [
-        "--enable-lora",
-        "--max-loras",
-        "3",
-        "--max-lora-rank",
-        "8",
-        "--lora-modules",
-        f"{STATIC}={adapters[STATIC]}",
-    ]
+    lora = ["--enable-lora", "--max-loras", "2", "--max-lora-rank", "8"]  # two slots: both taken by adapter lines
+    lora += ["--lora-modules", f"{STATIC}={adapters[STATIC]}"]
     try:
         proc, url = server_process.start(
             demo_model_path, served_name=SERVED_NAME, max_num_seqs=8, max_model_len=1024, log=log,
