@@ -8,7 +8,7 @@ chunks end to end (storage/queue/checkpoints.py): only that claim's generation a
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import ColumnElement, Select, exists, false, select, update
@@ -22,6 +22,7 @@ from storage.queue import checkpoints
 from storage.queue.claim_bands import open_batches
 from storage.queue.claim_caps import cap_rooms
 from storage.queue.claim_order import ClaimOrder, claim_order, pick
+from storage.queue.draws import Draws, draws_of
 from storage.queue.enqueue import ids_match
 from storage.queue.expiry import cut_candidates
 from storage.queue.lease_expiry import open_lease
@@ -53,6 +54,12 @@ class ClaimedRequest:
     adapter_path: str | None = None  # its folder; None with `adapter` set: no longer registered
     # Its batch's checks (storage/batches/checks.py): the runner checks each answer and draws a failing one again.
     checks: dict[str, Any] | None = None
+    # The draws it made before a hand-back that failed its checks (storage/queue/draws.py): the runner goes on with
+    # the next one.
+    draws: Draws = field(default_factory=Draws)
+    # Its batch's window closed and it holds a checkpoint (storage/queue/expiry.py `cut_candidates`): the runner
+    # answers it at once from those tokens, cut short, generating none after the deadline.
+    overdue: bool = False
 
 
 def claim(
@@ -83,6 +90,7 @@ def claim(
     batches = open_batches(session, model=model)
     caps = cap_rooms(session, settings, batch_ids=[b.id for b in batches if b.capped and not b.paused])
     ids = cut_candidates(session, model=model, limit=limit)  # expired with tokens: to be cut short (expiry.py)
+    overdue = set(ids)
     while len(ids) < limit:  # again only when a spend cap left rows out: each pass holds back one more batch
         picked = pick(
             session, model=model, limit=limit - len(ids), order=order, batches=batches, held=caps.held, taken=ids
@@ -96,6 +104,7 @@ def claim(
     claimed = _lease(
         session, ids=ids, worker_id=worker_id, lease_seconds=lease_seconds, urgent_before=order.urgent_before
     )
+    claimed = [replace(item, overdue=True) if item.id in overdue else item for item in claimed]
     if named := {item.adapter for item in claimed if item.adapter is not None}:
         paths = adapter_paths(session, settings, names=named)
         claimed = [replace(item, adapter_path=paths.get(item.adapter)) if item.adapter else item for item in claimed]
@@ -137,6 +146,7 @@ def _lease(
             BatchRequest.attempts,
             _capped() if postgres else false(),
             BatchRequest.adapter,
+            BatchRequest.draws,
             BatchRequest.checkpoint_tokens,
         )
         .execution_options(synchronize_session=False)
@@ -159,8 +169,9 @@ def _lease(
             claim_id=claim_id,
             capped=bool(capped),
             adapter=adapter,
+            draws=draws_of(draws),
         )
-        for rid, batch_id, tenant, url, body, deadline, attempts, capped, adapter, _ in rows
+        for rid, batch_id, tenant, url, body, deadline, attempts, capped, adapter, draws, _ in rows
     ]
     claimed = [replace(item, checkpoint=tuple(stored[item.id])) if item.id in stored else item for item in claimed]
     if not postgres and (capped_ids := set(session.scalars(_capped_batches(item.batch_id for item in claimed)))):
