@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 _IN_PROCESS_ONLY = ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_NUM_OF_RESERVED_CPU")
@@ -42,8 +43,11 @@ def start(
     max_model_len: int,
     log: Path,
     ready_seconds: float = 300,
+    extra_args: Sequence[str] = (),
+    extra_env: Mapping[str, str] | None = None,
 ) -> tuple[subprocess.Popen[bytes], str]:
-    """Start the server and wait until it answers /health; return the process and its base URL."""
+    """Start the server and wait until it answers /health; return the process and its base URL. `extra_args` and
+    `extra_env` add to its command line and environment (e.g. `--enable-lora`)."""
     import httpx
 
     port = free_port()
@@ -54,8 +58,9 @@ def start(
         *("--model", str(model_dir), "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port)),
         *("--dtype", "float32", "--enforce-eager", "--max-model-len", str(max_model_len)),
         *("--max-num-seqs", str(max_num_seqs), "--scheduling-policy", "priority"),
+        *extra_args,
     ]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", **(extra_env or {})}
     for name in _IN_PROCESS_ONLY:
         env.pop(name, None)
     with log.open("wb") as out:

@@ -45,6 +45,13 @@ class SharedModeSpec(BaseModel):
     batch_prefill_stage_max_pieces: int = Field(default=64, ge=1)  # a longer prompt is sent whole
     max_attempts: int = Field(default=3, ge=1)
     request_timeout_seconds: float = Field(default=600, gt=0)
+    # LoRA adapters (docs/adapters.md, "Shared mode"): the server loads each adapter from its folder, so it must see
+    # it: a prefix of Backfill's adapter folders -> the same folder as the server mounts it ({} : the same paths).
+    adapter_path_map: dict[str, str] = Field(default_factory=dict, max_length=16)
+    # Run base-model lines under a zero adapter (rank 1, B = 0) loaded on the server: needed on a CPU server, whose
+    # LoRA ops give a sequence without an adapter the last adapter slot's weights when it shares a step with adapter
+    # lines (docs/adapters.md); needs the base's config.json at `path` and the server on the same host.
+    base_lines_under_zero_adapter: bool = False
 
     @model_validator(mode="after")
     def _staging_paced(self) -> SharedModeSpec:

@@ -180,6 +180,7 @@ def estimate_file(
         max_requests=settings.batch_max_requests,
         default_models=settings.default_models(),
         adapters=adapters,
+        max_adapters=settings.batch_max_adapters,
     )
     return estimate_job(
         session,

@@ -25,7 +25,7 @@ from storage.clock import now_f
 from storage.finance.prices import CostBlock, price_book, price_job
 from storage.planning.shapes import JobShape, work_of
 from storage.planning.throughput import DEFAULT_TOKENS_PER_SECOND, Throughput, throughput
-from storage.queue.backlog import backlog
+from storage.queue.backlog import backlog, shape_with_lora_work
 from storage.settings import Settings
 from storage.windows import BACKGROUND_DEADLINE, is_background_window, window_seconds
 
@@ -97,8 +97,9 @@ def estimate_job(
     if default_tokens_per_second <= 0:
         raise ValueError("the default throughput must be positive")
     at = now_f() if at is None else at
+    shape = shape_with_lora_work(session, settings, model=model, shape=shape)  # adapter lines weigh as admission's
     rate = throughput(session, model=model, settings=settings, default_tokens_per_second=default_tokens_per_second)
-    queued = backlog(session, model=model)
+    queued = backlog(session, settings, model=model)
     backlog_seconds = work_of(queued, settings.prefill_weight) / rate.work_per_second
     job_seconds = work_of(shape, settings.prefill_weight) / rate.work_per_second
     cost = price_job(

@@ -24,6 +24,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from storage import lifecycle
+from storage.adapters.registry import adapter_bases
 from storage.clock import now
 from storage.errors import BudgetExceeded, InvalidValue
 from storage.files.blobs import BlobStore
@@ -239,12 +240,14 @@ def check_file_within_budget(
     budget = session.scalar(select(Tenant.monthly_budget_micro_usd).where(Tenant.id == tenant_id))
     if budget is None:
         return
-    shape = shape_of_jsonl(
+    shape = shape_of_jsonl(  # judged as validation will: lines naming the tenant's adapters count
         blobs.open_stream(blob_key, chunk_bytes=settings.stream_chunk_bytes),
         endpoint=endpoint,
         max_line_bytes=settings.line_max_bytes,
         max_requests=settings.batch_max_requests,
         default_models=settings.default_models(),
+        adapters=adapter_bases(session, settings, tenant_id=tenant_id),
+        max_adapters=settings.batch_max_adapters,
     )
     estimate = price_job(
         price_book(settings),

@@ -39,6 +39,8 @@ class JobShape:
     skipped_lines: int = 0  # lines a file had that ingest would reject (so the batch would fail validation)
     problems: tuple[LineError, ...] = ()  # the first of them
     lora_work: float = 0.0  # the extra work of its adapter lines (storage/planning/lora.py), in output tokens
+    # (adapter, input tokens, output tokens) of its lines naming each adapter: what `lora_work` is weighed from
+    adapter_tokens: tuple[tuple[str, int, int], ...] = ()
 
 
 def output_limit(body: Any, url: str | None, default_max_tokens: int = DEFAULT_MAX_TOKENS) -> int:
@@ -115,18 +117,26 @@ def shape_of_jsonl(
     default_max_tokens: int = DEFAULT_MAX_TOKENS,
     default_models: Mapping[str, str] | None = None,
     adapters: Mapping[str, str] | None = None,
+    max_adapters: int = 64,
 ) -> JobShape:
-    """Size a batch input file streamed in chunks, judging each line exactly as ingest would.
+    """Size a batch input file streamed in chunks, judging each line exactly as ingest would (`adapters`: name ->
+    base of those the tenant may name, at most `max_adapters` distinct: BACKFILL_BATCH_MAX_ADAPTERS).
 
     Lines the checker rejects are counted (`skipped_lines`, the first few kept in `problems`), not sized:
-    ingest would fail the whole batch for them, and the estimate says so.
+    ingest would fail the whole batch for them, and the estimate says so. Adapter lines' tokens are also kept per
+    adapter (`adapter_tokens`): the planner weighs them by their adapter's LoRA overhead (storage/queue/backlog.py).
     """
     checker = LineChecker(
-        endpoint=endpoint, max_requests=max_requests, default_models=default_models, adapters=adapters
+        endpoint=endpoint,
+        max_requests=max_requests,
+        default_models=default_models,
+        adapters=adapters,
+        max_adapters=max_adapters,
     )
     requests = input_tokens = output_tokens = 0
     problems: list[LineError] = []
     skipped = 0
+    per_adapter: dict[str, tuple[int, int]] = {}
     for number, raw in iter_lines(chunks, max_line_bytes=max_line_bytes):
         outcome = checker.check(number, raw, max_line_bytes=max_line_bytes)
         if isinstance(outcome, LineError):
@@ -135,6 +145,13 @@ def shape_of_jsonl(
                 problems.append(outcome)
         elif outcome is not None:
             requests += 1
-            input_tokens += request_size(outcome.url, outcome.body, line_bytes=len(raw or b""))[0]
-            output_tokens += output_limit(outcome.body, outcome.url, default_max_tokens)
-    return JobShape(requests, input_tokens, output_tokens, checker.model, skipped, tuple(problems))
+            line_input = request_size(outcome.url, outcome.body, line_bytes=len(raw or b""))[0]
+            line_output = output_limit(outcome.body, outcome.url, default_max_tokens)
+            input_tokens, output_tokens = input_tokens + line_input, output_tokens + line_output
+            if outcome.adapter is not None:
+                seen = per_adapter.get(outcome.adapter, (0, 0))
+                per_adapter[outcome.adapter] = (seen[0] + line_input, seen[1] + line_output)
+    adapter_tokens = tuple((name, i, o) for name, (i, o) in per_adapter.items())
+    return JobShape(
+        requests, input_tokens, output_tokens, checker.model, skipped, tuple(problems), adapter_tokens=adapter_tokens
+    )

@@ -111,7 +111,8 @@ def open_jobs(session: Session, *, model: str, tenant_id: str | None = None) -> 
 
 def with_lora_work(session: Session, settings: Settings, *, model: str, jobs: list[OpenJob]) -> list[OpenJob]:
     """`jobs` with the LoRA overhead of their open adapter lines (storage/planning/lora.py) in their work: each
-    adapter's tokens weigh (factor - 1) more. Unchanged for a model that takes no adapters."""
+    adapter's tokens weigh (factor - 1) more. Unchanged for a model that takes no adapters; a job with no rows in
+    the queue (an estimate's candidate) keeps the overhead it was given (`shape_with_lora_work`)."""
     spec = settings.served_models().get(model)
     if spec is None or not spec.takes_adapters:
         return jobs
@@ -129,27 +130,49 @@ def with_lora_work(session: Session, settings: Settings, *, model: str, jobs: li
         )
         .group_by(BatchRequest.batch_id, BatchRequest.adapter)
     ).all()
-    ranks = adapter_ranks(session, settings, names={str(adapter) for _, adapter, _, _ in tokens})
+    rows = [(str(batch_id), str(adapter), int(i or 0), int(o or 0)) for batch_id, adapter, i, o in tokens]
+    extra = _lora_work(session, settings, base_path=spec.path, rows=rows)
+    weighed = [(job, extra.get(job.batch_id, job.shape.lora_work)) for job in jobs]
+    return [replace(job, shape=replace(job.shape, lora_work=lora)) for job, lora in weighed]
+
+
+def shape_with_lora_work(session: Session, settings: Settings, *, model: str, shape: JobShape) -> JobShape:
+    """A job not yet queued (a file sized by `shape_of_jsonl`) with its adapter lines' LoRA overhead, weighed as
+    `with_lora_work` weighs queued ones: the estimate's work is the work admission will project."""
+    spec = settings.served_models().get(model)
+    if spec is None or not spec.takes_adapters or not shape.adapter_tokens:
+        return shape
+    rows = [("", adapter, input_tokens, output_tokens) for adapter, input_tokens, output_tokens in shape.adapter_tokens]
+    return replace(shape, lora_work=_lora_work(session, settings, base_path=spec.path, rows=rows).get("", 0.0))
+
+
+def _lora_work(
+    session: Session, settings: Settings, *, base_path: str, rows: Sequence[tuple[str, str, int, int]]
+) -> dict[str, float]:
+    """key -> the LoRA overhead of its (key, adapter, input tokens, output tokens) rows, in output-token work; an
+    adapter no longer registered adds nothing (its lines fail without running)."""
+    ranks = adapter_ranks(session, settings, names={adapter for _, adapter, _, _ in rows})
     extra: dict[str, float] = {}
-    for batch_id, adapter, input_tokens, output_tokens in tokens:
+    for key, adapter, input_tokens, output_tokens in rows:
         if adapter not in ranks:
-            continue  # deleted since: its lines fail without running
+            continue
         rank, targets = ranks[adapter]
-        factor = adapter_factor(spec.path, rank=rank, targets=targets)
-        weight = settings.prefill_weight
-        done = work(output_tokens=int(output_tokens or 0), input_tokens=int(input_tokens or 0), prefill_weight=weight)
-        extra[batch_id] = extra.get(batch_id, 0.0) + (factor - 1.0) * done
-    return [replace(job, shape=replace(job.shape, lora_work=extra.get(job.batch_id, 0.0))) for job in jobs]
+        factor = adapter_factor(base_path, rank=rank, targets=targets)
+        done = work(output_tokens=output_tokens, input_tokens=input_tokens, prefill_weight=settings.prefill_weight)
+        extra[key] = extra.get(key, 0.0) + (factor - 1.0) * done
+    return extra
 
 
-def backlog(session: Session, *, model: str) -> JobShape:
-    """Queued and running requests of the model, as sized at ingest."""
-    jobs = open_jobs(session, model=model)
+def backlog(session: Session, settings: Settings, *, model: str) -> JobShape:
+    """Queued and running requests of the model, as sized at ingest, their adapter lines' LoRA overhead included
+    (as admission weighs them)."""
+    jobs = with_lora_work(session, settings, model=model, jobs=open_jobs(session, model=model))
     return JobShape(
         sum(j.shape.requests for j in jobs),
         sum(j.shape.input_tokens for j in jobs),
         sum(j.shape.output_tokens for j in jobs),
         model,
+        lora_work=sum(j.shape.lora_work for j in jobs),
     )
 
 
@@ -180,4 +203,4 @@ def open_work_by_deadline(
 def drain_seconds(session: Session, *, model: str, settings: Settings) -> float:
     """Seconds the node needs to finish every open request of `model` at its measured (or default) rate."""
     rate = throughput(session, model=model, settings=settings)
-    return work_of(backlog(session, model=model), settings.prefill_weight) / rate.work_per_second
+    return work_of(backlog(session, settings, model=model), settings.prefill_weight) / rate.work_per_second

@@ -11,6 +11,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Any
 
+from storage.adapters.registry import visible_adapters
 from storage.batches.estimates import Estimate, estimate_job
 from storage.db import transaction
 from storage.planning.shapes import DEFAULT_MAX_TOKENS, shape_of_jsonl
@@ -56,12 +57,17 @@ def run(args: argparse.Namespace) -> int:
         window_seconds(args.completion_window)
         if args.default_tokens_per_second <= 0 or args.default_max_tokens < 1:
             raise ValueError("--default-tokens-per-second and --default-max-tokens must be positive")
+        with transaction() as session:  # lines may name any adapter: the server's own view, as an admin's
+            visible = visible_adapters(session, settings, tenant_id=None)
+        adapters = {name: ref.base_model for name, ref in visible.items()}
         shape = shape_of_jsonl(
             _chunks(args.file),
             max_line_bytes=settings.line_max_bytes,
             max_requests=settings.batch_max_requests,
             default_max_tokens=args.default_max_tokens,
             default_models=settings.default_models(),
+            adapters=adapters,
+            max_adapters=settings.batch_max_adapters,
         )
     except OSError as error:
         print(f"backfill estimate: error: cannot read {args.file}: {error.strerror}", file=sys.stderr)

@@ -8,6 +8,7 @@ was given up and is taken again. Claims grouped by adapter (storage/queue/claim_
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 from worker.engine import EngineRequest
@@ -76,3 +77,18 @@ def load_without_model(parsed: Parsed, request: EngineRequest, tally: AdapterTal
         tally.loaded.add(request.adapter)
         tally.loads += 1
     return under_adapter(parsed, request)
+
+
+def write_zero_adapter(folder: Path, *, fan_in: int, fan_out: int) -> None:
+    """A rank-1 PEFT adapter on layer 0's q_proj whose B is zero: it adds exactly 0 to every output."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    prefix = "base_model.model.model.layers.0.self_attn.q_proj"
+    tensors = {
+        f"{prefix}.lora_A.weight": np.zeros((1, fan_in), dtype=np.float32),
+        f"{prefix}.lora_B.weight": np.zeros((fan_out, 1), dtype=np.float32),
+    }
+    save_file(tensors, str(folder / "adapter_model.safetensors"))
+    config = {"peft_type": "LORA", "r": 1, "lora_alpha": 1, "target_modules": ["q_proj"], "bias": "none"}
+    (folder / "adapter_config.json").write_text(json.dumps(config))

@@ -5,7 +5,8 @@ priority`, each with `priority = batch_priority` (vLLM serves smaller values fir
 the default 0), so the server serves online requests first and preempts batch sequences when its KV cache
 runs short. A `DispatchBudget` (worker/engine/shared_budget.py), fed from the server's `/metrics`, decides how many
 batch requests may be on the server at once; the runner reads it through `dispatch_limit()`. Optionally, prompts
-are paced (worker/engine/prefill_pace.py) and staged through the server's prefix cache (prefill_stage.py).
+are paced (worker/engine/prefill_pace.py) and staged through the server's prefix cache (prefill_stage.py). A line
+naming a LoRA adapter goes out under the adapter's name, loaded on the server first if it lacks it (http_adapters.py).
 
 Threads: the runner calls every public method from its own thread; the HTTP calls and the metrics poll
 run on an asyncio loop in a background thread, and hand back what became of each call through a queue.
@@ -32,7 +33,9 @@ import httpx
 
 from storage.registry import ModelSpec, SharedModeSpec
 from worker.engine import EngineRequest, EngineResult, EngineStats, Progress
-from worker.engine.generation import Generation, context_length_error
+from worker.engine.adapters import under_adapter
+from worker.engine.generation import Adapter, Generation, context_length_error
+from worker.engine.http_adapters import ServerAdapters
 from worker.engine.http_wire import ServerRetry, output_of, refusal, server_answer, server_request
 from worker.engine.prefill_stage import STAGING_AHEAD, PaceGate, PrefillStager, Staging
 from worker.engine.shared_budget import DispatchBudget, MetricsError, parse_load
@@ -64,6 +67,7 @@ class _Flight:
     chars: int = 0  # the size of its body: the prefill pacer estimates its prompt tokens from it
     staging: bool = False  # sent to the loop to be staged, its own request not yet past the pace gate
     staged: Staging | None = None  # what staging did (the line's cached tokens leave the pieces' hits out)
+    adapter: Adapter | None = None  # the LoRA adapter the line named: the server serves it under its name
 
 
 class HttpEngine:
@@ -98,8 +102,16 @@ class HttpEngine:
             gate, stage = PaceGate(self.budget.pacer), self.shared.batch_prefill_stage_tokens
             pieces = self.shared.batch_prefill_stage_max_pieces
             self.stager = PrefillStager(self._client, self.base_url, gate, piece_tokens=stage, max_pieces=pieces)
+        # LoRA adapters (worker/engine/http_adapters.py): those the server lists, loaded at run time otherwise
+        self.lora = ServerAdapters(self._client, self.base_url, path_map=self.shared.adapter_path_map)
+        self.takes_adapters = spec.takes_adapters
+        self.zero_adapter: str | None = None  # base-model lines' model on a CPU server (base_lines_under_zero_adapter)
         try:
             self.server_model = self.shared.server_model or self._run(self._served_model())
+            if spec.takes_adapters:
+                self.lora.listed(self._run(self._model_cards()))
+            if spec.takes_adapters and self.shared.base_lines_under_zero_adapter:
+                self.zero_adapter = self._run(self.lora.load_zero(spec.path))
         except Exception:
             self.close()
             raise
@@ -113,9 +125,13 @@ class HttpEngine:
         try:
             if rid in self._inflight:
                 raise BodyError(f"request {rid!r} is already in flight", code="duplicate_request")
-            parsed = parse(request.url, request.body, seed=request.seed)
-            if request.adapter is not None:  # the server would answer with its base model (or an adapter of its own)
-                raise BodyError("LoRA adapters are not run in shared mode", code="adapter_load_failed", status_code=500)
+            parsed = under_adapter(parse(request.url, request.body, seed=request.seed), request)
+            adapter = parsed.generation.adapter
+            if adapter is not None and not self.takes_adapters:
+                raise BodyError(f"model {self.model_name!r} takes no adapters", code="model_not_found", status_code=404)
+            if adapter is not None and adapter.path is None:
+                message = f"The adapter '{adapter.name}' is no longer registered."
+                raise BodyError(message, code="adapter_not_found", status_code=404)
             if parsed.generation.needs_media():  # the server would fetch URLs itself, past our network rules
                 raise BodyError(
                     "images and documents are not run in shared mode (a vLLM server shared with online traffic)",
@@ -133,8 +149,11 @@ class HttpEngine:
             url, body = server_request(parsed.generation)
         except BodyError as error:
             return error.to_result(rid)
-        payload = {**body, "model": self.server_model, "priority": self.shared.batch_priority}
-        flight = _Flight(rid, url, payload, time.monotonic(), parsed)
+        # A line naming an adapter goes out under the adapter's name, as the server's LoRA modules are addressed.
+        model = adapter.name if adapter is not None else (self.zero_adapter or self.server_model)
+        payload = {**body, "model": model, "priority": self.shared.batch_priority}
+        flight = _Flight(rid, url, payload, time.monotonic(), parsed, adapter=adapter)
+        self.lora.tally.started(adapter)
         if self.budget.pacer is not None:
             flight.chars = len(json.dumps(payload.get("messages") or payload.get("prompt") or payload))
         self._inflight[rid] = flight
@@ -156,6 +175,7 @@ class HttpEngine:
             if flight is not None and flight.token == token:  # else aborted, or an answer to an earlier send
                 if isinstance(outcome, EngineResult):
                     del self._inflight[rid]
+                    self.lora.tally.ended(flight.adapter)
                     if self.budget.pacer is not None:
                         self.budget.pacer.learn(flight.chars, outcome.prompt_tokens)
                     outcome.engine_seconds = time.monotonic() - flight.added
@@ -178,6 +198,8 @@ class HttpEngine:
         """Forget requests and close their connections (vLLM then aborts the sequences); no result follows."""
         for rid in request_ids:
             flight = self._inflight.pop(rid, None)
+            if flight is not None:
+                self.lora.tally.ended(flight.adapter)
             if flight is not None and flight.future is not None:
                 flight.future.cancel()
 
@@ -208,6 +230,8 @@ class HttpEngine:
             extra.update(
                 stage_pieces=stager.pieces, stage_piece_tokens=stager.piece_tokens_sent, stage_plain=stager.plain
             )
+        if self.takes_adapters:
+            extra.update(self.lora.tally.stats())
         if (step := self.budget.steps.fit()) is not None:
             extra.update(step_fixed_ms=round(step[0] * 1000, 3), step_per_seq_ms=round(step[1] * 1000, 4))
         return EngineStats(running=len(self._inflight) - parked, waiting=parked, extra=extra)
@@ -290,10 +314,13 @@ class HttpEngine:
         await asyncio.gather(*tasks, return_exceptions=True)
         await self._client.aclose()
 
-    async def _served_model(self) -> str:
+    async def _model_cards(self) -> list[dict[str, Any]]:
         response = await self._client.get(f"{self.base_url}/v1/models", timeout=10)
         response.raise_for_status()
-        card = response.json()["data"][0]
+        return list(response.json()["data"])
+
+    async def _served_model(self) -> str:
+        card = (await self._model_cards())[0]
         if self.max_model_len is None and isinstance(card.get("max_model_len"), int):
             self.max_model_len = card["max_model_len"]  # vLLM's model card carries the context length
         return str(card["id"])
@@ -310,6 +337,12 @@ class HttpEngine:
 
     async def _staged(self, flight: _Flight, stager: PrefillStager) -> EngineResult:
         """Stage the prompt's pieces, then send the request itself through the pace gate with the tokens left."""
+        try:  # the pieces go out under the line's adapter too (a prefix cached under one adapter is its own)
+            await self.lora.ready(flight.adapter)
+        except BodyError as error:
+            return error.to_result(flight.request_id)
+        except (httpx.HTTPError, ServerRetry):
+            pass  # the request's own attempts load it again
         staged = flight.staged = await stager.stage(flight.url, flight.payload)
         known = staged.prompt_tokens
         left = stager.gate.pacer.estimate(flight.chars) if known is None else known - staged.prefix_tokens
@@ -326,8 +359,11 @@ class HttpEngine:
             if attempt:
                 await asyncio.sleep(min(RETRY_MAX_SECONDS, RETRY_BASE_SECONDS * 2 ** (attempt - 1)))
             try:
+                await self.lora.ready(flight.adapter)
                 response = await self._client.post(f"{self.base_url}{flight.url}", json=flight.payload)
                 return self._result(flight, response)
+            except BodyError as error:  # its adapter cannot be loaded: this line fails, and no other
+                return error.to_result(rid)
             except (httpx.HTTPError, ServerRetry) as error:
                 last = f"{type(error).__name__}: {error}"
                 log.info("attempt %d of %s failed: %s", attempt + 1, rid, last)
@@ -335,6 +371,9 @@ class HttpEngine:
 
     def _result(self, flight: _Flight, response: httpx.Response) -> EngineResult:
         rid, body = flight.request_id, server_answer(response)
+        if response.status_code == 404 and flight.adapter is not None:  # the server lost it (restarted, unloaded)
+            self.lora.forget(flight.adapter.name)
+            raise ServerRetry(f"the server no longer has the adapter {flight.adapter.name!r}")
         if response.status_code >= 300:
             return refusal(rid, response.status_code, body, names=(self.server_model, self.model_name))
         usage = body.get("usage") or {}
@@ -349,7 +388,7 @@ class HttpEngine:
         except BodyError as error:
             return error.to_result(rid)
         output = output_of(rid, generation, body, cached_tokens=cached)
-        return flight.parsed.answer(output, self.model_name)
+        return flight.parsed.answer(output, self.model_name if flight.adapter is None else flight.adapter.name)
 
     def _check_cap(self, generation: Generation, *, prompt_tokens: int | None) -> None:
         """Refuse an output cap the context cannot hold: alone at `add`, with the prompt once the server counted it

@@ -12,7 +12,6 @@ Counts what it did in an `AdapterTally` (worker/engine/adapters.py): adapters lo
 
 from __future__ import annotations
 
-import json
 import logging
 import tempfile
 from collections import OrderedDict
@@ -21,7 +20,7 @@ from typing import Any
 
 from storage.adapters.weights import expected_shapes
 from storage.registry import ModelSpec
-from worker.engine.adapters import AdapterTally
+from worker.engine.adapters import AdapterTally, write_zero_adapter
 from worker.engine.generation import Adapter
 from worker.engine.wire.base import BodyError
 
@@ -112,18 +111,3 @@ class Loras:
         self._engine.add_lora(request)
         self._engine.pin_lora(ZERO_ID)  # never evicted: every base-model line uses it
         return request
-
-
-def write_zero_adapter(folder: Path, *, fan_in: int, fan_out: int) -> None:
-    """A rank-1 PEFT adapter on layer 0's q_proj whose B is zero: it adds exactly 0 to every output."""
-    import numpy as np
-    from safetensors.numpy import save_file
-
-    prefix = "base_model.model.model.layers.0.self_attn.q_proj"
-    tensors = {
-        f"{prefix}.lora_A.weight": np.zeros((1, fan_in), dtype=np.float32),
-        f"{prefix}.lora_B.weight": np.zeros((fan_out, 1), dtype=np.float32),
-    }
-    save_file(tensors, str(folder / "adapter_model.safetensors"))
-    config = {"peft_type": "LORA", "r": 1, "lora_alpha": 1, "target_modules": ["q_proj"], "bias": "none"}
-    (folder / "adapter_config.json").write_text(json.dumps(config))

@@ -11,11 +11,12 @@ import pytest
 
 from storage import lifecycle
 from storage.batches.admission import admission_check
+from storage.batches.estimates import estimate_job
 from storage.clock import now
 from storage.db import transaction
 from storage.models import Adapter
 from storage.planning.lora import adapter_factor
-from storage.planning.shapes import work_of
+from storage.planning.shapes import shape_of_jsonl, work_of
 from storage.queue.backlog import open_jobs, with_lora_work
 from storage.settings import get_settings
 from tests.conftest import Backend
@@ -74,3 +75,45 @@ def test_a_model_without_adapters_is_unchanged(backend: Backend) -> None:
     with transaction() as session:
         jobs = open_jobs(session, model="plain")
         assert with_lora_work(session, get_settings(), model="plain", jobs=jobs) is jobs
+
+
+def _file(model: str, count: int) -> list[bytes]:
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100}
+    return [
+        b"".join(
+            json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}).encode()
+            + b"\n"
+            for i in range(count)
+        )
+    ]
+
+
+def test_an_estimate_weighs_queued_and_its_own_adapter_lines_as_admission_does(backend: Backend) -> None:
+    settings = get_settings()
+    with transaction() as session:
+        tenant = make_tenant(session)
+        session.add(
+            Adapter(id="adapter_1", name="wide", base_model="llama", tenant_id=None, path="/nowhere", rank=64,
+                    size_bytes=1, target_modules=list(DEMO_SHAPES), created_at=now())
+        )  # fmt: skip
+        for adapter in (None, "wide"):
+            batch = make_batch(session, tenant=tenant, model="llama", created_at=now())
+            for _ in range(10):
+                row = make_request(session, batch=batch, status=lifecycle.REQ_QUEUED, max_tokens=100)
+                row.adapter = adapter
+    factor = adapter_factor(str(BASE), rank=64, targets=list(DEMO_SHAPES))
+    with transaction() as session:
+        weighed = with_lora_work(session, settings, model="llama", jobs=open_jobs(session, model="llama"))
+        queued_work = sum(work_of(job.shape, settings.prefill_weight) for job in weighed)
+        sized = {
+            model: shape_of_jsonl(_file(model, 5), max_line_bytes=10_000, max_requests=100, adapters={"wide": "llama"})
+            for model in ("llama", "wide")
+        }
+        base, tuned = (
+            estimate_job(session, model="llama", shape=sized[m], settings=settings) for m in ("llama", "wide")
+        )
+    rate = base.throughput.work_per_second
+    assert base.backlog_seconds == pytest.approx(queued_work / rate)  # the queued "wide" lines weigh their factor
+    assert tuned.job_seconds == pytest.approx(factor * work_of(sized["wide"], settings.prefill_weight) / rate)
+    assert base.job_seconds == pytest.approx(work_of(sized["llama"], settings.prefill_weight) / rate)
+    assert tuned.job.lora_work > 0 and base.job.lora_work == 0

@@ -13,7 +13,7 @@ from storage.batches.estimates import estimate_job
 from storage.planning.shapes import shape_of_jsonl
 from storage.planning.throughput import measured_throughput
 from storage.queue.backlog import backlog
-from storage.settings import Settings
+from storage.settings import Settings, get_settings
 from tests.factories import DAY0, make_batch, make_request, make_run, make_tenant
 
 pytestmark = pytest.mark.backfill_env({"BACKFILL_GPU_COUNT": "8", "BACKFILL_GPU_HOUR_USD": "3.6"})
@@ -63,7 +63,7 @@ def test_backlog_counts_open_requests_by_their_output_limits(session: Session) -
     make_request(session, batch=batch, status=lifecycle.REQ_RUNNING)
     make_request(session, batch=batch, status=lifecycle.REQ_COMPLETED, max_tokens=999)
 
-    queued = backlog(session, model="fake-model")
+    queued = backlog(session, get_settings(), model="fake-model")
 
     assert (queued.requests, queued.output_tokens) == (4, 3 * 100 + 256)
     assert queued.input_tokens > 0

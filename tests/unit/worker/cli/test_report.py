@@ -137,3 +137,25 @@ def test_estimate_refuses_an_unserved_model_and_a_missing_file(
     assert run_cli(["estimate", str(job)], capsys)[0] == 2
     code, _, err = run_cli(["estimate", str(tmp_path / "missing.jsonl")], capsys)
     assert code == 2 and "cannot read" in err
+
+
+ADAPTER_MODELS = {"fake-model": {"path": "fake:", "adapters": {"tone-a": "/adapters/a", "tone-b": "/adapters/b"}}}
+
+
+@pytest.mark.backfill_env({"BACKFILL_MODELS": json.dumps(ADAPTER_MODELS), "BACKFILL_BATCH_MAX_ADAPTERS": "1"})
+def test_estimate_of_lines_naming_adapters_judges_them_as_validation_does(
+    backend: Backend, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job = tmp_path / "job.jsonl"
+    lines = [
+        {"custom_id": str(i), "method": "POST", "url": "/v1/chat/completions",
+         "body": {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10}}
+        for i, model in enumerate(["tone-a", "fake-model", "tone-b"])
+    ]  # fmt: skip
+    job.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+    code, out, _ = run_cli(["estimate", str(job), "--format", "json"], capsys)
+
+    estimate = json.loads(out)
+    assert code == 0 and (estimate["model"], estimate["requests"], estimate["skipped_lines"]) == ("fake-model", 2, 1)
+    assert [(p["line"], p["code"]) for p in estimate["problems"]] == [(3, "too_many_adapters")]

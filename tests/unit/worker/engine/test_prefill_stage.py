@@ -51,6 +51,8 @@ class StagingServer:
             return httpx.Response(200, text=text)
         body = json.loads(await request.aread())
         self.log.append((path, body))
+        if path == "/v1/load_lora_adapter":
+            return httpx.Response(200, text="Success")
         if path == "/tokenize":
             if self.tokenize_status != 200:
                 return httpx.Response(self.tokenize_status, json={"error": {"message": "no"}})
@@ -85,7 +87,7 @@ class StagingServer:
         return [path for path, _ in self.log]
 
 
-def start(server: StagingServer, **shared: Any) -> HttpEngine:
+def start(server: StagingServer, *, enable_lora: bool = False, **shared: Any) -> HttpEngine:
     knobs = {
         "server_url": "http://fake",
         "poll_seconds": 0.01,
@@ -93,7 +95,7 @@ def start(server: StagingServer, **shared: Any) -> HttpEngine:
         "batch_prefill_stage_tokens": 32,
         **shared,
     }
-    spec = ModelSpec(path="served-elsewhere", max_num_seqs=8, shared=SharedModeSpec(**knobs))
+    spec = ModelSpec(path="served-elsewhere", max_num_seqs=8, enable_lora=enable_lora, shared=SharedModeSpec(**knobs))
     return HttpEngine("backfill-demo", spec, transport=httpx.MockTransport(server.handle))
 
 
@@ -157,6 +159,20 @@ def test_a_staged_request_sends_growing_prefixes_one_at_a_time_then_itself_and_o
     assert result.body["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
     extra = engine.stats().extra
     assert (extra["stage_pieces"], extra["stage_piece_tokens"], extra["stage_plain"]) == (3, 96, 0)
+
+
+def test_a_staged_adapter_line_loads_its_adapter_first_and_stages_its_pieces_under_it(server: StagingServer) -> None:
+    engine = start(server, enable_lora=True)
+    request = chat("r1", 40)
+    request = EngineRequest("r1", CHAT, {**request.body, "model": "tone"}, adapter="tone", adapter_path="/adapters/t")
+    try:
+        assert engine.add(request) is None
+        (result,) = drain(engine)
+    finally:
+        engine.close()
+    assert server.paths() == ["/v1/load_lora_adapter", "/tokenize", "/v1/completions", CHAT]
+    assert {body["model"] for path, body in server.log[1:]} == {"tone"}  # a prefix cached under its adapter
+    assert result.status_code == 200 and result.body["model"] == "tone"
 
 
 def test_tokens_the_server_had_cached_before_staging_are_still_the_lines_cached_tokens() -> None:
