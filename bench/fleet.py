@@ -118,10 +118,10 @@ def populate(url: str, workload: str, rows: int) -> None:
 
 
 def backlog_scan_seconds() -> float:
-    """One read of the urgency horizon's backlog (every open row of the model: storage/planning/throughput.py), which
+    """One read of the urgency horizon's backlog (the model's open rows: storage/queue/backlog.py), which
     each worker process repeats every HORIZON_MAX_AGE_SECONDS."""
     from storage.db import transaction
-    from storage.planning.throughput import drain_seconds
+    from storage.queue.backlog import drain_seconds
     from storage.settings import get_settings
 
     began = time.perf_counter()

@@ -143,14 +143,17 @@ def with_lora_work(session: Session, settings: Settings, *, model: str, jobs: li
 
 
 def backlog(session: Session, *, model: str) -> JobShape:
-    """Queued and running requests of the model, as sized at ingest."""
-    jobs = open_jobs(session, model=model)
-    return JobShape(
-        sum(j.shape.requests for j in jobs),
-        sum(j.shape.input_tokens for j in jobs),
-        sum(j.shape.output_tokens for j in jobs),
-        model,
-    )
+    """Queued and running requests of the model, as sized at ingest: one sum, read off the queue index alone (it
+    carries the sizes: storage/models/batches.py), not the rows; each worker reads it for its urgency horizon
+    (storage/queue/claim_order.py)."""
+    requests, input_tokens, output_tokens = session.execute(
+        select(
+            func.count(),
+            func.coalesce(func.sum(BatchRequest.est_input_tokens), 0),
+            func.coalesce(func.sum(BatchRequest.max_output_tokens), 0),
+        ).where(BatchRequest.model == model, BatchRequest.status.in_(lifecycle.REQ_OPEN))
+    ).one()
+    return JobShape(int(requests), int(input_tokens), int(output_tokens), model)
 
 
 def open_work_by_deadline(

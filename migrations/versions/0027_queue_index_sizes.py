@@ -1,0 +1,43 @@
+"""queue index sizes: the queue index carries each row's size, so a model's backlog is summed off it (issue 41)
+
+Revision ID: 0027_queue_index_sizes
+Revises: 0026_on_expiry
+Create Date: 2026-12-04 23:45:00.000000
+
+Every worker process sums its model's open backlog (count, estimated input and maximum output tokens of the queued
+and running rows) every 15 s for its urgency horizon (storage/queue/claim_order.py). That sum read the rows
+themselves, bodies and all: 0.4 s at 300,000 queued rows (bench/fleet.py). `ix_batch_requests_queue` (model,
+status, ...) already has an entry for each of those rows; on Postgres it now carries `est_input_tokens` and
+`max_output_tokens` too (INCLUDE), so the sum is an index-only scan. No new index: a row written costs the same
+number of index entries as before, each 8 bytes wider. SQLite has no INCLUDE; its index is unchanged.
+"""
+
+from __future__ import annotations
+
+from alembic import op
+
+revision = "0027_queue_index_sizes"
+down_revision = "0026_on_expiry"
+branch_labels = None
+depends_on = None
+
+COLUMNS = ["model", "status", "deadline", "prefix_key", "batch_id", "line"]
+
+
+def upgrade() -> None:
+    if op.get_context().dialect.name != "postgresql":
+        return
+    op.drop_index("ix_batch_requests_queue", table_name="batch_requests")
+    op.create_index(
+        "ix_batch_requests_queue",
+        "batch_requests",
+        COLUMNS,
+        postgresql_include=["est_input_tokens", "max_output_tokens"],
+    )
+
+
+def downgrade() -> None:
+    if op.get_context().dialect.name != "postgresql":
+        return
+    op.drop_index("ix_batch_requests_queue", table_name="batch_requests")
+    op.create_index("ix_batch_requests_queue", "batch_requests", COLUMNS)
