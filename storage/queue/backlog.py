@@ -180,7 +180,9 @@ def open_work_by_deadline(
     return [(model, int(deadline), int(n), int(out or 0), int(inp or 0)) for model, deadline, n, out, inp in rows]
 
 
-def drain_seconds(session: Session, *, model: str, settings: Settings) -> float:
-    """Seconds the node needs to finish every open request of `model` at its measured (or default) rate."""
+def drain_seconds(session: Session, *, model: str, settings: Settings, queued: JobShape | None = None) -> float:
+    """Seconds the node needs to finish every open request of `model` (`queued`, if the caller has summed them) at
+    its measured (or default) rate."""
     rate = throughput(session, model=model, settings=settings)
-    return work_of(backlog(session, model=model), settings.prefill_weight) / rate.work_per_second
+    open_work = backlog(session, model=model) if queued is None else queued
+    return work_of(open_work, settings.prefill_weight) / rate.work_per_second
