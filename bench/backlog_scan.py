@@ -7,6 +7,7 @@ real ingest, then cloned in SQL), and in the same run, on the same rows:
 * before: the read as it was (each open job's sizes grouped off the rows, summed in Python) on the queue index as
   it was (no sizes);
 * after: one sum, on the queue index with the sizes (INCLUDE), read off the index alone;
+* shared: what the rest of the fleet reads meanwhile, the last sum's row (storage/queue/fleet_backlog.py);
 * after, churned: the same once a tenth of the rows were claimed and handed back since the last VACUUM (their
   pages no longer all-visible: the index-only scan visits their heap), as a live queue's would be.
 
@@ -151,6 +152,15 @@ def main() -> int:
         seconds, answers[name] = timed(read, args.repeat)
         result["cases"][name] = {**figures(seconds), "plan": plan(read)}
         print(name, result["cases"][name]["median_ms"], "ms", flush=True)
+    from storage.queue.fleet_backlog import fleet_backlog
+
+    def shared_read(session: Any) -> Any:  # what the other processes of the fleet read: the last sum's row
+        return fleet_backlog(session, model=MODEL, max_age_seconds=3600)[0]
+
+    timed(shared_read, 1)  # the first one sums and stores it
+    seconds, answers["shared"] = timed(shared_read, args.repeat)
+    result["cases"]["shared"] = {**figures(seconds), "plan": []}
+    print("shared", result["cases"]["shared"]["median_ms"], "ms", flush=True)
     admin(url, "ALTER TABLE batch_requests SET (autovacuum_enabled = false)")  # the churn stays unvacuumed
     result["churned_rows"] = churn(url, args.churn)
     for name, index, read in (("before_churned", "before", old_read), ("after_churned", "after", new_read)):
