@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from storage import lifecycle
 from storage.adapters.registry import adapter_paths
+from storage.clock import now
 from storage.ids import new_id
 from storage.models import Batch, BatchRequest, Tenant
 from storage.queue import checkpoints
@@ -82,7 +83,10 @@ def claim(
         order = claim_order(session, model=model, settings=settings)
     batches = open_batches(session, model=model)
     caps = cap_rooms(session, settings, batch_ids=[b.id for b in batches if b.capped and not b.paused])
-    ids = cut_candidates(session, model=model, limit=limit)  # expired with tokens: to be cut short (expiry.py)
+    # Expired with tokens, to be cut short (expiry.py): only rows of an in-progress batch past its window, so with no
+    # such batch among the model's (`batches`: every batch its rows can be in) there is nothing to look for.
+    overdue = any(batch.expires_at <= now() for batch in batches)
+    ids = cut_candidates(session, model=model, limit=limit) if overdue else []
     while len(ids) < limit:  # again only when a spend cap left rows out: each pass holds back one more batch
         picked = pick(
             session, model=model, limit=limit - len(ids), order=order, batches=batches, held=caps.held, taken=ids
