@@ -98,7 +98,12 @@ def claim(
     if not ids:
         return []
     claimed = _lease(
-        session, ids=ids, worker_id=worker_id, lease_seconds=lease_seconds, urgent_before=order.urgent_before
+        session,
+        ids=ids,
+        worker_id=worker_id,
+        lease_seconds=lease_seconds,
+        urgent_before=order.urgent_before,
+        checks={batch.id: batch.checks for batch in batches},
     )
     if named := {item.adapter for item in claimed if item.adapter is not None}:
         paths = adapter_paths(session, settings, names=named)
@@ -114,10 +119,17 @@ def claim(
 
 
 def _lease(
-    session: Session, *, ids: list[str], worker_id: str, lease_seconds: int, urgent_before: int = 0
+    session: Session,
+    *,
+    ids: list[str],
+    worker_id: str,
+    lease_seconds: int,
+    urgent_before: int = 0,
+    checks: dict[str, dict[str, Any] | None] | None = None,
 ) -> list[ClaimedRequest]:
     """Mark the picked rows running under this worker's lease and read them back in one statement; then read
-    their checkpoints."""
+    their checkpoints. `checks`: the batches' checks the caller already read (batch id -> checks or None); those of
+    other batches are read here."""
     claim_id = new_id("claim_")
     postgres = session.get_bind().dialect.name == "postgresql"
     rows = session.execute(
@@ -169,7 +181,10 @@ def _lease(
     claimed = [replace(item, checkpoint=tuple(stored[item.id])) if item.id in stored else item for item in claimed]
     if not postgres and (capped_ids := set(session.scalars(_capped_batches(item.batch_id for item in claimed)))):
         claimed = [replace(item, capped=True) if item.batch_id in capped_ids else item for item in claimed]
-    if checked := _checks_of(session, batch_ids={item.batch_id for item in claimed}):
+    known = checks or {}
+    checked = {batch_id: found for batch_id, found in known.items() if found}
+    checked |= _checks_of(session, batch_ids={item.batch_id for item in claimed} - set(known))
+    if checked:
         claimed = [
             replace(item, checks=checked[item.batch_id]) if item.batch_id in checked else item for item in claimed
         ]

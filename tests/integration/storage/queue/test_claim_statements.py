@@ -45,3 +45,13 @@ def test_a_claim_with_no_batch_past_its_window_does_not_look_for_rows_to_cut(
         claimed = claim(session, model="fake-model", worker_id="w", limit=4, lease_seconds=60, settings=get_settings())
     assert len(claimed) == 4
     assert cut_reads(statements) == []
+
+
+def test_a_claim_reads_the_batches_once(backend: Backend, statements: list[str]) -> None:
+    """Their bands, caps and checks from one read: the checks are not read again for the rows claimed."""
+    submit_job([chat(i) for i in range(6)])
+    statements.clear()
+    with transaction() as session:
+        claimed = claim(session, model="fake-model", worker_id="w", limit=4, lease_seconds=60, settings=get_settings())
+    assert len(claimed) == 4
+    assert len([s for s in statements if s.startswith("SELECT") and "batches.checks" in s]) == 1
