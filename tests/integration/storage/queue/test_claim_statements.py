@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -47,6 +48,7 @@ def test_a_claim_with_no_batch_past_its_window_does_not_look_for_rows_to_cut(
     assert cut_reads(statements) == []
 
 
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)  # SQLite reads which batches are capped afterwards
 def test_a_claim_reads_the_batches_once(backend: Backend, statements: list[str]) -> None:
     """Their bands, caps and checks from one read: the checks are not read again for the rows claimed."""
     submit_job([chat(i) for i in range(6)])
@@ -54,4 +56,4 @@ def test_a_claim_reads_the_batches_once(backend: Backend, statements: list[str])
     with transaction() as session:
         claimed = claim(session, model="fake-model", worker_id="w", limit=4, lease_seconds=60, settings=get_settings())
     assert len(claimed) == 4
-    assert len([s for s in statements if s.startswith("SELECT") and "batches.checks" in s]) == 1
+    assert len([s for s in statements if s.startswith("SELECT") and re.search(r"\bFROM batches\b", s)]) == 1
