@@ -1,7 +1,8 @@
 """The urgency horizon's backlog read on Postgres, before and after the queue index carried the rows' sizes (issue 41).
 
-Every worker process sums its model's open backlog every 15 s (storage/queue/claim_order.py `urgency_horizon` ->
-storage/queue/backlog.py `drain_seconds`). One database of `--rows` queued requests (bench/fleet.py's populate:
+The urgency horizon needs the model's open backlog at most 15 s old (storage/queue/claim_order.py `urgency_horizon`
+-> storage/queue/backlog.py `drain_seconds`); each worker process used to sum it for itself, now one sums it for the
+fleet and the others read the sum's row (storage/queue/fleet_backlog.py). One database of `--rows` queued requests (bench/fleet.py's populate:
 real ingest, then cloned in SQL), and in the same run, on the same rows:
 
 * before: the read as it was (each open job's sizes grouped off the rows, summed in Python) on the queue index as
