@@ -188,11 +188,15 @@ class Injector:
             self._repair(active)
         self._watch_restarts()
         for spec in list(self._pending):
-            detail = self._triggered(spec, now)
-            if detail is not None and spec.kind == "pg_stop_renewal":
-                self._catch = self._catch or RenewalCatch(self.probe.url)
+            if spec.kind == "pg_stop_renewal" and self._catch is not None:  # triggered: waiting for a renewal
                 caught = self._catch.poll()
-                detail = None if caught is None else f"{detail}, {caught}"
+                detail = None if caught is None else f"{self._catch.trigger}, {caught}"
+            else:
+                detail = self._triggered(spec, now)
+                if detail is not None and spec.kind == "pg_stop_renewal":
+                    self._catch = RenewalCatch(self.probe.url, trigger=detail)
+                    caught = self._catch.poll()
+                    detail = None if caught is None else f"{detail}, {caught}"
             if detail is not None:
                 self._pending.remove(spec)
                 self._fire(spec, detail)

@@ -41,7 +41,7 @@ def test_the_stop_waits_for_a_renewal_and_the_renewal_waits_for_the_stop(backend
     try:
         detail = poll_until(catch, timeout=10)
         assert detail is not None and detail.startswith("a renewal (backend"), detail
-        assert "1 locked leases" in detail
+        assert detail.endswith("waiting at its lease update on 1 locked leases"), detail
         assert not renewed, "the renewal went through before the stop could land in it"
     finally:
         catch.close()
@@ -60,3 +60,25 @@ def test_with_no_renewal_the_stop_goes_after_the_catch_window_and_says_so(
         assert poll_until(catch, timeout=5) == "no renewal caught in 0 s"
     finally:
         catch.close()
+
+
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)
+def test_a_renewal_dropping_a_finished_claims_lease_is_caught_too(backend: Backend) -> None:
+    """A claim whose rows all ended has a lease no renewal moves; the renewal deletes it (`drop_empty`) and waits there."""
+    with transaction() as session:
+        lease_expiry.open_lease(session, worker_id="gpu-1", lease_seconds=5)
+    catch = RenewalCatch(backend.env["BACKFILL_DATABASE_URL"])
+    assert catch.poll() is None
+    renewal = threading.Thread(target=lambda: _drop_empty("gpu-1"))
+    renewal.start()
+    try:
+        detail = poll_until(catch, timeout=10)
+        assert detail is not None and detail.endswith("waiting at its drop of empty leases on 1 locked leases"), detail
+    finally:
+        catch.close()
+        renewal.join(timeout=10)
+
+
+def _drop_empty(worker_id: str) -> None:
+    with transaction() as session:
+        lease_expiry.drop_empty(session, worker_id=worker_id, keep=())
