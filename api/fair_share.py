@@ -15,11 +15,13 @@ The tenant is read from the API key (api/deps.py `api_key_of`): its SHA-256 maps
 cache; a key not yet in it is looked up once, on a few threads of their own (never the routes'). Keys that name
 no tenant share one bucket of the same size, so unknown keys cannot take every thread either. A request with no
 key (health, metrics, the console's page) is not counted: it is answered without the database or refused at once.
-The share is per API process, as its threads are.
+The share is per API process, as its threads are. Long-polls (`GET /v1/batches/{id}/wait`) count in a bucket of
+their own, LONG_POLLS_PER_TENANT slots: they hold no thread while they wait.
 """
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
@@ -40,6 +42,9 @@ WAITING_MAX = 1000  # requests of one tenant waiting at once; past it a request 
 LOOKUP_THREADS = 4  # keys looked up at once (a key's first request only); the routes' threads are never used
 CACHE_KEYS = 10_000  # key hashes remembered (least recently used go first)
 _UNKNOWN = ""  # the bucket of keys that name no live tenant
+LONG_POLL = re.compile(r"/v1/batches/[^/]+/wait")  # long-polls: slots of their own (below)
+LONG_POLLS_PER_TENANT = 16  # as many as the route lets one tenant hold waiting (api/openai/batches.py)
+_LONG_POLLS = "\x00long-polls"  # a tenant's long-poll bucket: its id and this (no tenant id holds a NUL)
 
 
 @dataclass
@@ -70,19 +75,24 @@ class TenantShare:
         if tenant is None:  # no key, or the database cannot say now: the route answers (401, 503) on its own
             await self.app(scope, receive, send)
             return
-        if not await self._enter(tenant):
-            await _refuse(scope, receive, send, self.limit)
+        bucket, limit = tenant, self.limit
+        if scope["method"] == "GET" and LONG_POLL.fullmatch(scope["path"]):
+            # A long-poll holds no thread while it waits (api/openai/batches.py `wait`): its own slots, so a client
+            # watching its batches never takes the slots of the tenant's other requests.
+            bucket, limit = tenant + _LONG_POLLS, LONG_POLLS_PER_TENANT
+        if not await self._enter(bucket, limit):
+            await _refuse(scope, receive, send, limit)
             return
         try:
             await self.app(scope, receive, send)
         finally:
-            self._leave(tenant)
+            self._leave(bucket)
 
-    async def _enter(self, tenant: str) -> bool:
+    async def _enter(self, tenant: str, limit: int) -> bool:
         """Take one of the tenant's slots: at once if one is free and nobody waits, else after waiting in line
         for up to WAIT_SECONDS; False if none came (the request is refused, having waited)."""
         share = self.shares.setdefault(tenant, _Share())
-        if share.in_flight < self.limit and not share.waiting:
+        if share.in_flight < limit and not share.waiting:
             share.in_flight += 1
             return True
         if len(share.waiting) >= WAITING_MAX:

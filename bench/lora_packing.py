@@ -5,7 +5,8 @@ chat lines each, submitted as one job per adapter. Three sides, the same engine 
 max_model_len 2048, float32, eager, the same KV cache size, LoRA: max_loras, max_lora_rank 8), each in its own
 processes, one after the other:
 - Backfill: `backfill serve` with the adapters in the model's registry entry, every job uploaded and created at once,
-  each polled every `--poll-seconds` (1 s, as Backfill's own client polls: client/progress.py); the clock runs from
+  each followed as Backfill's own client follows a batch (client/progress.py: long-polls of up to `--poll-seconds`,
+  1 s, answered the moment the batch ends; `--plain-polls` polls every `--poll-seconds` instead); the clock runs from
   the first upload to the last output file downloaded, the server already up (its start-up, reported apart,
   excluded). Its engine's steps, seconds inside steps and running sequences per step come from /metrics, the CPU
   seconds of the server's threads (the API's among them: it shares the engine's process and cores) from /proc.
@@ -19,7 +20,7 @@ Ratios: run-batch's seconds / Backfill's (goal >= 1.0) and the ceiling's seconds
 ceiling, goal >= 0.9). Every line asks for `--tokens` output tokens (`ignore_eos`), so all sides generate the same.
 
 Usage: .venv/bin/python bench/lora_packing.py [--adapters 8] [--per-job 48] [--tokens 32] [--max-num-seqs 64]
-       [--runbatch-jobs N] [--poll-seconds 1.0] [--no-run-batch]
+       [--runbatch-jobs N] [--poll-seconds 1.0] [--plain-polls] [--no-run-batch]
 """
 
 from __future__ import annotations
@@ -149,8 +150,9 @@ def main() -> int:
     parser.add_argument("--max-loras", type=int, default=8)
     parser.add_argument("--runbatch-jobs", type=int, default=0, help="jobs run-batch runs (0: all; else mean x jobs)")
     parser.add_argument(
-        "--poll-seconds", type=float, default=1.0, help="each job's status polls (client/progress.py's)"
+        "--poll-seconds", type=float, default=1.0, help="each job's long-polls, at most (client/progress.py's)"
     )
+    parser.add_argument("--plain-polls", action="store_true", help="poll every --poll-seconds (no long-poll)")
     parser.add_argument("--rounds", type=int, default=3, help="Backfill rounds, each between two ceiling runs")
     parser.add_argument("--no-run-batch", action="store_true", help="Backfill and the ceiling only (print, no result)")
     args = parser.parse_args()
@@ -226,6 +228,7 @@ def main() -> int:
         "backfill_api_thread_cpu_seconds": backfill["api_thread_cpu_seconds"],
         "backfill_client_cpu_seconds": backfill["client_cpu_seconds"],
         "backfill_poll_seconds": args.poll_seconds,
+        "backfill_long_polls": not args.plain_polls,
         "run_batch_seconds": round(run_batch_seconds, 2),
         "run_batch_jobs_run": len(runs),
         "run_batch_startup_and_shutdown_seconds": round(run_batch_startups, 2),
@@ -267,7 +270,7 @@ def _backfill(server: Server, files: dict[str, Path], args: Any) -> dict[str, An
     before, client_cpu = _thread_cpu(server.proc.pid), time.process_time()
     started = time.perf_counter()
     with cf.ThreadPoolExecutor(max_workers=len(files)) as pool:
-        poll = functools.partial(run_job, poll_seconds=args.poll_seconds)
+        poll = functools.partial(run_job, poll_seconds=args.poll_seconds, long_poll=not args.plain_polls)
         done = list(pool.map(lambda path: poll(server.client(0), path), files.values()))
     seconds = time.perf_counter() - started
     client_cpu = time.process_time() - client_cpu

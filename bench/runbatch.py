@@ -198,13 +198,25 @@ class Server:
 
 
 def run_job(
-    client: openai.OpenAI, source: Path, *, poll_seconds: float = 0.1, endpoint: str = "/v1/chat/completions"
+    client: openai.OpenAI,
+    source: Path,
+    *,
+    poll_seconds: float = 0.1,
+    endpoint: str = "/v1/chat/completions",
+    long_poll: bool = False,
 ) -> dict[str, Any]:
-    """Upload → batch → poll every `poll_seconds` → download the output file; return counts."""
+    """Upload → batch → poll every `poll_seconds` (with `long_poll`, follow it as the CLI does: long-polls of up to
+    `poll_seconds`, client/progress.py) → download the output file; return counts."""
+    from client.progress import next_look
+
     with source.open("rb") as handle:
         uploaded = client.files.create(file=(source.name, handle), purpose="batch")
     batch = client.batches.create(input_file_id=uploaded.id, endpoint=endpoint, completion_window="24h")  # type: ignore[arg-type]
+    waits = [True]
     while batch.status not in {"completed", "failed", "expired", "cancelled"}:
+        if long_poll:
+            batch = next_look(client, batch, seconds=poll_seconds, waits=waits)
+            continue
         time.sleep(poll_seconds)
         batch = client.batches.retrieve(batch.id)
     lines = []

@@ -96,6 +96,20 @@ FULL = {
     # Issue 40 section 1: a trial's projected cost and 95% interval against the batch's actual cost, 20 files each of
     # three shapes, 5,000 lines, on the fake engine (~15 min): `make bench ARGS="--only trial-projection"`.
     "trial-projection": ["bench/trial_projection.py", "--dump", "bench/out/trial-lines.json"],
+    # Issue 40 section 1 on the real engine: one 5,000-line file of short answers (budgets drawn per line), a 50-line
+    # trial, on the embedded default's demo model in vLLM (~5 min on 2 cores): `make bench ARGS="--only
+    # trial-projection-real"`; its rows are trial_projection_real_*.
+    "trial-projection-real": [
+        "bench/trial_projection.py",
+        "--engine",
+        "demo",
+        "--shapes",
+        "short",
+        "--seeds",
+        "0",
+        "--dump",
+        "bench/out/trial-lines-real.json",
+    ],
 }
 DEFAULT_PARTS = ("engine", "runbatch", "ingest", "queue", "mixed-lines", "fleet")
 QUICK = {
@@ -141,6 +155,19 @@ QUICK = {
         "1",
     ],
     "trial-projection": ["bench/trial_projection.py", "--lines", "1000", "--seeds", "0-1"],
+    "trial-projection-real": [
+        "bench/trial_projection.py",
+        "--engine",
+        "demo",
+        "--shapes",
+        "short",
+        "--seeds",
+        "0",
+        "--lines",
+        "500",
+        "--trial",
+        "20",
+    ],
 }
 OUTPUTS = {part: f"{part}.json" for part in FULL}
 
@@ -212,7 +239,7 @@ def main() -> int:
         default="",
         help="comma-separated parts: engine,runbatch,ingest,queue,shared,shared_sim,prefix,prefix-race,gpu-timed,workers,"
         "hostile-bodies,handback,rolling-restart,render-ahead,mixed-lines,fleet,lease_renewal,lora-packing,"
-        "trial-projection",
+        "trial-projection,trial-projection-real",
     )
     parser.add_argument("--no-write", action="store_true", help="print only; leave results.json and docs alone")
     parser.add_argument("--render", action="store_true", help="only rewrite docs/benchmarks.md from results.json")
@@ -299,11 +326,21 @@ _PREFIXES = {
     "lease_renewal": ("lease_renewal_",),
     "lora-packing": ("lora_packing_",),
     "trial-projection": ("trial_projection_",),
+    "trial-projection-real": ("trial_projection_real_",),
 }
 
 
 def _part_of(row: dict[str, Any], parts: list[str]) -> bool:
-    return any(row["name"].startswith(_PREFIXES[p]) for p in parts)
+    return _owner(row["name"]) in parts
+
+
+def _owner(name: str) -> str | None:
+    """The part that writes a row: the one whose prefix it matches most closely (trial_projection_real_* rows are
+    trial-projection-real's, not trial-projection's, so running one part keeps the other's rows)."""
+    matches = [
+        (len(prefix), part) for part, prefixes in _PREFIXES.items() for prefix in prefixes if name.startswith(prefix)
+    ]
+    return max(matches)[1] if matches else None
 
 
 if __name__ == "__main__":

@@ -9,7 +9,14 @@ trial, which reports and pauses the batch; the batch is resumed and run to its e
 * `skewed`: a seeded log-normal spread of prompts and output budgets (1..512: a few lines cost 10-50x the median);
 * `growing`: the skewed spread with every line's budget scaled by 0.25 + 1.5 x its position (lines get longer
   towards the end of the file: a trial of the file's head would miss it);
-* `skewed-v1`: the skewed spread drawn as the first measurement drew it (seeds 1-5 and 7 of docs/workflow.md).
+* `skewed-v1`: the skewed spread drawn as the first measurement drew it (seeds 1-5 and 7 of docs/workflow.md);
+* `short`: short answers as real files often ask for them: a log-normal spread of prompts (1-300 words) and of
+  output budgets (1..64 tokens, median about 10), sampled at temperature 1.
+
+`--engine demo` runs the batch on the real vLLM engine instead, the embedded default's demo model (float32, as
+`make run` serves it; built under bench/out/models): a real tokenizer and chat template, answers that may stop
+before their budget. Its output is bench/out/trial-projection-real.json (`make bench ARGS="--only
+trial-projection-real"`: one 5,000-line `short` file, a 50-line trial, about 5 minutes on 2 cores).
 
 Each (shape, seed) is one file and one batch; coverage is the share of batches whose actual cost fell inside the
 trial's interval (the goal: about 0.95). Every line's actual and stated cost is kept (`--dump`), so the interval
@@ -18,6 +25,7 @@ very computation the trial makes, without running the engine again). Writes benc
 
     .venv/bin/python bench/trial_projection.py [--lines 5000] [--trial 50] [--shapes uniform,skewed,growing]
         [--seeds 0-19] [--dump bench/out/trial-lines.json] [--from-dump bench/out/trial-lines.json]
+        [--engine fake|demo] [--max-num-seqs 64]
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import os
 import random
 import sys
 import tempfile
+import time
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -36,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 MODEL = "backfill-demo"
 OUT = Path(__file__).resolve().parent / "out" / "trial-projection.json"
+OUT_REAL = OUT.with_name("trial-projection-real.json")
 SHAPES = ("uniform", "skewed", "growing")
 
 
@@ -44,8 +54,13 @@ def lines(count: int, seed: int, shape: str = "skewed") -> list[dict[str, Any]]:
     rng = random.Random(seed if shape == "skewed-v1" else f"{shape}/{seed}")  # v1: the first measurement's files
     rows = []
     for i in range(count):
+        extra: dict[str, Any] = {}
         if shape == "uniform":
             words, budget = rng.randint(5, 60), rng.randint(8, 64)
+        elif shape == "short":
+            words = max(1, min(300, int(rng.lognormvariate(3.0, 0.9))))
+            budget = max(1, min(64, int(rng.lognormvariate(2.3, 0.8))))
+            extra = {"temperature": 1.0}
         else:
             words = max(1, int(rng.lognormvariate(3.0, 0.8)))
             budget = max(1, min(512, int(rng.lognormvariate(3.5, 0.9))))
@@ -55,6 +70,7 @@ def lines(count: int, seed: int, shape: str = "skewed") -> list[dict[str, Any]]:
             "model": MODEL,
             "messages": [{"role": "user", "content": " ".join(["word"] * words)}],
             "max_tokens": budget,
+            **extra,
         }
         rows.append({"custom_id": f"l{i}", "method": "POST", "url": "/v1/chat/completions", "body": body})
     return rows
@@ -76,23 +92,22 @@ def main() -> int:
     parser.add_argument("--seeds", default="0-19")
     parser.add_argument("--dump", type=Path, default=None, help="keep every line's actual and stated cost here")
     parser.add_argument("--from-dump", type=Path, default=None, help="recompute the intervals on dumped lines")
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--out", type=Path, default=None, help="default: bench/out/trial-projection(-real).json")
+    parser.add_argument("--engine", choices=("fake", "demo"), default="fake", help="demo: the real vLLM demo model")
+    parser.add_argument("--max-num-seqs", type=int, default=64)
     args = parser.parse_args()
+    args.out = args.out or (OUT_REAL if args.engine == "demo" else OUT)
     if args.from_dump is not None:
         runs = [reproject(run) for run in json.loads(args.from_dump.read_text())]
     else:
-        os.environ.update(
-            BACKFILL_DATA_DIR=tempfile.mkdtemp(prefix="bench-trial-"),
-            BACKFILL_MODELS=json.dumps({MODEL: {"path": "fake:", "max_num_seqs": 64}}),
-        )
-        from worker.cli.migrate import migrate_database
-
-        migrate_database()
+        engine = _engine(args.engine, args.max_num_seqs)
         runs = []
         for shape in args.shapes.split(","):
             for seed in _seeds(args.seeds):
-                runs.append({"shape": shape, "seed": seed, **run(lines(args.lines, seed, shape), trial=args.trial)})
+                rows = lines(args.lines, seed, shape)
+                runs.append({"shape": shape, "seed": seed, "engine": args.engine, **run(rows, args.trial, engine)})
                 print(json.dumps({k: v for k, v in runs[-1].items() if k != "per_line"}), flush=True)
+        engine.close()
         if args.dump is not None:
             args.dump.parent.mkdir(parents=True, exist_ok=True)
             args.dump.write_text(json.dumps(runs))
@@ -154,7 +169,36 @@ def _compare(projected: dict[str, Any], actual: Decimal) -> dict[str, Any]:
     }
 
 
-def run(rows: list[dict[str, Any]], *, trial: int) -> dict[str, Any]:
+def _engine(kind: str, max_num_seqs: int) -> Any:
+    """A throwaway embedded Backfill (SQLite) and the engine its runner feeds: the fake, or the embedded default's
+    demo model on the real vLLM engine."""
+    if kind == "fake":
+        os.environ.update(
+            BACKFILL_DATA_DIR=tempfile.mkdtemp(prefix="bench-trial-"),
+            BACKFILL_MODELS=json.dumps({MODEL: {"path": "fake:", "max_num_seqs": max_num_seqs, "max_model_len": 4096}}),
+        )
+    else:
+        from bench._setup import prepare_env
+        from storage.settings import Settings
+
+        model_dir = prepare_env(max_num_seqs=max_num_seqs)
+        served = Settings(data_dir=model_dir.parents[1]).served_models()[MODEL]  # type: ignore[call-arg]
+        spec = served.model_dump(exclude_defaults=True) | {
+            "path": str(model_dir),
+            "max_num_seqs": max_num_seqs,
+            "max_model_len": 1024,
+        }
+        os.environ["BACKFILL_MODELS"] = json.dumps({MODEL: spec})
+    from storage.settings import get_settings
+    from worker.cli.migrate import migrate_database
+    from worker.engine.factory import load_engine
+
+    get_settings.cache_clear()
+    migrate_database()
+    return load_engine(get_settings(), MODEL)
+
+
+def run(rows: list[dict[str, Any]], trial: int, engine: Any) -> dict[str, Any]:
     from storage.batches.batches import create_batch, get_batch
     from storage.batches.checks import attach_workflow
     from storage.batches.control import resume_batch
@@ -164,11 +208,11 @@ def run(rows: list[dict[str, Any]], *, trial: int) -> dict[str, Any]:
     from storage.finance.budgets import batch_spend
     from storage.settings import get_settings
     from storage.tenants import get_or_create_tenant
-    from worker.engine.fake import FakeEngine
     from worker.feed.runner import Runner
     from worker.jobs.ingest import ingest_batch
 
     settings = get_settings()
+    started = time.monotonic()
     with transaction() as session:
         tenant = get_or_create_tenant(session, name="bench").id
         chunks = (json.dumps(row).encode() + b"\n" for row in rows)
@@ -183,7 +227,7 @@ def run(rows: list[dict[str, Any]], *, trial: int) -> dict[str, Any]:
         batch_id = batch.id
     with transaction() as session:
         ingest_batch(session, get_blob_store(), settings, batch_id=batch_id)
-    runner = Runner(FakeEngine(MODEL, max_num_seqs=64, max_model_len=4096), model=MODEL, settings=settings)
+    runner = Runner(engine, model=MODEL, settings=settings)
     while runner.run_for(5.0):
         with transaction() as session:
             if get_batch(session, tenant_id=None, batch_id=batch_id).trial_status == "reported":
@@ -199,8 +243,11 @@ def run(rows: list[dict[str, Any]], *, trial: int) -> dict[str, Any]:
         batch = get_batch(session, tenant_id=None, batch_id=batch_id)
         actual = batch_spend(session, settings, batch=batch)
         per_line = _line_costs(session, settings, batch=batch)
+        tokens = _tokens(session, batch_id=batch_id)
     projected = report["projected_cost"]
     return {
+        "seconds": round(time.monotonic() - started, 1),
+        "tokens": tokens,
         "lines": len(rows),
         "trial_lines": report["lines_run"],
         "trial_usd": projected["trial_usd"],
@@ -208,6 +255,25 @@ def run(rows: list[dict[str, Any]], *, trial: int) -> dict[str, Any]:
         "actual_usd": str(actual.quantize(Decimal("0.000001"))),
         **_compare(projected, actual),
         "per_line": per_line,
+    }
+
+
+def _tokens(session: Any, *, batch_id: str) -> dict[str, Any]:
+    """What the batch's lines stated against what they used: on a real engine an answer may stop before its budget,
+    and the prompt estimate is not the tokenizer's count."""
+    from storage import lifecycle
+    from storage.queue.trial_rows import trial_results
+
+    done = [
+        r for r in trial_results(session, batch_id=batch_id, trial_only=False) if r.status == lifecycle.REQ_COMPLETED
+    ]
+    return {
+        "completed": len(done),
+        "input": sum(r.prompt_tokens for r in done),
+        "stated_input": sum(r.stated_input for r in done),
+        "output": sum(r.completion_tokens for r in done),
+        "stated_output": sum(r.stated_output for r in done),
+        "stopped_before_budget": sum(1 for r in done if r.completion_tokens < r.stated_output),
     }
 
 

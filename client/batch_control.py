@@ -3,9 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import time
+from pathlib import Path
 from typing import Any
 
-from client.remote import EXIT_OK, add_connection_args, connect, extra, int_between, print_json, remote_command
+from client import progress
+from client.remote import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    add_connection_args,
+    connect,
+    extra,
+    int_between,
+    note,
+    print_json,
+    remote_command,
+)
 
 
 def register(sub: Any) -> None:
@@ -20,12 +33,26 @@ def register(sub: Any) -> None:
         parser.add_argument("batch_id", metavar="BATCH_ID")
         add_connection_args(parser)
     priority.add_argument("priority", type=int_between(-100, 100), metavar="N")
+    resume.add_argument(
+        "--wait", action="store_true", help="watch it to its end (e.g. after its trial), then download its files"
+    )
+    resume.add_argument("--output", "-o", type=Path, default=Path("."), help="with --wait: directory for the files (.)")
 
 
 def _control(args: argparse.Namespace, verb: str, body: dict[str, Any]) -> int:
     from openai.types import Batch
 
-    batch = connect(args).client.post(f"/batches/{args.batch_id}/{verb}", body=body, cast_to=Batch)
+    remote = connect(args)
+    started = time.monotonic()
+    batch = remote.client.post(f"/batches/{args.batch_id}/{verb}", body=body, cast_to=Batch)
+    if getattr(args, "wait", False):
+        from client.batches import after_watch, left_running  # batches registers these commands
+
+        note(f"{batch.id} resumed; watching it to its end")
+        ended = progress.watch_or_cancel(remote.client, batch, on_left_running=left_running)
+        if ended is None:
+            return EXIT_INTERRUPTED
+        return after_watch(remote, ended, args.output, started=started, as_json=args.json)
     if args.json:
         print_json(batch)
     else:
@@ -42,7 +69,7 @@ def run_pause(args: argparse.Namespace) -> int:
 
 @remote_command
 def run_resume(args: argparse.Namespace) -> int:
-    """Resume; the batch's requests are claimed again."""
+    """Resume; the batch's requests are claimed again (--wait: watch it to its end, as `submit --wait` does)."""
     return _control(args, "resume", {})
 
 

@@ -9,6 +9,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from client import batch_control, batch_retries, progress
+from client.batch_workflow import (
+    add_attempts,
+    attempts_tally,
+    continuation_text,
+    report_text,
+    trial_paused,
+    workflow_pairs,
+)
 from client.remote import (
     EXIT_INTERRUPTED,
     EXIT_NOT_FINISHED,
@@ -49,8 +57,9 @@ def register(subparsers: Any) -> None:
     batch_retries.add_stream_flags(results)
     results.set_defaults(func=run_results)
     retry = batch_retries.add_retry(sub)
+    attempts = add_attempts(sub)
     batch_control.register(sub)
-    for parser in (listing, show, cancel, results, retry):
+    for parser in (listing, show, cancel, results, retry, attempts):
         if parser is not listing:
             parser.add_argument("batch_id", metavar="BATCH_ID")
         add_connection_args(parser)
@@ -116,6 +125,7 @@ def describe(batch: Batch) -> str:
     ]
     if extra(batch, "paused_at"):
         pairs.append(("paused", when(extra(batch, "paused_at"))))
+    pairs += workflow_pairs(batch)
     pairs += retry_pairs(batch)
     for stamp in ("in_progress_at", "finalizing_at", "completed_at", "failed_at", "expired_at", "cancelled_at"):
         if getattr(batch, stamp, None):
@@ -217,7 +227,7 @@ def run_results(args: argparse.Namespace) -> int:
     remote = connect(args)
     batch = remote.client.batches.retrieve(args.batch_id)
     started = time.monotonic()
-    if batch.status not in TERMINAL:
+    if batch.status not in TERMINAL and not trial_paused(batch):
         if not args.wait:
             note(f"{batch.id} is {batch.status}: its results are written when it ends (add --wait to wait)")
             return EXIT_NOT_FINISHED
@@ -225,7 +235,20 @@ def run_results(args: argparse.Namespace) -> int:
         if ended is None:
             return EXIT_INTERRUPTED
         batch = ended
-    return finish(remote, batch, args.output, elapsed=time.monotonic() - started, as_json=args.json)
+    return after_watch(remote, batch, args.output, started=started, as_json=args.json)
+
+
+def after_watch(remote: Remote, batch: Batch, directory: Path, *, started: float, as_json: bool) -> int:
+    """A watched batch: paused by its trial's report (print the report and what to do next; 75) or still running
+    (75), else ended (download its files and summarise it)."""
+    if batch.status in TERMINAL:
+        return finish(remote, batch, directory, elapsed=time.monotonic() - started, as_json=as_json)
+    if trial_paused(batch):
+        if as_json:
+            print_json(batch)
+        else:
+            print(report_text(batch))
+    return EXIT_NOT_FINISHED
 
 
 def left_running(batch: Batch) -> None:
@@ -263,6 +286,9 @@ def summary(batch: Batch, saved: list[Path], elapsed: float) -> str:
     stopped = stopped_by_budget(batch)
     if stopped:
         parts.append(stopped)
+    tally = attempts_tally(saved) if extra(batch, "checks") else None
+    continued = continuation_text(batch)
+    parts += [part for part in (tally, continued) if part]
     kept, total = problems(batch.errors)
     if total:  # why a batch failed (or what it was refused for): the first few, and how many in all
         first = "; ".join(problem_text(item) for item in kept[:SUMMARY_PROBLEMS])

@@ -15,6 +15,7 @@ from typing import IO, TYPE_CHECKING, Any, cast
 
 from tqdm import tqdm
 
+from client.batch_workflow import trial_paused, trial_running
 from client.remote import TERMINAL, extra, note
 
 if TYPE_CHECKING:
@@ -73,19 +74,41 @@ def upload(client: openai.OpenAI, path: Path) -> Any:
 
 
 def watch(client: openai.OpenAI, batch: Batch, *, poll_seconds: float = POLL_SECONDS) -> Batch:
-    """Poll until the batch ends, with a bar of finished/total requests, throughput and ETA (Ctrl-C raises)."""
+    """Follow the batch until it ends, or its trial's report pauses it (nothing runs until someone resumes or cancels
+    it), with a bar of finished/total requests, throughput and ETA (Ctrl-C raises).
+
+    Each look is a long-poll of up to `poll_seconds` (`GET /v1/batches/{id}/wait`), so the end is seen the moment
+    it commits; a server without that route (OpenAI, an older Backfill) is polled every `poll_seconds` instead."""
     counts = batch.request_counts
     # Start at what is already finished, so the rate and ETA measure only progress made while watching.
     bar: tqdm[Any] = tqdm(total=counts.total if counts else 0, initial=_ran(batch)[0], unit="req", disable=None)
+    waits = [True]  # False once the server showed it has no long-poll
     try:
         while True:
             _show(bar, batch)
-            if batch.status in TERMINAL:
+            if batch.status in TERMINAL or trial_paused(batch):
                 return batch
-            time.sleep(poll_seconds)
-            batch = _retrieve(client, batch)
+            batch = next_look(client, batch, seconds=poll_seconds, waits=waits)
     finally:
         bar.close()
+
+
+def next_look(client: openai.OpenAI, batch: Batch, *, seconds: float, waits: list[bool]) -> Batch:
+    """The batch after a long-poll of up to `seconds` (it answers at once when the batch ends), or after `seconds`
+    of sleep and a retrieve where the server has no long-poll (`waits[0]` turns False the first time)."""
+    import openai
+    from openai.types import Batch
+
+    if waits[0]:
+        try:
+            return client.get(f"/batches/{batch.id}/wait", cast_to=Batch, options={"params": {"timeout": seconds}})
+        except openai.NotFoundError:  # no such route here (OpenAI, an older Backfill): or the batch went, as below
+            waits[0] = False
+        except openai.APIConnectionError:  # a blip while waiting is not the batch's fault: keep the last state
+            time.sleep(seconds)
+            return batch
+    time.sleep(seconds)
+    return _retrieve(client, batch)
 
 
 def _retrieve(client: openai.OpenAI, batch: Batch) -> Batch:
@@ -118,7 +141,7 @@ def _show(bar: tqdm[Any], batch: Batch) -> None:
         bar.reset(total=total)
     # No total while the file is checked: no count or rate yet, just the step.
     bar.bar_format = VALIDATING_FORMAT if not total and batch.status == "validating" else None
-    bar.set_description_str(batch.status, refresh=False)
+    bar.set_description_str("trial" if trial_running(batch) else batch.status, refresh=False)
     postfix = [f"failed={failed}"] + [f"{name}={count}" for name, count in closed.items() if count]
     bar.set_postfix_str(" ".join(postfix), refresh=False)
     if finished > bar.n:

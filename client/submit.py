@@ -1,4 +1,5 @@
-"""`backfill submit FILE`: upload a JSONL job with a progress bar, create the batch, optionally watch it to the end."""
+"""`backfill submit FILE`: upload a JSONL job with a progress bar, create the batch, optionally watch it to the end
+(or, with --estimate, create nothing and show each offered window's predicted finish and price)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from client import progress
-from client.batches import finish, left_running
+from client import estimates, progress
+from client.batches import after_watch, left_running
 from client.remote import (
     EXIT_INTERRUPTED,
     EXIT_OK,
+    Remote,
     UsageError,
     add_connection_args,
     connect,
@@ -27,6 +29,7 @@ ENDPOINTS = OPENAI.endpoints  # the server's own list: the CLI offers exactly wh
 METADATA_MAX_PAIRS = 16
 FIRST_LINE_SEARCH = 100  # blank lines skipped before the first line whose url names the endpoint
 LINE_READ_BYTES = 1024 * 1024
+CHECKS_MAX_ATTEMPTS = 5  # the server's bound on `checks.max_attempts` (docs/workflow.md)
 
 
 def register(subparsers: Any) -> None:
@@ -49,11 +52,24 @@ def register(subparsers: Any) -> None:
         "--checks", metavar="JSON", help='check each answer, draw failing ones again, e.g. \'{"regex": "yes|no"}\''
     )
     parser.add_argument(
+        "--max-attempts",
+        type=int_between(1, CHECKS_MAX_ATTEMPTS),
+        metavar="N",
+        help=f"answers drawn at most per line, 1-{CHECKS_MAX_ATTEMPTS} (alone: check each answer against the line's "
+        "own schema)",
+    )
+    parser.add_argument(
         "--on-expiry",
         choices=("continue_in_background",),
         help="lines unfinished at expiry carry on in a background child batch (default: cut short; docs/workflow.md)",
     )
-    parser.add_argument("--wait", action="store_true", help="watch the batch to its end, then download its files")
+    then = parser.add_mutually_exclusive_group()
+    then.add_argument("--wait", action="store_true", help="watch the batch to its end, then download its files")
+    then.add_argument(
+        "--estimate",
+        action="store_true",
+        help="create nothing: show each window's predicted finish, price and whether it is admitted",
+    )
     parser.add_argument("--output", "-o", type=Path, default=Path("."), help="with --wait: directory for the files (.)")
     add_connection_args(parser)
     parser.set_defaults(func=run)
@@ -102,16 +118,19 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"{path}: no such file")
     metadata = parse_metadata(args.metadata)
     endpoint = endpoint_of(path, args.endpoint)
+    extensions = _extensions(args)
     remote = connect(args)
     started = time.monotonic()
     uploaded = progress.upload(remote.client, path)
+    if args.estimate:
+        return _estimate(remote, path, uploaded.id, {**(extensions or {}), "endpoint": endpoint}, args)
     try:
         batch = remote.client.batches.create(
             input_file_id=uploaded.id,
             endpoint=endpoint,  # type: ignore[arg-type]
             completion_window=args.window,
             metadata=metadata,
-            extra_body=_extensions(args),
+            extra_body=extensions,
         )
     except BaseException:
         _drop_upload(remote.client, uploaded.id)
@@ -126,11 +145,26 @@ def run(args: argparse.Namespace) -> int:
     ended = progress.watch_or_cancel(remote.client, batch, on_left_running=left_running)
     if ended is None:
         return EXIT_INTERRUPTED
-    return finish(remote, ended, args.output, elapsed=time.monotonic() - started, as_json=args.json)
+    return after_watch(remote, ended, args.output, started=started, as_json=args.json)
 
 
-def _drop_upload(client: Any, file_id: str) -> None:
-    """A refused create leaves nothing behind: delete the file just uploaded for it (or say it stays)."""
+def _estimate(remote: Remote, path: Path, file_id: str, body: dict[str, object], args: argparse.Namespace) -> int:
+    """The server's menu of windows for this file; the upload is deleted after, as nothing was created."""
+    try:
+        answer = estimates.estimate(remote, {**body, "input_file_id": file_id, "completion_window": args.window})
+    finally:
+        _drop_upload(remote.client, file_id, quiet=True)
+    if args.json:
+        print_json(answer)
+    else:
+        print(estimates.render(answer, file_name=path.name))
+        estimates.hint(answer, file_name=str(path))
+    return EXIT_OK
+
+
+def _drop_upload(client: Any, file_id: str, *, quiet: bool = False) -> None:
+    """A refused create (or an estimate) leaves nothing behind: delete the file just uploaded for it (or say it
+    stays)."""
     import openai
 
     try:
@@ -138,7 +172,8 @@ def _drop_upload(client: Any, file_id: str) -> None:
     except openai.OpenAIError:
         note(f"the uploaded file {file_id} stays: delete it with `backfill files rm {file_id}`")
     else:
-        note(f"the batch was not created; deleted the uploaded file {file_id}")
+        if not quiet:
+            note(f"the batch was not created; deleted the uploaded file {file_id}")
 
 
 def _extensions(args: argparse.Namespace) -> dict[str, object] | None:
@@ -156,4 +191,15 @@ def _extensions(args: argparse.Namespace) -> dict[str, object] | None:
                 extra[name] = json.loads(given)
             except ValueError:
                 raise UsageError(f"--{name} takes a JSON object, got {given[:64]!r}") from None
+    if args.max_attempts is not None:
+        extra["checks"] = _with_max_attempts(extra.get("checks", {}), args.max_attempts)
     return extra or None
+
+
+def _with_max_attempts(checks: object, attempts: int) -> dict[str, object]:
+    """--checks with --max-attempts folded in (alone: the line's own schema, the server's default check)."""
+    if not isinstance(checks, dict):
+        raise UsageError("--checks takes a JSON object when --max-attempts is given")
+    if checks.get("max_attempts", attempts) != attempts:
+        raise UsageError(f"--checks says max_attempts {checks['max_attempts']!r}, --max-attempts {attempts}: give one")
+    return {**checks, "max_attempts": attempts}

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from sqlalchemy import ColumnElement
 from sqlalchemy.orm import object_session
 
+from storage.batch_endings import note_ending
 from storage.clock import now
 from storage.errors import BatchNotCancellable, IllegalTransition
 from storage.models import Batch, BatchRequest
@@ -66,6 +67,7 @@ def transition(batch: Batch, target: str) -> None:
     An end state also adds its webhook event (and deliveries) to the batch's session, so the event
     commits or rolls back with the status change itself. A batch in no session (unit tests) has no outbox.
     A batch leaving the statuses in which it can be paused (cancelling, finalizing, an end) is no longer paused.
+    An end state wakes this process's long-polls once it commits (batch_endings.py).
     """
     if not can_transition(batch.status, target):
         error = BatchNotCancellable if target == CANCELLING else IllegalTransition
@@ -78,6 +80,7 @@ def transition(batch: Batch, target: str) -> None:
     session = object_session(batch)
     if target in TERMINAL and session is not None:
         record_batch_event(session, tenant_id=batch.tenant_id, batch_id=batch.id, status=target, at=stamp)
+        note_ending(session)  # a long-poll waiting in this process wakes once this commits
 
 
 # Request (queue row) statuses. A row is born queued (ingest, retries); every statement of storage/queue/ that

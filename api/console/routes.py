@@ -17,6 +17,7 @@ from fastapi.responses import HTMLResponse
 
 from api.deps import Caller, Config, Cursor, DbSession
 from api.errors import error_responses
+from api.openai.batch_retries import lines_path
 from api.pages import page_response
 from storage.batches.batches import get_batch, search_batches
 from storage.batches.finish_predictions import finish_errors
@@ -74,6 +75,7 @@ def _row(batch: Batch, cost: dict[str, Any] | None, *, tenants: dict[str, str] |
         # Where the console reaches the batch, and what it calls its endpoint: the protocol says, not the console.
         "path": protocol.batch_path(batch.id),
         "results_path": protocol.results_path(batch.id),
+        "lines_path": lines_path(batch.id),  # its result lines a page at a time (limit, after), whatever its protocol
         "endpoint": batch.endpoint,
         "endpoint_label": protocol.endpoint_label or batch.endpoint,
         "model": batch.model,

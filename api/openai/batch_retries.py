@@ -83,6 +83,11 @@ def results(
     return StreamingResponse(view.lines, media_type="application/x-jsonl", headers=headers)
 
 
+def lines_path(batch_id: str) -> str:
+    """Where `results` serves a batch's lines a page at a time (any protocol's batch, in its own line format)."""
+    return f"{router.prefix}/{batch_id}/results"
+
+
 def _entity_tags(header: str | None) -> frozenset[str]:
     """The opaque tags an If-None-Match lists, weak or strong (a GET compares them weakly); `*` matches none:
     a caller that holds no answer gets one."""

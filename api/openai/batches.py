@@ -2,22 +2,32 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
+from fastapi.concurrency import run_in_threadpool
+from sqlalchemy.orm import Session
 
 from api.deps import Blobs, Caller, Config, Cursor, DbSession
 from api.errors import error_responses
+from api.fair_share import LONG_POLLS_PER_TENANT
 from api.openai.schemas import BatchCreate, BatchList, BatchObject, BatchPriority
 from api.paging import cursor_fields
+from storage.batch_endings import endings, waiting
 from storage.batches.batches import get_batch, list_batches
 from storage.batches.control import cancel_batch, pause_batch, resume_batch, set_priority
 from storage.batches.creation import create_from_file, estimate_file
 from storage.batches.retries import retry_ids_of
+from storage.db import transaction
 from storage.finance.goodput import batch_goodput
 from storage.finance.job_cost import batch_cost_json
+from storage.lifecycle import TERMINAL
 from storage.protocols import OPENAI
 from storage.queue.usage import batch_usages
+from storage.settings import Settings, get_settings
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
 
@@ -48,10 +58,59 @@ def estimate(body: BatchCreate, session: DbSession, caller: Caller, blobs: Blobs
     return result.to_json()
 
 
+WAIT_MAX_SECONDS = 60.0  # one long-poll at most; a client waits longer by asking again
+WAITS_PER_TENANT = LONG_POLLS_PER_TENANT  # a tenant's long-polls waiting at once in one API process (their own
+# fair-share slots: api/fair_share.py); past it, answered at once
+WAITS_PER_PROCESS = 1_000
+LOOK_SECONDS = 0.5  # how often a waiter reads the status, for endings another process commits (Celery workers)
+_waits: dict[str, int] = {}
+
+
 @router.get("/{batch_id}", response_model=BatchObject)
 def retrieve(batch_id: str, session: DbSession, caller: Caller, settings: Config) -> BatchObject:
     """One batch, with live request counts and (Backfill extensions) its cost block and goodput."""
-    batch = get_batch(session, tenant_id=caller.tenant_id, batch_id=batch_id, protocol=OPENAI)
+    return _batch_object(session, settings, tenant_id=caller.tenant_id, batch_id=batch_id)
+
+
+@router.get("/{batch_id}/wait", response_model=BatchObject)
+async def wait(
+    batch_id: str, caller: Caller, timeout: Annotated[float, Query(ge=0, le=WAIT_MAX_SECONDS)] = 10.0
+) -> BatchObject:
+    """A long-poll (a Backfill extension): the batch as `GET /v1/batches/{id}` gives it, once it has ended
+    (completed, failed, expired, cancelled) or after `timeout` seconds (at most 60), whichever comes first. The CLI
+    watches batches with it, so it sees an end the moment it commits rather than at its next poll. No connection
+    or thread is held while waiting; past 16 waits of one tenant in one API process the answer comes at once."""
+    tenant = caller.tenant_id
+    until = time.monotonic() + timeout
+    if timeout > 0 and _waits.get(tenant, 0) < WAITS_PER_TENANT and waiting() < WAITS_PER_PROCESS:
+        _waits[tenant] = _waits.get(tenant, 0) + 1  # the event loop's thread only: no lock needed
+        try:
+            async with endings() as ended:
+                while (left := until - time.monotonic()) > 0:
+                    ended.clear()  # before the read: an end committed meanwhile still wakes the wait below
+                    if await run_in_threadpool(_status, tenant, batch_id) in TERMINAL:
+                        break
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(ended.wait(), min(left, LOOK_SECONDS))
+        finally:
+            _waits[tenant] -= 1
+            if not _waits[tenant]:
+                del _waits[tenant]
+    return await run_in_threadpool(_retrieved, tenant, batch_id)
+
+
+def _status(tenant_id: str, batch_id: str) -> str:
+    with transaction() as session:
+        return get_batch(session, tenant_id=tenant_id, batch_id=batch_id, protocol=OPENAI).status
+
+
+def _retrieved(tenant_id: str, batch_id: str) -> BatchObject:
+    with transaction() as session:
+        return _batch_object(session, get_settings(), tenant_id=tenant_id, batch_id=batch_id)
+
+
+def _batch_object(session: Session, settings: Settings, *, tenant_id: str, batch_id: str) -> BatchObject:
+    batch = get_batch(session, tenant_id=tenant_id, batch_id=batch_id, protocol=OPENAI)
     goodput = batch_goodput(session, batch_id=batch.id)
     return BatchObject.of(
         batch,

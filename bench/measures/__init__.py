@@ -15,7 +15,7 @@ from bench.measures.mixed import mixed_lines_rows
 from bench.measures.race import prefix_race_rows
 from bench.measures.resume import handback_rows, rolling_rows
 from bench.measures.timed import gpu_timed_measures, shared_sim_measures
-from bench.measures.trial import trial_projection_rows
+from bench.measures.trial import trial_projection_real_rows, trial_projection_rows
 
 ENGINE_OVERHEAD_RATIO_GOAL = 0.95  # issue 22 §7: Backfill ÷ bare LLM.generate, median of the rounds (and its plot)
 
@@ -238,6 +238,8 @@ def measures(parts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         rows += lora_rows(lora)
     if trial := parts.get("trial-projection"):
         rows += trial_projection_rows(trial)
+    if real := parts.get("trial-projection-real"):
+        rows += trial_projection_real_rows(real)
     return rows
 
 

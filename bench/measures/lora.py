@@ -52,7 +52,12 @@ def lora_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
             "lora_packing_backfill_seconds",
             r["backfill_seconds"],
             "s (first upload to last output, server up"
-            + (f"; each job polled every {r['backfill_poll_seconds']} s)" if "backfill_poll_seconds" in r else ")"),
+            + (
+                f"; each job {'long-polled (up to' if r.get('backfill_long_polls') else 'polled every'}"
+                f" {r['backfill_poll_seconds']} s{')' if r.get('backfill_long_polls') else ''})"
+                if "backfill_poll_seconds" in r
+                else ")"
+            ),
         ),
         entry("lora_packing_run_batch_seconds", r["run_batch_seconds"], run_batch_unit),
         entry(

@@ -44,3 +44,38 @@ def trial_projection_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
             ),
         ]
     return rows
+
+
+def trial_projection_real_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
+    """The real engine's run (bench/trial_projection.py --engine demo): each file's projection (interval) against
+    its actual cost, and how far what the lines stated was from what they used."""
+    rows = []
+    for run in r["all"]:
+        tokens = run["tokens"]
+        low, high = run["interval_usd"]
+        name = f"trial_projection_real_{run['shape']}_{run['lines']}_lines"
+        what = f"{run['lines']:,}-line {run['shape']} file (seed {run['seed']}), a {run['trial_lines']}-line trial"
+        rows += [
+            entry(
+                f"{name}_projected_usd",
+                run["projected_usd"],
+                f"$ projected for the whole batch by the trial, 95% interval ${low}-${high}; {what}, real demo engine",
+            ),
+            entry(
+                f"{name}_actual_usd",
+                run["actual_usd"],
+                f"$ billed for the whole batch ({tokens['completed']:,} lines completed in {run['seconds']} s)",
+                f"inside ${low}-${high}",
+                bool(run["actual_within_interval"]),
+            ),
+            entry(f"{name}_error_pct", run["error_pct"], "% projected vs actual"),
+            entry(f"{name}_half_width_pct", run["half_width_pct"], "% of the actual cost: the interval's half-width"),
+            entry(
+                f"{name}_output_share",
+                round(tokens["output"] / max(1, tokens["stated_output"]), 4),
+                f"output tokens used / budgets stated ({tokens['output']:,} of {tokens['stated_output']:,}; "
+                f"{tokens['stopped_before_budget']:,} lines stopped before their budget); prompt tokens "
+                f"{tokens['input']:,} against {tokens['stated_input']:,} estimated",
+            ),
+        ]
+    return rows

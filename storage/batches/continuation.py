@@ -2,8 +2,12 @@
 hands its unfinished lines to a child batch of the background tier (docs/workflow.md, "Partial answers at expiry").
 
 The child is a retry of the origin, built as retries are (storage/batches/retries.py): it joins the origin's retry
-tree, its rows copy the unfinished rows (same line, custom_id, body) and each copy takes its source's checkpoint,
-so the claim that runs it continues the generation from the last stored token (token-exact resume, docs/workers.md).
+tree, its rows copy the unfinished rows (same line, custom_id, body) and each copy takes its source's checkpoint
+(and a checked line's failed draws, storage/queue/draws.py), so the claim that runs it continues the generation
+from the last stored token (token-exact resume, docs/workers.md). A paused origin's lines continue the same way,
+whether they were running or handed back by the pause, but the child starts paused: a pause is the tenant's word
+that the batch must not run now (a manual trial awaiting its review, a spend to stop), and an expiry must not
+overrule it; the tenant resumes the child (or cancels it) as any paused batch.
 In the reaper's transaction the origin's unfinished rows end as `batch_expired` error lines naming the child (the
 origin ends `expired`, its own files show them so), and the merged view of the tree (`GET /v1/batches/{id}/results
 ?merged=true`) gives each custom_id once: the child's answer once it has one. Tokens generated after the last
@@ -29,6 +33,7 @@ from storage.models import Batch, BatchRequest
 from storage.protocols import protocol_of
 from storage.queue import checkpoints
 from storage.queue.batch_rows import close_open_requests, queued_models
+from storage.queue.draws import carry_draws
 from storage.queue.expiry import CONTINUE_IN_BACKGROUND
 from storage.queue.retry_rows import requeue_copies
 from storage.settings import Settings
@@ -111,10 +116,16 @@ def continue_batch(session: Session, settings: Settings, *, origin: Batch) -> Ba
         requeue_copies(session, batch=child, root_id=tree[0].id, request_ids=ids[start : start + _COPY_CHUNK])
         for start in range(0, len(ids), _COPY_CHUNK)
     )
-    copies = session.execute(select(BatchRequest.id, BatchRequest.copy_of).where(BatchRequest.batch_id == child.id))
-    checkpoints.seed(session, tokens={copy: tokens[source] for copy, source in copies if source in tokens})
+    copies = dict(
+        session.execute(select(BatchRequest.id, BatchRequest.copy_of).where(BatchRequest.batch_id == child.id)).all()
+    )
+    checkpoints.seed(session, tokens={copy: tokens[source] for copy, source in copies.items() if source in tokens})
+    carry_draws(session, copies={copy: source for copy, source in copies.items() if source is not None})
     lifecycle.transition(child, lifecycle.IN_PROGRESS)
+    if origin.paused_at is not None:  # paused as its origin was (the module docstring): resumed by the tenant
+        child.paused_at = now()
     session.flush()
-    for model in queued_models(session, batch_id=child.id):
-        wake_after_commit(session, "batch.run", model=model)
+    if child.paused_at is None:
+        for model in queued_models(session, batch_id=child.id):
+            wake_after_commit(session, "batch.run", model=model)
     return child

@@ -190,6 +190,9 @@ class BatchRequest(Base):
     # check named (worker/feed/checks.py), shown on its result line.
     trial: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     check_attempts: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # While a checked line is open: the draws it made that failed its checks and their usage, so a claim after a
+    # hand-back goes on with the next draw (storage/queue/draws.py). Never shown: `check_attempts` is.
+    draws: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
 class CheckpointChunk(Base):

@@ -8,7 +8,7 @@ chunks end to end (storage/queue/checkpoints.py): only that claim's generation a
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import ColumnElement, Select, exists, false, select, update
@@ -23,6 +23,7 @@ from storage.queue import checkpoints
 from storage.queue.claim_bands import open_batches
 from storage.queue.claim_caps import cap_rooms
 from storage.queue.claim_order import ClaimOrder, claim_order, pick
+from storage.queue.draws import Draws, draws_of
 from storage.queue.enqueue import ids_match
 from storage.queue.expiry import cut_candidates
 from storage.queue.lease_expiry import open_lease
@@ -54,6 +55,12 @@ class ClaimedRequest:
     adapter_path: str | None = None  # its folder; None with `adapter` set: no longer registered
     # Its batch's checks (storage/batches/checks.py): the runner checks each answer and draws a failing one again.
     checks: dict[str, Any] | None = None
+    # The draws it made before a hand-back that failed its checks (storage/queue/draws.py): the runner goes on with
+    # the next one.
+    draws: Draws = field(default_factory=Draws)
+    # Its batch's window closed and it holds a checkpoint (storage/queue/expiry.py `cut_candidates`): the runner
+    # answers it at once from those tokens, cut short, generating none after the deadline.
+    overdue: bool = False
 
 
 def claim(
@@ -85,8 +92,9 @@ def claim(
     caps = cap_rooms(session, settings, batch_ids=[b.id for b in batches if b.capped and not b.paused])
     # Expired with tokens, to be cut short (expiry.py): only rows of an in-progress batch past its window, so with no
     # such batch among the model's (`batches`: every batch its rows can be in) there is nothing to look for.
-    overdue = any(batch.expires_at <= now() for batch in batches)
-    ids = cut_candidates(session, model=model, limit=limit) if overdue else []
+    past_window = any(batch.expires_at <= now() for batch in batches)
+    ids = cut_candidates(session, model=model, limit=limit) if past_window else []
+    overdue = set(ids)
     while len(ids) < limit:  # again only when a spend cap left rows out: each pass holds back one more batch
         picked = pick(
             session, model=model, limit=limit - len(ids), order=order, batches=batches, held=caps.held, taken=ids
@@ -105,6 +113,7 @@ def claim(
         urgent_before=order.urgent_before,
         checks={batch.id: batch.checks for batch in batches},
     )
+    claimed = [replace(item, overdue=True) if item.id in overdue else item for item in claimed]
     if named := {item.adapter for item in claimed if item.adapter is not None}:
         paths = adapter_paths(session, settings, names=named)
         claimed = [replace(item, adapter_path=paths.get(item.adapter)) if item.adapter else item for item in claimed]
@@ -153,6 +162,7 @@ def _lease(
             BatchRequest.attempts,
             _capped() if postgres else false(),
             BatchRequest.adapter,
+            BatchRequest.draws,
             BatchRequest.checkpoint_tokens,
         )
         .execution_options(synchronize_session=False)
@@ -175,8 +185,9 @@ def _lease(
             claim_id=claim_id,
             capped=bool(capped),
             adapter=adapter,
+            draws=draws_of(draws),
         )
-        for rid, batch_id, tenant, url, body, deadline, attempts, capped, adapter, _ in rows
+        for rid, batch_id, tenant, url, body, deadline, attempts, capped, adapter, draws, _ in rows
     ]
     claimed = [replace(item, checkpoint=tuple(stored[item.id])) if item.id in stored else item for item in claimed]
     if not postgres and (capped_ids := set(session.scalars(_capped_batches(item.batch_id for item in claimed)))):

@@ -5,11 +5,14 @@ When a batch's window closes, the reaper ends its queued requests as `batch_expi
 leaves its running ones to their workers for `expiry_cut_grace_seconds`: each worker's next lease renewal (every
 2 s) finds them overdue (`overdue_of`), stops them and records what each generated so far as its answer, a
 length stop marked `"backfill": {"cut_by": "expiry"}`, under the lease check like any result. A queued request
-holding a checkpoint (handed back mid-generation) is left too: a claim of its model leases it
-(`cut_candidates`), its engine continues from the checkpoint and the next renewal cuts it the same way. What no worker
-answered in the grace (no token yet, a worker gone) the reaper then ends as `batch_expired`. Either way a
-request ends once: a result lands only on a running row its worker still leases, the reaper ends only open rows.
-A batch whose window closed on any of its requests ends `expired`, cut answers or not (`ran_past_deadline`).
+holding a checkpoint (handed back mid-generation: a drain, a switch, a pause) is left too: a claim of its model
+leases it (`cut_candidates`), and its worker answers it at once from the checkpoint, cut the same way, decoding
+nothing past the deadline. A paused batch's lines are no exception: once its window closed a pause holds nothing
+back (storage/queue/handback.py `not_paused`), so the lines its pause handed back with tokens end with them, as
+lines cut while running do. What no worker answered in the grace (no token yet, a worker gone) the reaper then
+ends as `batch_expired`. Either way a request ends once: a result lands only on a running row its worker still
+leases, the reaper ends only open rows. A batch whose window closed on any of its requests ends `expired`, cut
+answers or not (`ran_past_deadline`).
 """
 
 from __future__ import annotations
@@ -46,15 +49,15 @@ def overdue_of(session: Session, *, worker_id: str, request_ids: list[str]) -> s
 
 
 def cut_candidates(session: Session, *, model: str, limit: int) -> list[str]:
-    """Queued rows of `model` holding a checkpoint in batches whose window closed (not paused, not continuing in
-    the background): a claim leases them so their worker cuts them short from those tokens. Locked, SKIP LOCKED."""
+    """Queued rows of `model` holding a checkpoint in batches whose window closed (paused or not; not those
+    continuing in the background): a claim leases them so their worker cuts them short from those tokens at once.
+    Locked, SKIP LOCKED."""
     if limit <= 0:
         return []
     overdue = select(Batch.id).where(
         Batch.status == lifecycle.IN_PROGRESS,
         Batch.expires_at <= now(),
         Batch.on_expiry.is_(None),
-        Batch.paused_at.is_(None),
     )
     query = (
         select(BatchRequest.id)

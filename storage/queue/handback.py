@@ -8,6 +8,9 @@ simply lets the holder go on: a pause never has two workers decode the same requ
 the row only until its lease expires (the reaper re-queues it; a claim takes it after the resume). `record`
 stores no result of a paused batch: it hands such rows back unrecorded (`hand_back_paused`), so a paused batch
 makes no progress. A handed-back try is given back: a pause is not a failure.
+
+A pause holds a batch only while its window is open: once it closed, the batch's lines end as any overdue batch's
+do (storage/queue/expiry.py), those holding tokens cut short from them, and their results are recorded.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from sqlalchemy import ColumnElement, exists, select, update
 from sqlalchemy.orm import Session
 
 from storage import lifecycle
+from storage.clock import now
 from storage.models import Batch, BatchRequest
 
 
@@ -55,6 +59,9 @@ def hand_back_paused(session: Session, *, worker_id: str, request_ids: list[str]
 
 
 def not_paused() -> ColumnElement[bool]:
-    """A filter on `batch_requests`: the row's batch is not paused (a worker must not take it back)."""
-    paused = select(Batch.id).where(Batch.id == BatchRequest.batch_id, Batch.paused_at.is_not(None))
+    """A filter on `batch_requests`: no pause holds the row's batch (not paused, or paused but its window closed:
+    then its lines end, cut short from their tokens, storage/queue/expiry.py)."""
+    paused = select(Batch.id).where(
+        Batch.id == BatchRequest.batch_id, Batch.paused_at.is_not(None), Batch.expires_at > now()
+    )
     return ~exists(paused)

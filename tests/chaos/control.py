@@ -120,6 +120,9 @@ class Follower:
     due: list[tuple[float, str, int | None]] = field(default_factory=list)
     done: bool = False
     trial_resumed: bool = False  # its trial paused it and the tenant resumed it (once)
+    # A background child continuing a batch that expired while paused starts paused (docs/workflow.md): its tenant
+    # resumes it when it sees it so (once), as it would have resumed the origin.
+    resume_paused: bool = False
 
     def __post_init__(self) -> None:
         due: list[tuple[float, str, int | None]] = []
@@ -167,11 +170,14 @@ class Controller:
         batch = self.tenant.call(
             "batches.retrieve", lambda: self.tenant.client.batches.retrieve(record.batch_id), give_up_at=self.give_up_at
         )
-        record.status = batch.status
+        record.status, record.expires_at = batch.status, batch.expires_at
         if batch.status not in TERMINAL:
             if not follower.trial_resumed and trial_paused(batch.to_dict()):
                 follower.trial_resumed = True
                 self._post("trial_resume", record.batch_id, f"/batches/{record.batch_id}/resume", {})
+            elif follower.resume_paused and batch.to_dict().get("paused_at"):
+                follower.resume_paused = False
+                self._post("resume", record.batch_id, f"/batches/{record.batch_id}/resume", {})
             return []
         record.terminal_at = time.time()
         follower.done = True
@@ -202,7 +208,8 @@ class Controller:
                 max_cost_usd=batch.get("max_cost_usd"),
                 window="background",
             )
-            followers.append(Follower(self.records[child], time.time(), BatchControls(retry=True), depth=depth + 1))
+            controls = BatchControls(retry=True)
+            followers.append(Follower(self.records[child], time.time(), controls, depth=depth + 1, resume_paused=True))
         return followers
 
     def _control(self, record: BatchRecord, kind: str, value: int | None) -> None:

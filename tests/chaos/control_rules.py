@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from decimal import Decimal
+from typing import Any
 
 from tests.chaos.history import TERMINAL, BatchRecord, Finding, History, Verdict
 
@@ -66,20 +67,33 @@ def paused_spans(history: History, batch_id: str) -> list[tuple[float, float]]:
 
 
 def check_pauses(verdict: Verdict, history: History) -> None:
-    """No worker records a result for a paused batch between its pause and its resume."""
+    """No worker records a result for a paused batch between its pause and its resume, but once its window closed
+    (an answer cut short at its expiry among them): a pause then holds nothing back, its lines end
+    (docs/workflow.md)."""
     for batch_id in sorted({c.batch_id for c in history.controls if c.kind == "pause" and c.batch_id}):
         spans = paused_spans(history, batch_id)
+        record = history.batches.get(batch_id)
+        cut = {str(line.get("id")) for line in record.output_lines if cut_at_expiry(line)} if record else set()
         ran = [
             row
             for row in history.rows.get(batch_id, [])
             if row.run_id is not None
             and row.finished_at is not None
+            and row.row_id not in cut
+            and (record is None or record.expires_at is None or row.finished_at < record.expires_at)
             and any(start < row.finished_at < end for start, end in spans)
         ]
         if ran:
             first = min(ran, key=lambda row: row.finished_at or 0)
             detail = f"{len(ran)} results recorded while paused, e.g. {first.custom_id} at {first.finished_at:.2f}"
             verdict.findings.append(Finding("paused_progress", batch_id, detail, len(ran)))
+
+
+def cut_at_expiry(line: dict[str, Any]) -> bool:
+    """The result line's answer was cut short at its batch's expiry (`backfill.cut_by`, on OpenAI's body or
+    Anthropic's message)."""
+    answer = ((line.get("response") or {}).get("body") or (line.get("result") or {}).get("message")) or {}
+    return isinstance(answer, dict) and bool((answer.get("backfill") or {}).get("cut_by"))
 
 
 def _billed_tokens(records: list[BatchRecord]) -> tuple[int, int]:

@@ -20,7 +20,8 @@ request rows the database held at the end (`rows`):
 * rerun: a retry holds a custom_id that succeeded in its origin, or a custom_id has an output line (was
   billed) in more than one batch of a retry tree;
 * paused_progress: a request of a paused batch was recorded as run (a worker's result: `run_id` set) after
-  the pause was answered and before the resume was sent;
+  the pause was answered and before the resume was sent (a result recorded once the batch's window closed, an
+  answer cut short at its expiry among them, is not progress: a paused batch's lines end as any expired batch's);
 * overrun: a capped batch (`max_cost_usd`) billed more than its cap plus one request (the dearest it billed: a
   claim reserves each request at its max_tokens, docs/decisions/0018), or a budgeted tenant more than its budget
   plus the in-flight bound (per GPU worker 2 x max_num_seqs x inflight_per_seq requests, each at most the
@@ -116,6 +117,7 @@ class BatchRecord:
     trial: dict[str, Any] | None = None
     checks: dict[str, Any] | None = None
     on_expiry: str | None = None
+    expires_at: float | None = None  # when its window closes, as its batch object says (once the client saw it)
 
 
 @dataclass(frozen=True)

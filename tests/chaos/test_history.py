@@ -405,3 +405,21 @@ def test_budget_exceeded_lines_are_explained_only_by_a_cap_or_a_tenant_budget() 
     record.max_cost_usd = None
     history.controls = [ControlEvent("budget", "t", None, T0 + 1, T0 + 2, value="100", spent_usd="0")]
     assert check(history).ok
+
+
+def test_an_answer_cut_short_at_expiry_while_paused_is_not_progress() -> None:
+    history = paused_history()  # the window closed inside the pause: its lines end, b cut from its tokens
+    history.rows["batch_1"][1] = RowRecord("b", "completed", T0 + 5.5, "run-1", row_id="batch_req_b")
+    assert kinds(history) == {"paused_progress": 1}
+    line = next(line for line in history.batches["batch_1"].output_lines if line["custom_id"] == "b")
+    line["response"]["body"]["backfill"] = {"cut_by": "expiry"}
+    assert "paused_progress" not in kinds(history)
+
+
+def test_a_result_recorded_after_a_paused_batchs_window_closed_is_not_progress() -> None:
+    history = paused_history()  # the window closed at T0+5, inside the pause: b's answer ended the line
+    history.rows["batch_1"][1] = RowRecord("b", "completed", T0 + 5.5, "run-1", row_id="batch_req_b")
+    history.batches["batch_1"].expires_at = T0 + 6
+    assert kinds(history) == {"paused_progress": 1}
+    history.batches["batch_1"].expires_at = T0 + 5
+    assert "paused_progress" not in kinds(history)

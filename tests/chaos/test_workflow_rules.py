@@ -10,7 +10,7 @@ from typing import Any
 from tests.chaos.decode_rules import record_decode
 from tests.chaos.history import BatchRecord, ControlEvent, History, RowRecord, check
 from tests.chaos.test_history import T0, clean_history, error_line, output_line
-from tests.chaos.workflow import CONTINUE, SHORT_WINDOWS, final_finishes, plan_workflow
+from tests.chaos.workflow import CONTINUE, SHORT_WINDOWS, draw_finishes, plan_workflow
 from tests.chaos.workload import SIZES, plan_workload
 
 CHECKS = {"regex": "(lorem|ipsum|dolor)( .*)?", "max_attempts": 3}
@@ -174,19 +174,20 @@ def test_the_workflow_plan_keeps_the_seeds_lines_and_draws_trials_checks_and_win
     assert all(2 <= b.workflow["checks"]["max_attempts"] <= 3 for b in many if "checks" in b.workflow)
 
 
-def test_a_lines_final_run_is_its_finishes_since_its_last_hand_back() -> None:
+def test_a_lines_draws_are_its_finishes_across_hand_backs_less_an_answer_continued_after_one() -> None:
     ledger = "\n".join(
         [
             "h 1 chaos-model",
             "b 1 req-a 0 1", "f 1 15",  # a draw that failed its checks
-            "b 2 req-a 0 1", "a 2",  # the redraw, handed back by a pause: its draws start again
-            "b 3 req-a 0 1", "f 3 15", "b 4 req-a 0 1", "f 4 15",  # the final run: two draws
-            "b 5 req-b 0 1", "f 5 7", "b 6 req-b 0 1", "a 6",  # b's last event is a hand-back: no final run here
+            "b 2 req-a 0 1", "a 2",  # the redraw, handed back by a pause: its next claim goes on with it
+            "b 3 req-a 0 1", "f 3 15",  # the redraw again, from the prompt (a redraw's seed resumes nothing)
+            "b 5 req-b 0 1", "f 5 7", "b 6 req-b 0 1", "a 6",  # b: one draw finished, the next handed back
             "b 7 req-c 0 1", "f 7 9", "b 8 req-c 8 1", "f 8 9",  # c's answer, handed back unstored, continued
+            "b 9 req-d 0 1", "a 9",  # d: nothing finished
             "f 9",  # torn by a kill
         ]
     )  # fmt: skip
-    assert final_finishes(ledger) == {"req-a": [15, 15], "req-c": [9]}
+    assert draw_finishes(ledger) == {"req-a": [15, 15], "req-b": [7], "req-c": [9]}
 
 
 def test_a_checked_lines_failed_draws_are_judged_answers_not_discarded_decode(tmp_path: Path) -> None:
@@ -227,3 +228,19 @@ def test_a_trial_line_of_a_batch_paused_before_its_result_was_stored_is_not_judg
     history.controls.append(ControlEvent("pause", "t", "batch_1", T0 + 2, T0 + 2.1))
     history.controls.append(ControlEvent("resume", "t", "batch_1", T0 + 3, T0 + 3.1))
     assert findings(history, "trial") == []
+
+
+def test_a_continued_lines_draws_count_those_its_origin_made() -> None:
+    history = continued_history()  # b failed its first draw in batch_1; its copy in batch_2 made the second
+    child = history.batches["batch_2"]
+    child.checks = history.batches["batch_1"].checks = CHECKS
+    child.output_lines[0] = drawn(child.output_lines[0], 2)
+    child.cost = {"input_tokens": 6, "output_tokens": 10}
+    history.merged["batch_1"][1] = child.output_lines[0]
+    history.rows["batch_2"] = [
+        RowRecord("b", "completed", T0 + 8, "run-2", None, 10, row_id="batch_req_b2", copy_of="batch_req_b")
+    ]
+    history.finishes["batch_req_b"] = [5]
+    assert findings(history, "billed") == []
+    del history.finishes["batch_req_b"]
+    assert findings(history, "billed") == ["b: 2 attempts but the engines finished 1 answers"]

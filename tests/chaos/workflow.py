@@ -78,8 +78,8 @@ def continued_in(line: dict[str, Any]) -> str | None:
 
 
 def record_generations(history: Any, ledger_dir: Path) -> None:
-    """Per request id, the answers the fake engines finished in its final run and the tokens they generated for
-    it over all its runs (decoded plus resumed), from the run's decode ledger (none on the real engine)."""
+    """Per request id, the answers (draws) the fake engines finished for it and the tokens they generated for it,
+    over all its runs (decoded plus resumed), from the run's decode ledger (none on the real engine)."""
     from worker.engine.decode_ledger import read_ledger
 
     if not any(ledger_dir.glob("decode-*.log")):
@@ -87,36 +87,37 @@ def record_generations(history: Any, ledger_dir: Path) -> None:
     for rid, decode in read_ledger(ledger_dir).items():
         history.generated[rid] = decode.decoded + decode.resumed
     for path in sorted(ledger_dir.glob("decode-*.log")):
-        for rid, finished in final_finishes(path.read_text()).items():
+        for rid, finished in draw_finishes(path.read_text()).items():
             history.finishes.setdefault(rid, []).extend(finished)
 
 
-def final_finishes(text: str) -> dict[str, list[int]]:
-    """One ledger file's finished answers per request id since its last hand-back, for the requests whose last
-    event in the file is a finish: the answers of the run that produced the line's result. A hand-back is an abort
-    (a pause, a drain or a cut took the line back mid-draw: its next claim starts its draws again) or a begin
-    from checkpoint tokens (the next claim continues what was handed back, a finished answer not yet stored among
-    them: decoding its last token again is not a second run). A torn last line (a kill mid-write) is skipped."""
+def draw_finishes(text: str) -> dict[str, list[int]]:
+    """One ledger file's finished answers per request id: every draw the engine finished for it, those of claims
+    a hand-back ended included (a line's draws survive a pause, a drain or a lost lease: its next claim goes on with
+    its next draw, docs/workflow.md "Checked answers"). Less one: a finish followed by a begin from checkpoint
+    tokens (a finished answer a pause handed back before it was stored, continued by the next claim: decoding its
+    last token again is not another draw). A torn last line (a kill mid-write) is skipped."""
     ids: dict[str, str] = {}
-    tails: dict[str, list[int]] = {}
-    ended: dict[str, bool] = {}
+    finishes: dict[str, list[int]] = {}
+    last_finished: dict[str, bool] = {}
     for line in text.splitlines():
         parts = line.split()
         try:
             if parts[0] == "b":
-                ids[parts[1]] = parts[2]
-                if int(parts[3]) > 0 or parts[2] not in tails:  # resumed: a hand-back of its last run continues
-                    tails[parts[2]], ended[parts[2]] = [], False
+                ids[parts[1]] = rid = parts[2]
+                if int(parts[3]) > 0 and last_finished.get(rid):  # continues the answer it finished last
+                    finishes[rid].pop()
+                last_finished[rid] = False
             elif parts[0] == "f" and parts[1] in ids:
-                tails[ids[parts[1]]].append(int(parts[2]))
-                ended[ids[parts[1]]] = True
+                finishes.setdefault(ids[parts[1]], []).append(int(parts[2]))
+                last_finished[ids[parts[1]]] = True
             elif parts[0] == "a":
                 for seq in parts[1:]:
                     if seq in ids:
-                        tails[ids[seq]], ended[ids[seq]] = [], False
+                        last_finished[ids[seq]] = False
         except (IndexError, ValueError):
             continue
-    return {rid: finished for rid, finished in tails.items() if ended.get(rid)}
+    return {rid: finished for rid, finished in finishes.items() if finished}
 
 
 def read_merged(clients: dict[str, Any], history: Any, *, give_up_at: float) -> None:

@@ -9,20 +9,21 @@
 * trial: a reported trial marked as many lines as it asked for (`lines`, or `ceil(share x total)`), its report ran
   exactly those (`lines_run`), and in a run where no fault interrupted running work (no kill -9 of a GPU worker,
   no Postgres stop: the only ways a finished answer goes unrecorded) the engines finished no trial line with a
-  recorded result more often, in the run that produced it, than the result says it was drawn (`attempts.count`,
-  1 unchecked): no trial line ran twice. "The run that produced it": the finishes since the line's last
-  hand-back (a pause, a drain: its draws start again, docs/workflow.md "Limits"; `workflow.final_finishes`).
-  Not judged: trial lines of a batch the tenant paused before the line's result was stored. A pause hands back a
-  result finished but not yet stored, and a checked line's attempts live in the worker's memory, so the line
-  runs all its draws again on its next claim; a `checks_failed` result keeps no tokens to continue from, so no
-  ledger event marks that hand-back (seed 12 of `--workflow --size small`: a trial line drawn 9 times for its 3
-  attempts across two pauses; docs/chaos.md "Workflow");
+  recorded result more often than the result says it was drawn (`attempts.count`, 1 unchecked): no trial line
+  ran twice. Its finishes are those of all its claims: a line's failed draws go with its row when it is handed
+  back (a pause, a drain), and its next claim goes on with the next draw (docs/workflow.md "Checked answers";
+  `workflow.draw_finishes`). Not judged: trial lines of a batch the tenant paused before the line's result was
+  stored. A pause hands back a result finished but not yet stored, and the next claim makes that draw again: from
+  its tokens (the ledger marks it, one token decoded again) or, for a redraw (its seed resumes nothing), from the
+  prompt, which no ledger event tells from another draw;
 * billed (a line is never billed for more attempts than it made): a result line's `attempts` are consistent
   (`count` = failed draws + 1 for an answer, = failed draws for `checks_failed`; at most the batch's
   `max_attempts`; `checks_failed` only once all `max_attempts` failed); the engines finished at least `count`
-  answers for it in its final run; and what its row was billed (completion tokens, failed draws included) is at
-  most the sum of the `count` longest answers of that run, and at least its kept answer's. A cut answer (expiry)
-  finishes nothing: it is billed at most the tokens the engines generated for it (decoded plus resumed).
+  answers for it over its claims (a continued line's, over its source's and its copy's: the copy goes on with the
+  source's draws); and what its row was billed (completion tokens, failed draws included) is at
+  most the sum of the `count` longest of those answers, and at least its kept answer's. A cut answer (expiry)
+  finishes nothing: it is billed at most the tokens the engines generated for it (decoded plus resumed), its
+  failed draws included.
 
 The last two read the fake engines' decode ledger (`History.finishes`, `generated`); on the real engine (no ledger)
 only the `attempts` consistency is checked.
@@ -140,7 +141,7 @@ def _check_trials(verdict: Verdict, history: History) -> None:
             if row.run_id is None:  # no worker recorded a result: cancelled, expired, stopped while it ran
                 continue
             if any(at is not None and at < (row.finished_at or 0) for at in paused):
-                continue  # a pause may hand back a finished result unstored: its draws start again (the docstring)
+                continue  # a pause may hand back a finished result unstored: that draw is made again (the docstring)
             ran = len(history.finishes.get(row.row_id, []))
             if ran > _count(results.get(row.row_id)):
                 detail = f"trial line {row.custom_id} finished {ran} times for {_count(results.get(row.row_id))} draws"
@@ -148,6 +149,7 @@ def _check_trials(verdict: Verdict, history: History) -> None:
 
 
 def _check_billed(verdict: Verdict, history: History) -> None:
+    continuations = {child for r in history.batches.values() for line in r.error_lines if (child := continued_in(line))}
     for record in history.batches.values():
         rows = {row.row_id: row for row in history.rows.get(record.batch_id, [])}
         most = int((record.checks or {}).get("max_attempts", 1))
@@ -157,7 +159,10 @@ def _check_billed(verdict: Verdict, history: History) -> None:
             row = rows.get(rid)
             if row is None or row.status != "completed" or not (history.finishes or history.generated):
                 continue
-            if problem := _billing_problem(line, row, history):
+            finished = history.finishes.get(row.row_id, [])
+            if record.batch_id in continuations and row.copy_of:  # the copy went on with its source's draws
+                finished = history.finishes.get(row.copy_of, []) + finished
+            if problem := _billing_problem(line, row, history, finished):
                 verdict.findings.append(Finding("billed", record.batch_id, f"{row.custom_id}: {problem}"))
 
 
@@ -176,7 +181,7 @@ def _attempts_problem(line: dict[str, Any], *, most: int) -> str | None:
     return None
 
 
-def _billing_problem(line: dict[str, Any], row: RowRecord, history: History) -> str | None:
+def _billing_problem(line: dict[str, Any], row: RowRecord, history: History, finishes: list[int]) -> str | None:
     body = (line.get("response") or {}).get("body") or {}
     kept = int((body.get("usage") or {}).get("completion_tokens", 0))
     if (body.get("backfill") or {}).get("cut_by"):
@@ -186,7 +191,7 @@ def _billing_problem(line: dict[str, Any], row: RowRecord, history: History) -> 
             if row.completion_tokens > made
             else None
         )
-    finished, count = sorted(history.finishes.get(row.row_id, []), reverse=True), _count(line)
+    finished, count = sorted(finishes, reverse=True), _count(line)
     if len(finished) < count:
         return f"{count} attempts but the engines finished {len(finished)} answers"
     if not kept <= row.completion_tokens <= sum(finished[:count]):

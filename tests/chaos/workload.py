@@ -257,4 +257,4 @@ def collect_unknown(tenant: TenantClient, *, records: dict[str, BatchRecord], gi
             )
             download(tenant, record, whole.to_dict(), give_up_at=give_up_at)
         else:
-            record.status = batch.status
+            record.status, record.expires_at = batch.status, batch.expires_at

@@ -18,7 +18,7 @@ from openai.types.chat import ChatCompletion
 from sqlalchemy import update
 
 from tests.conftest import LiveServer, make_key, start_server
-from tests.e2e.resume import CHECKPOINT_ENV, greedy_lines, wait_until_checkpointed_mid_decode
+from tests.e2e.resume import CHECKPOINT_ENV, greedy_lines, rows_of, wait_until_checkpointed_mid_decode
 from tests.integration.api.helpers import read_lines, to_jsonl, upload, wait_for
 
 pytestmark = pytest.mark.vllm
@@ -136,3 +136,44 @@ def test_a_batch_continued_in_the_background_answers_each_line_once_as_if_never_
         assert "backfill" not in (completion.model_extra or {})
     assert texts(merged, "bg-") == full  # token-exact: the resumed lines read as the uninterrupted ones
     print(f"continued in the background: {child.request_counts.total} of {len(full)} lines in {child_id}")  # type: ignore[union-attr]
+
+
+def handed_back(batch_id: str, timeout: float = 60) -> dict[str, tuple[str, int]]:
+    """Each line's (status, checkpoint tokens) once a pause took every running line back (none runs)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = rows_of(batch_id)
+        if all(status != "running" for status, _ in rows.values()):
+            return rows
+        assert time.monotonic() < deadline, f"the pause did not hand the lines back: {rows}"
+        time.sleep(0.1)
+
+
+def test_a_paused_batchs_lines_end_at_expiry_with_the_text_generated_before_the_pause(live: LiveServer) -> None:
+    client = live.client(make_key("acme"))
+    full = reference(client)
+    batch_id = run(client, "pz-")
+    wait_until_checkpointed_mid_decode(batch_id, alive=lambda: True)
+    client.post(f"/batches/{batch_id}/pause", body={}, cast_to=openai.types.Batch)
+    rows = handed_back(batch_id)
+    held = {cid: tokens for cid, (status, tokens) in rows.items() if status == "queued" and tokens > 0}
+    assert held, f"no line was generating at the pause: {rows}"
+    window_closes(batch_id)
+
+    done = wait_for(client, batch_id, timeout=120)
+    assert done.status == "expired"
+    outputs, expired = read_lines(client, done.output_file_id), read_lines(client, done.error_file_id)
+    assert sorted(line["custom_id"] for line in outputs + expired) == sorted(rows)  # each line once
+    cut = [line for line in outputs if "backfill" in line["response"]["body"]]
+    assert sorted(line["custom_id"] for line in cut) == sorted(held)
+    assert {line["error"]["code"] for line in expired} <= {"batch_expired"}
+    so_far = texts(cut, "pz-")
+    for line in cut:
+        completion = ChatCompletion.model_validate(line["response"]["body"])
+        assert completion.choices[0].finish_reason == "length" and completion.usage is not None
+        assert (completion.model_extra or {})["backfill"] == {"cut_by": "expiry"}
+        assert completion.usage.completion_tokens == held[line["custom_id"]]  # not a token after the pause
+        number = line["custom_id"].removeprefix("pz-")
+        assert full[number].startswith(so_far[number])
+    print(f"paused, then expired: {len(cut)} lines cut with {sorted(held.values())} tokens, {len(expired)} expired")
+    assert done.model_extra and float(done.model_extra["cost"]["billed_usd"]) > 0

@@ -36,6 +36,7 @@ STORAGE_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "outbound_settings",
             "windows",
             "wakeups",
+            "batch_endings",
         ),
     ),
     ("lines", ("lines",)),

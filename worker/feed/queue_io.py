@@ -38,6 +38,7 @@ from sqlalchemy.orm import Session
 from storage.db import transaction
 from storage.queue.checkpoints import Generated
 from storage.queue.claim import ClaimedRequest, claim
+from storage.queue.draws import Draws
 from storage.queue.leases import release
 from storage.queue.results import Outcome
 from storage.settings import Settings
@@ -127,10 +128,11 @@ class QueueIO:
         if generated:
             self._put(Checkpoint(generated))
 
-    def restart(self, claims: dict[str, str]) -> None:
-        """Queue dropping these rows' checkpoints (id -> its claim): the engine restarted their generation."""
+    def restart(self, claims: dict[str, str], draws: dict[str, Draws] | None = None) -> None:
+        """Queue dropping these rows' checkpoints (id -> its claim): the engine restarted their generation; `draws`:
+        the failed draws so far of those among them drawn again (storage/queue/draws.py)."""
         if claims:
-            self._put(Restart(claims))
+            self._put(Restart(claims, dict(draws or {})))
 
     def release(self, request_ids: list[str], generated: dict[str, Generated]) -> None:
         """Queue handing back these rows (aborted in the engine: a pause) with their tokens; with no ids, only the

@@ -9,10 +9,12 @@ from storage.queue.claim import ClaimedRequest
 from storage.queue.results import Outcome
 from worker.engine import Engine, EngineRequest, EngineResult
 from worker.engine.wire.base import server_error
+from worker.feed.redraws import next_seed
 
 
 def engine_request(row: ClaimedRequest) -> EngineRequest:
-    """What the engine runs of a leased row (after its checkpoint's tokens, if it has one)."""
+    """What the engine runs of a leased row (after its checkpoint's tokens, if it has one): a checked line that made
+    failed draws before a hand-back goes on with its next draw's seed."""
     return EngineRequest(
         request_id=row.id,
         url=row.url,
@@ -20,6 +22,7 @@ def engine_request(row: ClaimedRequest) -> EngineRequest:
         resume_token_ids=row.checkpoint,
         adapter=row.adapter,
         adapter_path=row.adapter_path,
+        seed=next_seed(row),
     )
 
 

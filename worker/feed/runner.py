@@ -225,6 +225,7 @@ class Runner:
         if len(claimed) < asked:
             self._last_empty_claim = time.monotonic()
         restarted: dict[str, str] = {}
+        overdue: set[str] = set()
         for row in self._take_in(claimed, restarted):
             if (refused := self.engine.add(engine_request(row))) is not None:
                 self.ledger.refuse(refused)
@@ -233,7 +234,11 @@ class Runner:
             self.redraws.admitted(row)
             if not self.checkpoints.admitted(row.id, claim_id=row.claim_id, stored=len(row.checkpoint)):
                 restarted[row.id] = row.claim_id
+            if row.overdue:
+                overdue.add(row.id)
         self.io.restart(restarted)  # queued before any write of their new tokens
+        if overdue:  # claimed at expiry for their checkpoints: answered from them now, nothing decoded past it
+            self._cut(overdue)
         self._signal_urgency()
 
     def _take_in(self, rows: list[ClaimedRequest], restarted: dict[str, str]) -> list[ClaimedRequest]:
@@ -262,8 +267,8 @@ class Runner:
     def _step(self) -> None:
         started = time.perf_counter()
         results, redrawn = self.redraws.screen(self.engine.step())  # answers failing their checks: drawn again
-        if redrawn:
-            self.io.restart(self.checkpoints.restarted(redrawn))
+        if redrawn:  # their failed draws go with the row: a hand-back before the result keeps them
+            self.io.restart(self.checkpoints.restarted(redrawn), self.redraws.drawn(set(redrawn)))
         seconds, stats = time.perf_counter() - started, self.engine.stats()
         self.run.stepped(seconds, stats, finished=len(results), backlog=self._queue_backlog)
         urgent = self.ledger.urgent()
@@ -343,12 +348,15 @@ class Runner:
         """Answer these from what they generated so far (flushed with the next results); those with nothing to
         show leave the engine and go back to the queue, where the reaper ends them `batch_expired` (expiry.py)."""
         answers = self.engine.cut(sorted(request_ids))
+        self.redraws.cut(answers)  # a checked line keeps the draws it made
         self.ledger.finish(answers)
         for answer in answers:
             self.checkpoints.finished(answer)
         self.redraws.forget(request_ids)
         if unanswered := request_ids - {answer.request_id for answer in answers}:
             self.ledger.lose(unanswered)
+            # Their checkpoints resume nothing now (the window closed): dropped, so no claim takes them to be cut again
+            self.io.restart(self.checkpoints.restarted(unanswered))
             self.checkpoints.forget(unanswered)
             self.io.release(sorted(unanswered), {})
         count_expiry_cuts(self.model, answered=len(answers), unanswered=len(unanswered))

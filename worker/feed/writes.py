@@ -3,15 +3,15 @@ the order handed over, each in a transaction of its own (flushes the database fe
 
 `Flush` stores finished results under the lease check with the engine run's counters; `Renewal` renews leases
 (storing periodic checkpoints in the same row versions) and finds those lost or paused; `Checkpoint` stores
-periodic checkpoints between renewals; `Restart` drops checkpoints an engine could not continue from; `HandBack`
-releases rows to the queue with their tokens (a pause, a drain, a switch, a stop). `Written` is a flush reported
-back to the engine thread.
+periodic checkpoints between renewals; `Restart` drops checkpoints an engine could not continue from (and stores a
+redrawn line's failed draws); `HandBack` releases rows to the queue with their tokens (a pause, a drain, a switch,
+a stop). `Written` is a flush reported back to the engine thread.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session
 
@@ -20,6 +20,7 @@ from storage.db import transaction
 from storage.metrics.events import count_decode_tokens
 from storage.queue.backlog import done_batches
 from storage.queue.checkpoints import Generated, restart, save_checkpoints, save_handed_back, still_open
+from storage.queue.draws import Draws, save_draws
 from storage.queue.expiry import overdue_of
 from storage.queue.handback import paused_of
 from storage.queue.leases import release, renew, take_back
@@ -56,9 +57,11 @@ class Checkpoint:
 
 @dataclass
 class Restart:
-    """Drop the checkpoints of rows whose engine restarted their generation (id -> the claim it runs under)."""
+    """Drop the checkpoints of rows whose engine restarted their generation (id -> the claim it runs under); a
+    redraw of a checked line stores its failed draws so far with them (storage/queue/draws.py)."""
 
     claims: dict[str, str]
+    draws: dict[str, Draws] = field(default_factory=dict)
 
 
 @dataclass
@@ -136,9 +139,11 @@ def store_checkpoints(item: Checkpoint, *, worker_id: str) -> None:
 
 
 def drop_checkpoints(item: Restart) -> None:
-    """Drop the checkpoints of rows whose generation restarted."""
+    """Drop the checkpoints of rows whose generation restarted; store the failed draws of those drawn again."""
     with transaction() as session:
         restart(session, claims=item.claims)
+        draws = {rid: (item.claims[rid], drawn) for rid, drawn in item.draws.items() if rid in item.claims}
+        save_draws(session, draws=draws)
 
 
 def hand_back(item: HandBack, *, worker_id: str, model: str) -> None:

@@ -4,7 +4,7 @@
   const POLL_MS = 3000;
   const $ = (id) => document.getElementById(id);
   const state = { key: sessionStorage.getItem(KEY), session: null, view: null, cursor: [], samples: new Map(),
-                  busy: false, lastBusy: null, pendingFile: null };
+                  busy: false, lastBusy: null, pendingFile: null, lines: null };
 
   // ---- small helpers (text only: server data never becomes markup) ----
   function h(tag, attrs, ...children) {
@@ -73,7 +73,7 @@
   }
   function signOut(message) {
     sessionStorage.removeItem(KEY);
-    state.key = null; state.session = null; state.samples.clear(); state.pendingFile = null; window.BackfillControls.forget();
+    state.key = null; state.session = null; state.samples.clear(); state.pendingFile = null; state.lines = null; window.BackfillControls.forget();
     $("nav").hidden = true; $("sign-out").hidden = true; $("key").value = "";
     for (const id of ["batch-table", "file-table", "hook-table"]) $(id).tBodies[0].replaceChildren();
     for (const id of ["batch-errors", "batch-preview", "hook-secret", "hook-deliveries", "admin-overview", "finance-chart", "finance-table", "finance-adapters", "upload-result", "batch-trial", "batch-workflow"]) $(id).replaceChildren();
@@ -255,10 +255,40 @@
     if (!lines && b.results_path && ENDED.includes(b.status)) lines = await firstLines(b.results_path, 5);
     if (!lines || !lines.length) return h("p", { class: "note" }, ENDED.includes(b.status) ? "No results." : "Results appear here as lines finish.");
     const answers = lines.map(answerOf).filter(Boolean);
-    const tried = workflow.attempts(lines.map((l) => { try { return JSON.parse(l); } catch { return null; } }), !!b.checks);
     const raw = h("pre", { id: "results-preview" }, lines.map((l) => { try { return JSON.stringify(JSON.parse(l), null, 1); } catch { return l; } }).join("\n\n"));
-    return h("div", {}, tried, answers.length ? h("div", { id: "results-answers" }, answers) : null, raw);
+    return h("div", {}, answers.length ? h("div", { id: "results-answers" }, answers) : null, raw);
   }
+  // Every result line's attempts, a page of LINES_PAGE at a time (GET {lines_path}?limit=&after=, the results route's
+  // own cursor, in the order lines finished), paged as the batch list is: a stack of the cursors before this page.
+  // Each poll names the page it holds (If-None-Match): a batch that has not moved answers 304, no body.
+  const LINES_PAGE = 10;
+  async function attemptsPage(b) {
+    if (!state.lines || state.lines.batch !== b.id) state.lines = { batch: b.id, cursor: [], held: null };
+    const paging = state.lines, after = paging.cursor[paging.cursor.length - 1];
+    const path = b.lines_path + "?limit=" + LINES_PAGE + (after ? "&after=" + encodeURIComponent(after) : "");
+    const last = paging.held && paging.held.path === path ? paging.held : null;
+    const answer = await api("GET", path, undefined, "text", last ? { "If-None-Match": last.etag } : undefined);
+    let view = answer.status === 304 && last ? last.view : null;
+    if (!view && answer.ok) {
+      const items = answer.body.split("\n").filter(Boolean).map((l) => { try { return JSON.parse(l); } catch { return null; } });
+      view = { items, next: answer.headers.get("X-Next-After"), more: answer.headers.get("X-Has-More") === "true",
+               incomplete: answer.headers.get("X-Incomplete") === "true" };
+      const etag = answer.headers.get("ETag");
+      paging.held = etag ? { path, etag, view } : null;
+    }
+    $("lines-first").disabled = paging.cursor.length === 0;
+    $("lines-next").disabled = !(view && view.more);
+    $("lines-next").dataset.next = (view && view.next) || "";
+    if (!view) return h("p", { class: "note" }, "Lines: " + failure(answer));
+    const first = paging.cursor.length * LINES_PAGE + 1, upto = first + view.items.length - 1;
+    const range = h("p", { class: "note", id: "lines-range", "data-first": first, "data-last": upto },
+      view.items.length ? "Lines " + figure(first) + "–" + figure(upto) + " of those finished" + (view.incomplete && !view.more ? "; more come as the batch runs" : "") + "."
+        : view.incomplete ? "No line has finished yet." : "No result lines.");
+    return h("div", {}, range, workflow.attempts(view.items, !!b.checks)
+      || (view.items.length ? h("p", { class: "note" }, "No line on this page was drawn again or cut.") : null));
+  }
+  $("lines-next").addEventListener("click", () => { if (state.lines && $("lines-next").dataset.next) { state.lines.cursor.push($("lines-next").dataset.next); refresh(true); } });
+  $("lines-first").addEventListener("click", () => { if (state.lines) { state.lines.cursor = []; refresh(true); } });
   // a result line whose answer called tools or thought: its calls, then its reasoning folded (null for others)
   function answerOf(l) {
     let item; try { item = JSON.parse(l); } catch { return null; }
@@ -371,6 +401,8 @@
     $("batch-chart").replaceChildren(chart(state.samples.get(b.id)));
     $("batch-cost").replaceChildren(costBlock(b.cost));
     $("batch-errors").replaceChildren(...retried(b, link), errorGroups(b));
+    $("attempts-card").hidden = !(b.checks || b.status === "expired");  // redraws need checks; cuts, an expiry
+    if (!$("attempts-card").hidden) $("batch-attempts").replaceChildren(await attemptsPage(b));
     if (!quiet || !ENDED.includes(b.status) || !$("batch-preview").dataset.ended) {
       $("batch-preview").replaceChildren(await preview(b));
       $("batch-downloads").replaceChildren(downloads(b));

@@ -1,7 +1,8 @@
 """The console's batch page shows a batch's workflow (issue 40, docs/workflow.md) as text: its trial's report (lines
 run, success rate by error code, checks passed, tokens per line, the projected cost with its interval, the trial's
 status and whether it goes on by itself) with the Resume and Cancel controls of a paused batch; its checks and what
-expiry does; each result line's attempts with the check every failed draw failed; and an answer cut at expiry.
+expiry does; each result line's attempts with the check every failed draw failed, a page of lines at a time (a line
+past the first page too); and an answer cut at expiry.
 
 On the fake engine (its answer's words follow the draw's seed, so a redraw draws other words): what is judged here is
 the page; the trial, the checks and the cuts themselves are proved in tests/integration/api/openai/test_workflow.py,
@@ -155,10 +156,45 @@ def test_a_paused_trial_shows_its_report_controls_checks_and_each_lines_attempts
     )
     expect(settings.locator("tr[data-setting=at-expiry] td")).to_contain_text("cut at expiry")
 
-    # Each result line shown: its attempts and the check each failed draw failed, as the results endpoint has them.
+    # Each result line: its attempts and the check each failed draw failed, as the results endpoint has them.
+    expect(page.locator("#lines-range")).to_have_text("Lines 1\u20138 of those finished; more come as the batch runs.")
+    expect_attempts(page, lines, 8)
+    expect(page.locator("#lines-next")).to_be_disabled()
+    shot(page, "batch-trial")
+
+    page.click("#batch-controls button[data-action=resume]")
+    expect(page.locator("#control-outcome")).to_contain_text("Resume: done")
+    expect(page.locator("#batch-status")).to_have_text("completed")
+    expect(page.locator("#trial-decision b")).to_contain_text("paused")  # the report stays as it was written
+
+    # Past the first page: lines 11-20 (those that ran after the resume), each with its attempts.
+    lines = result_lines(client, batch.id)
+    assert len(lines) == 20
+    expect(page.locator("#lines-range")).to_have_text("Lines 1\u201310 of those finished.")
+    expect_attempts(page, lines, 10)
+    first_page = shown_ids(page)
+    page.click("#lines-next")
+    expect(page.locator("#lines-range")).to_have_text("Lines 11\u201320 of those finished.")
+    expect_attempts(page, lines, 10)
+    second_page = shown_ids(page)
+    assert first_page.isdisjoint(second_page) and first_page | second_page == set(lines)
+    expect(page.locator("#lines-next")).to_be_disabled()
+    shot(page, "batch-attempts-page-2")
+    page.click("#lines-first")
+    expect(page.locator("#lines-range")).to_have_text("Lines 1\u201310 of those finished.")
+    assert page.problems == []  # type: ignore[attr-defined]
+
+
+def shown_ids(page: playwright.Page) -> set[str]:
+    return set(page.locator("#results-attempts tbody tr").evaluate_all("rows => rows.map(r => r.dataset.customId)"))
+
+
+def expect_attempts(page: playwright.Page, lines: dict[str, dict[str, Any]], count: int) -> None:
+    """The page's attempts rows: `count` of them, each with the results endpoint's outcome, count and failed draws."""
+    expect = playwright.expect
     rows = page.locator("#results-attempts tbody tr")
-    expect(rows).to_have_count(5)  # the page shows the first five results
-    for i in range(5):
+    expect(rows).to_have_count(count)
+    for i in range(count):
         row = rows.nth(i)
         line = lines[row.get_attribute("data-custom-id") or ""]
         attempts = line["attempts"]
@@ -168,13 +204,6 @@ def test_a_paused_trial_shows_its_report_controls_checks_and_each_lines_attempts
         expect(failed).to_have_count(len(attempts["failed"]))
         for n, draw in enumerate(attempts["failed"]):
             expect(failed.nth(n)).to_have_text(f"attempt {draw['attempt']}: regex · {draw['message']}")
-    shot(page, "batch-trial")
-
-    page.click("#batch-controls button[data-action=resume]")
-    expect(page.locator("#control-outcome")).to_contain_text("Resume: done")
-    expect(page.locator("#batch-status")).to_have_text("completed")
-    expect(page.locator("#trial-decision b")).to_contain_text("paused")  # the report stays as it was written
-    assert page.problems == []  # type: ignore[attr-defined]
 
 
 def running_with_tokens(batch_id: str) -> None:
@@ -251,8 +280,8 @@ def test_a_message_batch_shows_its_trial_and_each_lines_attempts(live: LiveServe
         "2 lines first · continues automatically when at least 0% succeed, else pauses"
     )
     rows = page.locator("#results-attempts tbody tr")
-    expect(rows).to_have_count(5)
-    for i in range(5):
+    expect(rows).to_have_count(6)  # one page holds the 6 lines
+    for i in range(6):
         row = rows.nth(i)
         attempts = lines[row.get_attribute("data-custom-id") or ""]["attempts"]
         expect(row.locator("td").nth(2)).to_have_text(str(attempts["count"]))

@@ -18,7 +18,7 @@ import termios
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[4]
+ROOT = Path(__file__).resolve().parents[3]  # the checkout: its code, not an installed one
 ANSI = re.compile(rb"\x1b\[[0-9;?]*[A-Za-z]")
 
 

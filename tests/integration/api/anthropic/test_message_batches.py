@@ -216,6 +216,46 @@ def test_requests_left_when_the_batch_expires_end_as_expired_and_those_generatin
         assert (line.message.model_extra or {})["backfill"] == {"cut_by": "expiry"}
 
 
+def test_a_paused_batchs_requests_end_at_expiry_with_the_text_generated_before_the_pause(api: LiveServer) -> None:
+    from sqlalchemy import func, select, update
+
+    from storage.db import transaction
+    from storage.models import Batch, BatchRequest
+
+    def running() -> int:
+        with transaction() as session:
+            query = select(func.count()).where(BatchRequest.batch_id == batch.id, BatchRequest.status == "running")
+            return int(session.scalar(query) or 0)
+
+    client = client_for(api, make_key("acme"))
+    batch = client.messages.batches.create(requests=[req(f"late{i}", max_tokens=10**8) for i in range(12)])
+    while not running():
+        time.sleep(0.05)
+    time.sleep(0.2)  # some tokens generated
+    client.post(f"/v1/messages/batches/{batch.id}/pause", body={}, cast_to=anthropic.types.messages.MessageBatch)
+    while running():  # the worker's next renewal (within 2 s) hands them back with their tokens
+        time.sleep(0.1)
+    with transaction() as session:
+        held = session.execute(
+            select(BatchRequest.custom_id, BatchRequest.checkpoint_tokens).where(BatchRequest.batch_id == batch.id)
+        ).all()
+        generating = {custom_id: tokens for custom_id, tokens in held if tokens > 0}
+        past = int(time.time()) - 1  # the 24 hours are up while it is paused
+        session.execute(update(Batch).where(Batch.id == batch.id).values(expires_at=past))
+        session.execute(update(BatchRequest).where(BatchRequest.batch_id == batch.id).values(deadline=past))
+    assert generating
+    done = wait_ended(client, batch.id, timeout=30)
+    lines = results(client, batch.id)
+    assert sorted(lines) == sorted(f"late{i}" for i in range(12))  # each once
+    assert sorted(cid for cid, line in lines.items() if line.type == "succeeded") == sorted(generating)
+    assert {line.type for cid, line in lines.items() if cid not in generating} == {"expired"}
+    for custom_id, tokens in generating.items():
+        message = lines[custom_id].message
+        assert message.stop_reason == "max_tokens" and message.usage.output_tokens == tokens  # none after the pause
+        assert (message.model_extra or {})["backfill"] == {"cut_by": "expiry"}
+    assert done.request_counts.succeeded == len(generating) and counted(done) == 12
+
+
 def test_results_are_archived_after_their_retention_and_the_batch_stays_visible(api: LiveServer) -> None:
     from sqlalchemy import update
 

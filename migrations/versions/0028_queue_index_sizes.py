@@ -1,7 +1,7 @@
 """queue index sizes: the queue index carries each row's size, so a model's backlog is summed off it (issue 41)
 
-Revision ID: 0027_queue_index_sizes
-Revises: 0026_on_expiry
+Revision ID: 0028_queue_index_sizes
+Revises: 0027_draws
 Create Date: 2026-12-04 23:45:00.000000
 
 Every worker process sums its model's open backlog (count, estimated input and maximum output tokens of the queued
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from alembic import op
 
-revision = "0027_queue_index_sizes"
-down_revision = "0026_on_expiry"
+revision = "0028_queue_index_sizes"
+down_revision = "0027_draws"
 branch_labels = None
 depends_on = None
 

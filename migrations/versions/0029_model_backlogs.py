@@ -1,7 +1,7 @@
 """model backlogs: a model's open backlog summed once for the fleet, not once per worker process (issue 41)
 
-Revision ID: 0028_model_backlogs
-Revises: 0027_queue_index_sizes
+Revision ID: 0029_model_backlogs
+Revises: 0028_queue_index_sizes
 Create Date: 2026-12-04 23:55:00.000000
 
 `model_backlogs` keeps the last sum of each model's open requests (count, estimated input and maximum output
@@ -14,8 +14,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0028_model_backlogs"
-down_revision = "0027_queue_index_sizes"
+revision = "0029_model_backlogs"
+down_revision = "0028_queue_index_sizes"
 branch_labels = None
 depends_on = None
 
