@@ -118,8 +118,8 @@ def populate(url: str, workload: str, rows: int) -> None:
 
 
 def backlog_scan_seconds() -> float:
-    """One read of the urgency horizon's backlog (every open row of the model: storage/queue/backlog.py), which
-    each worker process repeats every HORIZON_MAX_AGE_SECONDS."""
+    """One sum of the urgency horizon's backlog (the model's open rows: storage/queue/backlog.py), which one process
+    of the fleet repeats every HORIZON_MAX_AGE_SECONDS while the others read its row (storage/queue/fleet_backlog.py)."""
     from storage.db import transaction
     from storage.queue.backlog import drain_seconds
     from storage.settings import get_settings

@@ -55,7 +55,8 @@ def fleet_rows(fleet: dict[str, Any]) -> list[dict[str, Any]]:
             entry(
                 f"fleet_{name}_backlog_scan_ms",
                 w["backlog_scan_ms"],
-                f"ms per urgency-horizon backlog read at {w['queued_at_start']} queued rows (each worker, every 15 s)",
+                f"ms per urgency-horizon backlog sum at {w['queued_at_start']} queued rows (once per model for the whole fleet"
+                " every 15 s; the other workers read its row)",
             ),
         ]
     return rows

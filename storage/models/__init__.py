@@ -7,7 +7,7 @@ from storage.models.base import NAMING_CONVENTION, Base
 from storage.models.batches import Batch, BatchRequest, CheckpointChunk
 from storage.models.files import File, Upload, UploadPart
 from storage.models.webhooks import WebhookAttempt, WebhookDelivery, WebhookEndpoint, WebhookEvent
-from storage.models.workers import EngineRun, Lease, WorkerHeartbeat
+from storage.models.workers import EngineRun, Lease, ModelBacklog, WorkerHeartbeat
 
 __all__ = [
     "NAMING_CONVENTION",
@@ -20,6 +20,7 @@ __all__ = [
     "EngineRun",
     "File",
     "Lease",
+    "ModelBacklog",
     "Tenant",
     "Upload",
     "UploadPart",

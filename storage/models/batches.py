@@ -102,7 +102,18 @@ class BatchRequest(Base):
         UniqueConstraint("batch_id", "custom_id", name="uq_batch_requests_batch_id_custom_id"),
         # In the urgent claim's order (EDF: storage/queue/claim_order.py `_EDF_ORDER`), so a claim reads its rows off
         # the index instead of sorting every urgent row of the backlog (a second at 100,000 rows: bench/fleet.py).
-        Index("ix_batch_requests_queue", "model", "status", "deadline", "prefix_key", "batch_id", "line"),
+        # It carries each row's size (Postgres: INCLUDE), so a model's open backlog, which every worker sums for its
+        # urgency horizon (storage/queue/backlog.py `backlog`), is read off the index alone, not the rows' heap.
+        Index(
+            "ix_batch_requests_queue",
+            "model",
+            "status",
+            "deadline",
+            "prefix_key",
+            "batch_id",
+            "line",
+            postgresql_include=["est_input_tokens", "max_output_tokens"],
+        ),
         # A tenant's share in prefix-aware claim order (storage/queue/claim_order.py), read straight off the index.
         Index(
             "ix_batch_requests_prefix_queue",

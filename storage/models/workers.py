@@ -1,4 +1,4 @@
-"""The engine side: engine runs (cost accounting), claim leases, worker heartbeats."""
+"""The engine side: engine runs (cost accounting), claim leases, worker heartbeats, the fleet's backlog sums."""
 
 from __future__ import annotations
 
@@ -67,3 +67,18 @@ class WorkerHeartbeat(Base):
     models: Mapped[str] = mapped_column(Text)  # comma-separated names it serves
     started_at: Mapped[float] = mapped_column(Float)
     heartbeat_at: Mapped[float] = mapped_column(Float)
+
+
+class ModelBacklog(Base):
+    """A model's open backlog as the fleet last summed it (storage/queue/fleet_backlog.py): one worker re-sums it when
+    it is older than the urgency horizon's age limit and the others read this row, so a fleet of N processes sums the
+    queue once per interval, not N times."""
+
+    __tablename__ = "model_backlogs"
+
+    model: Mapped[str] = mapped_column(String(200), primary_key=True)
+    requests: Mapped[int] = mapped_column(BigInteger, default=0)
+    input_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    output_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    lora_work: Mapped[float] = mapped_column(Float, default=0.0)  # adapter lines' LoRA overhead (output-token work)
+    summed_at: Mapped[float] = mapped_column(Float, default=0.0)  # unix seconds; 0: never summed yet

@@ -164,16 +164,36 @@ def _lora_work(
 
 
 def backlog(session: Session, settings: Settings, *, model: str) -> JobShape:
-    """Queued and running requests of the model, as sized at ingest, their adapter lines' LoRA overhead included
-    (as admission weighs them)."""
-    jobs = with_lora_work(session, settings, model=model, jobs=open_jobs(session, model=model))
-    return JobShape(
-        sum(j.shape.requests for j in jobs),
-        sum(j.shape.input_tokens for j in jobs),
-        sum(j.shape.output_tokens for j in jobs),
-        model,
-        lora_work=sum(j.shape.lora_work for j in jobs),
-    )
+    """Queued and running requests of the model, as sized at ingest: one sum, read off the queue index alone (it
+    carries the sizes: storage/models/batches.py), not the rows; each worker reads it for its urgency horizon
+    (storage/queue/claim_order.py). A model that takes adapters adds its adapter lines' LoRA overhead, as admission
+    weighs them (a second sum, over those lines only)."""
+    requests, input_tokens, output_tokens = session.execute(
+        select(
+            func.count(),
+            func.coalesce(func.sum(BatchRequest.est_input_tokens), 0),
+            func.coalesce(func.sum(BatchRequest.max_output_tokens), 0),
+        ).where(BatchRequest.model == model, BatchRequest.status.in_(lifecycle.REQ_OPEN))
+    ).one()
+    shape = JobShape(int(requests), int(input_tokens), int(output_tokens), model)
+    spec = settings.served_models().get(model)
+    if spec is None or not spec.takes_adapters:
+        return shape
+    tokens = session.execute(
+        select(
+            BatchRequest.adapter,
+            func.sum(BatchRequest.est_input_tokens),
+            func.sum(BatchRequest.max_output_tokens),
+        )
+        .where(
+            BatchRequest.model == model,
+            BatchRequest.status.in_(lifecycle.REQ_OPEN),
+            BatchRequest.adapter.is_not(None),
+        )
+        .group_by(BatchRequest.adapter)
+    ).all()
+    rows = [("", str(adapter), int(i or 0), int(o or 0)) for adapter, i, o in tokens]
+    return replace(shape, lora_work=_lora_work(session, settings, base_path=spec.path, rows=rows).get("", 0.0))
 
 
 def open_work_by_deadline(
@@ -200,7 +220,9 @@ def open_work_by_deadline(
     return [(model, int(deadline), int(n), int(out or 0), int(inp or 0)) for model, deadline, n, out, inp in rows]
 
 
-def drain_seconds(session: Session, *, model: str, settings: Settings) -> float:
-    """Seconds the node needs to finish every open request of `model` at its measured (or default) rate."""
+def drain_seconds(session: Session, *, model: str, settings: Settings, queued: JobShape | None = None) -> float:
+    """Seconds the node needs to finish every open request of `model` (`queued`, if the caller has summed them) at
+    its measured (or default) rate."""
     rate = throughput(session, model=model, settings=settings)
-    return work_of(backlog(session, settings, model=model), settings.prefill_weight) / rate.work_per_second
+    open_work = backlog(session, settings, model=model) if queued is None else queued
+    return work_of(open_work, settings.prefill_weight) / rate.work_per_second

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from storage import lifecycle
 from storage.adapters.registry import adapter_paths
+from storage.clock import now
 from storage.ids import new_id
 from storage.models import Batch, BatchRequest, Tenant
 from storage.queue import checkpoints
@@ -89,7 +90,10 @@ def claim(
         order = claim_order(session, model=model, settings=settings)
     batches = open_batches(session, model=model)
     caps = cap_rooms(session, settings, batch_ids=[b.id for b in batches if b.capped and not b.paused])
-    ids = cut_candidates(session, model=model, limit=limit)  # expired with tokens: to be cut short (expiry.py)
+    # Expired with tokens, to be cut short (expiry.py): only rows of an in-progress batch past its window, so with no
+    # such batch among the model's (`batches`: every batch its rows can be in) there is nothing to look for.
+    past_window = any(batch.expires_at <= now() for batch in batches)
+    ids = cut_candidates(session, model=model, limit=limit) if past_window else []
     overdue = set(ids)
     while len(ids) < limit:  # again only when a spend cap left rows out: each pass holds back one more batch
         picked = pick(
@@ -102,7 +106,12 @@ def claim(
     if not ids:
         return []
     claimed = _lease(
-        session, ids=ids, worker_id=worker_id, lease_seconds=lease_seconds, urgent_before=order.urgent_before
+        session,
+        ids=ids,
+        worker_id=worker_id,
+        lease_seconds=lease_seconds,
+        urgent_before=order.urgent_before,
+        checks={batch.id: batch.checks for batch in batches},
     )
     claimed = [replace(item, overdue=True) if item.id in overdue else item for item in claimed]
     if named := {item.adapter for item in claimed if item.adapter is not None}:
@@ -119,10 +128,17 @@ def claim(
 
 
 def _lease(
-    session: Session, *, ids: list[str], worker_id: str, lease_seconds: int, urgent_before: int = 0
+    session: Session,
+    *,
+    ids: list[str],
+    worker_id: str,
+    lease_seconds: int,
+    urgent_before: int = 0,
+    checks: dict[str, dict[str, Any] | None] | None = None,
 ) -> list[ClaimedRequest]:
     """Mark the picked rows running under this worker's lease and read them back in one statement; then read
-    their checkpoints."""
+    their checkpoints. `checks`: the batches' checks the caller already read (batch id -> checks or None); those of
+    other batches are read here."""
     claim_id = new_id("claim_")
     postgres = session.get_bind().dialect.name == "postgresql"
     rows = session.execute(
@@ -176,7 +192,10 @@ def _lease(
     claimed = [replace(item, checkpoint=tuple(stored[item.id])) if item.id in stored else item for item in claimed]
     if not postgres and (capped_ids := set(session.scalars(_capped_batches(item.batch_id for item in claimed)))):
         claimed = [replace(item, capped=True) if item.batch_id in capped_ids else item for item in claimed]
-    if checked := _checks_of(session, batch_ids={item.batch_id for item in claimed}):
+    known = checks or {}
+    checked = {batch_id: found for batch_id, found in known.items() if found}
+    checked |= _checks_of(session, batch_ids={item.batch_id for item in claimed} - set(known))
+    if checked:
         claimed = [
             replace(item, checks=checked[item.batch_id]) if item.batch_id in checked else item for item in claimed
         ]

@@ -11,7 +11,8 @@ batch filter, so the claim's queries are those of a plain queue.
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
@@ -36,6 +37,9 @@ class OpenBatch:
     paused: bool
     capped: bool  # it has a `max_cost_usd`: the claim reserves its rows' cost (storage/queue/claim_caps.py)
     trialing: bool = False  # its trial runs: only its trial lines are claimed (storage/batches/trials.py)
+    # The checks its answers must pass (storage/batches/checks.py; set at creation): the claim hands them over with
+    # its rows without reading the batches again.
+    checks: dict[str, Any] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,7 @@ def open_batches(session: Session, *, model: str) -> list[OpenBatch]:
             Batch.completion_window,
             Batch.max_cost_micro_usd,
             Batch.trial_status,
+            Batch.checks,
         )
         # A batch whose requests name several models (storage/protocols.py `one_model`) has no single model.
         .where(or_(Batch.model == model, Batch.model.is_(None)), Batch.status == lifecycle.IN_PROGRESS)
@@ -81,6 +86,7 @@ def open_batches(session: Session, *, model: str) -> list[OpenBatch]:
             row.paused_at is not None,
             row.max_cost_micro_usd is not None,
             row.trial_status == TRIAL_RUNNING,
+            row.checks or None,
         )
         for row in rows
     ]

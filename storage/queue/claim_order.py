@@ -30,6 +30,7 @@ from storage.models import BatchRequest
 from storage.queue.backlog import drain_seconds
 from storage.queue.claim_bands import OpenBatch, claim_bands, open_batches
 from storage.queue.enqueue import id_array
+from storage.queue.fleet_backlog import fleet_backlog
 from storage.settings import Settings
 
 HORIZON_MAX_AGE_SECONDS = 15.0
@@ -64,7 +65,8 @@ class ClaimOrder:
 
 class _DrainCache:
     """Backlog drain time per (database, model), recomputed at most every HORIZON_MAX_AGE_SECONDS: sizing
-    the backlog reads every open row, too much to do on each claim."""
+    the backlog reads every open row's index entry, too much to do on each claim. On Postgres from the sum the
+    fleet shares (storage/queue/fleet_backlog.py): one process re-sums it per interval, the others read one row."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -82,11 +84,16 @@ class _DrainCache:
         if not self._computing.acquire(blocking=cached is None):
             return cached[1] if cached is not None else 0.0
         try:
-            seconds = drain_seconds(session, model=model, settings=settings)
+            age = 0.0
+            if session.get_bind().dialect.name == "postgresql":  # the fleet's last sum (storage/queue/fleet_backlog.py)
+                queued, age = fleet_backlog(session, settings, model=model, max_age_seconds=HORIZON_MAX_AGE_SECONDS)
+                seconds = drain_seconds(session, model=model, settings=settings, queued=queued)
+            else:
+                seconds = drain_seconds(session, model=model, settings=settings)
         finally:
             self._computing.release()
-        with self._lock:
-            self._values[key] = (time.monotonic(), seconds)
+        with self._lock:  # as old as the sum it came from: no older than HORIZON_MAX_AGE_SECONDS in all
+            self._values[key] = (time.monotonic() - age, seconds)
         return seconds
 
     def clear(self) -> None:

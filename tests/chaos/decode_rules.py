@@ -27,7 +27,7 @@ from worker.engine.decode_ledger import RequestDecode, decode_figures, read_ledg
 
 GRACEFUL_SHARE = 0.01
 GPU_KILLS = frozenset({"kill_gpu", "kill_one_gpu"})
-UNJUDGED = frozenset({"pg_stop", "redis_kill"})
+UNJUDGED = frozenset({"pg_stop", "pg_stop_renewal", "redis_kill"})
 CLASSES = ("graceful", "kill", "other")
 
 

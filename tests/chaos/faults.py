@@ -21,6 +21,7 @@ from storage import lifecycle
 from storage.models import BatchRequest
 from tests.chaos.deployment import Deployment
 from tests.chaos.history import FaultRecord
+from tests.chaos.renewal_catch import RenewalCatch
 from tests.chaos.services import Cluster
 
 # One scenario per kind, in this order (seed % len picks it); "none" and "two_gpus" are controls. "sigterm_gpu"
@@ -40,6 +41,11 @@ KINDS = (
     "two_gpus",
     "sigterm_gpu",
 )
+# Kinds a run gets only when asked for (`--kinds`, `scenario_for(kind=...)`), so the rotation above keeps each seed's
+# scenario: "pg_stop_renewal" is a Postgres stop timed to land inside a worker's lease renewal (issue 41,
+# tests/chaos/renewal_catch.py), down long enough for the leases it was renewing to expire meanwhile.
+ASKED_KINDS = ("pg_stop_renewal",)
+POSTGRES_STOPS = frozenset({"pg_stop", "pg_stop_renewal"})
 EXTRA_KINDS = ("kill_api", "kill_gpu", "kill_io", "kill_beat", "pg_stop", "redis_kill")
 EXTRA_FAULT_PROBABILITY = 0.3
 TERM_TIMEOUT_SECONDS = 20.0  # a SIGTERM'd worker that has not exited by then (grace 15 s) is killed -9
@@ -98,6 +104,8 @@ def _fault(kind: str, rng: random.Random) -> FaultSpec:
         return FaultSpec(kind, trigger, rng.uniform(2, 6), rng.choice(("refuse", "reset")))
     if kind == "kill_one_gpu":
         return FaultSpec(kind, Trigger("progress", rng.uniform(0.1, 0.6)), math.inf)
+    if kind == "pg_stop_renewal":  # the chaos leases last 5 s, renewed every 2 s: all lapse while it is down
+        return FaultSpec(kind, Trigger("progress", rng.uniform(0.1, 0.6)), rng.uniform(5, 8))
     down = rng.uniform(1, 6) if kind in ("pg_stop", "redis_kill") else rng.uniform(0.2, 3.0)
     return FaultSpec(kind, Trigger("progress", rng.uniform(0.1, 0.7)), down)
 
@@ -106,6 +114,7 @@ class Probe:
     """The harness's own read-only view of the run's queue (to time faults); None while Postgres is down."""
 
     def __init__(self, url: str, *, planned_requests: int) -> None:
+        self.url = url
         self.engine = sa.create_engine(
             url.replace("postgresql://", "postgresql+psycopg://"),
             pool_pre_ping=True,
@@ -167,6 +176,7 @@ class Injector:
     _pending: list[FaultSpec] = field(default_factory=list)
     _active: list[_Active] = field(default_factory=list)
     _rng: random.Random = field(default_factory=random.Random)
+    _catch: RenewalCatch | None = None  # a pg_stop_renewal whose trigger held, waiting for a renewal to stop in
 
     def __post_init__(self) -> None:
         self._pending = list(self.scenario.faults)
@@ -178,7 +188,15 @@ class Injector:
             self._repair(active)
         self._watch_restarts()
         for spec in list(self._pending):
-            detail = self._triggered(spec, now)
+            if spec.kind == "pg_stop_renewal" and self._catch is not None:  # triggered: waiting for a renewal
+                caught = self._catch.poll()
+                detail = None if caught is None else f"{self._catch.trigger}, {caught}"
+            else:
+                detail = self._triggered(spec, now)
+                if detail is not None and spec.kind == "pg_stop_renewal":
+                    self._catch = RenewalCatch(self.probe.url, trigger=detail)
+                    caught = self._catch.poll()
+                    detail = None if caught is None else f"{detail}, {caught}"
             if detail is not None:
                 self._pending.remove(spec)
                 self._fire(spec, detail)
@@ -190,6 +208,9 @@ class Injector:
 
     def repair_all(self, *, timeout: float = 300) -> None:
         """Repair whatever is still broken (a run that ends early must still be read back)."""
+        if self._catch is not None:  # a stop still waiting for a renewal: its lease locks go
+            self._catch.close()
+            self._catch = None
         for active in list(self._active):
             if not math.isinf(active.spec.down_seconds) and not active.restarted:
                 self._repair(active)
@@ -221,8 +242,11 @@ class Injector:
         elif spec.kind == "sigterm_gpu":  # blocks until it exits: its hand-back is part of the fault
             code = self.deployment.terminate(target, timeout=TERM_TIMEOUT_SECONDS)
             detail += f", exited {code}" if code is not None else ", did not exit in time: killed -9"
-        elif spec.kind == "pg_stop":
-            self.cluster.postgres.stop_immediate()
+        elif spec.kind in POSTGRES_STOPS:
+            self.cluster.postgres.stop_immediate()  # a pg_stop_renewal's: with the caught renewal still waiting
+            if self._catch is not None:
+                self._catch.close()
+                self._catch = None
         elif spec.kind == "redis_kill":
             self.cluster.redis.kill()
         elif spec.kind.startswith("s3_down"):
@@ -243,7 +267,7 @@ class Injector:
                 self.deployment.restart(active.target)
             active.restarted = True  # repaired once it is back in service (`tick` watches its log)
             return
-        if kind == "pg_stop" and not self.cluster.postgres.child.alive():
+        if kind in POSTGRES_STOPS and not self.cluster.postgres.child.alive():
             self.cluster.postgres.start()
         elif kind == "redis_kill" and not self.cluster.redis.child.alive():
             self.cluster.redis.start()
@@ -260,4 +284,4 @@ class Injector:
             return self._rng.choice(self.deployment.gpu_names())
         if kind.startswith("kill_"):
             return kind.removeprefix("kill_")
-        return {"pg_stop": "postgres", "redis_kill": "redis"}.get(kind, "s3")
+        return {"pg_stop": "postgres", "pg_stop_renewal": "postgres", "redis_kill": "redis"}.get(kind, "s3")

@@ -47,7 +47,7 @@ from typing import Any
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
 # Faults that can interrupt a request the engine is running (its lease then lapses and the reaper re-queues
 # it). The reaper gives up on a request interrupted MAX_ATTEMPTS times (worker/jobs/reaper.py) with `engine_error`.
-INTERRUPTING_FAULTS = frozenset({"kill_gpu", "kill_one_gpu", "pg_stop"})
+INTERRUPTING_FAULTS = frozenset({"kill_gpu", "kill_one_gpu", "pg_stop", "pg_stop_renewal"})
 MAX_ATTEMPTS = 3
 # What a retry re-runs by default (storage/batches/retries.py): these codes, and server failures (5xx, no response).
 RETRYABLE_CODES = frozenset({"batch_expired", "batch_cancelled", "budget_exceeded"})

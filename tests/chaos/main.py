@@ -1,6 +1,6 @@
 """`make chaos`: many seeded runs, a table of runs x outcomes, and a JSON summary under bench/out/chaos/.
 
-    python -m tests.chaos.main --seeds 0-49 [--vllm-seeds 1,2,9] [--kinds kill_gpu,pg_stop] [--size small] [--adapters] [--workflow]
+    python -m tests.chaos.main --seeds 0-49 [--vllm-seeds 1,2,9] [--kinds kill_gpu,pg_stop,pg_stop_renewal] [--size small] [--adapters] [--workflow]
 
 Exit status 1 if any run has a finding (lost, duplicated, unexplained, stuck, orphan or other).
 """
@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 
 from tests.chaos.decode_rules import class_shares
 from tests.chaos.deployment import ROOT, EngineKind
-from tests.chaos.faults import KINDS, scenario_for
+from tests.chaos.faults import ASKED_KINDS, KINDS, scenario_for
 from tests.chaos.history import KINDS as OUTCOMES
 from tests.chaos.procs import kill_all
 from tests.chaos.run import RunOptions, RunReport, prepare_template, run_seed
@@ -104,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", default="0-49", help="fake-engine runs, e.g. 0-49 (default) or 3,7")
     parser.add_argument("--vllm-seeds", default="", help="runs on the real vLLM demo model, e.g. 1,2,9")
-    parser.add_argument("--kinds", default="", help=f"force these scenario kinds in turn (of {', '.join(KINDS)})")
+    parser.add_argument(
+        "--kinds", default="", help=f"force these scenario kinds in turn (of {', '.join(KINDS + ASKED_KINDS)})"
+    )
     parser.add_argument("--size", default="default", choices=("small", "default", "no-control"))
     parser.add_argument("--vllm-size", default="small", choices=("small", "default"))
     parser.add_argument(
