@@ -116,22 +116,7 @@ def with_lora_work(session: Session, settings: Settings, *, model: str, jobs: li
     spec = settings.served_models().get(model)
     if spec is None or not spec.takes_adapters:
         return jobs
-    tokens = session.execute(
-        select(
-            BatchRequest.batch_id,
-            BatchRequest.adapter,
-            func.sum(BatchRequest.est_input_tokens),
-            func.sum(BatchRequest.max_output_tokens),
-        )
-        .where(
-            BatchRequest.model == model,
-            BatchRequest.adapter.is_not(None),
-            BatchRequest.status.in_(lifecycle.REQ_OPEN),
-        )
-        .group_by(BatchRequest.batch_id, BatchRequest.adapter)
-    ).all()
-    rows = [(str(batch_id), str(adapter), int(i or 0), int(o or 0)) for batch_id, adapter, i, o in tokens]
-    extra = _lora_work(session, settings, base_path=spec.path, rows=rows)
+    extra = _lora_work(session, settings, base_path=spec.path, rows=_open_adapter_tokens(session, model=model))
     weighed = [(job, extra.get(job.batch_id, job.shape.lora_work)) for job in jobs]
     return [replace(job, shape=replace(job.shape, lora_work=lora)) for job, lora in weighed]
 
@@ -179,21 +164,27 @@ def backlog(session: Session, settings: Settings, *, model: str) -> JobShape:
     spec = settings.served_models().get(model)
     if spec is None or not spec.takes_adapters:
         return shape
+    rows = [("", adapter, i, o) for _, adapter, i, o in _open_adapter_tokens(session, model=model)]  # one key
+    return replace(shape, lora_work=_lora_work(session, settings, base_path=spec.path, rows=rows).get("", 0.0))
+
+
+def _open_adapter_tokens(session: Session, *, model: str) -> list[tuple[str, str, int, int]]:
+    """(batch id, adapter, input tokens, output tokens) of the model's open adapter lines, per batch and adapter."""
     tokens = session.execute(
         select(
+            BatchRequest.batch_id,
             BatchRequest.adapter,
             func.sum(BatchRequest.est_input_tokens),
             func.sum(BatchRequest.max_output_tokens),
         )
         .where(
             BatchRequest.model == model,
-            BatchRequest.status.in_(lifecycle.REQ_OPEN),
             BatchRequest.adapter.is_not(None),
+            BatchRequest.status.in_(lifecycle.REQ_OPEN),
         )
-        .group_by(BatchRequest.adapter)
+        .group_by(BatchRequest.batch_id, BatchRequest.adapter)
     ).all()
-    rows = [("", str(adapter), int(i or 0), int(o or 0)) for adapter, i, o in tokens]
-    return replace(shape, lora_work=_lora_work(session, settings, base_path=spec.path, rows=rows).get("", 0.0))
+    return [(str(batch_id), str(adapter), int(i or 0), int(o or 0)) for batch_id, adapter, i, o in tokens]
 
 
 def open_work_by_deadline(

@@ -65,7 +65,7 @@ def test_submit_wait_in_a_terminal_with_a_webhook_verified_by_the_openai_sdk(liv
         [post] = receiver.wait_for(1, timeout=30)
     text = screen.text
     assert re.search(r"upload: 100%", text) and re.search(r"\|\s*24/24 \[", text), text
-    assert re.search(rf"{batch_id} completed · 24 completed, 0 failed of 24 · .* billed \$", text), text
+    assert re.search(rf"{batch_id} completed · 24 completed, 0 failed of 24 · (in [0-9.]+ s · )?billed \$", text), text
     output = (tmp_path / "results" / f"{batch_id}_output.jsonl").read_text().splitlines()
     assert len(output) == 24
     for line in output:

@@ -35,7 +35,13 @@ def live(demo_model_path: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
             "BACKFILL_COMPLETION_WINDOWS": json.dumps(WINDOWS),
         },
     )
+    from worker.process import service
+
     migrate_database()
+    # Engines and their runners are cached per process by model name and registry entry: a runner an earlier module
+    # left (its I/O threads, its worker identity) must not serve this module's database. Once, in a full run, the
+    # warm-up batch of this test sat queued for 600 s behind such a runner while the worker found nothing to do.
+    service.close_engines()
     server, stop = start_server(with_worker=True)
     yield server
     stop()
