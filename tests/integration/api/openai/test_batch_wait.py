@@ -80,7 +80,8 @@ def test_a_tenants_waits_do_not_take_the_slots_of_its_other_requests(
     try:
         client = server.client(make_key("acme")).with_options(max_retries=0)
         batch = create(client, [chat_line(0, max_tokens=10**8)])
-        watchers = [threading.Thread(target=waited, args=(client, batch.id, 3.0)) for _ in range(3)]
+        # Waits long enough to outlast a loaded machine's start-up of all three; the cancel below ends them at once.
+        watchers = [threading.Thread(target=waited, args=(client, batch.id, 60.0)) for _ in range(3)]
         for watcher in watchers:
             watcher.start()
         deadline = time.monotonic() + 10
@@ -89,9 +90,10 @@ def test_a_tenants_waits_do_not_take_the_slots_of_its_other_requests(
         assert batch_endings.waiting() == 3
         listed = client.batches.list()  # the tenant's one slot is free: three waits hold none of it
         assert [item.id for item in listed.data] == [batch.id]
-        for watcher in watchers:
-            watcher.join()
-        client.batches.cancel(batch.id)
+        client.batches.cancel(batch.id)  # the batch ends: every wait answers now, not at its timeout
         wait_for(client, batch.id)
+        for watcher in watchers:
+            watcher.join(timeout=60)
+            assert not watcher.is_alive()
     finally:
         stop()
