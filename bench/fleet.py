@@ -15,6 +15,8 @@ stops after a stage under 70%. After each workload: every claimed id claimed onc
 stored row stored once, attempts = 1. Workloads: `long` (7-token prompts, 10-1,000 output tokens) and `short`
 (500-token prompts, 1-10 output tokens). Usage:
     .venv/bin/python bench/fleet.py [--workloads long,short] [--nodes 25,50,100,200,400] [--quick]
+`--shards S` runs the ramp on S queue databases, `--compare-shards S` each stage on one database then on S shards,
+with the ratios (bench/fleet_shards.py: the next design of docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import multiprocessing as mp
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +36,21 @@ import sqlalchemy as sa
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._setup import OUT, fresh_postgres, plot_dir, submit
-from bench.fleet_meters import Meters, percentile
+from bench.fleet_meters import Meters, stage_figures, windows
+from bench.fleet_shards import (
+    Clusters,
+    Database,
+    checkpoint,
+    compare,
+    process_count,
+    shard_nodes,
+    tenants_by_shard,
+    total_window,
+)
 
 MODEL = "fleet-model"
 ADD_PER_SECOND = 40  # nodes joining per second per process
+TENANTS = tuple(f"tenant-{i}" for i in range(4))  # one database's (sharded: bench/fleet_shards.py tenants_by_shard)
 
 
 def _process(
@@ -72,17 +86,18 @@ def _process(
             "lost": fleet.lost,
             "errors": fleet.errors[:5],
             "error_count": len(fleet.errors),
+            "index": index,
         }
     )
 
 
-def populate(url: str, workload: str, rows: int) -> None:
-    """4 tenants' batches through the real ingest, then cloned in SQL up to `rows` queued requests."""
+def populate(url: str, workload: str, rows: int, tenants: Sequence[str] = TENANTS) -> None:
+    """The tenants' batches (100 requests each) through the real ingest, then cloned in SQL up to `rows` queued."""
     prompt = "word " * (500 if workload == "short" else 7)
-    for tenant in range(4):
+    for n, tenant in enumerate(tenants):
         lines = (
             {
-                "custom_id": f"t{tenant}-{i}",
+                "custom_id": f"t{n}-{i}",
                 "method": "POST",
                 "url": "/v1/chat/completions",
                 "body": {
@@ -93,7 +108,7 @@ def populate(url: str, workload: str, rows: int) -> None:
             }
             for i in range(100)
         )
-        submit(lines, tenant=f"tenant-{tenant}", model=MODEL)
+        submit(lines, tenant=tenant, model=MODEL)
     engine = sa.create_engine(url.replace("postgresql://", "postgresql+psycopg://"))
     with engine.begin() as conn:
         columns = [
@@ -104,7 +119,7 @@ def populate(url: str, workload: str, rows: int) -> None:
         ]
         made = {"id": "t.id || '_' || g", "line": "t.line + g * 1000", "custom_id": "t.custom_id || '_' || g"}
         chosen = ", ".join(made.get(c, f"t.{c}") for c in columns)
-        copies = max(1, rows // 400)
+        copies = max(1, rows // (100 * len(tenants)))
         conn.execute(
             sa.text(
                 f"INSERT INTO batch_requests ({', '.join(columns)}) SELECT {chosen}"
@@ -130,43 +145,58 @@ def backlog_scan_seconds() -> float:
     return time.perf_counter() - began
 
 
-def run(workload: str, args: argparse.Namespace) -> dict[str, Any]:
-    from bench.fleet_nodes import workloads
-
-    shape = workloads()[workload]
-    url = fresh_postgres("backfill_fleet")
-    assert url, "no Postgres"
-    os.environ["BACKFILL_DATABASE_URL"] = url
+def prepare(database: Database, workload: str, rows: int, tenants: list[str]) -> float:
+    """Point this process's storage at a fresh database, migrate it (Alembic) and fill it; one backlog sum's time."""
+    os.environ["BACKFILL_DATABASE_URL"] = database.url
     from storage.db import get_engine, get_sessionmaker
     from storage.settings import get_settings
     from worker.cli.migrate import migrate_database
 
-    for cached in (get_settings, get_engine, get_sessionmaker):  # a fresh database per workload
+    for cached in (get_settings, get_engine, get_sessionmaker):  # a fresh database per workload (and per shard)
         cached.cache_clear()
     migrate_database()
-    populate(url, workload, args.rows)
-    scan = backlog_scan_seconds()
+    populate(database.url, workload, rows, tenants)
+    if database.postmaster is not None:  # a shard's own cluster (bench/fleet_shards.py)
+        checkpoint(database.url)
+    return backlog_scan_seconds()
+
+
+def run(workload: str, args: argparse.Namespace, databases: list[Database], tenants: list[list[str]]) -> dict[str, Any]:
+    """One ramp of the fleet on one database, or on S shards (`databases`, each filled with its `tenants`' batches)."""
+    from bench.fleet_nodes import workloads
+
+    shape, shards = workloads()[workload], len(databases)
+    scans = [prepare(db, workload, args.rows // shards, names) for db, names in zip(databases, tenants, strict=True)]
     ctx = mp.get_context("spawn")
     target, stop, out = ctx.Value("i", 0), ctx.Event(), ctx.Queue()
-    ready = [ctx.Event() for _ in range(args.procs)]
+    count = process_count(args.procs, shards)  # process i serves shard i % S
+    ready = [ctx.Event() for _ in range(count)]
     procs = [
-        ctx.Process(target=_process, args=(url, workload, i, args.procs, args.pool, target, stop, ready[i], out))
-        for i in range(args.procs)
+        ctx.Process(
+            target=_process,
+            args=(databases[i % shards].url, workload, i, count, args.pool, target, stop, ready[i], out),
+        )
+        for i in range(count)
     ]
     for proc in procs:
         proc.start()
     for event in ready:
         event.wait(120)
-    meters = Meters(url, [proc.pid for proc in procs if proc.pid])
-    stages: list[dict[str, Any]] = []
+    meters = [
+        Meters(db.url, [p.pid for i, p in enumerate(procs) if i % shards == s and p.pid], db.postmaster)
+        for s, db in enumerate(databases)
+    ]
+    measured: list[tuple[int, list[dict[str, Any]]]] = []
     try:
         for nodes in [int(n) for n in args.nodes.split(",")]:
             target.value = nodes
             time.sleep(args.warmup)
-            window = meters.window(args.seconds)
-            stages.append({"nodes": nodes, **window})
-            print(json.dumps({"workload": workload, "nodes": nodes, **window}), flush=True)
-            if window["db_queued"] < nodes * 800:  # the next stage's nodes claim 768 rows each
+            each = windows(meters, args.seconds)
+            measured.append((nodes, each))
+            window = each[0] if shards == 1 else total_window(each)
+            print(json.dumps({"workload": workload, "shards": shards, "nodes": nodes, **window}), flush=True)
+            # the next stage's nodes claim 768 rows each
+            if any(w["db_queued"] < shard_nodes(nodes, s, shards) * 800 for s, w in enumerate(each)):
                 print("queue nearly dry: stopping the ramp", flush=True)
                 break
     finally:
@@ -175,42 +205,40 @@ def run(workload: str, args: argparse.Namespace) -> dict[str, Any]:
         for proc in procs:
             proc.join(timeout=60)
     rate, step = shape.node_rate(), shape.step_seconds
-    claims = [c for o in outs for c in o["claims"]]
-    committed = [c for o in outs for c in o["committed"]]
-    for stage in stages:
-        began, ended = stage["began"], stage["ended"]
-        inside = [c for c in claims if began <= c[0] < ended]
-        stage["results_per_s"] = round(sum(n for at, n in committed if began <= at < ended) / (ended - began), 1)
-        stage["demand_per_s"] = round(stage["nodes"] * rate, 1)
-        stage["share_of_demand"] = round(stage["results_per_s"] / stage["demand_per_s"], 3)
-        stage["claims"] = len(inside)
-        stage["claim_p50_ms"] = round(percentile([c[1] for c in inside], 50) * 1000, 1)
-        stage["claim_p99_ms"] = round(percentile([c[1] for c in inside], 99) * 1000, 1)
-        stage["claim_db_p99_ms"] = round(percentile([c[2] for c in inside], 99) * 1000, 1)
-        stored = stage["results_per_s"] * (ended - began)
-        stage["postgres_cpu_ms_per_result"] = (
-            round(stage["postgres_cpu_seconds"] * 1000 / stored, 3) if stored else None
-        )
-        stage["saturated"] = stage["share_of_demand"] < 0.95 or stage["claim_p99_ms"] > step * 1000
-    ids = [i for o in outs for i in o["claimed_ids"]]
-    checks = meters.final_checks()
+    by_shard = [[o for o in outs if o["index"] % shards == s] for s in range(shards)]
+
+    def figures(window: dict[str, Any], nodes: int, part: list[dict[str, Any]]) -> dict[str, Any]:
+        claims, committed = [c for o in part for c in o["claims"]], [c for o in part for c in o["committed"]]
+        return stage_figures(window, nodes=nodes, claims=claims, committed=committed, rate=rate, step=step)
+
+    stages = []
+    for nodes, each in measured:
+        per = [figures(w, shard_nodes(nodes, s, shards), by_shard[s]) for s, w in enumerate(each)]
+        stages.append(per[0] if shards == 1 else {**figures(total_window(each), nodes, outs), "shards": per})
+    checks = []
+    for part, meter in zip(by_shard, meters, strict=True):  # exactly once, on every shard
+        ids = [i for o in part for i in o["claimed_ids"]]
+        stored = sum(o["stored"] for o in part)
+        checks.append({"double_claims": len(ids) - len(set(ids)), "claimed": len(ids), "stored": stored})
+        checks[-1].update(meter.final_checks())
     reached = max([s["nodes"] for s in stages if not s["saturated"]], default=0)
-    return {
+    result = {
         "workload": workload,
         "step_ms": round(step * 1000, 2),
         "node_rate_per_s": round(rate, 2),
         "stages": stages,
         "nodes_reached": reached,
-        "backlog_scan_ms": round(scan * 1000, 1),
+        "backlog_scan_ms": round(max(scans) * 1000, 1),
         "queued_at_start": args.rows,
-        "double_claims": len(ids) - len(set(ids)),
-        "claimed": len(ids),
-        "stored": sum(o["stored"] for o in outs),
+        **{k: sum(c[k] for c in checks) for k in ("double_claims", "claimed", "stored")},
         "lost_leases": sum(o["lost"] for o in outs),
         "errors": [e for o in outs for e in o["errors"]],
         "error_count": sum(o["error_count"] for o in outs),
-        **checks,
+        **{k: sum(c[k] for c in checks) for k in ("attempts_over_1", "completed", "running_at_stop")},
     }
+    if shards > 1:
+        result.update({"shards": shards, "processes": count, "tenants": tenants, "per_shard": checks})
+    return result
 
 
 def plot(results: list[dict[str, Any]]) -> None:
@@ -255,20 +283,45 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=12.0)
     parser.add_argument("--rows", type=int, default=400_000)
     parser.add_argument("--quick", action="store_true", help="two small stages per workload (~1 min)")
+    parser.add_argument("--shards", type=int, default=1, help="S queue databases, a Postgres cluster each")
+    parser.add_argument(
+        "--compare-shards", type=int, default=0, metavar="S", help="each stage on one database, then on S shards"
+    )
     args = parser.parse_args()
     os.environ["BACKFILL_MODELS"] = json.dumps({MODEL: {"path": "fake:", "max_num_seqs": 384}})
     os.environ["BACKFILL_DATA_DIR"] = str(OUT / "fleet-data")
     if args.quick:
         args.warmup, args.seconds, args.rows = 4.0, 6.0, 40_000
-    results = []
-    for workload in args.workloads.split(","):
-        default = {"long": "10,25,50,100,200,400", "short": "5,10,25,50,100,200"}[workload]
-        nodes = args.nodes or ("5,10" if args.quick else default)
-        results.append(run(workload, argparse.Namespace(**{**vars(args), "nodes": nodes})))
-    print(json.dumps(results, indent=2))
     OUT.mkdir(exist_ok=True)
-    (OUT / "fleet.json").write_text(json.dumps({"workloads": results, "cores": os.cpu_count()}, indent=2))
-    plot(results)
+    if args.compare_shards:
+        compared = compare(args, run)
+        info = {"shards": args.compare_shards, "processes": process_count(args.procs, args.compare_shards)}
+        (OUT / "fleet-shards.json").write_text(
+            json.dumps({"workloads": compared, "cores": os.cpu_count(), **info}, indent=2)
+        )
+        return 0
+    results = []
+    clusters = Clusters(args.shards) if args.shards > 1 else None
+    try:
+        for workload in args.workloads.split(","):
+            default = {"long": "10,25,50,100,200,400", "short": "5,10,25,50,100,200"}[workload]
+            nodes = args.nodes or ("5,10" if args.quick else default)
+            ramp = argparse.Namespace(**{**vars(args), "nodes": nodes})
+            if clusters is None:
+                url = fresh_postgres("backfill_fleet")
+                assert url, "no Postgres"
+                results.append(run(workload, ramp, [Database(url)], tenants_by_shard(1)))
+                continue
+            with clusters.databases(f"fleet_{workload}", args.shards) as databases:
+                results.append(run(workload, ramp, databases, tenants_by_shard(args.shards)))
+    finally:
+        if clusters is not None:
+            clusters.stop()
+    print(json.dumps(results, indent=2))
+    name = "fleet.json" if clusters is None else f"fleet-{args.shards}-shards.json"
+    (OUT / name).write_text(json.dumps({"workloads": results, "cores": os.cpu_count()}, indent=2))
+    if clusters is None:
+        plot(results)
     return 0
 
 

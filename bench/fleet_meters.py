@@ -45,14 +45,37 @@ def postgres_pids() -> list[int]:
     return pids
 
 
+def server_pids(postmaster: int | None) -> list[int]:
+    """A server's processes: every Postgres process of the machine (None), or one cluster's postmaster and all its
+    descendants (a shard's own server, bench/fleet_shards.py)."""
+    if postmaster is None:
+        return postgres_pids()
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    pids, todo = [], [postmaster]
+    while todo:
+        pid = todo.pop()
+        pids.append(pid)
+        todo += children.get(pid, [])
+    return pids
+
+
 class Meters:
     """The database's and the simulator's figures over a window of wall time."""
 
-    def __init__(self, url: str, simulator_pids: list[int]) -> None:
+    def __init__(self, url: str, simulator_pids: list[int], postmaster: int | None = None) -> None:
         self.engine = sa.create_engine(
             url.replace("postgresql://", "postgresql+psycopg://"), isolation_level="AUTOCOMMIT"
         )
         self.simulator = simulator_pids
+        self.postmaster = postmaster
+        self.start: dict[str, Any] = {}
 
     def _db(self) -> dict[str, Any]:
         with self.engine.connect() as conn:
@@ -75,23 +98,24 @@ class Meters:
             query = "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
             return [int(pid) for (pid,) in conn.execute(sa.text(query))]
 
-    def window(self, seconds: float) -> dict[str, Any]:
-        """Measure `seconds` of wall time from now."""
+    def begin(self) -> None:
+        """The counters at a window's start (then `sample` each second, `end`: see `windows`)."""
         pg = self.backends()
-        server = postgres_pids()
+        server = server_pids(self.postmaster)
         server_cpu = cpu_seconds(server)
         before, pg_cpu, sim_cpu = self._db(), cpu_seconds(pg), cpu_seconds(self.simulator)
-        began = time.monotonic()
-        connections = [before["connections"]]
-        while time.monotonic() - began < seconds:
-            time.sleep(min(1.0, seconds - (time.monotonic() - began)))
-            connections.append(self._db()["connections"])
-        ended = time.monotonic()
-        after = self._db()
-        pg_used = cpu_seconds(pg) - pg_cpu  # connections are pooled: the same backends from start to end
-        server_used = cpu_seconds(server) - server_cpu
-        sim_used = cpu_seconds(self.simulator) - sim_cpu
-        wall = ended - began
+        self.start = {"pg": pg, "server": server, "server_cpu": server_cpu, "before": before, "pg_cpu": pg_cpu}
+        self.start.update({"sim_cpu": sim_cpu, "connections": [before["connections"]]})
+
+    def sample(self) -> None:
+        self.start["connections"].append(self._db()["connections"])
+
+    def end(self, began: float, ended: float) -> dict[str, Any]:
+        start, after = self.start, self._db()
+        pg_used = cpu_seconds(start["pg"]) - start["pg_cpu"]  # connections are pooled: the same backends throughout
+        server_used = cpu_seconds(start["server"]) - start["server_cpu"]
+        sim_used = cpu_seconds(self.simulator) - start["sim_cpu"]
+        before, wall = start["before"], ended - began
         with self.engine.connect() as conn:
             wal = conn.execute(
                 sa.text("SELECT pg_wal_lsn_diff(CAST(:b AS pg_lsn), CAST(:a AS pg_lsn))"),
@@ -105,7 +129,7 @@ class Meters:
             "wal_mb_per_s": round(float(wal) / wall / 1e6, 2),
             "transactions_per_s": round((after["xacts"] - before["xacts"]) / wall),
             "rows_written_per_s": round((after["rows"] - before["rows"]) / wall),
-            "connections": max(connections),
+            "connections": max(start["connections"]),
             "postgres_cpu_share": round(pg_used / wall / cores, 3),
             "postgres_cpu_seconds": round(pg_used, 2),
             "server_cpu_share": round(server_used / wall / cores, 3),  # every database of the server
@@ -125,3 +149,43 @@ class Meters:
             ).one()
         self.engine.dispose()
         return {"attempts_over_1": int(row[0]), "completed": int(row[1]), "running_at_stop": int(row[2])}
+
+
+def windows(meters: list[Meters], seconds: float) -> list[dict[str, Any]]:
+    """Measure `seconds` of wall time from now on each database, one window for all (the shards of one fleet)."""
+    for meter in meters:
+        meter.begin()
+    began = time.monotonic()
+    while time.monotonic() - began < seconds:
+        time.sleep(min(1.0, seconds - (time.monotonic() - began)))
+        for meter in meters:
+            meter.sample()
+    ended = time.monotonic()
+    return [meter.end(began, ended) for meter in meters]
+
+
+def stage_figures(
+    window: dict[str, Any],
+    *,
+    nodes: int,
+    claims: list[tuple[float, float, float, int]],
+    committed: list[tuple[float, int]],
+    rate: float,
+    step: float,
+) -> dict[str, Any]:
+    """One stage on one database (or a fleet's shards together): its meters' window, the results committed inside
+    it against the nodes' demand, the claims asked inside it, and whether it is saturated."""
+    began, ended = window["began"], window["ended"]
+    inside = [c for c in claims if began <= c[0] < ended]
+    stage: dict[str, Any] = {"nodes": nodes, **window}
+    stage["results_per_s"] = round(sum(n for at, n in committed if began <= at < ended) / (ended - began), 1)
+    stage["demand_per_s"] = round(nodes * rate, 1)
+    stage["share_of_demand"] = round(stage["results_per_s"] / stage["demand_per_s"], 3) if nodes else 0.0
+    stage["claims"] = len(inside)
+    stage["claim_p50_ms"] = round(percentile([c[1] for c in inside], 50) * 1000, 1)
+    stage["claim_p99_ms"] = round(percentile([c[1] for c in inside], 99) * 1000, 1)
+    stage["claim_db_p99_ms"] = round(percentile([c[2] for c in inside], 99) * 1000, 1)
+    stored = stage["results_per_s"] * (ended - began)
+    stage["postgres_cpu_ms_per_result"] = round(stage["postgres_cpu_seconds"] * 1000 / stored, 3) if stored else None
+    stage["saturated"] = stage["share_of_demand"] < 0.95 or stage["claim_p99_ms"] > step * 1000
+    return stage

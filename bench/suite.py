@@ -86,6 +86,9 @@ FULL = {
     # Issue 41 section 2: virtual 8xH100 nodes on one Postgres through the real claim / record / renew code, ramped
     # until the database saturates, long and short outputs (~10 min): `make bench ARGS="--only fleet"`.
     "fleet": ["bench/fleet.py"],
+    # Issue 41, the next design: 50 and 100 nodes on one database, then on 2 shards (a Postgres cluster each), long and
+    # short outputs (~6 min): `make bench ARGS="--only fleet-shards"`; its rows are fleet_shards_*.
+    "fleet-shards": ["bench/fleet.py", "--compare-shards", "2"],
     # Issue 41 section 1: rows, WAL and statements per lease renewal and per claim + record (~3 min); the same
     # script measures another checkout with BACKFILL_BENCH_CODE=<its path>: `make bench ARGS="--only lease_renewal"`.
     "lease_renewal": ["bench/lease_renewal.py", "--requests", "20000", "--inflight", "768,3072", "--renewals", "20"],
@@ -142,6 +145,7 @@ QUICK = {
     "render-ahead": ["bench/render_ahead.py", "--steps", "200", "--rounds", "1"],
     "mixed-lines": ["bench/mixed_lines.py", "--lines", "60", "--tokens", "16"],
     "fleet": ["bench/fleet.py", "--quick"],
+    "fleet-shards": ["bench/fleet.py", "--compare-shards", "2", "--quick"],
     "lease_renewal": ["bench/lease_renewal.py", "--requests", "5000", "--inflight", "768", "--renewals", "10"],
     "lora-packing": [
         "bench/lora_packing.py",
@@ -237,9 +241,7 @@ def main() -> int:
     parser.add_argument(
         "--only",
         default="",
-        help="comma-separated parts: engine,runbatch,ingest,queue,shared,shared_sim,prefix,prefix-race,gpu-timed,workers,"
-        "hostile-bodies,handback,rolling-restart,render-ahead,mixed-lines,fleet,lease_renewal,lora-packing,"
-        "trial-projection,trial-projection-real",
+        help="comma-separated parts: " + ",".join(FULL),
     )
     parser.add_argument("--no-write", action="store_true", help="print only; leave results.json and docs alone")
     parser.add_argument("--render", action="store_true", help="only rewrite docs/benchmarks.md from results.json")
@@ -323,6 +325,7 @@ _PREFIXES = {
     "render-ahead": ("render_ahead_",),
     "mixed-lines": ("mixed_lines_",),
     "fleet": ("fleet_",),
+    "fleet-shards": ("fleet_shards_",),
     "lease_renewal": ("lease_renewal_",),
     "lora-packing": ("lora_packing_",),
     "trial-projection": ("trial_projection_",),

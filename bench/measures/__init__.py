@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from bench.measures.entry import entry
-from bench.measures.fleet import fleet_rows, lease_renewal_rows
+from bench.measures.fleet import fleet_rows, fleet_shards_rows, lease_renewal_rows
 from bench.measures.lora import lora_rows
 from bench.measures.mixed import mixed_lines_rows
 from bench.measures.race import prefix_race_rows
@@ -232,6 +232,8 @@ def measures(parts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         rows += mixed_lines_rows(mixed)
     if fleet := parts.get("fleet"):
         rows += fleet_rows(fleet)
+    if compared := parts.get("fleet-shards"):
+        rows += fleet_shards_rows(compared)
     if leases := parts.get("lease_renewal"):
         rows += lease_renewal_rows(leases)
     if lora := parts.get("lora-packing"):

@@ -92,3 +92,49 @@ def lease_renewal_rows(r: dict[str, Any]) -> list[dict[str, Any]]:
         ),
     ]
     return rows
+
+
+def fleet_shards_rows(compared: dict[str, Any]) -> list[dict[str, Any]]:
+    """bench/fleet.py --compare-shards S: per workload and node count, S shards against one database (results/s
+    ratio, fed share, p99 claim), and exactly once on every shard of both runs."""
+    shards, rows = compared["shards"], []
+    for w in compared["workloads"]:
+        name, step = w["workload"], w["sharded"]["step_ms"]
+        for r in w["ratios"]:
+            n = r["nodes"]
+            rows += [
+                entry(
+                    f"fleet_shards_{name}_{n}_nodes_results_per_s_ratio",
+                    r["results_per_s_ratio"],
+                    f"x one database ({shards} shards {r['results_per_s_sharded']} results/s, one database "
+                    f"{r['results_per_s_one']}, demand {r['demand_per_s']}; Postgres servers' share of the cores "
+                    f"{r['server_cpu_share_sharded']} vs {r['server_cpu_share_one']}, WAL {r['wal_mb_per_s_sharded']}"
+                    f" vs {r['wal_mb_per_s_one']} MB/s; {compared['processes']} simulator processes in both)",
+                ),
+                entry(
+                    f"fleet_shards_{name}_{n}_nodes_fed_share",
+                    r["fed_share_sharded"],
+                    f"share of demand on {shards} shards (each {r['fed_shares_per_shard']}; one database "
+                    f"{r['fed_share_one']})",
+                    ">= 0.95",
+                    r["fed_share_sharded"] >= 0.95,
+                ),
+                entry(
+                    f"fleet_shards_{name}_{n}_nodes_claim_p99_ms",
+                    r["claim_p99_ms_sharded"],
+                    f"ms p99 claim on {shards} shards (one database {r['claim_p99_ms_one']} ms, ratio "
+                    f"{r['claim_p99_ratio']}; one step {step} ms)",
+                    f"< {step}",
+                    r["claim_p99_ms_sharded"] < step,
+                ),
+            ]
+    runs = [run for w in compared["workloads"] for run in (w["one"], w["sharded"])]
+    once = all(_exactly_once(part) for run in runs for part in run.get("per_shard", [run]))
+    rows.append(
+        entry("fleet_shards_exactly_once", once, "bool (every shard: no double claim, each stored once)", "true", once)
+    )
+    return rows
+
+
+def _exactly_once(part: dict[str, Any]) -> bool:
+    return part["double_claims"] == 0 and part["attempts_over_1"] == 0 and part["stored"] == part["completed"]

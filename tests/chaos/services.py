@@ -36,9 +36,12 @@ def postgres_bin() -> Path:
 
 
 class Postgres:
-    """A private Postgres cluster; `stop_immediate` is `pg_ctl stop -m immediate` (a crash, then recovery)."""
+    """A private Postgres cluster; `stop_immediate` is `pg_ctl stop -m immediate` (a crash, then recovery).
 
-    def __init__(self, logs: Path) -> None:
+    `durable`: fsync and full-page writes on, as the machine's own server (bench/fleet_shards.py's shards, whose WAL
+    is measured); the harness's default skips them (a crash it plays is a process's, not the machine's)."""
+
+    def __init__(self, logs: Path, *, durable: bool = False) -> None:
         self.bin = postgres_bin()
         # Its own directory under /tmp: the postgres user must reach it, and test temp dirs are 0700 root's.
         self.root = Path(tempfile.mkdtemp(prefix="backfill-chaos-pg-"))
@@ -60,9 +63,9 @@ class Postgres:
                 "listen_addresses=127.0.0.1",
                 # fsync only protects against an OS crash; an immediate stop still recovers from the WAL.
                 "-c",
-                "fsync=off",
+                f"fsync={'on' if durable else 'off'}",
                 "-c",
-                "full_page_writes=off",
+                f"full_page_writes={'on' if durable else 'off'}",
                 "-c",
                 "max_connections=200",
             ],
