@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from tests.chaos.adapters import ADAPTERS, name_adapters
 from tests.chaos.history import History, InputFile, InputLine, check
-from tests.chaos.test_history import clean_history
+from tests.chaos.synthetic_histories import clean_history
 from tests.chaos.workload import SIZES, plan_workload
 
 TONE_A, TONE_B = ADAPTERS[:2]

@@ -10,7 +10,7 @@ import pytest
 
 from tests.chaos.decode_rules import class_shares, decode_summary, record_decode
 from tests.chaos.history import FaultRecord, History, check
-from tests.chaos.test_history import T0, clean_history
+from tests.chaos.synthetic_histories import T0, clean_history
 from worker.engine.decode_ledger import DecodeFigures, DecodeLedger
 
 BOUND = 20  # tokens a killed request may lose, in these histories

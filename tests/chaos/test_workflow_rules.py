@@ -9,7 +9,7 @@ from typing import Any
 
 from tests.chaos.decode_rules import record_decode
 from tests.chaos.history import BatchRecord, ControlEvent, History, RowRecord, check
-from tests.chaos.test_history import T0, clean_history, error_line, output_line
+from tests.chaos.synthetic_histories import T0, clean_history, error_line, output_line
 from tests.chaos.workflow import CONTINUE, SHORT_WINDOWS, draw_finishes, plan_workflow
 from tests.chaos.workload import SIZES, plan_workload
 

@@ -25,7 +25,7 @@ import pytest
 
 from storage.registry import DEFAULT_EMBEDDING_MODEL
 from tests.conftest import LiveServer, configure, make_key, start_server
-from tests.e2e import corpus
+from tests.e2e import corpus, corpus_runs
 
 pytestmark = pytest.mark.vllm
 
@@ -130,9 +130,9 @@ def test_the_corpus_runs_end_to_end(live: LiveServer) -> None:
         # both protocols' batches at once: the engine packs them, as it would any two clients' work
         with ThreadPoolExecutor(max_workers=2) as pool:
             runs = [
-                pool.submit(corpus.run_openai, openai_client, by_protocol(outcomes, "openai"), requests, timeout),
+                pool.submit(corpus_runs.run_openai, openai_client, by_protocol(outcomes, "openai"), requests, timeout),
                 pool.submit(
-                    corpus.run_anthropic, anthropic_client, by_protocol(outcomes, "anthropic"), requests, timeout
+                    corpus_runs.run_anthropic, anthropic_client, by_protocol(outcomes, "anthropic"), requests, timeout
                 ),
             ]
             for run in runs:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e import corpus
+from tests.e2e import corpus, corpus_runs
 
 MODELS = corpus.ServedModels(
     chat="backfill-demo",
@@ -72,7 +72,7 @@ def test_text_embedding_3_lines_meet_the_matryoshka_model_and_other_embedding_li
 
 def test_lines_are_grouped_without_two_custom_ids_alike_in_one_batch() -> None:
     entries = corpus.load("anthropic")
-    groups = corpus.groups(entries, key=lambda e: "all")
+    groups = corpus_runs.groups(entries, key=lambda e: "all")
     assert sum(map(len, groups)) == len(entries)
     for group in groups:
         assert len({e.custom_id for e in group}) == len(group)

@@ -22,7 +22,7 @@ import pytest
 from openai.types import Batch
 
 from tests.conftest import LiveServer, make_key, start_server
-from tests.e2e.console.test_console_browser import CHROMIUM, FLAGS, WAIT_MS, shot, sign_in
+from tests.e2e.console.browser import CHROMIUM, FLAGS, WAIT_MS, shot, sign_in
 from tests.integration.api.helpers import to_jsonl, upload, wait_for
 
 pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium: infra/local/services.sh")

@@ -15,7 +15,7 @@ import pytest
 from openai.types.chat import ChatCompletion
 
 from storage.registry import ModelSpec, SharedModeSpec
-from worker.engine import EngineRequest, EngineResult, http_engine
+from worker.engine import EngineRequest, EngineResult, http_calls
 from worker.engine.http_adapters import ZERO_ADAPTER
 from worker.engine.http_engine import HttpEngine
 
@@ -78,7 +78,7 @@ def start(server: LoraServer, *, path: str = "served-elsewhere", **shared: Any) 
 
 @pytest.fixture(autouse=True)
 def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(http_engine, "RETRY_BASE_SECONDS", 0.01)
+    monkeypatch.setattr(http_calls, "RETRY_BASE_SECONDS", 0.01)
 
 
 def chat(request_id: str, adapter: str | None = None, path: Path | str | None = None) -> EngineRequest:

@@ -19,7 +19,7 @@ from openai.types.chat import ChatCompletion
 from openai.types.responses import Response
 
 from storage.registry import ModelSpec, SharedModeSpec
-from worker.engine import Engine, EngineRequest, EngineResult, http_engine
+from worker.engine import Engine, EngineRequest, EngineResult, http_calls, http_engine
 from worker.engine.http_engine import HttpEngine
 
 CHAT = "/v1/chat/completions"
@@ -114,7 +114,7 @@ def server() -> FakeServer:
 
 @pytest.fixture(autouse=True)
 def quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(http_engine, "RETRY_BASE_SECONDS", 0.01)
+    monkeypatch.setattr(http_calls, "RETRY_BASE_SECONDS", 0.01)
 
 
 def start(server: FakeServer, **shared: Any) -> HttpEngine:

@@ -1,12 +1,11 @@
-"""The console in a real headless browser (Debian's chromium, driven by playwright) on the real vLLM engine.
+"""The console in a real headless browser (Debian's chromium, driven by playwright) on the real vLLM engine: a tenant.
 
 Sign in, upload a file with bad lines and see them by number, create a batch with a spend cap, watch its
 progress bar move, open its errors, download its output; pause, re-prioritise, resume and cancel another
 batch, retry its failed lines (the page says what a retry fixed and offers a retry only while one may run);
 poll a paused batch's results for almost nothing (304s); read webhook attempts; see the month against the
-budget; a second tenant sees none of it; an admin lists every tenant's batches and sees the operations charts
-(a long queue's figure whole) and every tenant's budget. With BACKFILL_SCREENSHOTS=1 each page is written to
-docs/console/ (desktop and 360 px wide).
+budget; a second tenant sees none of it. The admin's pages: test_console_admin.py. With BACKFILL_SCREENSHOTS=1
+each page is written to docs/console/ (desktop and 360 px wide).
 
 Every wait is for a state the page shows (generous timeouts, no fixed sleeps): the test runs inside a loaded
 full suite, and the only process-wide state it shares (engine busy counters) is read by model name.
@@ -15,145 +14,23 @@ full suite, and the only process-wide state it shares (engine busy counters) is 
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.conftest import LiveServer, make_key, start_server
+from tests.conftest import LiveServer, make_key
+from tests.e2e.console.browser import CHROMIUM, WAIT_MS, chat, playwright, shot, sign_in
 from tests.factories import make_batch, make_request, make_tenant
-from tests.integration.api.helpers import to_jsonl, upload, wait_for
-from tests.integration.receiver import WEBHOOK_TEST_ENV, Receiver, running_receiver
+from tests.integration.api.helpers import to_jsonl, upload
+from tests.integration.receiver import Receiver
 
-CHROMIUM = Path("/usr/bin/chromium")
-DOCS = Path(__file__).resolve().parents[3] / "docs" / "console"
-SCREENSHOTS = os.environ.get("BACKFILL_SCREENSHOTS") == "1"
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium: infra/local/services.sh installs it"),
 ]
-playwright = pytest.importorskip("playwright.sync_api")
-WAIT_MS = 60_000  # a page state under a loaded CI machine: generous, and only ever waited for, never slept
-# list $4 per million output tokens ($2 billed in the 24h window), so the cap and budget show real fractions
-PRICES = {
-    "prices": [
-        {
-            "model": "backfill-demo",
-            "effective_from": "2025-01-01",
-            "input_usd_per_mtok": "1",
-            "output_usd_per_mtok": "4",
-        }
-    ]
-}
-
-
-@pytest.fixture
-def live(demo_model_path: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[LiveServer]:
-    from tests.conftest import configure
-    from worker.cli.migrate import migrate_database
-
-    model = {"path": str(demo_model_path), "max_num_seqs": 4, "max_model_len": 1024, "dtype": "float32"}
-    configure(
-        monkeypatch,
-        {
-            "BACKFILL_DATA_DIR": str(tmp_path / "data"),
-            "BACKFILL_MODELS": json.dumps({"backfill-demo": model}),
-            "BACKFILL_REAP_INTERVAL_SECONDS": "1",
-            "BACKFILL_PRICE_BOOK": json.dumps(PRICES),
-            "BACKFILL_TENANT_MAX_PRIORITY": "10",
-            "BACKFILL_METRICS_CACHE_SECONDS": "1",
-            **WEBHOOK_TEST_ENV,  # deliveries to a receiver on this machine
-        },
-    )
-    migrate_database()
-    server, stop = start_server(with_worker=True)
-    warm_up(server)
-    yield server
-    stop()
-
-
-def warm_up(server: LiveServer) -> None:
-    """One line through the engine first: it loads on first use (a minute or two on a busy CPU), which is
-    setup, not what the console is judged on."""
-    client = server.client(make_key("warm-up"))
-    source = upload(client, to_jsonl([chat(0, max_tokens=2)]))
-    batch = client.batches.create(input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h")
-    wait_for(client, batch.id, timeout=300)
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    with running_receiver() as running:
-        yield running
-
-
-@pytest.fixture
-def page(live: LiveServer) -> Iterator[playwright.Page]:
-    with playwright.sync_playwright() as driver:
-        browser = driver.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
-        context = browser.new_context(viewport={"width": 1280, "height": 900}, accept_downloads=True)
-        tab = context.new_page()
-        tab.set_default_timeout(WAIT_MS)
-        # the controls ask for confirmation; the priority asks for a number
-        tab.on("dialog", lambda dialog: dialog.accept("7" if dialog.type == "prompt" else None))
-        problems: list[str] = []  # script errors and policy (CSP) refusals: the page must cause none
-        tab.on("pageerror", lambda error: problems.append(f"page error: {error}"))
-        tab.on("console", lambda msg: problems.append(msg.text) if "Content Security Policy" in msg.text else None)
-        tab.problems = problems  # type: ignore[attr-defined]
-        results: list[str] = []  # every results poll's URL: the page asks for what it shows
-        tab.on("request", lambda request: results.append(request.url) if "/results" in request.url else None)
-        tab.results = results  # type: ignore[attr-defined]
-        yield tab
-        context.close()
-        browser.close()
-
-
-def chat(i: int, max_tokens: int = 24, **extra: object) -> dict[str, object]:
-    body = {
-        "model": "backfill-demo",
-        "messages": [{"role": "user", "content": f"def f{i}():"}],
-        "max_tokens": max_tokens,
-    }
-    return {
-        "custom_id": f"c{i}",
-        "method": "POST",
-        "url": "/v1/chat/completions",
-        "body": {**body, "ignore_eos": True, **extra},
-    }
-
-
-def shot(page: playwright.Page, name: str) -> None:
-    """docs/console/<name>.png at the current width, and <name>-360.png on a phone's width."""
-    if not SCREENSHOTS:
-        return
-    DOCS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(DOCS / f"{name}.png"), full_page=True)
-    size = page.viewport_size or {"width": 1280, "height": 900}
-    page.set_viewport_size({"width": 360, "height": 780})
-    page.screenshot(path=str(DOCS / f"{name}-360.png"), full_page=True)
-    page.set_viewport_size(size)
-
-
-def sign_in(page: playwright.Page, base_url: str, key: str) -> None:
-    page.goto(f"{base_url}/console")
-    page.fill("#key", key)
-    page.click("#signin-form button[type=submit]")
-    page.wait_for_selector("#nav:not([hidden])")
-    assert key not in page.url
 
 
 def test_a_tenant_uploads_watches_reads_errors_downloads_controls_and_cancels(
@@ -326,52 +203,6 @@ def test_a_tenant_uploads_watches_reads_errors_downloads_controls_and_cancels(
     expect(page).to_have_title("Backfill · files")
     expect(page.locator("#file-table tbody tr")).to_have_count(0)
     expect(page.locator("#nav-admin")).to_be_hidden()
-
-    # An admin key also sees the operations charts (with work in the queue) and every tenant's budget.
-    page.click("#sign-out")
-    sign_in(page, live.base_url, admin_key)
-    ops = live.client(admin_key)
-    busy = ops.batches.create(  # a long queue: its figure must show whole (1,6xx, not "8 + 1,5")
-        input_file_id=upload(ops, to_jsonl([chat(i, max_tokens=900) for i in range(1600)])).id,
-        endpoint="/v1/chat/completions",
-        completion_window="24h",
-    )
-    page.click("nav a[data-view=batches]")  # an admin key lists every tenant's batches, each with its tenant
-    expect(page.locator("#batches-scope")).to_be_visible()
-    expect(page.locator(f"#batch-table tr[data-batch='{other.id}'] .badge.tenant")).to_have_text("acme")
-    expect(page.locator(f"#batch-table tr[data-batch='{other.id}'] a")).to_have_count(0)  # opened with acme's key
-    expect(page.locator(f"#batch-table tr[data-batch='{busy.id}'] a")).to_have_count(1)
-    shot(page, "batches-admin")
-    page.click("nav a[data-view=admin]")
-    # one row per model; engine busy counters are process-wide, so an earlier test's engines may be listed too
-    demo = page.get_by_role("cell", name="backfill-demo", exact=True)  # the demo's -vl and -moderation rows are others'
-    expect(page.locator("#overview-table tbody tr").filter(has=demo)).to_have_count(1)
-    expect(page.locator("#risk-chart g[data-model=backfill-demo]")).to_have_count(1)
-    # the queue's lines show as depth; the busy share needs two polls of the counters while the engine works
-    bar_above_zero(page, "#queue-chart g[data-model=backfill-demo]")
-    bar_above_zero(page, "#busy-chart g[data-model=backfill-demo]")
-    depth = page.locator("#queue-chart g[data-model=backfill-demo]")
-    assert int(depth.get_attribute("data-value") or 0) > 1000
-    assert depth.locator("text").last.text_content() == f"{int(depth.get_attribute('data-value') or 0):,}"
-    assert page.evaluate(FIGURES_INSIDE, "#queue-chart"), "a figure of the queue chart is cut off"
-    # the good batch ended: its finish against admission's prediction, on its window's row (issue 40 §3)
-    finish = page.locator("#finish-chart g[data-model='24h']")
-    expect(finish).to_have_count(1)
-    expect(finish.locator("title")).to_have_text(
-        re.compile(r"24h: median \d+ (s|min) (late|early)|24h: median on time")
-    )
-    expect(finish.locator("title")).to_contain_text(re.compile(r"over [1-9]\d* batches \(0 expired\)"))
-    assert page.evaluate(FIGURES_INSIDE, "#finish-chart"), "a figure of the finish chart is cut off"
-    shot(page, "operations")
-    ops.batches.cancel(busy.id)
-    page.goto(f"{live.base_url}/console#/batch/{busy.id}")  # 1,600 cancelled lines: the page lists 50 and says so
-    expect(page.locator("#error-groups summary")).to_contain_text("the first 50 listed")
-    page.click("nav a[data-view=finance]")
-    row = page.locator("#budget-table tr[data-tenant=acme]")
-    expect(row).to_contain_text("$0.0500")
-    expect(row.locator("svg.meter")).to_have_attribute("data-cap", "0.05")
-    expect(page.locator("#budget-table tr[data-tenant=globex]")).to_have_count(0)  # no budget, no spend
-    shot(page, "finance-admin")
     assert page.problems == []  # type: ignore[attr-defined]
 
 
@@ -385,10 +216,6 @@ WATCH_PROGRESS = """() => {
   note();
   for (const node of [where, status]) new MutationObserver(note).observe(node, { childList: true, subtree: true });
 }"""
-
-
-FIGURES_INSIDE = """s => { const svg = document.querySelector(s), width = svg.viewBox.baseVal.width;
-  return [...svg.querySelectorAll("text")].every(t => { const box = t.getBBox(); return box.x + box.width <= width; }); }"""
 
 
 def retried_batch(tenant: str) -> str:
@@ -416,15 +243,6 @@ def delivered(live: LiveServer, key: str, endpoint_id: str) -> None:
     while not any(a.get("status_code") for d in httpx.get(url, headers=headers).json()["data"] for a in d["attempts"]):
         assert time.monotonic() < deadline, "no webhook delivery was attempted"
         time.sleep(0.2)
-
-
-def bar_above_zero(page: playwright.Page, selector: str) -> None:
-    """Wait until the chart's row for a model carries a figure above zero (the page redraws at each poll)."""
-    page.wait_for_function(
-        "s => { const g = document.querySelector(s); return !!g && Number(g.getAttribute('data-value')) > 0; }",
-        arg=selector,
-        timeout=WAIT_MS,
-    )
 
 
 def control(page: playwright.Page, action: str, outcome: str) -> None:
