@@ -8,9 +8,9 @@ limit. Three kinds of body, one rule each:
 - uploads (`POST /v1/files`): `upload_max_bytes` plus multipart framing, streamed into the route, which
   reads the form as it arrives (api/multipart.py); the file's lines are judged by the one line checker at
   ingest; an Uploads part (`POST /v1/uploads/{id}/parts`): `upload_part_max_bytes` plus framing, the same way;
-- a create whose requests are inline (each protocol's `streamed_create`, storage/protocols.py): its own limit,
-  streamed into the route, which splits it with the one bounded reader (storage/lines/bounded_json.py) and judges
-  each request;
+- a create whose requests are inline (each protocol's `streamed_create`, storage/protocols.py) and its estimate
+  (`streamed_estimate`): its own limit, streamed into the route, which splits it with the one bounded reader
+  (storage/lines/bounded_json.py) and judges each request;
 - every other body: at most 1 MiB, read here whole, then walked for depth and parsed strictly by the same
   bounded reader (off the event loop) before the app sees it: a 400 in the path's envelope, never a 500.
 """
@@ -206,9 +206,10 @@ def install(app: Any) -> None:
         threads=settings.api_threads,
         upload_part_max_bytes=settings.upload_part_max_bytes,
         streamed_creates={
-            protocol.streamed_create: protocol.streamed_create_max_bytes(settings)
+            path: protocol.streamed_create_max_bytes(settings)
             for protocol in PROTOCOLS.values()
-            if protocol.streamed_create is not None
+            for path in (protocol.streamed_create, protocol.streamed_estimate)
+            if path is not None
         },
     )
     if settings.tenant_request_share:

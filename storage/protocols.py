@@ -76,6 +76,7 @@ class Protocol:
     # that body's limit, which the API's request limits apply before the route reads it (api/limits.py).
     streamed_create: str | None = None
     streamed_create_max_bytes: Callable[[Settings], int] = lambda settings: 0
+    streamed_estimate: str | None = None  # the dry run of that create: the same body, the same limit
     internal_purposes: tuple[str, ...] = ()  # files it keeps for itself, not listed at /v1/files
     # How long an ended batch's results are kept before the batch is archived (None: as long as its files live).
     results_retention: Callable[[Settings], int | None] = lambda settings: None
@@ -141,6 +142,7 @@ ANTHROPIC = Protocol(
     api_path="/v1/messages/batches",
     results_route="results",
     streamed_create="/v1/messages/batches",
+    streamed_estimate="/v1/messages/batches/estimate",
     streamed_create_max_bytes=lambda settings: settings.message_batch_max_bytes,
     internal_purposes=("message_batch_input", "message_batch_results"),
     results_retention=lambda settings: settings.message_batch_retention_seconds,

@@ -7,7 +7,7 @@ create body is streamed, never held whole.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
@@ -22,6 +22,7 @@ from storage.batches.control import cancel_batch, pause_batch, resume_batch, set
 from storage.batches.message_batches import (
     create_message_batch,
     delete_message_batch,
+    estimate_message_batch,
     get_message_batch,
     list_message_batches,
     results_stream,
@@ -75,9 +76,24 @@ _CREATE_BODY = {
 def create(request: Request, session: DbSession, caller: Caller, blobs: Blobs, settings: Config) -> MessageBatch:
     """Create a Message Batch from inline `requests: [{custom_id, params}]`; it is validated, then queued.
 
-    The body (up to `message_batch_max_bytes`, api/limits.py) streams through the one bounded reader."""
+    Backfill extensions beside `requests` (the SDK's `extra_body`): `completion_window` (any the server offers, "24h"
+    by default; "background": no deadline), `priority`, `max_cost_usd`, `on_expiry`, `trial`, `checks`. The body
+    (up to `message_batch_max_bytes`, api/limits.py) streams through the one bounded reader."""
     batch = create_message_batch(session, blobs, settings, tenant_id=caller.tenant_id, chunks=body_chunks(request))
     return _render(session, request, batch)
+
+
+@router.post(
+    "/estimate",
+    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": _CREATE_BODY}}}},
+)
+def estimate(request: Request, session: DbSession, caller: Caller, settings: Config) -> dict[str, Any]:
+    """Dry run (a Backfill extension): the body a create takes (`requests` and the extensions beside them, e.g.
+    `completion_window`), read the same bounded way; the job's estimated cost, start and finish behind the current
+    backlog, and the menu of every offered window (`windows`: predicted finish, price, admission), as
+    `POST /v1/batches/estimate` answers. Nothing is created."""
+    result = estimate_message_batch(session, settings, tenant_id=caller.tenant_id, chunks=body_chunks(request))
+    return result.to_json()
 
 
 @router.get("/{message_batch_id}", response_model=MessageBatch)

@@ -60,6 +60,11 @@ class MessageBatch(BaseModel):
         default=None, description="Backfill extension: set while paused (`processing_status` stays `in_progress`)."
     )
     max_cost_usd: str | None = Field(default=None, description="Backfill extension: the batch's spend cap, if any.")
+    completion_window: str = Field(
+        default="24h",
+        description="Backfill extension: the batch's completion window (`expires_at` follows it; `background`: no "
+        "deadline, `expires_at` 9999-12-31T23:59:59Z).",
+    )
     on_expiry: str | None = Field(
         default=None, description="Backfill extension: `continue_in_background`, or null (cut short at expiry)."
     )
@@ -89,7 +94,7 @@ class MessageBatch(BaseModel):
             processing_status=status,
             request_counts=MessageBatchRequestCounts(**vars(request_counts(row))),
             created_at=rfc3339(row.created_at) or "",
-            expires_at=rfc3339(row.expires_at) or "",
+            expires_at=rfc3339(row.expires_at) or "",  # background: 9999-12-31T23:59:59Z (docs/anthropic.md)
             ended_at=rfc3339(ended_at(row)),
             cancel_initiated_at=rfc3339(row.cancelling_at),
             archived_at=rfc3339(row.archived_at),
@@ -102,6 +107,7 @@ class MessageBatch(BaseModel):
             priority=row.priority,
             paused_at=rfc3339(row.paused_at),
             max_cost_usd=None if row.max_cost_micro_usd is None else usd_text(usd(row.max_cost_micro_usd)),
+            completion_window=row.completion_window,
             on_expiry=row.on_expiry,
             trial=trial_json(row),
             checks=row.checks,

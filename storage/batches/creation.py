@@ -6,8 +6,9 @@ line names a served model able to answer the endpoint; the priority is within th
 more than $0; a trial and checks (docs/workflow.md) are well formed and bounded; the tenant's monthly budget has
 room for the estimate; the tenant's quota has room for a batch (`create_batch`). A create whose requests come
 inline (its protocol's own module beside this one) runs the same extension checks (`check_extensions`) on what
-it streamed in. The estimate (`estimate_file`) judges the same
-file with the same window and model checks, and creates nothing.
+it streamed in, the window (`check_window`) and the model (`check_served`) among them. The estimate
+(`estimate_file`; an inline create's: its protocol's module) judges the same file with the same window and model
+checks, and creates nothing.
 """
 
 from __future__ import annotations
@@ -53,14 +54,16 @@ class BatchTerms:
     on_expiry: Any = None  # as asked for (docs/workflow.md, "Partial answers at expiry"); checked by `on_expiry_spec`
 
 
-def check_window(settings: Settings, completion_window: str) -> None:
-    """Refuse (400) a completion window this server does not offer."""
-    if completion_window not in settings.completion_windows:
+def check_window(settings: Settings, completion_window: Any) -> str:
+    """The completion window, if this server offers it; else a 400 naming the offered ones (the value may come from
+    a body no schema checked: an Anthropic create's extension, so any JSON value)."""
+    if not isinstance(completion_window, str) or completion_window not in settings.completion_windows:
         offered = ", ".join(sorted(settings.completion_windows))
+        shown = f"'{completion_window}'" if isinstance(completion_window, str) else clip(completion_window)
         raise InvalidRequest(
-            f"Invalid completion_window '{completion_window}': this server offers {offered}.",
-            param="completion_window",
+            f"Invalid completion_window {shown}: this server offers {offered}.", param="completion_window"
         )
+    return completion_window
 
 
 def check_extensions(
@@ -96,6 +99,14 @@ def served_model(
     tenant may name, docs/adapters.md), which must be served and able to answer `endpoint`."""
     chunks = blobs.open_stream(blob_key, chunk_bytes=PEEK_CHUNK_BYTES)
     model = peek_model(chunks, max_line_bytes=settings.line_max_bytes, default_models=settings.default_models())
+    return check_served(settings, model, endpoint=endpoint, adapters=adapters)
+
+
+def check_served(
+    settings: Settings, model: str | None, *, endpoint: str, adapters: dict[str, str] | None = None
+) -> str | None:
+    """The model a line names (or the base of the adapter it names), which must be served and able to answer
+    `endpoint` (400 `model_not_found` or `unsupported_endpoint`)."""
     served = settings.served_models()
     if model is not None and model not in served:
         model = (adapters or {}).get(model, model)

@@ -2,9 +2,11 @@
 
 Everything that watches batches (ingest, the queue, leases, finalize, the reaper, cost accounting, goodput,
 finance reports) treats them like OpenAI batches; this module only adds what Anthropic's API says
-differently: the create body streamed into an internal input file, newest-first paging both ways, one results
-file, deletion once ended, and archival after the retention. How a row reads as Anthropic's `MessageBatch`
-(`processing_status`, `request_counts`) is the API's view of it: api/anthropic/status.py.
+differently: the create body streamed into an internal input file (its Backfill extensions beside `requests`,
+the completion window among them, checked as an OpenAI create's are: storage/batches/creation.py), the same body's
+dry run (`estimate_message_batch`: OpenAI's estimate and window menu, nothing stored), newest-first paging both
+ways, one results file, deletion once ended, and archival after the retention. How a row reads as Anthropic's
+`MessageBatch` (`processing_status`, `request_counts`) is the API's view of it: api/anthropic/status.py.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from storage import lifecycle
+from storage.adapters.registry import adapter_bases
 from storage.batches.archive import drop_content
 from storage.batches.batches import create_batch, get_batch
 from storage.batches.checks import attach_workflow, checks_spec
-from storage.batches.creation import check_extensions, on_expiry_spec
+from storage.batches.creation import check_extensions, check_served, check_window, on_expiry_spec
+from storage.batches.estimates import Estimate, estimate_job
 from storage.batches.trials import trial_spec
 from storage.clock import now
 from storage.endpoints import MESSAGES_URL
@@ -33,6 +37,7 @@ from storage.lines.anthropic import RequestsReader, unqueued_results
 from storage.lines.reader import clip
 from storage.models import Batch, File
 from storage.paging import keyset_page
+from storage.planning.shapes import shape_of_jsonl
 from storage.protocols import ANTHROPIC
 from storage.settings import Settings
 from storage.strict import parse_usd, priority_value
@@ -40,7 +45,7 @@ from storage.wakeups import wake_after_commit
 
 INPUT_PURPOSE = "message_batch_input"
 RESULTS_PURPOSE = "message_batch_results"
-WINDOW = "24h"  # Anthropic's only processing window
+WINDOW = "24h"  # Anthropic's processing window: a create's default (a Backfill extension names another)
 
 # What an ended batch's requests became when it ended before any was queued (Anthropic result types).
 _UNQUEUED_OUTCOME = {lifecycle.CANCELLED: "canceled", lifecycle.EXPIRED: "expired", lifecycle.FAILED: "errored"}
@@ -67,11 +72,7 @@ def create_message_batch(
     problem anywhere fails the whole create (400 naming every bad request) and removes the partial object.
     Ingest is woken after commit.
     """
-    reader = RequestsReader(
-        max_requests=settings.message_batch_max_requests,
-        max_request_bytes=settings.line_max_bytes,
-        max_body_bytes=settings.message_batch_max_bytes,
-    )
+    reader = _reader(settings)
     file_id = new_id("file-")
     try:
         source = create_file(
@@ -84,8 +85,9 @@ def create_message_batch(
             file_id=file_id,
         )
         reader.raise_if_bad()
+        window = check_window(settings, reader.extensions.get("completion_window", WINDOW))
         priority, cap = _extensions(session, settings, tenant_id=tenant_id, given=reader.extensions)
-        on_expiry = on_expiry_spec(settings, reader.extensions.get("on_expiry"), completion_window=WINDOW)
+        on_expiry = on_expiry_spec(settings, reader.extensions.get("on_expiry"), completion_window=window)
         trial, checks = _workflow(settings, given=reader.extensions)
         model = None if reader.mixed_models else reader.first_model
         check_file_within_budget(
@@ -96,7 +98,7 @@ def create_message_batch(
             blob_key=source.blob_key,
             endpoint=MESSAGES_URL,
             model=model,
-            completion_window=WINDOW,
+            completion_window=window,
         )
     except BaseException:
         blobs.delete(input_file_key(tenant=tenant_folder(session, tenant_id=tenant_id), file_id=file_id))
@@ -106,7 +108,7 @@ def create_message_batch(
         tenant_id=tenant_id,
         input_file_id=source.id,
         endpoint=MESSAGES_URL,
-        completion_window=WINDOW,
+        completion_window=window,
         model=None if reader.mixed_models else reader.first_model,  # None: each request names its own
         metadata=None,
         protocol=ANTHROPIC,
@@ -121,15 +123,62 @@ def create_message_batch(
     return batch
 
 
+def estimate_message_batch(
+    session: Session, settings: Settings, *, tenant_id: str, chunks: Iterable[bytes]
+) -> Estimate:
+    """The dry run of `create_message_batch`: the same body read by the same bounded reader, nothing stored; the
+    job's cost, start and finish behind the backlog and the menu of every offered window, as OpenAI's estimate
+    (`estimate_job`). One model per estimate: the menu is admission's projection of that model's queue."""
+    reader = _reader(settings)
+    adapters = adapter_bases(session, settings, tenant_id=tenant_id)
+    shape = shape_of_jsonl(
+        reader.lines(chunks),
+        endpoint=MESSAGES_URL,
+        max_line_bytes=settings.line_max_bytes,
+        max_requests=settings.message_batch_max_requests,
+        default_models=settings.default_models(),
+        adapters=adapters,
+        max_adapters=settings.batch_max_adapters,
+    )
+    reader.raise_if_bad()
+    window = check_window(settings, reader.extensions.get("completion_window", WINDOW))
+    _priority_and_cap(reader.extensions)  # malformed ones are the create's 400 (the tenant's cap is judged there)
+    if reader.mixed_models:
+        raise InvalidRequest(
+            "An estimate covers one model, and these requests name more than one (the first: "
+            f"{clip(reader.first_model)}): estimate each model's requests on their own.",
+            param="requests",
+        )
+    model = check_served(settings, shape.model, endpoint=MESSAGES_URL, adapters=adapters)
+    if model is None:
+        raise InvalidRequest("The requests name no model.", param="requests")
+    return estimate_job(
+        session, model=model, shape=shape, settings=settings, completion_window=window, tenant_id=tenant_id
+    )
+
+
+def _reader(settings: Settings) -> RequestsReader:
+    return RequestsReader(
+        max_requests=settings.message_batch_max_requests,
+        max_request_bytes=settings.line_max_bytes,
+        max_body_bytes=settings.message_batch_max_bytes,
+    )
+
+
 def _extensions(
     session: Session, settings: Settings, *, tenant_id: str, given: dict[str, Any]
 ) -> tuple[int, int | None]:
     """The create's Backfill extensions beside `requests` (as OpenAI's `extra_body` carries them): the priority
     (checked against the tenant's cap) and the spend cap in micro-dollars."""
-    priority = priority_value(given.get("priority", 0))  # the same strict rules as OpenAI's create body
-    cost = given.get("max_cost_usd")
-    cap = None if cost is None else parse_usd(cost, param="max_cost_usd")
+    priority, cap = _priority_and_cap(given)
     return priority, check_extensions(session, settings, tenant_id=tenant_id, priority=priority, max_cost_micro_usd=cap)
+
+
+def _priority_and_cap(given: dict[str, Any]) -> tuple[int, int | None]:
+    """The priority and the spend cap (micro-dollars) given, by the same strict rules as OpenAI's create body."""
+    priority = priority_value(given.get("priority", 0))
+    cost = given.get("max_cost_usd")
+    return priority, None if cost is None else parse_usd(cost, param="max_cost_usd")
 
 
 def _workflow(settings: Settings, *, given: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:

@@ -28,8 +28,10 @@ MODEL_MAX_CHARS = 200  # batch_requests.model
 DESCRIBED_PROBLEMS = 20  # problems spelled out in the 400; every bad index is listed regardless
 CHUNK_BYTES = 1024 * 1024
 # Backfill extensions a create body may carry beside `requests` (the SDK's `extra_body`), each with its size limit in
-# bytes: small scalars, a trial, and checks (a JSON schema of up to 64 KB, an enum of up to 256 strings: 1 MiB).
+# bytes: small scalars (the completion window among them), a trial, and checks (a JSON schema of up to 64 KB, an
+# enum of up to 256 strings: 1 MiB).
 EXTENSIONS = {
+    "completion_window": EXTENSION_MAX_BYTES,
     "priority": EXTENSION_MAX_BYTES,
     "max_cost_usd": EXTENSION_MAX_BYTES,
     "on_expiry": EXTENSION_MAX_BYTES,

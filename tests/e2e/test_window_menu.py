@@ -1,16 +1,21 @@
 """A price for every deadline on the real vLLM engine (tiny demo model), embedded, through the official openai SDK
 (issue 40 §3): the estimate's menu of windows, batches on four windows at once (1h, 4h, 24h, background), and each
-one's predicted finish checked against its actual one on /metrics."""
+one's predicted finish checked against its actual one on /metrics; then the same through the official anthropic SDK
+(Message Batches on 1h and background via `extra_body`, the menu from `POST /v1/messages/batches/estimate`)."""
 
 from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import anthropic
 import httpx
 import pytest
+from anthropic.types.messages import MessageBatch
 
 from storage.db import transaction
 from storage.models import Batch
@@ -113,3 +118,68 @@ def test_batches_on_four_windows_at_once_run_and_each_finish_is_checked_against_
             f"{rate['work_per_second']} tokens/s"
         )
         assert finish_count(live, window) == before[window] + 1
+
+
+def test_message_batches_take_a_window_through_the_anthropic_sdk_and_their_estimate_answers_the_same_menu(
+    live: LiveServer,
+) -> None:
+    assert live.worker is not None and live.worker.ready.wait(600)  # type: ignore[attr-defined]  # the engine is loaded
+    client = anthropic.Anthropic(api_key=make_key("acme"), base_url=live.base_url, max_retries=0, timeout=120)
+    requests = [
+        {
+            "custom_id": f"q{i}",
+            "params": {
+                "model": "backfill-demo",
+                "max_tokens": 16,
+                "messages": [{"role": "user", "content": f"Count to {i}."}],
+            },
+        }
+        for i in range(8)
+    ]
+    menu = client.post(
+        "/v1/messages/batches/estimate", body={"requests": requests, "completion_window": "1h"}, cast_to=object
+    )
+    assert menu["object"] == "batch.estimate" and (menu["completion_window"], menu["requests"]) == ("1h", 8)
+    assert [option["completion_window"] for option in menu["windows"]] == list(WINDOWS)
+    assert all(option["admitted"] for option in menu["windows"])
+    offered = {option["completion_window"]: option for option in menu["windows"]}
+    print("menu:", [(o["completion_window"], o["price"]["billed_usd"], o["admitted"]) for o in menu["windows"]])
+    before = finish_count(live, "1h")
+
+    created = {
+        window: client.messages.batches.create(requests=requests, extra_body={"completion_window": window})  # type: ignore[arg-type]
+        for window in ("1h", "background")
+    }
+    hour, background = created["1h"], created["background"]
+    assert hour.expires_at - hour.created_at == timedelta(hours=1)
+    assert background.expires_at == datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)  # no deadline, still a datetime
+
+    for window, batch in created.items():
+        done = wait_message_batch(client, batch.id)
+        assert done.processing_status == "ended" and done.request_counts.succeeded == 8
+        assert (done.model_extra or {})["completion_window"] == window and done.expires_at == batch.expires_at
+        lines = list(client.messages.batches.results(done.id))
+        assert {line.custom_id for line in lines} == {f"q{i}" for i in range(8)}
+        assert all(line.result.type == "succeeded" for line in lines)
+        cost = (done.model_extra or {})["cost"]
+        assert cost["discount_pct"] == offered[window]["price"]["discount_pct"]  # the menu's discount is the bill's
+        with transaction() as session:
+            predicted = session.get(Batch, done.id).predicted_finish_at  # type: ignore[union-attr]
+        assert predicted is not None
+        created_at, ended_at = int(done.created_at.timestamp()), int(done.ended_at.timestamp())  # type: ignore[union-attr]
+        print(
+            f"message batch on {window}: predicted {predicted - created_at} s after create, actual "
+            f"{ended_at - created_at} s; billed {cost['billed_usd']} ({cost['discount_pct']}% off), the menu said "
+            f"{offered[window]['price']['billed_usd']}"
+        )
+    assert finish_count(live, "1h") == before + 1
+
+
+def wait_message_batch(client: anthropic.Anthropic, batch_id: str, timeout: float = 600) -> MessageBatch:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        batch = client.messages.batches.retrieve(batch_id)
+        if batch.processing_status == "ended":
+            return batch
+        time.sleep(0.5)
+    raise AssertionError(f"{batch_id} did not end in {timeout} s")
