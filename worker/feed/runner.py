@@ -158,7 +158,7 @@ class Runner:
             self._take_in(self.io.take_unstarted(), restarted)  # a claim's rows the engine never took in
             self.io.restart(restarted)
             running = sorted(self.ledger.running())
-            checkpoints = self.checkpoints.of(running)  # before the abort forgets them
+            checkpoints = self.redraws.tag(self.checkpoints.of(running))  # before the abort forgets them
             self.engine.abort(running)
             self.redraws.forget(running)
             try:  # on the writer thread, after every write handed over before it
@@ -332,7 +332,8 @@ class Runner:
         if lost := self.ledger.running_among(self.io.take_lost()):
             log.info("aborting %d requests no longer leased (cancelled, expired, leased again)", len(lost))
             # The reaper re-queued these (of a paused batch): their tokens go with them while still unclaimed.
-            self.io.release([], self.checkpoints.of(lost))
+            # Those of a batch continued in the background: to their copies in the child (storage/queue/copy_tokens.py)
+            self.io.release([], self.redraws.tag(self.checkpoints.of(lost)))
             self.ledger.lose(lost)
             self._let_go(lost)
         if paused := self.ledger.running_among(self.io.take_paused()):  # their batch was paused: tokens and all
