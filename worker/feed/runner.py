@@ -333,7 +333,9 @@ class Runner:
             log.info("aborting %d requests no longer leased (cancelled, expired, leased again)", len(lost))
             # The reaper re-queued these (of a paused batch): their tokens go with them while still unclaimed.
             # Those of a batch continued in the background: to their copies in the child (storage/queue/copy_tokens.py)
-            self.io.release([], self.redraws.tag(self.checkpoints.of(lost)))
+            claims = self.checkpoints.claims
+            drawn = {rid: (claims[rid], d) for rid, d in self.redraws.drawn(lost).items() if rid in claims}
+            self.io.release([], self.redraws.tag(self.checkpoints.of(lost)), drawn)
             self.ledger.lose(lost)
             self._let_go(lost)
         if paused := self.ledger.running_among(self.io.take_paused()):  # their batch was paused: tokens and all

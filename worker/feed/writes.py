@@ -72,6 +72,9 @@ class HandBack:
 
     request_ids: list[str]
     generated: dict[str, Generated]
+    # Checked lines' failed draws (id -> the claim that made them, the draws), for copies of rows continued in the
+    # background whose draws were written too late for the continuation (storage/queue/copy_tokens.py)
+    draws: dict[str, tuple[str, Draws]] = field(default_factory=dict)
     released: int = 0  # set once written: how many rows went back
 
 
@@ -159,5 +162,5 @@ def hand_back(item: HandBack, *, worker_id: str, model: str) -> None:
         stored = save_handed_back(session, checkpoints=item.generated)  # rows the reaper re-queued too
         rerun = still_open(session, request_ids=sorted(set(item.generated) - stored))
         ended = {rid: g for rid, g in item.generated.items() if rid not in stored and rid not in rerun}
-        save_to_copies(session, generated=ended)  # rows the reaper continued in the background: to their copies
+        save_to_copies(session, generated=ended, draws=item.draws)  # rows continued in the background: to their copies
     count_decode_tokens(model, discarded=sum(len(item.generated[rid].token_ids) for rid in rerun))

@@ -12,7 +12,7 @@ from storage.db import transaction
 from storage.models import Batch, BatchRequest
 from storage.queue.checkpoints import Generated, save_checkpoints, stored_tokens
 from storage.queue.copy_tokens import save_to_copies
-from storage.queue.draws import Draws, save_draws
+from storage.queue.draws import Draws, draws_of, save_draws
 from storage.queue.expiry import CONTINUE_IN_BACKGROUND
 from tests.conftest import Backend
 from tests.integration.storage.queue.test_checkpoints import _claim
@@ -40,9 +40,9 @@ def stored(request_id: str) -> list[int]:
         return stored_tokens(session, request_id=request_id)
 
 
-def give(generated: dict[str, Generated]) -> set[str]:
+def give(generated: dict[str, Generated], draws: dict[str, tuple[str, Draws]] | None = None) -> set[str]:
     with transaction() as session:
-        return save_to_copies(session, generated=generated)
+        return save_to_copies(session, generated=generated, draws=draws)
 
 
 def test_a_copy_goes_on_from_the_tokens_its_origins_worker_held_past_the_last_checkpoint(backend: Backend) -> None:
@@ -82,3 +82,29 @@ def test_a_copy_claimed_another_generation_or_another_draw_keeps_what_it_has(bac
     assert stored(copy_of(claimed)) == [] and stored(copy_of(other)) == [7] * 10 and stored(copy_of(redrawn)) == []
     assert stored(copy_of(checked)) == [3] * 20
     assert give({checked: Generated("an-earlier-claim", [3] * 30, draw=1)}) == set()  # not the continued claim's
+
+
+def test_a_copy_takes_the_draws_its_origins_worker_wrote_too_late_and_goes_on_with_the_next(backend: Backend) -> None:
+    """The worker drew twice more before its writes of those draws reached the database, which had continued the
+    line meanwhile: its copy holds the first draw's checkpoint and no draws; it gets both failed draws, and the
+    third draw's tokens in place of that checkpoint, not another claim's."""
+    batch_id, claims = continued(1)
+    rid, claim_id = next(iter(claims.items()))
+    with transaction() as session:
+        save_checkpoints(session, worker_id="w1", checkpoints={rid: Generated(claim_id, [5] * 10)})  # the 1st draw's
+    window_closes(batch_id)
+    reap_once()
+    copy = copy_of(rid)
+    assert stored(copy) == [5] * 10
+    failed = Draws(
+        tuple({"attempt": n, "check": "regex", "message": "no"} for n in (1, 2)),
+        {"prompt_tokens": 2, "completion_tokens": 30, "cached_tokens": 0},
+    )
+    third = {rid: Generated(claim_id, [6] * 4, draw=2)}
+    assert give(third, {rid: ("an-earlier-claim", failed)}) == set()  # not the continued claim's draws
+    assert stored(copy) == [5] * 10
+    assert give(third, {rid: (claim_id, failed)}) == {rid}
+    assert stored(copy) == [6] * 4
+    with transaction() as session:
+        row = session.get(BatchRequest, copy)
+        assert row is not None and draws_of(row.draws).stored() == failed.stored()
