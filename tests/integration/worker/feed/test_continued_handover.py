@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import threading
+import time
+from typing import Any
 
 import pytest
 from sqlalchemy import select, update
@@ -20,8 +22,9 @@ from tests.conftest import Backend
 from tests.integration.worker.feed.test_checkpoints import finish
 from tests.integration.worker.feed.test_expiry_cuts import reap_once, window_closes
 from tests.integration.worker.feed.test_runner import enqueue
-from worker.engine import EngineResult
+from worker.engine import EngineRequest, EngineResult
 from worker.engine.fake import FakeEngine, _words
+from worker.feed import writes
 from worker.feed.runner import Runner
 
 pytestmark = pytest.mark.backfill_env(
@@ -110,11 +113,16 @@ class ContinuedMidway(FakeEngine):
     """At step `at` the reaper continues the batch while its lines are generating; `aborted` is set (with each line's
     tokens then) when the runner lets them go."""
 
-    def __init__(self, batch_id: str, *, at: int) -> None:
-        super().__init__("fake-model", max_num_seqs=4, max_model_len=10**9, step_seconds=0.002)
+    def __init__(self, batch_id: str, *, at: int, step_seconds: float = 0.002) -> None:
+        super().__init__("fake-model", max_num_seqs=4, max_model_len=10**9, step_seconds=step_seconds)
         self.batch_id, self.at = batch_id, at
         self.aborted = threading.Event()
         self.held: dict[str, list[int]] = {}
+        self.resumed: dict[str, list[int]] = {}  # request id -> the tokens it entered the engine with
+
+    def add(self, request: EngineRequest) -> EngineResult | None:
+        self.resumed[request.request_id] = list(request.resume_token_ids or [])
+        return super().add(request)
 
     def step(self) -> list[EngineResult]:
         results = super().step()
@@ -146,3 +154,25 @@ def test_lines_generating_when_their_batch_continued_hand_the_child_every_token_
     second = FakeEngine("fake-model", max_num_seqs=4, max_model_len=10**9)
     finish(Runner(second, model="fake-model", settings=get_settings(), worker_id="w2"))
     assert second.steps == 3000 - min(len(tokens) for tokens in engine.held.values())  # nothing decoded twice
+
+
+def test_the_worker_that_let_a_continued_line_go_claims_its_copy_only_once_the_copy_holds_its_tokens(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its engine is idle once the lines leave it, so it claims at once: the claim must not lease the copies before
+    the write handing them the tokens lands (a write made slow here), or they would start from their checkpoint."""
+    hand_back = writes.hand_back
+
+    def slow_hand_back(item: writes.HandBack, **kwargs: Any) -> None:
+        time.sleep(0.5)
+        hand_back(item, **kwargs)
+
+    monkeypatch.setattr(writes, "hand_back", slow_hand_back)
+    batch_id = continuing(2, max_tokens=1000)
+    engine = ContinuedMidway(batch_id, at=15, step_seconds=0.004)
+    runner = Runner(engine, model="fake-model", settings=get_settings(), worker_id="w1")
+    finish(runner)  # the origin's lines until its renewal finds them gone, then their copies
+    copies = copies_of(batch_id)
+    assert sorted(copies) == sorted(engine.held) and len(copies) == 2
+    for origin, (copy, _) in copies.items():
+        assert len(engine.held[origin]) > 15 and engine.resumed[copy] == engine.held[origin]
