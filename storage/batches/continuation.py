@@ -10,10 +10,12 @@ that the batch must not run now (a manual trial awaiting its review, a spend to 
 overrule it; the tenant resumes the child (or cancels it) as any paused batch.
 In the reaper's transaction the origin's unfinished rows end as `batch_expired` error lines naming the child (the
 origin ends `expired`, its own files show them so), and the merged view of the tree (`GET /v1/batches/{id}/results
-?merged=true`) gives each custom_id once: the child's answer once it has one. Tokens generated after the last
-periodic checkpoint (`BACKFILL_CHECKPOINT_INTERVAL_SECONDS`) are generated again, identically where the resume is
-exact. Where no child can be made (the tenant's open-batch quota, a spend cap already spent) the batch expires as
-one without the option, its lines still generating cut short, and says why in its `warnings`.
+?merged=true`) gives each custom_id once: the child's answer once it has one. What a line's worker held past
+that checkpoint (a generation going on, an answer finished but not stored) it hands to the copy when it learns the
+row is gone (storage/queue/copy_tokens.py); where it cannot (a worker gone, a copy already claimed) the tokens after
+the last periodic checkpoint are generated again, identically where the resume is exact. Where no child can be
+made (the tenant's open-batch quota, a spend cap already spent) the batch expires as one without the option, its
+lines still generating cut short, and says why in its `warnings`.
 """
 
 from __future__ import annotations

@@ -92,10 +92,12 @@ def _int32_le(token_ids: Sequence[int]) -> bytes:
 
 @dataclass(frozen=True)
 class Generated:
-    """The token ids a request generated so far, under the claim its generation runs under."""
+    """The token ids a request generated so far, under the claim its generation runs under; `draw`: which draw of a
+    checked line they are of (how many of its draws failed before it: storage/queue/draws.py), 0 for any other."""
 
     claim_id: str
     token_ids: Sequence[int]
+    draw: int = 0
 
 
 def save_checkpoints(session: Session, *, worker_id: str, checkpoints: Mapping[str, Generated]) -> set[str]:

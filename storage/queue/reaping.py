@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from sqlalchemy import ColumnElement, select, update
+from sqlalchemy import ColumnElement, or_, select, update
 from sqlalchemy.orm import Session
 
 from storage import lifecycle
@@ -101,13 +101,18 @@ def _requeue(session: Session, where: tuple[ColumnElement[bool], ...], *, attemp
 
 def expire_overdue(session: Session, *, grace_seconds: int = 0) -> list[str]:
     """End the unfinished requests of overdue batches as `batch_expired` error lines (the running ones only after
-    `grace_seconds`, while their workers cut them short: storage/queue/expiry.py); return the batches."""
+    `grace_seconds`, while their workers cut them short: storage/queue/expiry.py); return the batches.
+
+    Not those that continue in the background: their lines go to a child (storage/batches/continuation.py), which
+    sets `on_expiry` back to null when it cannot make one. The continuation skips a batch another transaction holds
+    locked; if the lock went before this pass came, ending its lines here would drop them without a child."""
     overdue = list(
         session.scalars(
             select(Batch)
             .where(
                 Batch.status.in_((lifecycle.VALIDATING, lifecycle.IN_PROGRESS)),
                 Batch.expires_at <= now(),
+                or_(Batch.status == lifecycle.VALIDATING, Batch.on_expiry.is_(None)),
             )
             .with_for_update(skip_locked=True)
         )

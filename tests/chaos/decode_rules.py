@@ -69,8 +69,8 @@ def record_decode(history: History, ledger_dir: Path) -> None:
 
 def continued_work(history: History, ledger: dict[str, RequestDecode]) -> dict[str, RequestDecode]:
     """The ledger with each line continued in a background child (issue 40) counted as one request: the origin
-    row's decode moves onto the child's copy, which resumed from its checkpoint (what the origin generated after
-    its last checkpoint is decoded again: discarded, as in any resume)."""
+    row's decode moves onto the child's copy, which resumed from its checkpoint and what the origin's worker handed
+    it after the continuation (storage/queue/copy_tokens.py); what it did not get is decoded again: discarded)."""
     from tests.chaos.workflow import continued_in
 
     children = {child for r in history.batches.values() for line in r.error_lines if (child := continued_in(line))}

@@ -73,7 +73,7 @@ class Checkpoints:
         ones that land. False if the row's checkpoint (`stored`, another claim's) is not where this generation
         began: the caller drops it, and this generation's next write stores it from token 0."""
         if (ended := self.ended.get(request_id)) is not None:
-            self.ended[request_id] = Generated(claim_id, ended.token_ids)
+            self.ended[request_id] = Generated(claim_id, ended.token_ids, draw=ended.draw)
             return list(ended.token_ids[: len(stored)]) == list(stored)
         if request_id not in self.claims:
             return True  # not this runner's checkpoints (a result on its way to the database)
@@ -87,7 +87,8 @@ class Checkpoints:
         """A request finished: its tokens but the last, under its claim, wait with its result until stored, should a
         pause hand its row back before that (storage/queue/checkpoints.py `save_handed_back`)."""
         if len(result.token_ids) > 1 and (claim_id := self.claims.get(result.request_id)):
-            self.ended[result.request_id] = Generated(claim_id, result.token_ids[:-1])
+            draw = int((result.attempts or {}).get("count", 1)) - 1  # a checked line's: the draws before this one
+            self.ended[result.request_id] = Generated(claim_id, result.token_ids[:-1], draw=draw)
         self.forget([result.request_id])
 
     def restarted(self, request_ids: Iterable[str]) -> dict[str, str]:

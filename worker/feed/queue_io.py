@@ -134,11 +134,17 @@ class QueueIO:
         if claims:
             self._put(Restart(claims, dict(draws or {})))
 
-    def release(self, request_ids: list[str], generated: dict[str, Generated]) -> None:
+    def release(
+        self,
+        request_ids: list[str],
+        generated: dict[str, Generated],
+        draws: dict[str, tuple[str, Draws]] | None = None,
+    ) -> None:
         """Queue handing back these rows (aborted in the engine: a pause) with their tokens; with no ids, only the
-        tokens of rows the reaper re-queued under this worker (storage/queue/checkpoints.py `save_handed_back`)."""
-        if request_ids or generated:
-            self._put(HandBack(request_ids, generated))
+        tokens of rows the reaper re-queued under this worker (storage/queue/checkpoints.py `save_handed_back`) or
+        continued in the background, with their checked lines' draws (storage/queue/copy_tokens.py)."""
+        if request_ids or generated or draws:
+            self._put(HandBack(request_ids, generated, dict(draws or {})))
 
     def hand_back(self, request_ids: list[str], generated: dict[str, Generated]) -> int:
         """`release`, then wait until it and every write before it are done; return how many rows went back."""

@@ -14,9 +14,10 @@ lists and bills them all. A line cut short at expiry (`cut`) keeps the attempts 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from storage.queue.checkpoints import Generated
 from storage.queue.claim import ClaimedRequest
 from storage.queue.draws import Draws
 from storage.settings import get_settings
@@ -74,6 +75,13 @@ class Redraws:
             )
             for rid in request_ids
             if (line := self._lines.get(rid)) is not None
+        }
+
+    def tag(self, generated: dict[str, Generated]) -> dict[str, Generated]:
+        """These generations, each marked with the draw of its line it is (its failed draws so far)."""
+        return {
+            rid: replace(g, draw=len(line.failed)) if (line := self._lines.get(rid)) is not None else g
+            for rid, g in generated.items()
         }
 
     def forget(self, request_ids: set[str] | list[str]) -> None:

@@ -158,7 +158,7 @@ class Runner:
             self._take_in(self.io.take_unstarted(), restarted)  # a claim's rows the engine never took in
             self.io.restart(restarted)
             running = sorted(self.ledger.running())
-            checkpoints = self.checkpoints.of(running)  # before the abort forgets them
+            checkpoints = self.redraws.tag(self.checkpoints.of(running))  # before the abort forgets them
             self.engine.abort(running)
             self.redraws.forget(running)
             try:  # on the writer thread, after every write handed over before it
@@ -331,10 +331,7 @@ class Runner:
         self._collect_written()
         if lost := self.ledger.running_among(self.io.take_lost()):
             log.info("aborting %d requests no longer leased (cancelled, expired, leased again)", len(lost))
-            # The reaper re-queued these (of a paused batch): their tokens go with them while still unclaimed.
-            self.io.release([], self.checkpoints.of(lost))
-            self.ledger.lose(lost)
-            self._let_go(lost)
+            self._release_lost(lost)
         if paused := self.ledger.running_among(self.io.take_paused()):  # their batch was paused: tokens and all
             checkpoints = self.checkpoints.of(paused)
             self.ledger.pause(paused)
@@ -343,6 +340,19 @@ class Runner:
         if overdue := self.ledger.running_among(self.io.take_overdue()):  # their window closed: cut short
             self._cut(overdue)
         self.io.raise_failure()
+
+    def _release_lost(self, lost: set[str]) -> None:
+        """Rows whose lease is gone leave the engine; their tokens go with rows the reaper re-queued (of a paused
+        batch) while still unclaimed, and with the copies of rows continued in the background (with the failed draws
+        of checked lines: storage/queue/copy_tokens.py), before this worker's next claim can lease those copies."""
+        claims = self.checkpoints.claims
+        drawn = {rid: (claims[rid], d) for rid, d in self.redraws.drawn(lost).items() if rid in claims}
+        generated = self.redraws.tag(self.checkpoints.of(lost))
+        self.io.release([], generated, drawn)
+        self.ledger.lose(lost)
+        self._let_go(lost)
+        if generated or drawn:
+            self.io.wait()  # rare (a cancel, a continuation): one write, so its own claim finds the copies' tokens
 
     def _cut(self, request_ids: set[str]) -> None:
         """Answer these from what they generated so far (flushed with the next results); those with nothing to

@@ -20,6 +20,7 @@ from storage.db import transaction
 from storage.metrics.events import count_decode_tokens
 from storage.queue.backlog import done_batches
 from storage.queue.checkpoints import Generated, restart, save_checkpoints, save_handed_back, still_open
+from storage.queue.copy_tokens import save_to_copies
 from storage.queue.draws import Draws, save_draws
 from storage.queue.expiry import overdue_of
 from storage.queue.handback import paused_of
@@ -71,6 +72,9 @@ class HandBack:
 
     request_ids: list[str]
     generated: dict[str, Generated]
+    # Checked lines' failed draws (id -> the claim that made them, the draws), for copies of rows continued in the
+    # background whose draws were written too late for the continuation (storage/queue/copy_tokens.py)
+    draws: dict[str, tuple[str, Draws]] = field(default_factory=dict)
     released: int = 0  # set once written: how many rows went back
 
 
@@ -106,9 +110,13 @@ def commit(flushes: list[Flush], *, worker_id: str) -> list[str]:
 def keep_handed_back(session: Session, kept: dict[str, Generated]) -> None:
     """Results a pause took back before they were stored (`kept`: those `record` did not store): their tokens but
     the last go with the queued row as its checkpoint, so the next run decodes only that one again (an end of
-    sequence or a stop, never past it) instead of the whole generation."""
-    if kept and (rerun := still_open(session, request_ids=sorted(kept))):
+    sequence or a stop, never past it) instead of the whole generation; those of rows the reaper continued in the
+    background go with the row's copy (storage/queue/copy_tokens.py)."""
+    if not kept:
+        return
+    if rerun := still_open(session, request_ids=sorted(kept)):
         save_handed_back(session, checkpoints={rid: kept[rid] for rid in rerun})
+    save_to_copies(session, generated={rid: g for rid, g in kept.items() if rid not in rerun})
 
 
 def renew_leases(
@@ -153,4 +161,6 @@ def hand_back(item: HandBack, *, worker_id: str, model: str) -> None:
         item.released = release(session, worker_id=worker_id, request_ids=item.request_ids, checkpoints=item.generated)
         stored = save_handed_back(session, checkpoints=item.generated)  # rows the reaper re-queued too
         rerun = still_open(session, request_ids=sorted(set(item.generated) - stored))
+        ended = {rid: g for rid, g in item.generated.items() if rid not in stored and rid not in rerun}
+        save_to_copies(session, generated=ended, draws=item.draws)  # rows continued in the background: to their copies
     count_decode_tokens(model, discarded=sum(len(item.generated[rid].token_ids) for rid in rerun))

@@ -22,6 +22,7 @@ from storage.models import Batch, BatchRequest, File
 from storage.queue.checkpoints import stored_tokens
 from storage.queue.claim import claim
 from storage.queue.expiry import CONTINUE_IN_BACKGROUND
+from storage.queue.reaping import expire_overdue
 from storage.settings import get_settings
 from storage.windows import BACKGROUND_WINDOW
 from tests.conftest import Backend
@@ -154,6 +155,23 @@ def test_a_batch_that_continues_in_the_background_hands_its_unfinished_lines_to_
         assert len(words) == 200 and body["usage"]["completion_tokens"] == 200 and "backfill" not in body
         earlier = saved[line["custom_id"]]
         assert words[: len(earlier)] == _words(earlier).split()  # carried on from its last token, not redone
+
+
+def test_a_batch_that_continues_in_the_background_is_never_expired_without_its_child(backend: Backend) -> None:
+    """The reaper's continuation skips a batch another transaction holds locked (a worker's flush, a claim); its
+    plain expiry, later in the same pass, must leave the batch to the next continuation, not end its lines."""
+    batch_id = enqueue(3, max_tokens=200)
+    with transaction() as session:
+        session.execute(update(Batch).where(Batch.id == batch_id).values(on_expiry=CONTINUE_IN_BACKGROUND))
+    window_closes(batch_id, seconds_ago=get_settings().expiry_cut_grace_seconds + 1)
+    with transaction() as session:  # the pass after a continuation that found the batch locked
+        assert expire_overdue(session, grace_seconds=get_settings().expiry_cut_grace_seconds) == []
+    assert statuses(batch_id) == {"queued": 3}
+    reap_once()  # the next pass continues it
+    assert statuses(batch_id) == {"expired": 3}
+    with transaction() as session:
+        child = session.scalars(select(Batch).where(Batch.retry_of == batch_id)).one()
+    assert statuses(child.id) == {"queued": 3}
 
 
 def test_a_line_handed_back_mid_generation_is_claimed_at_expiry_and_cut_from_its_checkpoint(backend: Backend) -> None:
