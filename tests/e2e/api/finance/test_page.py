@@ -15,9 +15,9 @@ import pytest
 
 from storage.db import transaction
 from tests.conftest import Backend, LiveServer, make_key, start_server
+from tests.e2e.console.browser import CHROMIUM, FLAGS
 from tests.factories import DAY, make_batch, make_request, make_run, make_tenant
 
-CHROMIUM = Path("/usr/bin/chromium")
 pytestmark = [
     pytest.mark.skipif(
         not CHROMIUM.exists(),
@@ -65,14 +65,7 @@ def chromium(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [
                 str(CHROMIUM),
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
+                *FLAGS,
                 f"--user-data-dir={profile}",
                 "--window-size=1280,900",
                 "--virtual-time-budget=10000",  # let the page's fetches finish before the dump or screenshot
