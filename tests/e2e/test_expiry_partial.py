@@ -15,39 +15,31 @@ from typing import Any
 import openai
 import pytest
 from openai.types.chat import ChatCompletion
-from sqlalchemy import update
 
-from tests.conftest import LiveServer, make_key, start_server
-from tests.e2e.resume import CHECKPOINT_ENV, greedy_lines, rows_of, wait_until_checkpointed_mid_decode
+from tests.conftest import LiveServer, make_key
+from tests.e2e.resume import (
+    EXPIRY_MAX_TOKENS,
+    checkpointing_server,
+    greedy_lines,
+    rows_of,
+    wait_until_checkpointed_mid_decode,
+    window_closes,
+)
 from tests.integration.api.helpers import read_lines, to_jsonl, upload, wait_for
 
 pytestmark = pytest.mark.vllm
 
-# Long enough (about 10 s a wave of 4 on the demo model) that the lines mid-decode when the window closes are
-# still mid-decode at their worker's next renewal (every 2 s), whatever the machine's load.
-MAX_TOKENS = 960
-
 
 @pytest.fixture
 def live(demo_model_path: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[LiveServer]:
-    from tests.conftest import configure
-    from worker.cli.migrate import migrate_database
-
-    models = {
-        "backfill-demo": {"path": str(demo_model_path), "max_num_seqs": 4, "max_model_len": 1024, "dtype": "float32"}
-    }
-    env = {"BACKFILL_DATA_DIR": str(tmp_path / "data"), "BACKFILL_MODELS": json.dumps(models), **CHECKPOINT_ENV}
-    configure(monkeypatch, env)
-    migrate_database()
-    server, stop = start_server(with_worker=True)
-    yield server
-    stop()
+    with checkpointing_server(demo_model_path, monkeypatch, tmp_path) as server:
+        yield server
 
 
 def run(client: openai.OpenAI, prefix: str, **extra: Any) -> str:
     lines = greedy_lines(prefix)
     for line in lines:
-        line["body"]["max_tokens"] = MAX_TOKENS
+        line["body"]["max_tokens"] = EXPIRY_MAX_TOKENS
     source = upload(client, to_jsonl(lines))
     batch = client.batches.create(
         input_file_id=source.id, endpoint="/v1/chat/completions", completion_window="24h", extra_body=extra
@@ -71,17 +63,6 @@ def reference(client: openai.OpenAI) -> dict[str, str]:
     return texts(read_lines(client, done.output_file_id), "ref-")
 
 
-def window_closes(batch_id: str) -> None:
-    """The 24 hours are up (the batch's and its rows' deadlines moved to a second ago)."""
-    from storage.db import transaction
-    from storage.models import Batch, BatchRequest
-
-    past = int(time.time()) - 1
-    with transaction() as session:
-        session.execute(update(Batch).where(Batch.id == batch_id).values(expires_at=past))
-        session.execute(update(BatchRequest).where(BatchRequest.batch_id == batch_id).values(deadline=past))
-
-
 def test_lines_generating_at_expiry_end_with_the_text_so_far_as_a_length_stop(live: LiveServer) -> None:
     client = live.client(make_key("acme"))
     full = reference(client)
@@ -100,10 +81,10 @@ def test_lines_generating_at_expiry_end_with_the_text_so_far_as_a_length_stop(li
         assert completion.choices[0].finish_reason == "length" and completion.usage is not None
         number = line["custom_id"].removeprefix("cut-")
         if "backfill" not in (completion.model_extra or {}):  # it ended by itself before its worker's renewal
-            assert completion.usage.completion_tokens == MAX_TOKENS and so_far[number] == full[number]
+            assert completion.usage.completion_tokens == EXPIRY_MAX_TOKENS and so_far[number] == full[number]
             continue
         assert (completion.model_extra or {})["backfill"] == {"cut_by": "expiry"}
-        assert 1 <= completion.usage.completion_tokens < MAX_TOKENS
+        assert 1 <= completion.usage.completion_tokens < EXPIRY_MAX_TOKENS
         assert full[number].startswith(so_far[number])  # what the uninterrupted generation had at that token
     assert any("backfill" in line["response"]["body"] for line in cut)
     tokens = sorted(line["response"]["body"]["usage"]["completion_tokens"] for line in cut)
@@ -132,7 +113,7 @@ def test_a_batch_continued_in_the_background_answers_each_line_once_as_if_never_
     assert sorted(line["custom_id"] for line in merged) == sorted(f"bg-{i}" for i in range(len(full)))  # once each
     for line in merged:
         completion = ChatCompletion.model_validate(line["response"]["body"])
-        assert completion.usage is not None and completion.usage.completion_tokens == MAX_TOKENS
+        assert completion.usage is not None and completion.usage.completion_tokens == EXPIRY_MAX_TOKENS
         assert "backfill" not in (completion.model_extra or {})
     assert texts(merged, "bg-") == full  # token-exact: the resumed lines read as the uninterrupted ones
     print(f"continued in the background: {child.request_counts.total} of {len(full)} lines in {child_id}")  # type: ignore[union-attr]
