@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import signal
 import sys
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     kinds = [kind for kind in args.kinds.split(",") if kind]
     runs: list[tuple[int, EngineKind]] = [(seed, "fake") for seed in parse_seeds(args.seeds)]
     runs += [(seed, "vllm") for seed in parse_seeds(args.vllm_seeds)]
-    stamp = time.strftime("%Y%m%d-%H%M%S")
+    stamp = time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"  # two runs started in the same second keep apart
     out = args.out / stamp
     reports: list[RunReport] = []
     cluster = Cluster.start(Path(tempfile.mkdtemp(prefix="backfill-chaos-")), cache=args.out / "cache")
