@@ -56,7 +56,7 @@ class BatchTerms:
 
 def check_window(settings: Settings, completion_window: Any) -> str:
     """The completion window, if this server offers it; else a 400 naming the offered ones (the value may come from
-    a body no schema checked: an Anthropic create's extension, so any JSON value)."""
+    a body no schema checked: the extension of a create whose requests come inline, so any JSON value)."""
     if not isinstance(completion_window, str) or completion_window not in settings.completion_windows:
         offered = ", ".join(sorted(settings.completion_windows))
         shown = f"'{completion_window}'" if isinstance(completion_window, str) else clip(completion_window)
