@@ -377,6 +377,9 @@
   async function loadBatch(id, quiet) {
     const answer = await api("GET", "/v1/console/batches/" + encodeURIComponent(id));
     if (!answer.ok) { say("Batch: " + failure(answer), true); $("batch-title").textContent = "Batch not found"; return; }
+    // A page's first load clears the last batch's outcome now, before its awaits: a control pressed while the
+    // preview and media still load keeps its outcome on screen.
+    if (!quiet) $("control-outcome").replaceChildren();
     const b = answer.body, c = b.request_counts;
     const samples = state.samples.get(b.id) || [];
     const last = samples[samples.length - 1];
@@ -413,7 +416,6 @@
       $("batch-media").dataset.batch = b.id;
       $("batch-media").replaceChildren(await inputMedia(b));
     }
-    if (!quiet) $("control-outcome").replaceChildren();
     say("Batch updated " + new Date().toLocaleTimeString());
   }
 
