@@ -33,6 +33,13 @@ pytestmark = [
 ]
 
 
+# Set window.mediaDrawn once the media card is drawn again: the observer's callback runs after the script that drew
+# it, so by then that script (a batch page's first load) has ended.
+MEDIA_DRAWN = """() => { window.mediaDrawn = false;
+  new MutationObserver(() => { window.mediaDrawn = true; })
+    .observe(document.getElementById("batch-media"), { childList: true }); }"""
+
+
 def test_a_tenant_uploads_watches_reads_errors_downloads_controls_and_cancels(
     live: LiveServer, page: playwright.Page, receiver: Receiver, tmp_path: Path
 ) -> None:
@@ -111,10 +118,24 @@ def test_a_tenant_uploads_watches_reads_errors_downloads_controls_and_cancels(
         endpoint="/v1/chat/completions",
         completion_window="background",
     )
+    # The page's first load waits on the lines it shows the media of: held until a control has been pressed.
+    held: list[playwright.Route] = []
+    lines_sent = f"**/v1/files/{other.input_file_id}/content*"
+    page.route(lines_sent, lambda route: held.append(route))
     page.goto(f"{live.base_url}/console#/batch/{other.id}")
     outcome, status = page.locator("#control-outcome"), page.locator("#batch-status")
     expect(page.locator("#batch-left b")).to_have_text("no deadline")  # a background batch never expires
     control(page, "pause", "Pause: done")
+    deadline = time.monotonic() + WAIT_MS / 1000
+    while not held:
+        assert time.monotonic() < deadline, "the page never asked for the lines it sent"
+        page.wait_for_timeout(50)
+    page.evaluate(MEDIA_DRAWN)
+    for route in held:
+        route.continue_()
+    page.unroute(lines_sent)
+    page.wait_for_function("() => window.mediaDrawn")  # the first load has ended (the observer runs after it)
+    expect(outcome).to_contain_text("Pause: done")  # pressed during the first load, still shown after it
     expect(status).to_have_text("paused")
     # While it stands still, each poll of its results names the answer it holds and gets a 304, no body.
     with page.expect_response(lambda r: f"/v1/batches/{other.id}/results" in r.url and r.status == 304):
