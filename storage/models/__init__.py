@@ -4,7 +4,7 @@ from here: `from storage.models import Batch`. Importing this package registers 
 from storage.models.accounts import ApiKey, Tenant
 from storage.models.adapters import Adapter
 from storage.models.base import NAMING_CONVENTION, Base
-from storage.models.batches import Batch, BatchRequest, CheckpointChunk
+from storage.models.batches import Batch, BatchRequest, Checkpoint, CheckpointChunk
 from storage.models.files import File, Upload, UploadPart
 from storage.models.webhooks import WebhookAttempt, WebhookDelivery, WebhookEndpoint, WebhookEvent
 from storage.models.workers import EngineRun, Lease, ModelBacklog, WorkerHeartbeat
@@ -16,6 +16,7 @@ __all__ = [
     "Base",
     "Batch",
     "BatchRequest",
+    "Checkpoint",
     "CheckpointChunk",
     "EngineRun",
     "File",

@@ -1,8 +1,8 @@
-"""Batches and their queue rows (one per JSONL line), with the rows' checkpoints."""
+"""Batches and their queue rows (one per JSONL line), with the rows' checkpoints (their counts and chunks)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     JSON,
@@ -17,8 +17,10 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     false,
+    func,
+    select,
 )
-from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy.orm import Mapped, column_property, mapped_column
 
 from storage.models.base import Base
 from storage.protocols import OPENAI
@@ -92,6 +94,27 @@ class Batch(Base):
     # checked against it when it ends (storage/batches/finish_predictions.py). None: made before 0025, or a retry.
     predicted_finish_at: Mapped[int | None] = mapped_column(BigInteger)
     on_expiry: Mapped[str | None] = mapped_column(String(32))  # None: cut short at expiry (docs/workflow.md)
+
+
+class Checkpoint(Base):
+    """How far a queue row's checkpoint reaches, and under which claim it grows (storage/queue/checkpoints.py).
+
+    One per row a claim took (or a continuation seeded): `tokens` is how many generated ids its chunks hold end
+    to end, `claim_id` the claim whose generation alone may append to them ("" for a copy no claim took yet). A
+    write moves `tokens` from the count it read, guarded by the claim; a claim moves `claim_id` to its own. This
+    row, not the queue row, is what writers of one request's checkpoint serialize on.
+
+    On Postgres this table and `checkpoint_chunks` are UNLOGGED, with no foreign key (whose check would lock
+    the queue row): a checkpoint writes no WAL. A crash of the database (or a failover) empties both, and the
+    claims that follow start those generations from token 0: work decoded again, no answer lost or changed
+    (docs/workers.md, "Checkpoints and resume").
+    """
+
+    __tablename__ = "checkpoints"
+
+    request_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    claim_id: Mapped[str] = mapped_column(String(32), default="", server_default="")
+    tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class BatchRequest(Base):
@@ -173,8 +196,10 @@ class BatchRequest(Base):
     # The order a results reader first saw this finished request in (storage/queue/result_rows.py).
     result_seq: Mapped[int | None] = mapped_column(BigInteger)
     # How many generated token ids the row's checkpoint holds (its `CheckpointChunk`s, end to end): a claim
-    # resumes the generation from them instead of decoding them again (storage/queue/checkpoints.py).
-    checkpoint_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # resumes the generation from them instead of decoding them again (storage/queue/checkpoints.py). Read from
+    # the row's `Checkpoint` (0 without one), never stored on the row: a checkpoint writes no queue row.
+    if TYPE_CHECKING:  # mapped below the class (it reads `Checkpoint` by this class's id)
+        checkpoint_tokens: Mapped[int]
     # Retry trees (storage/queue/retry_rows.py): a row a retry copied (a later attempt of its line exists); on
     # the original batch's row of a line, its newest copy (the merged view reads one row per line); on a copy,
     # the row it copied (its line's previous attempt, shown while the copy runs).
@@ -195,6 +220,14 @@ class BatchRequest(Base):
     draws: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
 
+BatchRequest.checkpoint_tokens = column_property(
+    select(func.coalesce(func.max(Checkpoint.tokens), 0))
+    .where(Checkpoint.request_id == BatchRequest.id)
+    .correlate_except(Checkpoint)
+    .scalar_subquery()
+)
+
+
 class CheckpointChunk(Base):
     """A slice of a queue row's checkpoint: the token ids generated from `start` on, appended, never rewritten.
 
@@ -205,6 +238,6 @@ class CheckpointChunk(Base):
 
     __tablename__ = "checkpoint_chunks"
 
-    request_id: Mapped[str] = mapped_column(ForeignKey("batch_requests.id", ondelete="CASCADE"), primary_key=True)
+    request_id: Mapped[str] = mapped_column(String(64), primary_key=True)  # its row's; no foreign key (`Checkpoint`)
     start: Mapped[int] = mapped_column(Integer, primary_key=True)  # the index of its first token in the output
     token_ids: Mapped[bytes] = mapped_column(LargeBinary)  # packed int32, zlib (`pack_tokens`)

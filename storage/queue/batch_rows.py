@@ -52,7 +52,6 @@ def fail_unserved(session: Session, *, batch_id: str, served: Collection[str]) -
                 error_code=UNSERVED_CODE,
                 error_message=f"model: '{model}' is not served here (served models: {offered})",
                 finished_at=now_f(),
-                checkpoint_tokens=0,
             )
             .execution_options(synchronize_session=False)
         )
@@ -104,7 +103,6 @@ def close_open_requests(
             lease_owner=None,
             lease_id=None,
             finished_at=now(),
-            checkpoint_tokens=0,
         )
         .execution_options(synchronize_session=False)
     )

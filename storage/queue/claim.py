@@ -163,15 +163,14 @@ def _lease(
             _capped() if postgres else false(),
             BatchRequest.adapter,
             BatchRequest.draws,
-            BatchRequest.checkpoint_tokens,
         )
         .execution_options(synchronize_session=False)
     ).all()
     if rows:  # storage/queue/lease_expiry.py; in this transaction, so no one sees the rows without it
         open_lease(session, worker_id=worker_id, lease_seconds=lease_seconds, lease_id=claim_id)
     order = {request_id: index for index, request_id in enumerate(ids)}
-    # Under the lease just taken: no checkpoint write can land meanwhile.
-    stored = checkpoints.load(session, counts={row[0]: row[-1] for row in rows})
+    # The checkpoints move to this claim: no earlier claim's write lands on them after this.
+    stored = checkpoints.load(session, counts=checkpoints.claimed(session, claims={row[0]: claim_id for row in rows}))
     claimed = [
         ClaimedRequest(
             id=rid,
@@ -187,7 +186,7 @@ def _lease(
             adapter=adapter,
             draws=draws_of(draws),
         )
-        for rid, batch_id, tenant, url, body, deadline, attempts, capped, adapter, draws, _ in rows
+        for rid, batch_id, tenant, url, body, deadline, attempts, capped, adapter, draws in rows
     ]
     claimed = [replace(item, checkpoint=tuple(stored[item.id])) if item.id in stored else item for item in claimed]
     if not postgres and (capped_ids := set(session.scalars(_capped_batches(item.batch_id for item in claimed)))):

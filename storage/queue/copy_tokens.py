@@ -19,12 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from sqlalchemy import ColumnElement, delete, func, insert, select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, aliased
 
 from storage import lifecycle
-from storage.models import Batch, BatchRequest, CheckpointChunk
-from storage.queue.checkpoints import Generated, load, pack_tokens
+from storage.models import Batch, BatchRequest
+from storage.queue import checkpoints
+from storage.queue.checkpoints import Generated, load
 from storage.queue.draws import Draws, draws_of
 
 
@@ -74,38 +75,32 @@ def save_to_copies(
 def _advance(session: Session, *, copy_id: str, count: int, draws: Draws) -> bool:
     """Give the copy the draws its origin's worker made past those it holds (their write came after the
     continuation), dropping its checkpoint: an earlier draw's, which the next draw does not extend."""
-    moved = session.scalar(
+    if not _hold_unclaimed(session, copy_id) or checkpoints.counts(session, request_ids=[copy_id])[copy_id] != count:
+        return False
+    session.execute(
         update(BatchRequest)
-        .where(*_unclaimed(copy_id), BatchRequest.checkpoint_tokens == count)
-        .values(draws=draws.stored(), checkpoint_tokens=0)
-        .returning(BatchRequest.id)
+        .where(BatchRequest.id == copy_id)
+        .values(draws=draws.stored())
         .execution_options(synchronize_session=False)
     )
-    if moved is not None and count:
-        session.execute(delete(CheckpointChunk).where(CheckpointChunk.request_id == copy_id))
-    return moved is not None
+    checkpoints.clear(session, request_ids=[copy_id])
+    return True
 
 
-def _unclaimed(copy_id: str) -> tuple[ColumnElement[bool], ...]:
-    return (
+def _hold_unclaimed(session: Session, copy_id: str) -> bool:
+    """Lock the copy's queue row if it is still queued and never claimed; whether it was. A claim leases the row
+    before it moves the checkpoint to itself, so while this transaction holds the row none can."""
+    unclaimed = select(BatchRequest.id).where(
         BatchRequest.id == copy_id,
         BatchRequest.status == lifecycle.REQ_QUEUED,
         BatchRequest.lease_owner.is_(None),
         BatchRequest.claim_id.is_(None),
     )
+    return session.scalar(unclaimed.with_for_update()) is not None
 
 
 def _append(session: Session, *, copy_id: str, count: int, tokens: list[int]) -> bool:
     """Move the copy's checkpoint from `count` to the tokens' length where it is still unclaimed at `count`."""
-    moved = session.scalar(
-        update(BatchRequest)
-        .where(*_unclaimed(copy_id), BatchRequest.checkpoint_tokens == count)
-        .values(checkpoint_tokens=len(tokens))
-        .returning(BatchRequest.id)
-        .execution_options(synchronize_session=False)
-    )
-    if moved is not None:
-        session.execute(
-            insert(CheckpointChunk), [{"request_id": copy_id, "start": count, "token_ids": pack_tokens(tokens[count:])}]
-        )
-    return moved is not None
+    if not _hold_unclaimed(session, copy_id):
+        return False
+    return checkpoints.append_unclaimed(session, request_id=copy_id, count=count, tokens=tokens)

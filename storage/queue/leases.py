@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from storage import lifecycle
 from storage.models import BatchRequest
 from storage.queue import lease_expiry
-from storage.queue.checkpoints import Generated, save_checkpoints
+from storage.queue.checkpoints import Generated, save
 from storage.queue.claim_caps import within_caps
 from storage.queue.enqueue import ids_match
 from storage.queue.handback import not_paused
@@ -37,7 +37,7 @@ def renew(
         return set()
     given = checkpoints or {}
     if due := {rid: given[rid] for rid in set(request_ids) & set(given)}:
-        save_checkpoints(session, worker_id=worker_id, checkpoints=due)
+        save(session, checkpoints=due)
     # This worker's running rows, off the lease-owner index: no membership test of hundreds of ids per row.
     mine = dict(
         session.execute(
@@ -94,7 +94,7 @@ def release(
     if not request_ids:
         return 0
     if checkpoints:
-        save_checkpoints(session, worker_id=worker_id, checkpoints=checkpoints)
+        save(session, checkpoints=checkpoints)
     released = session.execute(
         update(BatchRequest)
         .where(

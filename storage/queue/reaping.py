@@ -72,7 +72,6 @@ def _requeue_or_fail(session: Session, where: tuple[ColumnElement[bool], ...], *
                 lease_owner=None,
                 lease_id=None,
                 finished_at=now_f(),
-                checkpoint_tokens=0,
             )
             .returning(BatchRequest.batch_id)
             .execution_options(synchronize_session=False)

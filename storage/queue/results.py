@@ -103,8 +103,9 @@ def _final_status(outcome: Outcome) -> str:
 # second one, a JSON array zipped to the rows by position: json_to_recordset would decode a body's escapes
 # and refuse "\u0000" (which a model can emit), while json_array_elements hands each element over as json,
 # verbatim.
-# The same statement deletes the checkpoint chunks of the rows it ended (`drop_ended`'s work: nothing resumes
-# them now); every other path that ends a row drops its own (storage/queue/batch_rows.py, reaping.py).
+# The same statement deletes the checkpoints of the rows it ended (`drop_ended`'s work: nothing resumes them
+# now; chunks a write committed while it waited are the reaper's, storage/queue/checkpoints.py `sweep`); every
+# other path that ends a row drops its own (storage/queue/batch_rows.py, reaping.py).
 _STORE_JSON = text(
     """
     WITH stored AS (
@@ -113,7 +114,7 @@ _STORE_JSON = text(
         error_code = v.error_code, error_message = v.error_message, prompt_tokens = v.prompt,
         completion_tokens = v.completion, cached_tokens = v.cached, reasoning_tokens = v.reasoning,
         engine_seconds = v.seconds, run_id = :run_id, check_attempts = v.attempts,
-        lease_owner = NULL, lease_id = NULL, finished_at = :finished, checkpoint_tokens = 0
+        lease_owner = NULL, lease_id = NULL, finished_at = :finished
     FROM ROWS FROM (json_to_recordset(CAST(:rows AS json)) AS (
             id text, status text, code int, error_code text, error_message text,
             prompt int, completion int, cached int, reasoning int, seconds float8, attempts json
@@ -123,6 +124,8 @@ _STORE_JSON = text(
         json_array_elements(CAST(:bodies AS json)) WITH ORDINALITY AS b(body, n)
     WHERE b.n = v.n AND r.id = v.id AND r.status = :from_status AND r.lease_owner = :worker_id
     RETURNING r.id, r.batch_id, r.status
+    ), counted AS (
+    DELETE FROM checkpoints AS c USING stored AS s WHERE c.request_id = s.id
     ), dropped AS (
     DELETE FROM checkpoint_chunks AS c USING stored AS s WHERE c.request_id = s.id
     )
@@ -186,7 +189,6 @@ def _store_executemany(session: Session, *, worker_id: str, run_id: str, outcome
             lease_owner=None,
             lease_id=None,
             finished_at=finished,
-            checkpoint_tokens=0,
         )
     )
     session.connection().execute(

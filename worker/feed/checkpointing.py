@@ -85,7 +85,7 @@ class Checkpoints:
 
     def finished(self, result: EngineResult) -> None:
         """A request finished: its tokens but the last, under its claim, wait with its result until stored, should a
-        pause hand its row back before that (storage/queue/checkpoints.py `save_handed_back`)."""
+        pause hand its row back before that (storage/queue/checkpoints.py `save`)."""
         if len(result.token_ids) > 1 and (claim_id := self.claims.get(result.request_id)):
             draw = int((result.attempts or {}).get("count", 1)) - 1  # a checked line's: the draws before this one
             self.ended[result.request_id] = Generated(claim_id, result.token_ids[:-1], draw=draw)

@@ -141,7 +141,7 @@ class QueueIO:
         draws: dict[str, tuple[str, Draws]] | None = None,
     ) -> None:
         """Queue handing back these rows (aborted in the engine: a pause) with their tokens; with no ids, only the
-        tokens of rows the reaper re-queued under this worker (storage/queue/checkpoints.py `save_handed_back`) or
+        tokens of rows the reaper re-queued under this worker (storage/queue/checkpoints.py `save`) or
         continued in the background, with their checked lines' draws (storage/queue/copy_tokens.py)."""
         if request_ids or generated or draws:
             self._put(HandBack(request_ids, generated, dict(draws or {})))
@@ -275,7 +275,7 @@ class QueueIO:
             case Renewal():
                 self._renew(write)
             case Checkpoint():
-                writes.store_checkpoints(write, worker_id=self.worker_id)
+                writes.store_checkpoints(write)
             case Restart():
                 writes.drop_checkpoints(write)
             case HandBack():

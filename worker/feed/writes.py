@@ -19,7 +19,7 @@ from storage.batches.trials import settle_trials
 from storage.db import transaction
 from storage.metrics.events import count_decode_tokens
 from storage.queue.backlog import done_batches
-from storage.queue.checkpoints import Generated, restart, save_checkpoints, save_handed_back, still_open
+from storage.queue.checkpoints import Generated, restart, save, still_open
 from storage.queue.copy_tokens import save_to_copies
 from storage.queue.draws import Draws, save_draws
 from storage.queue.expiry import overdue_of
@@ -115,7 +115,7 @@ def keep_handed_back(session: Session, kept: dict[str, Generated]) -> None:
     if not kept:
         return
     if rerun := still_open(session, request_ids=sorted(kept)):
-        save_handed_back(session, checkpoints={rid: kept[rid] for rid in rerun})
+        save(session, checkpoints={rid: kept[rid] for rid in rerun})
     save_to_copies(session, generated={rid: g for rid, g in kept.items() if rid not in rerun})
 
 
@@ -129,8 +129,6 @@ def renew_leases(
         lost = renew(session, worker_id=worker_id, request_ids=held, lease_seconds=lease_seconds, checkpoints=due)
         if lost:  # re-queued under us while we still run them: ours again, the same try (docs/workers.md)
             back = take_back(session, worker_id=worker_id, request_ids=sorted(lost), lease_seconds=lease_seconds)
-            if due_back := {rid: due[rid] for rid in back & set(due)}:  # the renewal's guard missed them
-                save_checkpoints(session, worker_id=worker_id, checkpoints=due_back)
             lost -= back
         if lost:  # our own claimer may have leased them back meanwhile (a re-lease, see `request_claim`):
             # still ours; reported lost, the runner would abort them and leave them leased to it unrun
@@ -140,10 +138,10 @@ def renew_leases(
     return lost, paused, overdue
 
 
-def store_checkpoints(item: Checkpoint, *, worker_id: str) -> None:
-    """Store periodic checkpoints of rows this worker still runs."""
+def store_checkpoints(item: Checkpoint) -> None:
+    """Store periodic checkpoints of rows whose claim this worker's generation still runs under."""
     with transaction() as session:
-        save_checkpoints(session, worker_id=worker_id, checkpoints=item.generated)
+        save(session, checkpoints=item.generated)
 
 
 def drop_checkpoints(item: Restart) -> None:
@@ -159,7 +157,7 @@ def hand_back(item: HandBack, *, worker_id: str, model: str) -> None:
     tokens of rows that run again without them (claimed meanwhile by another worker)."""
     with transaction() as session:
         item.released = release(session, worker_id=worker_id, request_ids=item.request_ids, checkpoints=item.generated)
-        stored = save_handed_back(session, checkpoints=item.generated)  # rows the reaper re-queued too
+        stored = save(session, checkpoints=item.generated)  # rows the reaper re-queued too
         rerun = still_open(session, request_ids=sorted(set(item.generated) - stored))
         ended = {rid: g for rid, g in item.generated.items() if rid not in stored and rid not in rerun}
         save_to_copies(session, generated=ended, draws=item.draws)  # rows continued in the background: to their copies

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 from storage.batches.continuation import continue_overdue
 from storage.batches.trials import settle_trials
 from storage.metrics.events import count_lease_expiries
+from storage.queue import checkpoints
 from storage.queue.backlog import batches_ready_to_finalize, models_waiting_unserved
 from storage.queue.reaping import expire_overdue, release_expired_leases, release_worker_leases
 from storage.queue.workers import forget_workers, stale_workers
@@ -47,6 +48,7 @@ def reap(session: Session) -> Reaped:
     if continued:
         log.info("reaper: %d expired batches continue in the background: %s", len(continued), continued)
     settle_trials(session, get_settings(), batch_ids=None)  # trial lines the passes above ended (out of tries)
+    checkpoints.sweep(session)  # checkpoints left by a write that raced the end of its row
     ready = batches_ready_to_finalize(session)
     # Wake a model's GPU worker only when its queue waits and no worker holds any of its rows: a busy
     # worker keeps claiming by itself, and extra wake-ups would pile up in the broker behind it.

@@ -7,9 +7,10 @@ import re
 from collections.abc import Iterator
 
 import pytest
-from sqlalchemy import event
+from sqlalchemy import event, update
 
 from storage.db import get_engine, transaction
+from storage.models import Batch
 from storage.queue.claim import claim
 from storage.queue.claim_order import drain_cache
 from storage.settings import get_settings
@@ -34,7 +35,7 @@ def statements() -> Iterator[list[str]]:
 
 
 def cut_reads(statements: list[str]) -> list[str]:
-    return [s for s in statements if "checkpoint_tokens >" in s]
+    return [s for s in statements if "max(checkpoints.tokens)" in s]  # which queued rows hold a checkpoint
 
 
 def test_a_claim_with_no_batch_past_its_window_does_not_look_for_rows_to_cut(
@@ -46,6 +47,16 @@ def test_a_claim_with_no_batch_past_its_window_does_not_look_for_rows_to_cut(
         claimed = claim(session, model="fake-model", worker_id="w", limit=4, lease_seconds=60, settings=get_settings())
     assert len(claimed) == 4
     assert cut_reads(statements) == []
+
+
+def test_a_claim_with_a_batch_past_its_window_looks_for_rows_to_cut(backend: Backend, statements: list[str]) -> None:
+    batch_id, _ = submit_job([chat(i) for i in range(6)])
+    with transaction() as session:
+        session.execute(update(Batch).where(Batch.id == batch_id).values(expires_at=1))
+    statements.clear()
+    with transaction() as session:
+        claim(session, model="fake-model", worker_id="w", limit=4, lease_seconds=60, settings=get_settings())
+    assert len(cut_reads(statements)) == 1
 
 
 @pytest.mark.parametrize("backend", ["postgres"], indirect=True)  # SQLite reads which batches are capped afterwards

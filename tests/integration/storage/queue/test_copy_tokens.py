@@ -10,7 +10,7 @@ from sqlalchemy import select, update
 
 from storage.db import transaction
 from storage.models import Batch, BatchRequest
-from storage.queue.checkpoints import Generated, save_checkpoints, stored_tokens
+from storage.queue.checkpoints import Generated, save, stored_tokens
 from storage.queue.copy_tokens import save_to_copies
 from storage.queue.draws import Draws, draws_of, save_draws
 from storage.queue.expiry import CONTINUE_IN_BACKGROUND
@@ -49,7 +49,7 @@ def test_a_copy_goes_on_from_the_tokens_its_origins_worker_held_past_the_last_ch
     batch_id, claims = continued(1)
     (rid, claim_id), tokens = next(iter(claims.items())), list(range(30))
     with transaction() as session:
-        save_checkpoints(session, worker_id="w1", checkpoints={rid: Generated(claim_id, tokens[:10])})
+        save(session, checkpoints={rid: Generated(claim_id, tokens[:10])})
     window_closes(batch_id)
     reap_once()
     assert stored(copy_of(rid)) == tokens[:10]  # the continuation's checkpoint
@@ -61,7 +61,7 @@ def test_a_copy_claimed_another_generation_or_another_draw_keeps_what_it_has(bac
     batch_id, claims = continued(4)
     claimed, other, redrawn, checked = sorted(claims)
     with transaction() as session:
-        save_checkpoints(session, worker_id="w1", checkpoints={other: Generated(claims[other], [7] * 10)})
+        save(session, checkpoints={other: Generated(claims[other], [7] * 10)})
         failed = Draws(({"attempt": 1, "check": "regex", "message": "no"},))
         save_draws(session, draws={rid: (claims[rid], failed) for rid in (redrawn, checked)})
     window_closes(batch_id)
@@ -91,7 +91,7 @@ def test_a_copy_takes_the_draws_its_origins_worker_wrote_too_late_and_goes_on_wi
     batch_id, claims = continued(1)
     rid, claim_id = next(iter(claims.items()))
     with transaction() as session:
-        save_checkpoints(session, worker_id="w1", checkpoints={rid: Generated(claim_id, [5] * 10)})  # the 1st draw's
+        save(session, checkpoints={rid: Generated(claim_id, [5] * 10)})  # the 1st draw's
     window_closes(batch_id)
     reap_once()
     copy = copy_of(rid)

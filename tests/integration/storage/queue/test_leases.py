@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from storage.batches.control import pause_batch
 from storage.db import transaction
-from storage.models import Batch, BatchRequest, CheckpointChunk, Tenant
+from storage.models import Batch, BatchRequest, Checkpoint, CheckpointChunk, Tenant
 from storage.queue.backlog import done_batches
 from storage.queue.claim import claim
 from storage.queue.enqueue import lock_batches_of
@@ -167,12 +167,12 @@ def test_results_of_batches_with_nothing_paused_or_capped_send_no_statement_for_
 
 
 def test_a_stored_result_drops_its_rows_checkpoint_in_the_same_statement(backend: Backend) -> None:
-    from storage.queue.checkpoints import Generated, save_checkpoints
+    from storage.queue.checkpoints import Generated, save
 
     submit_job([chat(i) for i in range(2)])
     with transaction() as session:
         claimed = claim(session, settings=get_settings(), model="fake-model", worker_id="w", limit=2, lease_seconds=60)
-        save_checkpoints(session, worker_id="w", checkpoints={i.id: Generated(i.claim_id, [1, 2, 3]) for i in claimed})
+        save(session, checkpoints={i.id: Generated(i.claim_id, [1, 2, 3]) for i in claimed})
     with transaction() as session:
         assert len(list(session.scalars(select(CheckpointChunk.request_id)))) == 2
     with transaction() as session:
@@ -180,6 +180,7 @@ def test_a_stored_result_drops_its_rows_checkpoint_in_the_same_statement(backend
     with transaction() as session:
         assert list(session.scalars(select(CheckpointChunk.request_id))) == [claimed[1].id]  # still running: kept
         assert session.get(BatchRequest, claimed[0].id).checkpoint_tokens == 0  # type: ignore[union-attr]
+        assert list(session.scalars(select(Checkpoint.request_id))) == [claimed[1].id]
 
 
 def test_done_batches_are_those_with_nothing_queued_or_running_in_the_order_given(backend: Backend) -> None:
