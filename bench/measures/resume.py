@@ -60,12 +60,12 @@ def overhead_rows(pair: dict[str, Any], r: dict[str, Any], *, suffix: str) -> li
     payload = pair["payload_overhead_ratio"]
     rows = [
         entry(f"checkpoint_wal_overhead_ratio{suffix}", wal, label, "<= 0.10", wal is not None and wal <= 0.10),
+        # The token ids' own bytes over the WAL without checkpoints: a floor of what they added while they were
+        # WAL-logged; since migration 0030 they live in unlogged tables (docs/workers.md), so a size, no goal.
         entry(
             f"checkpoint_payload_overhead_ratio{suffix}",
             payload,
-            f"periodic checkpoint bytes ({on['checkpoint_writes']} writes) / WAL without",
-            "<= 0.10",
-            payload is not None and payload <= 0.10,
+            f"periodic checkpoint bytes ({on['checkpoint_writes']} writes, unlogged: no WAL) / WAL without",
         ),
         entry(f"checkpoint_updated_rows_overhead_ratio{suffix}", pair["updated_rows_overhead_ratio"], label),
     ]

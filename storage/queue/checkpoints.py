@@ -42,7 +42,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, any_, case, delete, exists, insert, select, update
+from sqlalchemy import ColumnElement, any_, case, delete, exists, insert, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -115,20 +115,32 @@ def _ids(session: Session, column: Any, ids: Sequence[str]) -> ColumnElement[boo
     return column.in_(list(ids))  # type: ignore[no-any-return]
 
 
-def claimed(session: Session, *, claims: Mapping[str, str]) -> dict[str, int]:
-    """Move these rows' checkpoints to the claims that just leased them (id -> claim), creating the ones a row
-    lacks; return how many ids each holds. Called by a claim after it leased the rows, in its transaction: a
-    write of an earlier claim either landed before (and is counted) or finds another claim and lands nowhere."""
-    if not claims:
+def claimed(session: Session, *, claim_id: str, request_ids: Sequence[str]) -> dict[str, int]:
+    """Move these rows' checkpoints to the claim that just leased them, creating the ones a row lacks; return how
+    many ids each holds. Called by the claim after it leased the rows, in its transaction: a write of an earlier
+    claim either landed before (and is counted) or finds another claim and lands nowhere."""
+    if not request_ids:
         return {}
-    rows = [{"request_id": rid, "claim_id": claim, "tokens": 0} for rid, claim in sorted(claims.items())]
-    dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
-    statement = dialect.insert(Checkpoint).values(rows)
+    if session.get_bind().dialect.name == "postgresql":  # fixed text, the ids as one string (enqueue.py `id_array`)
+        params = {"ids": ",".join(sorted(request_ids)), "claim": claim_id}
+        return dict(session.execute(_CLAIMED, params).tuples().all())
+    rows = [{"request_id": rid, "claim_id": claim_id, "tokens": 0} for rid in sorted(request_ids)]
+    statement = sqlite.insert(Checkpoint).values(rows)
     statement = statement.on_conflict_do_update(
         index_elements=[Checkpoint.request_id], set_={"claim_id": statement.excluded.claim_id}
     )
     returned = session.execute(statement.returning(Checkpoint.request_id, Checkpoint.tokens))
     return {rid: tokens for rid, tokens in returned}
+
+
+_CLAIMED = text(
+    """
+    INSERT INTO checkpoints (request_id, claim_id, tokens)
+    SELECT id, :claim, 0 FROM unnest(string_to_array(:ids, ',')) AS id
+    ON CONFLICT (request_id) DO UPDATE SET claim_id = excluded.claim_id
+    RETURNING request_id, tokens
+    """
+)
 
 
 def counts(session: Session, *, request_ids: Sequence[str]) -> dict[str, int]:

@@ -170,7 +170,9 @@ def _lease(
         open_lease(session, worker_id=worker_id, lease_seconds=lease_seconds, lease_id=claim_id)
     order = {request_id: index for index, request_id in enumerate(ids)}
     # The checkpoints move to this claim: no earlier claim's write lands on them after this.
-    stored = checkpoints.load(session, counts=checkpoints.claimed(session, claims={row[0]: claim_id for row in rows}))
+    stored = checkpoints.load(
+        session, counts=checkpoints.claimed(session, claim_id=claim_id, request_ids=[r[0] for r in rows])
+    )
     claimed = [
         ClaimedRequest(
             id=rid,
