@@ -123,8 +123,14 @@ def claim_order(session: Session, *, model: str, settings: Settings) -> ClaimOrd
 
 
 # A picked row: (id, deadline, prefix_key, adapter), the columns PICKED_COLUMNS selects.
-Picked = tuple[str, int, str, str | None]
-PICKED_COLUMNS = (BatchRequest.id, BatchRequest.deadline, BatchRequest.prefix_key, BatchRequest.adapter)
+Picked = tuple[str, int, str, str | None, str]
+PICKED_COLUMNS = (
+    BatchRequest.id,
+    BatchRequest.deadline,
+    BatchRequest.prefix_key,
+    BatchRequest.adapter,
+    BatchRequest.batch_id,
+)
 
 
 _EDF_ORDER = (BatchRequest.deadline, BatchRequest.prefix_key, BatchRequest.batch_id, BatchRequest.line)
@@ -180,6 +186,13 @@ def pick(
         picked += rows
         band_of += [index] * len(rows)
 
+    # Only rows of batches `batches` holds: one whose ingest committed after that read (its pick is a later
+    # statement) has a cap, a pause or a trial this claim knows nothing of. Its rows stay queued, locked until this
+    # transaction ends, for the next claim, which reads the batch.
+    known = {batch.id for batch in batches}
+    kept = [i for i, row in enumerate(picked) if row[4] in known]
+    picked, band_of = [picked[i] for i in kept], [band_of[i] for i in kept]
+
     def rank(i: int) -> tuple[Any, ...]:
         key = order.sort_key(picked[i][1], picked[i][2], i, picked[i][3])
         return (key[0], band_of[i], *key[1:])
@@ -188,11 +201,11 @@ def pick(
 
 
 def _locked(
-    session: Session, query: Select[str, int, str, str | None], ordering: tuple[Any, ...], limit: int
+    session: Session, query: Select[str, int, str, str | None, str], ordering: tuple[Any, ...], limit: int
 ) -> list[Picked]:
     """The first `limit` rows of `query` in `ordering`, locked, skipping rows other workers hold."""
     rows = session.execute(query.order_by(*ordering).limit(limit).with_for_update(skip_locked=True))
-    return [(row[0], row[1], row[2], row[3]) for row in rows]
+    return [(row[0], row[1], row[2], row[3], row[4]) for row in rows]
 
 
 def _pick_shared(

@@ -235,3 +235,24 @@ def test_a_claim_of_uncapped_work_reads_no_spend_and_locks_no_batch(backend: Bac
         s.startswith("SELECT batch_requests.id") for s in sent[1:lease]
     )
     assert not [s for s in sent if "sum(" in s or "UPDATE batches" in s or "FOR UPDATE OF batches" in s]
+
+
+def test_a_batch_ingested_between_the_claims_read_of_the_batches_and_its_pick_waits_for_the_next_claim(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim reads the open batches (their caps, pauses, trials), then picks rows in a later statement. A batch
+    whose ingest commits in between has queued rows the pick can see and no cap the claim knows of: its rows are
+    left for the next claim, which sees the batch (chaos seed 12 --workflow: a capped 8 s batch, urgent at once,
+    billed 2.4 requests past its cap before the fix)."""
+    import storage.queue.claim as claim_module
+
+    other, _ = submit_job([chat(i) for i in range(4)], tenant="other")
+    with transaction() as session:
+        before = claim_module.open_batches(session, model="fake-model")  # the read, before the ingest below
+    capped = _capped_job(20, cap_usd=250, tenant="other")  # a tenant the read knew: the pick takes its rows
+    monkeypatch.setattr(claim_module, "open_batches", lambda session, *, model: before)
+    first = _claim(16)
+    assert {item.batch_id for item in first} == {other}  # none of the batch the claim did not read
+    monkeypatch.undo()
+    mine = [item for item in _claim(16) if item.batch_id == capped]
+    assert len(mine) == 3 and all(item.capped for item in mine)  # the next claim knows its cap: $0, $100, $200
