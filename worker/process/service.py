@@ -153,10 +153,10 @@ def get_feeder(models: Sequence[str] | None = None) -> Feeder:
     specs = json.dumps([served[name].model_dump(mode="json") if name in served else None for name in names])
     with _lock:
         built = _feeders.get(names)
-        if built is not None and built[0] == specs:
+        if built is not None and built[0] == specs and not _io_closed(built[1]):
             return built[1]
-        if built is not None:
-            log.info("registry entry of %s changed: closing its engine", ", ".join(names))
+        if built is not None:  # a closed runner (a switch or a shutdown closed its I/O threads) serves nothing
+            log.info("registry entry of %s changed or its runner closed: closing its engine", ", ".join(names))
             _close(built[1])
         started = time.perf_counter()
         feeder = make_feeder(names, settings, load=load_engine, on_batch_done=request_finalize, worker_id=worker_id)
@@ -196,6 +196,12 @@ def close_engines() -> None:
     for feeder in feeders:
         _close(feeder)
     drop_runners()
+
+
+def _io_closed(feeder: Feeder) -> bool:
+    """Whether this feeder's runner can no longer claim or write (its I/O threads were closed)."""
+    runner = feeder if isinstance(feeder, Runner) else feeder.runner if isinstance(feeder, EngineSlot) else None
+    return runner is not None and runner.io.closed
 
 
 def _close(feeder: Feeder) -> None:

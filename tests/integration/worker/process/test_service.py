@@ -81,3 +81,21 @@ def test_a_changed_model_spec_gets_a_new_engine_and_the_old_one_is_closed(
         assert service.get_runner("fake-model") is runner  # the same spec keeps its warm engine
     assert closed == [8]
     service.close_engines()
+
+
+def test_a_cached_runner_whose_io_threads_were_closed_is_built_again_not_handed_out(backend: Backend) -> None:
+    # A full e2e run once handed a live server's embedded worker a runner an earlier module had closed: every pass
+    # failed with "the runner I/O threads ... are closed" and the test's batch sat queued for 300 s.
+    service.drop_runners()
+    try:
+        runner = service.get_runner("fake-model")
+        runner.close_io()
+        again = service.get_runner("fake-model")
+        assert again is not runner and not again.io.closed
+        batch_id, _ = submit_job([chat(i) for i in range(3)])
+        while again.run_for(1.0):
+            pass
+        with transaction() as session:
+            assert get_batch(session, tenant_id=None, batch_id=batch_id).request_completed == 3
+    finally:
+        service.close_engines()
