@@ -122,7 +122,7 @@ def claim_order(session: Session, *, model: str, settings: Settings) -> ClaimOrd
     )
 
 
-# A picked row: (id, deadline, prefix_key, adapter), the columns PICKED_COLUMNS selects.
+# A picked row: (id, deadline, prefix_key, adapter, batch_id), the columns PICKED_COLUMNS selects.
 Picked = tuple[str, int, str, str | None, str]
 PICKED_COLUMNS = (
     BatchRequest.id,

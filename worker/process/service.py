@@ -104,11 +104,7 @@ def stop_liveness() -> None:
 def _runners() -> list[Runner]:
     with _lock:
         feeders = [feeder for _, feeder in _feeders.values()]
-    runners = [
-        feeder if isinstance(feeder, Runner) else feeder.runner if isinstance(feeder, EngineSlot) else None
-        for feeder in feeders
-    ]
-    return [runner for runner in runners if runner is not None]
+    return [runner for runner in map(_runner_of, feeders) if runner is not None]
 
 
 def run_task_started() -> None:
@@ -198,14 +194,19 @@ def close_engines() -> None:
     drop_runners()
 
 
+def _runner_of(feeder: Feeder) -> Runner | None:
+    """A feeder's runner: itself, an engine slot's current one, or none."""
+    return feeder if isinstance(feeder, Runner) else feeder.runner if isinstance(feeder, EngineSlot) else None
+
+
 def _io_closed(feeder: Feeder) -> bool:
     """Whether this feeder's runner can no longer claim or write (its I/O threads were closed)."""
-    runner = feeder if isinstance(feeder, Runner) else feeder.runner if isinstance(feeder, EngineSlot) else None
+    runner = _runner_of(feeder)
     return runner is not None and runner.io.closed
 
 
 def _close(feeder: Feeder) -> None:
-    runner = feeder if isinstance(feeder, Runner) else feeder.runner if isinstance(feeder, EngineSlot) else None
+    runner = _runner_of(feeder)
     if runner is not None:
         runner.close_io()
         runner.engine.close()
