@@ -27,8 +27,9 @@ from storage.queue.backlog import batch_done
 from storage.queue.batch_rows import queued_models
 from storage.queue.enqueue import refresh_statistics
 from storage.queue.workers import WorkerIdentity
-from storage.settings import SettingsError, get_settings
+from storage.settings import Settings, SettingsError, get_settings
 from storage.wakeups import get_waker, wake_after_commit
+from worker.engine import Engine
 from worker.engine.factory import load_engine
 from worker.feed.feeder import Feeder, make_feeder
 from worker.feed.runner import Runner
@@ -40,9 +41,10 @@ from worker.process.liveness import Heartbeat, SelfWake, make_identity
 
 log = logging.getLogger(__name__)
 
-# Per model set: the registry entries it was built from, and the feeder. An entry that changed (settings
-# reloaded) gets a new engine; the old one is closed first, so a process never serves a stale spec.
-_feeders: dict[tuple[str, ...], tuple[str, Feeder]] = {}
+# Per model set: the registry entries it was built from, the settings it claims and prices with, and the feeder.
+# An entry that changed gets a new engine; the old one is closed first, so a process never serves a stale spec.
+# Other settings that changed (a price book, caps, intervals) get a new runner around the same warm engine.
+_feeders: dict[tuple[str, ...], tuple[str, str, Feeder]] = {}
 _worker_models: list[str] = []  # set by `backfill worker --model/--models`; else the settings decide
 _lock = threading.Lock()
 _identity: list[WorkerIdentity] = []
@@ -68,7 +70,7 @@ def start_liveness(*, wake: Callable[[], None] | None = None) -> Heartbeat:
     with _lock:
         if _liveness:
             return _liveness[0]
-        feeders = [feeder for _, feeder in _feeders.values()]
+        feeders = [feeder for _, _, feeder in _feeders.values()]
     models = list(dict.fromkeys(model for feeder in feeders for model in feeder.models))
     heartbeat = Heartbeat(
         identity(),
@@ -103,7 +105,7 @@ def stop_liveness() -> None:
 
 def _runners() -> list[Runner]:
     with _lock:
-        feeders = [feeder for _, feeder in _feeders.values()]
+        feeders = [feeder for _, _, feeder in _feeders.values()]
     return [runner for runner in map(_runner_of, feeders) if runner is not None]
 
 
@@ -147,16 +149,26 @@ def get_feeder(models: Sequence[str] | None = None) -> Feeder:
     worker_id = identity().worker_id
     served = settings.served_models()
     specs = json.dumps([served[name].model_dump(mode="json") if name in served else None for name in names])
+    rest = settings.model_dump_json()
     with _lock:
         built = _feeders.get(names)
-        if built is not None and built[0] == specs and not _io_closed(built[1]):
-            return built[1]
-        if built is not None:  # a closed runner (a switch or a shutdown closed its I/O threads) serves nothing
-            log.info("registry entry of %s changed or its runner closed: closing its engine", ", ".join(names))
-            _close(built[1])
+        if built is not None and built[:2] == (specs, rest) and not _io_closed(built[2]):
+            return built[2]
+        load: Callable[[Settings, str], Engine] = load_engine
+        old = built[2] if built is not None and built[0] == specs else None
+        if isinstance(old, Runner) and not old.io.closed and not old.inflight:
+            # The same engine, other settings: a runner claiming under the old ones would price a spend cap with
+            # another price book (CI once billed a $10-capped batch $160). Its idle engine stays warm for the new one.
+            log.info("settings of %s changed: a new runner around its engine", ", ".join(names))
+            old.close_io()
+            engine = old.engine
+            load = lambda _settings, _model: engine  # noqa: E731
+        elif built is not None:  # a changed entry, a closed runner (a switch, a shutdown), or a busy engine
+            log.info("%s: entry or settings changed, or runner closed: closing its engine", ", ".join(names))
+            _close(built[2])
         started = time.perf_counter()
-        feeder = make_feeder(names, settings, load=load_engine, on_batch_done=request_finalize, worker_id=worker_id)
-        _feeders[names] = (specs, feeder)
+        feeder = make_feeder(names, settings, load=load, on_batch_done=request_finalize, worker_id=worker_id)
+        _feeders[names] = (specs, rest, feeder)
         log.info("feeder for %s ready in %.1f s", ", ".join(names), time.perf_counter() - started)
         return feeder
 
@@ -188,7 +200,7 @@ def embedded_feeders() -> list[Feeder]:
 def close_engines() -> None:
     """Close every loaded engine (its memory and connections) and forget the feeders."""
     with _lock:
-        feeders = [feeder for _, feeder in _feeders.values()]
+        feeders = [feeder for _, _, feeder in _feeders.values()]
     for feeder in feeders:
         _close(feeder)
     drop_runners()

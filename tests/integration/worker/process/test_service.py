@@ -99,3 +99,35 @@ def test_a_cached_runner_whose_io_threads_were_closed_is_built_again_not_handed_
             assert get_batch(session, tenant_id=None, batch_id=batch_id).request_completed == 3
     finally:
         service.close_engines()
+
+
+def test_a_cached_runner_built_under_other_settings_is_built_again_so_a_spend_cap_is_priced_as_configured(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # CI once ran a capped batch on a runner an earlier test had left warm under the default price book: its claim
+    # priced the lines at $0, leased all 40 at once, and a $10 cap billed $160. The model spec was the same, so the
+    # spec check kept the runner; the settings it claims and prices with were another test's.
+    from storage.models import Batch
+    from tests.conftest import configure
+
+    prices = {"prices": [{"model": "fake-model", "effective_from": "2025-01-01", "input_usd_per_mtok": "0"}]}
+    service.drop_runners()
+    try:
+        free = {**prices["prices"][0], "output_usd_per_mtok": "0"}
+        configure(monkeypatch, {**backend.env, "BACKFILL_PRICE_BOOK": json.dumps({"prices": [free]})})
+        stale = service.get_runner("fake-model")  # warm, under a price book where output is free
+        dear = {**prices["prices"][0], "output_usd_per_mtok": "2000000"}  # one output token bills $1 (24h: 50% off)
+        configure(monkeypatch, {**backend.env, "BACKFILL_PRICE_BOOK": json.dumps({"prices": [dear]})})
+        runner = service.get_runner("fake-model")
+        assert runner is not stale and runner.settings.price_book == service.get_settings().price_book
+        batch_id, _ = submit_job([chat(i, max_tokens=4) for i in range(10)])  # $4 a line
+        with transaction() as session:
+            session.get_one(Batch, batch_id).max_cost_micro_usd = 10 * 1_000_000
+        while runner.run_for(1.0):
+            pass
+        with transaction() as session:
+            batch = get_batch(session, tenant_id=None, batch_id=batch_id)
+            assert batch.request_completed <= 3  # $12 at most: one request past the $10 cap
+            assert batch.request_failed == 10 - batch.request_completed  # the rest ended as budget_exceeded
+    finally:
+        service.close_engines()
