@@ -36,21 +36,27 @@ BACKFILL_ENV = [name for name in os.environ if name.startswith("BACKFILL_")]
 # CI (`make test`, which .ci/run calls) must finish in 30 minutes on 2 cores, on whatever machine it gets: one
 # machine ran the whole suite in 16 minutes, the next (2.7x slower: 3,953 against 10,776 queue claims/s) in 44.
 # So the end-to-end runs and fault drills beyond this core are `long`: `make test-all` runs them with the rest,
-# `make chaos` runs many more seeds. The core keeps, in CI, the embedded default on the real vLLM engine, the
-# engine adapter itself, one seeded fault run (kill -9 of the io and the GPU worker) and every chaos checker rule.
+# `make chaos` runs many more seeds. The core keeps, in CI, the embedded default on the real vLLM engine, one
+# seeded fault run (kill -9 of the io and the GPU worker) and every chaos checker rule.
 CI_CORE = (
     "tests/e2e/test_embedded_flow.py",
-    "tests/e2e/worker/engine/test_vllm_engine.py",
     "tests/chaos/test_chaos_runs.py::test_a_seeded_fault_run_loses_duplicates_and_leaves_nothing_unexplained[42-",
     *(f"tests/chaos/test_{name}.py" for name in ("adapter_rules", "control_rules", "decode_rules", "history")),
     *(f"tests/chaos/test_{name}.py" for name in ("proxy", "renewal_catch", "workflow_rules")),
 )
+# The API fuzz runs on the Postgres backend in CI (where a 5xx is likelier: its text, its constraints); on the
+# embedded one in `make test-all` and `make fuzz`.
+LONG = (
+    "tests/integration/api/test_openapi_fuzz.py::test_generated_requests_get_documented_answers_and_no_5xx[embedded]",
+    "tests/integration/api/test_hostile_fuzz.py::test_hostile_fragments_anywhere_in_any_body_are_4xx_in_the_paths_",
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark `long` every end-to-end and chaos test outside CI_CORE."""
+    """Mark `long` every end-to-end and chaos test outside CI_CORE, and those LONG names."""
     for item in items:
-        if item.nodeid.startswith(("tests/e2e/", "tests/chaos/")) and not item.nodeid.startswith(CI_CORE):
+        outside = item.nodeid.startswith(("tests/e2e/", "tests/chaos/")) and not item.nodeid.startswith(CI_CORE)
+        if outside or (item.nodeid.startswith(LONG) and item.nodeid.endswith("[embedded]")):
             item.add_marker(pytest.mark.long)
 
 
