@@ -26,7 +26,7 @@ services:
 # PYTEST_WORKERS processes. Most tests wait on servers, subprocesses, polls and the engine more than they compute:
 # on 2 cores, 4 processes finished tests/integration/api/openai in 205 s where 2 took 318 s (same machine, same
 # load). Tests that share an outside resource (a Redis database number, a port) must not sit in two files.
-# CI's suite leaves out the `long` end-to-end runs and fault drills (tests/conftest.py CI_CORE and LONG): it must
+# CI's suite leaves out the `long` end-to-end runs and fault drills (tests/conftest.py CI_CORE and LONG_EMBEDDED): it must
 # fit 30 minutes with install and lint on a machine 2.7x slower than one where the whole suite took 16 minutes of
 # pytest (44 there). `make test-all` runs everything.
 PYTEST_WORKERS ?= 4

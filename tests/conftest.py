@@ -44,19 +44,16 @@ CI_CORE = (
     *(f"tests/chaos/test_{name}.py" for name in ("adapter_rules", "control_rules", "decode_rules", "history")),
     *(f"tests/chaos/test_{name}.py" for name in ("proxy", "renewal_catch", "workflow_rules")),
 )
-# The API fuzz runs on the Postgres backend in CI (where a 5xx is likelier: its text, its constraints); on the
-# embedded one in `make test-all` and `make fuzz`.
-LONG = (
-    "tests/integration/api/test_openapi_fuzz.py::test_generated_requests_get_documented_answers_and_no_5xx[embedded]",
-    "tests/integration/api/test_hostile_fuzz.py::test_hostile_fragments_anywhere_in_any_body_are_4xx_in_the_paths_",
-)
+# The API fuzz runs on the Postgres backend in CI (where a 5xx is likelier: its text, its constraints); its
+# embedded case in `make test-all` and `make fuzz`.
+LONG_EMBEDDED = ("tests/integration/api/test_openapi_fuzz.py", "tests/integration/api/test_hostile_fuzz.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark `long` every end-to-end and chaos test outside CI_CORE, and those LONG names."""
+    """Mark `long` every end-to-end and chaos test outside CI_CORE, and the embedded cases of LONG_EMBEDDED."""
     for item in items:
         outside = item.nodeid.startswith(("tests/e2e/", "tests/chaos/")) and not item.nodeid.startswith(CI_CORE)
-        if outside or (item.nodeid.startswith(LONG) and item.nodeid.endswith("[embedded]")):
+        if outside or (item.nodeid.startswith(LONG_EMBEDDED) and item.nodeid.endswith("[embedded]")):
             item.add_marker(pytest.mark.long)
 
 

@@ -7,14 +7,14 @@ from pathlib import Path
 
 from tests.chaos.main import parse_seeds
 from tests.chaos.test_chaos_runs import CI_SEEDS
-from tests.conftest import CI_CORE, LONG
+from tests.conftest import CI_CORE, LONG_EMBEDDED
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_core_entry_names_a_test_file_that_exists() -> None:
-    missing = [entry for entry in (*CI_CORE, *LONG) if not (ROOT / entry.split("::")[0]).is_file()]
-    assert not missing, f"CI_CORE or LONG names files that are gone: {missing}"
+    missing = [entry for entry in (*CI_CORE, *LONG_EMBEDDED) if not (ROOT / entry.split("::")[0]).is_file()]
+    assert not missing, f"CI_CORE or LONG_EMBEDDED names files that are gone: {missing}"
 
 
 def test_the_core_seeded_fault_run_is_one_of_the_seeds_the_chaos_file_runs() -> None:

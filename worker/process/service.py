@@ -161,8 +161,7 @@ def get_feeder(models: Sequence[str] | None = None) -> Feeder:
             # another price book (CI once billed a $10-capped batch $160). Its idle engine stays warm for the new one.
             log.info("settings of %s changed: a new runner around its engine", ", ".join(names))
             old.close_io()
-            engine = old.engine
-            load = lambda _settings, _model: engine  # noqa: E731
+            load = _loaded(old.engine)
         elif built is not None:  # a changed entry, a closed runner (a switch, a shutdown), or a busy engine
             log.info("%s: entry or settings changed, or runner closed: closing its engine", ", ".join(names))
             _close(built[2])
@@ -204,6 +203,11 @@ def close_engines() -> None:
     for feeder in feeders:
         _close(feeder)
     drop_runners()
+
+
+def _loaded(engine: Engine) -> Callable[[Settings, str], Engine]:
+    """A `load` that hands back this engine, already loaded, instead of loading one."""
+    return lambda _settings, _model: engine
 
 
 def _runner_of(feeder: Feeder) -> Runner | None:
